@@ -1,0 +1,126 @@
+//! The vocabulary and shared machinery of a Kubernetes node agent.
+//!
+//! `kubelet-core` is the part of kubelet-rs every node agent shares, whatever runtime or event
+//! source it plugs in.
+//! It follows upstream Kubernetes' `pkg/kubelet` closely:
+//!
+//! - The traits an agent is assembled from: [`Runtime`] (the container runtime), [`Pleg`] (the pod
+//!   lifecycle event generator), [`PodWorkers`] (one serialized worker per pod) and the
+//!   [`PodSyncer`] callbacks they call, and [`SyncHandler`] (what the sync loop dispatches to).
+//! - The data they exchange: config updates ([`PodUpdate`]), the runtime's view of pods
+//!   ([`runtime::Pod`], [`runtime::PodStatus`]) and lifecycle events ([`PodLifecycleEvent`]).
+//! - Machinery: the status [`Cache`] with its "newer than" barrier, the [`PodManager`], the delayed
+//!   [`WorkQueue`], keyed exponential [`Backoff`], the runtime and source state, and the
+//!   [`sync_loop`] itself.
+//!
+//! Implementations live in sibling crates (`kubelet-cri-client`, `kubelet-pleg`,
+//! `kubelet-podworkers`); the `kubelet-rs` binary wires them together.
+//! Pods are `k8s_openapi::api::core::v1::Pod`; this crate selects no k8s-openapi version feature,
+//! so the final binary picks one.
+//!
+//! # Example
+//!
+//! Plug a runtime (here the in-memory fake) and a handler into the sync loop:
+//!
+//! ```no_run
+//! use std::{convert::Infallible, sync::Arc};
+//!
+//! use k8s_openapi::api::core::v1::Pod;
+//! use kubelet_core::{
+//!     Backoff, PodManager, Runtime, Source, SourcesReady, SyncHandler, WorkQueue,
+//!     fake::FakeRuntime,
+//!     state::{LoopHealth, RuntimeState},
+//!     sync_loop::{self, Inputs, Shared},
+//! };
+//! use tokio::sync::mpsc;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! /// A handler that starts every added pod at once, without pod workers.
+//! struct Direct<R> {
+//!     runtime: R,
+//!     backoff: Backoff,
+//! }
+//!
+//! impl<R: Runtime> SyncHandler for Direct<R> {
+//!     type Error = Infallible;
+//!
+//!     async fn handle_pod_additions(&self, pods: Vec<Arc<Pod>>) {
+//!         for pod in pods {
+//!             let status = kubelet_core::runtime::PodStatus::new(kubelet_core::PodUid::of(&pod), "", "");
+//!             let result = self.runtime.sync_pod(&pod, &status, &self.backoff).await;
+//!             println!("synced {:?}: {} steps", pod.metadata.name, result.results.len());
+//!         }
+//!     }
+//!     async fn handle_pod_updates(&self, _: Vec<Arc<Pod>>) {}
+//!     async fn handle_pod_removes(&self, _: Vec<Arc<Pod>>) {}
+//!     async fn handle_pod_reconcile(&self, _: Vec<Arc<Pod>>) {}
+//!     async fn handle_pod_syncs(&self, _: Vec<Arc<Pod>>) {}
+//!     async fn handle_pod_cleanups(&self) -> Result<(), Infallible> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() {
+//!     let handler = Direct { runtime: FakeRuntime::new(), backoff: Backoff::default() };
+//!     let (_config_tx, config) = mpsc::channel(64);
+//!     let (_pleg_tx, pleg) = mpsc::channel(1000);
+//!     let (_probe_tx, probes) = mpsc::channel(64);
+//!     let runtime_state = Arc::new(RuntimeState::default());
+//!     runtime_state.update_from_status(handler.runtime.status().await.as_ref(), tokio::time::Instant::now());
+//!     let shared = Shared::new(
+//!         Arc::new(PodManager::new()),
+//!         Arc::new(WorkQueue::new()),
+//!         Arc::new(SourcesReady::new([Source::File])),
+//!         runtime_state,
+//!         Arc::new(LoopHealth::new(std::time::Duration::from_secs(60))),
+//!     );
+//!     let cancel = CancellationToken::new();
+//!     sync_loop::run(&handler, Inputs::new(config, pleg, probes), &shared, &Default::default(), cancel).await;
+//! }
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `test-util`: [`fake::FakeRuntime`], an in-memory, recording, scriptable runtime for unit
+//!   tests, benchmarks and downstream users.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![doc(test(attr(deny(warnings))))]
+
+pub mod backoff;
+pub mod cache;
+pub mod handler;
+pub mod pleg;
+pub mod podmanager;
+pub mod queue;
+pub mod runtime;
+pub mod state;
+pub mod sync_loop;
+pub mod types;
+pub mod workers;
+
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod fake;
+
+mod util;
+
+#[doc(inline)]
+pub use crate::{
+    backoff::Backoff,
+    cache::Cache,
+    handler::{ProbeResult, SyncHandler},
+    pleg::{Pleg, PodLifecycleEvent, PodLifecycleEventKind},
+    podmanager::PodManager,
+    queue::WorkQueue,
+    runtime::Runtime,
+    state::{RuntimeState, SourcesReady},
+    types::{Operation, PodUid, PodUpdate, Source, SyncPodType},
+    workers::{PodSyncer, PodWorkers, UpdatePodOptions},
+};
+
+/// Re-exported so downstream code names the same k8s-openapi as this crate.
+pub use k8s_openapi;
+/// Re-exported so downstream code names the same cancellation types as this crate.
+pub use tokio_util;

@@ -1,0 +1,624 @@
+//! The container runtime as the kubelet sees it: the `Runtime` trait and the runtime's view of pods.
+//!
+//! These mirror upstream's `pkg/kubelet/container` types: a runtime pod groups the sandboxes and
+//! containers that carry one pod UID label, and a `PodStatus` is the detailed inspection of one pod.
+
+use std::{future::Future, time::Duration};
+
+use k8s_openapi::{api::core::v1::Pod as ApiPod, jiff::Timestamp};
+
+use crate::{PodUid, backoff::Backoff};
+
+/// The runtime condition type that says the runtime can run containers.
+pub const RUNTIME_READY: &str = "RuntimeReady";
+/// The runtime condition type that says pod networking is configured.
+pub const NETWORK_READY: &str = "NetworkReady";
+
+/// The runtime's name and versions (CRI `Version`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Version {
+    /// Runtime name, e.g. `containerd`.
+    pub runtime_name: String,
+    /// Runtime version, e.g. `1.6.20~ds1`.
+    pub runtime_version: String,
+    /// Version of the CRI API the runtime speaks, e.g. `v1`.
+    pub runtime_api_version: String,
+}
+
+impl Version {
+    /// Creates a version record.
+    pub fn new(name: impl Into<String>, version: impl Into<String>, api: impl Into<String>) -> Self {
+        Version { runtime_name: name.into(), runtime_version: version.into(), runtime_api_version: api.into() }
+    }
+}
+
+/// One runtime condition (CRI `RuntimeCondition`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuntimeCondition {
+    /// Condition type, such as [`RUNTIME_READY`] or [`NETWORK_READY`].
+    pub kind: String,
+    /// Whether the condition holds.
+    pub status: bool,
+    /// Machine-readable reason when it does not hold.
+    pub reason: String,
+    /// Human-readable message when it does not hold.
+    pub message: String,
+}
+
+impl RuntimeCondition {
+    /// Creates a condition.
+    pub fn new(kind: impl Into<String>, status: bool, reason: impl Into<String>, message: impl Into<String>) -> Self {
+        RuntimeCondition { kind: kind.into(), status, reason: reason.into(), message: message.into() }
+    }
+}
+
+/// The runtime's health (CRI `Status`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuntimeStatus {
+    /// All conditions the runtime reported.
+    pub conditions: Vec<RuntimeCondition>,
+}
+
+impl RuntimeStatus {
+    /// Creates a status from its conditions.
+    pub fn new(conditions: Vec<RuntimeCondition>) -> Self {
+        RuntimeStatus { conditions }
+    }
+
+    /// The condition of the given type, if reported.
+    pub fn condition(&self, kind: &str) -> Option<&RuntimeCondition> {
+        self.conditions.iter().find(|c| c.kind == kind)
+    }
+
+    /// Whether `RuntimeReady` is reported true.
+    pub fn runtime_ready(&self) -> bool {
+        self.condition(RUNTIME_READY).is_some_and(|c| c.status)
+    }
+
+    /// Whether `NetworkReady` is reported true.
+    pub fn network_ready(&self) -> bool {
+        self.condition(NETWORK_READY).is_some_and(|c| c.status)
+    }
+}
+
+/// A container's state as the runtime reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ContainerState {
+    /// Created but never started.
+    Created,
+    /// Running.
+    Running,
+    /// Exited.
+    Exited,
+    /// The runtime does not know.
+    Unknown,
+}
+
+/// A pod sandbox's state as the runtime reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SandboxState {
+    /// The sandbox is running and networked.
+    Ready,
+    /// The sandbox is stopped (or failed).
+    NotReady,
+}
+
+/// A container in a runtime pod listing (upstream `kubecontainer.Container`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Container {
+    /// Runtime-assigned container ID.
+    pub id: String,
+    /// Container name from the pod spec.
+    pub name: String,
+    /// Image as the spec names it.
+    pub image: String,
+    /// Image ID the runtime resolved.
+    pub image_id: String,
+    /// Hash of the spec fields whose change restarts the container.
+    pub hash: u64,
+    /// Current state.
+    pub state: ContainerState,
+    /// Creation time.
+    pub created_at: Option<Timestamp>,
+}
+
+impl Container {
+    /// Creates a container record with the required fields; the rest stay empty.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, state: ContainerState) -> Self {
+        Container {
+            id: id.into(),
+            name: name.into(),
+            image: String::new(),
+            image_id: String::new(),
+            hash: 0,
+            state,
+            created_at: None,
+        }
+    }
+}
+
+/// A sandbox in a runtime pod listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Sandbox {
+    /// Runtime-assigned sandbox ID.
+    pub id: String,
+    /// Attempt number: how many sandboxes this pod had before this one.
+    pub attempt: u32,
+    /// Current state.
+    pub state: SandboxState,
+    /// Creation time.
+    pub created_at: Option<Timestamp>,
+}
+
+impl Sandbox {
+    /// Creates a sandbox record.
+    pub fn new(id: impl Into<String>, attempt: u32, state: SandboxState) -> Self {
+        Sandbox { id: id.into(), attempt, state, created_at: None }
+    }
+}
+
+/// A pod as the runtime lists it: everything that carries one pod UID label.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pod {
+    /// The pod UID.
+    pub uid: PodUid,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Containers, newest first where the runtime reports creation times.
+    pub containers: Vec<Container>,
+    /// Sandboxes, newest first where the runtime reports creation times.
+    pub sandboxes: Vec<Sandbox>,
+}
+
+impl Pod {
+    /// Creates an empty runtime pod.
+    pub fn new(uid: PodUid, name: impl Into<String>, namespace: impl Into<String>) -> Self {
+        Pod { uid, name: name.into(), namespace: namespace.into(), containers: Vec::new(), sandboxes: Vec::new() }
+    }
+
+    /// Whether any container or sandbox of the pod is still running.
+    pub fn is_running(&self) -> bool {
+        self.containers.iter().any(|c| c.state == ContainerState::Running)
+            || self.sandboxes.iter().any(|s| s.state == SandboxState::Ready)
+    }
+}
+
+/// Whether a sandbox shares the host's network namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum NetworkMode {
+    /// The sandbox has its own network namespace.
+    #[default]
+    Pod,
+    /// The sandbox uses the host's network namespace (`hostNetwork: true`).
+    Host,
+}
+
+/// The detailed status of one sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SandboxStatus {
+    /// Sandbox ID.
+    pub id: String,
+    /// Attempt number.
+    pub attempt: u32,
+    /// State.
+    pub state: SandboxState,
+    /// Creation time.
+    pub created_at: Option<Timestamp>,
+    /// IP addresses, primary first; empty for host-network or stopped sandboxes.
+    pub ips: Vec<String>,
+    /// Network namespace mode.
+    pub network_mode: NetworkMode,
+}
+
+impl SandboxStatus {
+    /// Creates a sandbox status with no IPs in pod network mode.
+    pub fn new(id: impl Into<String>, attempt: u32, state: SandboxState) -> Self {
+        SandboxStatus { id: id.into(), attempt, state, created_at: None, ips: Vec::new(), network_mode: NetworkMode::Pod }
+    }
+}
+
+/// The detailed status of one container (upstream `kubecontainer.Status`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContainerStatus {
+    /// Container ID.
+    pub id: String,
+    /// Container name from the pod spec.
+    pub name: String,
+    /// State.
+    pub state: ContainerState,
+    /// Creation time.
+    pub created_at: Option<Timestamp>,
+    /// Start time, once started.
+    pub started_at: Option<Timestamp>,
+    /// Finish time, once exited.
+    pub finished_at: Option<Timestamp>,
+    /// Exit code, once exited.
+    pub exit_code: i32,
+    /// Image as the spec names it.
+    pub image: String,
+    /// Image ID the runtime resolved.
+    pub image_id: String,
+    /// Image reference (digest) the runtime resolved.
+    pub image_ref: String,
+    /// Hash of the spec fields whose change restarts the container.
+    pub hash: u64,
+    /// How many times this container was restarted before this instance.
+    pub restart_count: u32,
+    /// Runtime reason for the state, e.g. `Completed`, `Error`, `OOMKilled`.
+    pub reason: String,
+    /// Runtime message for the state (or the termination message).
+    pub message: String,
+}
+
+impl ContainerStatus {
+    /// Creates a status with the required fields; the rest stay empty.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, state: ContainerState) -> Self {
+        ContainerStatus {
+            id: id.into(),
+            name: name.into(),
+            state,
+            created_at: None,
+            started_at: None,
+            finished_at: None,
+            exit_code: 0,
+            image: String::new(),
+            image_id: String::new(),
+            image_ref: String::new(),
+            hash: 0,
+            restart_count: 0,
+            reason: String::new(),
+            message: String::new(),
+        }
+    }
+}
+
+/// The detailed runtime status of one pod (upstream `kubecontainer.PodStatus`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PodStatus {
+    /// The pod UID.
+    pub uid: PodUid,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod IPs, primary first.
+    pub ips: Vec<String>,
+    /// Sandbox statuses, newest first.
+    pub sandbox_statuses: Vec<SandboxStatus>,
+    /// Container statuses, newest first.
+    pub container_statuses: Vec<ContainerStatus>,
+}
+
+impl PodStatus {
+    /// An empty status: the runtime knows nothing of this pod.
+    pub fn new(uid: PodUid, name: impl Into<String>, namespace: impl Into<String>) -> Self {
+        PodStatus {
+            uid,
+            name: name.into(),
+            namespace: namespace.into(),
+            ips: Vec::new(),
+            sandbox_statuses: Vec::new(),
+            container_statuses: Vec::new(),
+        }
+    }
+
+    /// The newest status of the container named `name`.
+    pub fn container_status(&self, name: &str) -> Option<&ContainerStatus> {
+        self.container_statuses.iter().find(|c| c.name == name)
+    }
+
+    /// Whether any container or sandbox of the pod is running.
+    pub fn is_running(&self) -> bool {
+        self.container_statuses.iter().any(|c| c.state == ContainerState::Running)
+            || self.sandbox_statuses.iter().any(|s| s.state == SandboxState::Ready)
+    }
+}
+
+/// A step of `SyncPod` (upstream `SyncAction`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SyncAction {
+    /// Start a container.
+    StartContainer,
+    /// Kill a container.
+    KillContainer,
+    /// Start an init container.
+    InitContainer,
+    /// Create a pod sandbox.
+    CreatePodSandbox,
+    /// Generate a sandbox config.
+    ConfigPodSandbox,
+    /// Stop a pod sandbox.
+    KillPodSandbox,
+}
+
+/// Reasons a sync step can fail with, as upstream spells them; they become container waiting reasons.
+pub mod reasons {
+    /// Crash-loop backoff holds the container back.
+    pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
+    /// The image pull failed.
+    pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
+    /// Image pull backoff holds the pull back.
+    pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
+    /// The image is absent and the pull policy is Never.
+    pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
+    /// The image name does not parse.
+    pub const INVALID_IMAGE_NAME: &str = "InvalidImageName";
+    /// The container config could not be generated.
+    pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
+    /// `CreateContainer` failed.
+    pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
+    /// `StartContainer` failed.
+    pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
+    /// A postStart hook failed.
+    pub const POST_START_HOOK_ERROR: &str = "PostStartHookError";
+    /// Killing a container failed.
+    pub const KILL_CONTAINER_ERROR: &str = "KillContainerError";
+    /// Creating the pod sandbox failed.
+    pub const CREATE_POD_SANDBOX_ERROR: &str = "CreatePodSandboxError";
+    /// Generating the sandbox config failed.
+    pub const CONFIG_POD_SANDBOX_ERROR: &str = "ConfigPodSandboxError";
+    /// Stopping the pod sandbox failed.
+    pub const KILL_POD_SANDBOX_ERROR: &str = "KillPodSandboxError";
+    /// The network plugin is not ready; the worker retries after 1 s.
+    pub const NETWORK_NOT_READY: &str = "NetworkNotReady";
+
+    /// Whether `reason` is a backoff rather than a failure: such results are not sync errors.
+    pub fn is_backoff(reason: &str) -> bool {
+        reason == CRASH_LOOP_BACK_OFF || reason == IMAGE_PULL_BACK_OFF
+    }
+}
+
+/// Why a sync step failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SyncFailure {
+    /// A reason from [`reasons`].
+    pub reason: String,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl SyncFailure {
+    /// Creates a failure.
+    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        SyncFailure { reason: reason.into(), message: message.into() }
+    }
+}
+
+/// The outcome of one `SyncPod` step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SyncResult {
+    /// What was attempted.
+    pub action: SyncAction,
+    /// What it was attempted on: a container name, or the pod's full name.
+    pub target: String,
+    /// The failure, if the step failed.
+    pub failure: Option<SyncFailure>,
+}
+
+impl SyncResult {
+    /// A successful step.
+    pub fn ok(action: SyncAction, target: impl Into<String>) -> Self {
+        SyncResult { action, target: target.into(), failure: None }
+    }
+
+    /// A failed step.
+    pub fn failed(action: SyncAction, target: impl Into<String>, failure: SyncFailure) -> Self {
+        SyncResult { action, target: target.into(), failure: Some(failure) }
+    }
+}
+
+/// The outcome of `Runtime::sync_pod`: every step it took (upstream `PodSyncResult`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PodSyncResult {
+    /// Step results in the order they were taken.
+    pub results: Vec<SyncResult>,
+    /// A failure outside any step (for example listing the pod's state).
+    pub failure: Option<SyncFailure>,
+}
+
+impl PodSyncResult {
+    /// Appends a step result.
+    pub fn push(&mut self, result: SyncResult) {
+        self.results.push(result);
+    }
+
+    /// Appends all of another result's steps and takes its failure if this one has none.
+    pub fn extend(&mut self, other: PodSyncResult) {
+        self.results.extend(other.results);
+        if self.failure.is_none() {
+            self.failure = other.failure;
+        }
+    }
+
+    /// Every failure, pod-level first.
+    pub fn failures(&self) -> impl Iterator<Item = &SyncFailure> {
+        self.failure.iter().chain(self.results.iter().filter_map(|r| r.failure.as_ref()))
+    }
+
+    /// The failures that make the sync an error: everything but crash-loop and image-pull backoffs.
+    pub fn errors(&self) -> impl Iterator<Item = &SyncFailure> {
+        self.failures().filter(|f| !reasons::is_backoff(&f.reason))
+    }
+
+    /// Whether the sync is an error (see [`PodSyncResult::errors`]).
+    pub fn is_err(&self) -> bool {
+        self.errors().next().is_some()
+    }
+}
+
+/// An image the runtime stores (CRI `Image`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Image {
+    /// Image ID.
+    pub id: String,
+    /// Tags naming it.
+    pub repo_tags: Vec<String>,
+    /// Digests naming it.
+    pub repo_digests: Vec<String>,
+    /// Size in bytes.
+    pub size: u64,
+    /// Whether GC must keep it.
+    pub pinned: bool,
+}
+
+/// The result of running a command in a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecResult {
+    /// Captured standard output.
+    pub stdout: Vec<u8>,
+    /// Captured standard error.
+    pub stderr: Vec<u8>,
+    /// Exit code.
+    pub exit_code: i32,
+}
+
+/// Container garbage-collection policy (upstream `GCPolicy`; defaults are upstream's flag defaults).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GcPolicy {
+    /// Dead containers younger than this are kept.
+    pub min_age: Duration,
+    /// Dead instances kept per (pod, container name); negative means no limit.
+    pub max_per_pod_container: i32,
+    /// Dead containers kept in total; negative means no limit.
+    pub max_containers: i32,
+}
+
+impl Default for GcPolicy {
+    fn default() -> Self {
+        GcPolicy { min_age: Duration::ZERO, max_per_pod_container: 1, max_containers: -1 }
+    }
+}
+
+/// A container runtime, as the kubelet drives it (upstream `kubecontainer.Runtime`).
+///
+/// Implementations: `kubelet-cri-client` over CRI gRPC, and [`crate::fake::FakeRuntime`] (feature
+/// `test-util`) in memory.
+/// Methods are coarse: `sync_pod` does all the work of bringing one pod to its spec.
+/// The trait is used through generics (native `async fn`, no boxing); every future is `Send`.
+pub trait Runtime: Send + Sync + 'static {
+    /// The error every method may return; implementations keep their own rich errors.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The runtime's name and versions.
+    fn version(&self) -> impl Future<Output = Result<Version, Self::Error>> + Send;
+
+    /// The runtime's conditions (`RuntimeReady`, `NetworkReady`).
+    fn status(&self) -> impl Future<Output = Result<RuntimeStatus, Self::Error>> + Send;
+
+    /// Lists pods: every pod when `all`, else only pods with something running.
+    fn get_pods(&self, all: bool) -> impl Future<Output = Result<Vec<Pod>, Self::Error>> + Send;
+
+    /// Inspects one pod in detail.
+    fn get_pod_status(
+        &self,
+        uid: &PodUid,
+        name: &str,
+        namespace: &str,
+    ) -> impl Future<Output = Result<PodStatus, Self::Error>> + Send;
+
+    /// Brings the pod's sandbox and containers in line with its spec; `backoff` is the crash-loop backoff.
+    fn sync_pod(
+        &self,
+        pod: &ApiPod,
+        status: &PodStatus,
+        backoff: &Backoff,
+    ) -> impl Future<Output = PodSyncResult> + Send;
+
+    /// Kills every container and stops every sandbox of `running`.
+    ///
+    /// `pod` is the spec when known (for per-container grace periods); `grace_override` in seconds
+    /// replaces the pod's grace period.
+    fn kill_pod(
+        &self,
+        pod: Option<&ApiPod>,
+        running: &Pod,
+        grace_override: Option<i64>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Pulls an image and returns its reference.
+    fn pull_image(&self, image: &str) -> impl Future<Output = Result<String, Self::Error>> + Send;
+
+    /// The reference of a locally present image, or `None`.
+    fn image_ref(&self, image: &str) -> impl Future<Output = Result<Option<String>, Self::Error>> + Send;
+
+    /// All locally stored images.
+    fn list_images(&self) -> impl Future<Output = Result<Vec<Image>, Self::Error>> + Send;
+
+    /// Removes an image.
+    fn remove_image(&self, image: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Runs a command in a container and waits for it, at most `timeout`.
+    fn exec_sync(
+        &self,
+        container_id: &str,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<ExecResult, Self::Error>> + Send;
+
+    /// Removes a dead container.
+    fn delete_container(&self, container_id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Removes dead containers and sandboxes according to `policy`.
+    fn garbage_collect(
+        &self,
+        policy: &GcPolicy,
+        all_sources_ready: bool,
+        evict_non_deleted_pods: bool,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// The hash of the container spec fields whose change restarts a running container.
+///
+/// It covers the container's name and image only, as upstream does since v1.31, so adding API
+/// fields never restarts containers on upgrade.
+/// It is FNV-1a (64 bit) over `name`, a NUL byte and `image`: stable across our releases and
+/// restarts, and not bit-compatible with the Go kubelet's hash.
+pub fn container_hash(name: &str, image: &str) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    name.bytes().chain([0]).chain(image.bytes()).fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_hash_is_stable_and_covers_name_and_image() {
+        // Pinned values: a change here restarts every container on upgrade.
+        assert_eq!(container_hash("app", "busybox:1.35"), container_hash("app", "busybox:1.35"));
+        assert_eq!(container_hash("", ""), 0xaf63_bd4c_8601_b7df);
+        assert_ne!(container_hash("app", "busybox:1.35"), container_hash("app", "busybox:1.36"));
+        assert_ne!(container_hash("ab", "c"), container_hash("a", "bc"), "the separator keeps fields apart");
+    }
+
+    #[test]
+    fn sync_result_errors_exclude_backoffs() {
+        let mut r = PodSyncResult::default();
+        r.push(SyncResult::ok(SyncAction::StartContainer, "a"));
+        r.push(SyncResult::failed(SyncAction::StartContainer, "b", SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, "back-off 10s")));
+        assert!(!r.is_err());
+        assert_eq!(r.failures().count(), 1);
+        r.push(SyncResult::failed(SyncAction::StartContainer, "c", SyncFailure::new(reasons::RUN_CONTAINER_ERROR, "boom")));
+        assert!(r.is_err());
+        assert_eq!(r.errors().map(|f| f.reason.as_str()).collect::<Vec<_>>(), [reasons::RUN_CONTAINER_ERROR]);
+    }
+}
