@@ -1,1 +1,264 @@
-//! placeholder
+//! A typed CRI (`runtime.v1`) client over unix sockets.
+//!
+//! [`Client`] connects lazily to a runtime's `RuntimeService` and `ImageService` (for example
+//! containerd's CRI plugin) from an upstream-style endpoint such as
+//! `unix:///run/containerd/containerd.sock`, applies the per-call timeout
+//! (`runtimeRequestTimeout`, default 2 min) and the 16 MiB message limit, and turns gRPC
+//! statuses into [`Error`]s that can be classified without string matching.
+//! The generated protocol types come from the `k8s-cri` crate and are re-exported as [`pb`].
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), kubelet_cri_client::Error> {
+//! use kubelet_cri_client::{Client, Config};
+//!
+//! let client = Client::connect(&Config::new("unix:///run/containerd/containerd.sock"))?;
+//! let version = client.version().await?;
+//! println!("{} {}", version.runtime_name, version.runtime_version);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::{path::PathBuf, time::Duration};
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::{
+    Code,
+    transport::{Channel, Endpoint, Uri},
+};
+use tower::service_fn;
+
+pub mod cgroups;
+
+/// The generated CRI `runtime.v1` types, clients and servers (from the `k8s-cri` crate).
+pub mod pb {
+    pub use k8s_cri::v1::*;
+}
+
+/// Re-exported so callers build requests and fake servers with the same tonic.
+pub use tonic;
+
+/// Largest gRPC message accepted: list responses of busy nodes exceed tonic's 4 MiB default.
+pub const MAX_MESSAGE_SIZE: usize = 16 << 20;
+
+/// Errors of the CRI client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The endpoint is not a `unix://` URL or absolute socket path.
+    #[error("invalid CRI endpoint {endpoint:?}: {reason}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The runtime answered a call with a gRPC error (or the call failed in transport).
+    #[error("CRI {operation} failed: {status}")]
+    Status {
+        /// The CRI method, e.g. `Version`.
+        operation: &'static str,
+        /// The gRPC status.
+        #[source]
+        status: Box<tonic::Status>,
+    },
+}
+
+impl Error {
+    fn status(operation: &'static str, status: tonic::Status) -> Self {
+        Error::Status { operation, status: Box::new(status) }
+    }
+
+    /// The gRPC code, for errors that carry one.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Error::Status { status, .. } => Some(status.code()),
+            Error::InvalidEndpoint { .. } => None,
+        }
+    }
+
+    /// The object does not exist (a stop or remove of it counts as done).
+    pub fn is_not_found(&self) -> bool {
+        self.code() == Some(Code::NotFound)
+    }
+
+    /// The runtime does not implement the call.
+    pub fn is_unimplemented(&self) -> bool {
+        self.code() == Some(Code::Unimplemented)
+    }
+
+    /// The call ran out of time.
+    pub fn is_deadline_exceeded(&self) -> bool {
+        self.code() == Some(Code::DeadlineExceeded)
+    }
+
+    /// The runtime could not be reached.
+    pub fn is_unavailable(&self) -> bool {
+        self.code() == Some(Code::Unavailable)
+    }
+}
+
+/// How to reach the runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// The runtime endpoint, as upstream's `--container-runtime-endpoint`.
+    pub endpoint: String,
+    /// A separate image service endpoint; the runtime endpoint when `None`.
+    pub image_endpoint: Option<String>,
+    /// Timeout of each call (`runtimeRequestTimeout`, default 2 min).
+    pub request_timeout: Duration,
+    /// Timeout of establishing the connection (2 s).
+    pub connect_timeout: Duration,
+}
+
+impl Config {
+    /// A config for `endpoint` with upstream's timeouts.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Config {
+            endpoint: endpoint.into(),
+            image_endpoint: None,
+            request_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Sets the per-call timeout.
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets a separate image service endpoint.
+    #[must_use]
+    pub fn image_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.image_endpoint = Some(endpoint.into());
+        self
+    }
+}
+
+/// The socket path of a `unix://` endpoint (or a bare absolute path).
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, Error> {
+    let invalid = |reason| Error::InvalidEndpoint { endpoint: endpoint.to_owned(), reason };
+    let path = match endpoint.split_once("://") {
+        Some(("unix", path)) => path,
+        Some(_) => return Err(invalid("only unix:// endpoints are supported")),
+        None => endpoint,
+    };
+    if !path.starts_with('/') {
+        return Err(invalid("the socket path must be absolute"));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// A channel to a unix socket that connects on first use and reconnects after failures.
+fn unix_channel(endpoint: &str, config: &Config) -> Result<Channel, Error> {
+    let path = socket_path(endpoint)?;
+    // The URI is required by tonic but never used: the connector dials the socket.
+    let channel = Endpoint::from_static("http://[::]:50051")
+        .connect_timeout(config.connect_timeout)
+        .timeout(config.request_timeout)
+        .connect_with_connector_lazy(service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }));
+    Ok(channel)
+}
+
+/// A CRI client: the runtime and image services of one runtime.
+///
+/// Cloning is cheap; clones share the connection.
+#[derive(Clone, Debug)]
+pub struct Client {
+    runtime: pb::runtime_service_client::RuntimeServiceClient<Channel>,
+    image: pb::image_service_client::ImageServiceClient<Channel>,
+}
+
+impl Client {
+    /// Creates a client; the connection is made on the first call.
+    pub fn connect(config: &Config) -> Result<Self, Error> {
+        let runtime_channel = unix_channel(&config.endpoint, config)?;
+        let image_channel = match &config.image_endpoint {
+            Some(endpoint) => unix_channel(endpoint, config)?,
+            None => runtime_channel.clone(),
+        };
+        Ok(Client::from_channels(runtime_channel, image_channel))
+    }
+
+    /// Creates a client over existing channels (for example to an in-process fake server).
+    pub fn from_channels(runtime: Channel, image: Channel) -> Self {
+        Client {
+            runtime: pb::runtime_service_client::RuntimeServiceClient::new(runtime)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            image: pb::image_service_client::ImageServiceClient::new(image)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        }
+    }
+
+    /// The generated runtime service client, for calls this crate does not wrap yet.
+    pub fn runtime_service(&self) -> pb::runtime_service_client::RuntimeServiceClient<Channel> {
+        self.runtime.clone()
+    }
+
+    /// The generated image service client, for calls this crate does not wrap yet.
+    pub fn image_service(&self) -> pb::image_service_client::ImageServiceClient<Channel> {
+        self.image.clone()
+    }
+
+    /// CRI `Version`.
+    pub async fn version(&self) -> Result<pb::VersionResponse, Error> {
+        let request = pb::VersionRequest { version: "v1".to_owned() };
+        Ok(self.runtime.clone().version(request).await.map_err(|s| Error::status("Version", s))?.into_inner())
+    }
+
+    /// CRI `Status` (not verbose).
+    pub async fn status(&self) -> Result<pb::RuntimeStatus, Error> {
+        let request = pb::StatusRequest { verbose: false };
+        let response = self.runtime.clone().status(request).await.map_err(|s| Error::status("Status", s))?.into_inner();
+        Ok(response.status.unwrap_or_default())
+    }
+
+    /// CRI `RuntimeConfig` (the runtime's cgroup driver); runtimes that predate it answer
+    /// `Unimplemented` ([`Error::is_unimplemented`]), and the kubelet then uses its own setting.
+    pub async fn runtime_config(&self) -> Result<pb::RuntimeConfigResponse, Error> {
+        let request = pb::RuntimeConfigRequest {};
+        Ok(self
+            .runtime
+            .clone()
+            .runtime_config(request)
+            .await
+            .map_err(|s| Error::status("RuntimeConfig", s))?
+            .into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_like_upstream() {
+        assert_eq!(
+            socket_path("unix:///run/containerd/containerd.sock").unwrap(),
+            PathBuf::from("/run/containerd/containerd.sock")
+        );
+        assert_eq!(socket_path("/run/x.sock").unwrap(), PathBuf::from("/run/x.sock"));
+        assert!(matches!(socket_path("tcp://127.0.0.1:1"), Err(Error::InvalidEndpoint { .. })));
+        assert!(matches!(socket_path("unix://relative.sock"), Err(Error::InvalidEndpoint { .. })));
+    }
+
+    #[tokio::test]
+    async fn missing_socket_is_unavailable() {
+        let dir = std::env::temp_dir().join(format!("cri-missing-{}", std::process::id()));
+        let client = Client::connect(&Config::new(format!("unix://{}/nope.sock", dir.display()))).unwrap();
+        let err = client.version().await.unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+        assert!(!err.is_not_found());
+        assert!(err.to_string().starts_with("CRI Version failed"), "{err}");
+    }
+}

@@ -153,7 +153,10 @@ impl std::fmt::Debug for FakeRuntime {
 }
 
 fn healthy_status() -> RuntimeStatus {
-    RuntimeStatus::new(vec![RuntimeCondition::new(RUNTIME_READY, true, "", ""), RuntimeCondition::new(NETWORK_READY, true, "", "")])
+    RuntimeStatus::new(vec![
+        RuntimeCondition::new(RUNTIME_READY, true, "", ""),
+        RuntimeCondition::new(NETWORK_READY, true, "", ""),
+    ])
 }
 
 fn backoff_key(pod: &ApiPod, container: &ApiContainer) -> String {
@@ -217,7 +220,14 @@ impl FakeRuntime {
     pub fn add_image(&self, image: impl Into<String>) {
         let image = image.into();
         let mut st = lock(&self.state);
-        st.images.insert(image.clone(), Image { id: format!("sha256:{:016x}", container_hash("", &image)), repo_tags: vec![image], ..Image::default() });
+        st.images.insert(
+            image.clone(),
+            Image {
+                id: format!("sha256:{:016x}", container_hash("", &image)),
+                repo_tags: vec![image],
+                ..Image::default()
+            },
+        );
     }
 
     /// Stops a running container behind the kubelet's back.
@@ -255,7 +265,12 @@ impl FakeRuntime {
             let mut sandbox = SandboxStatus::new(sandbox_id.clone(), 0, SandboxState::Ready);
             sandbox.ips = vec![format!("10.88.{}.{}", p / 250, p % 250 + 2)];
             sandbox.created_at = Some(wall_now());
-            let mut pod = FakePod { name: format!("bench-{p}"), namespace: "default".into(), sandboxes: vec![sandbox], containers: Vec::new() };
+            let mut pod = FakePod {
+                name: format!("bench-{p}"),
+                namespace: "default".into(),
+                sandboxes: vec![sandbox],
+                containers: Vec::new(),
+            };
             for c in 0..containers_per_pod {
                 let id = st.new_id("container");
                 let mut status = ContainerStatus::new(id, format!("c{c}"), ContainerState::Running);
@@ -317,7 +332,13 @@ impl State {
         let mut status = PodStatus::new(uid.clone(), &pod.name, &pod.namespace);
         status.sandbox_statuses = pod.sandboxes.iter().rev().cloned().collect();
         status.container_statuses = pod.containers.iter().rev().map(|c| c.status.clone()).collect();
-        status.ips = pod.sandboxes.iter().rev().find(|s| s.state == SandboxState::Ready).map(|s| s.ips.clone()).unwrap_or_default();
+        status.ips = pod
+            .sandboxes
+            .iter()
+            .rev()
+            .find(|s| s.state == SandboxState::Ready)
+            .map(|s| s.ips.clone())
+            .unwrap_or_default();
         status
     }
 
@@ -378,7 +399,12 @@ impl Runtime for FakeRuntime {
         let st = lock(&self.state);
         let pods = st.pods.iter().map(|(uid, p)| {
             let mut pod = Pod::new(uid.clone(), &p.name, &p.namespace);
-            pod.sandboxes = p.sandboxes.iter().rev().map(|s| Sandbox { id: s.id.clone(), attempt: s.attempt, state: s.state, created_at: s.created_at }).collect();
+            pod.sandboxes = p
+                .sandboxes
+                .iter()
+                .rev()
+                .map(|s| Sandbox { id: s.id.clone(), attempt: s.attempt, state: s.state, created_at: s.created_at })
+                .collect();
             pod.containers = p
                 .containers
                 .iter()
@@ -419,10 +445,15 @@ impl Runtime for FakeRuntime {
         let mut st = lock(&self.state);
 
         // A ready sandbox, or a new one (killing what ran in the old one).
-        let ready = st.pods.get(&uid).is_some_and(|p| p.sandboxes.last().is_some_and(|s| s.state == SandboxState::Ready));
+        let ready =
+            st.pods.get(&uid).is_some_and(|p| p.sandboxes.last().is_some_and(|s| s.state == SandboxState::Ready));
         if !ready {
             if let Some(err) = st.take_error(Method::RunPodSandbox) {
-                result.push(SyncResult::failed(SyncAction::CreatePodSandbox, &full_name, SyncFailure::new(reasons::CREATE_POD_SANDBOX_ERROR, err.to_string())));
+                result.push(SyncResult::failed(
+                    SyncAction::CreatePodSandbox,
+                    &full_name,
+                    SyncFailure::new(reasons::CREATE_POD_SANDBOX_ERROR, err.to_string()),
+                ));
                 return result;
             }
             let id = st.new_id("sandbox");
@@ -461,7 +492,18 @@ impl Runtime for FakeRuntime {
                 _ => {}
             }
             let restart_count = last.map_or(0, |s| s.restart_count + 1);
-            start_one(&mut st, &uid, pod, init, restart_count, last, backoff, now, SyncAction::InitContainer, &mut result);
+            start_one(
+                &mut st,
+                &uid,
+                pod,
+                init,
+                restart_count,
+                last,
+                backoff,
+                now,
+                SyncAction::InitContainer,
+                &mut result,
+            );
             return result;
         }
 
@@ -473,7 +515,9 @@ impl Runtime for FakeRuntime {
                 if s.hash == hash {
                     continue;
                 }
-                if let Some(c) = st.pods.get_mut(&uid).and_then(|p| p.containers.iter_mut().find(|c| c.status.id == s.id)) {
+                if let Some(c) =
+                    st.pods.get_mut(&uid).and_then(|p| p.containers.iter_mut().find(|c| c.status.id == s.id))
+                {
                     exit(c, 137);
                 }
                 result.push(SyncResult::ok(SyncAction::KillContainer, &container.name));
@@ -481,12 +525,28 @@ impl Runtime for FakeRuntime {
                 continue;
             }
             let restart_count = last.map_or(0, |s| s.restart_count + 1);
-            start_one(&mut st, &uid, pod, container, restart_count, last.filter(|s| s.state == ContainerState::Exited), backoff, now, SyncAction::StartContainer, &mut result);
+            start_one(
+                &mut st,
+                &uid,
+                pod,
+                container,
+                restart_count,
+                last.filter(|s| s.state == ContainerState::Exited),
+                backoff,
+                now,
+                SyncAction::StartContainer,
+                &mut result,
+            );
         }
         result
     }
 
-    async fn kill_pod(&self, _pod: Option<&ApiPod>, running: &Pod, _grace_override: Option<i64>) -> Result<(), FakeError> {
+    async fn kill_pod(
+        &self,
+        _pod: Option<&ApiPod>,
+        running: &Pod,
+        _grace_override: Option<i64>,
+    ) -> Result<(), FakeError> {
         self.enter(Method::KillPod, running.uid.as_str()).await?;
         if let Some(pod) = lock(&self.state).pods.get_mut(&running.uid) {
             stop_pod(pod, 137);
@@ -516,7 +576,12 @@ impl Runtime for FakeRuntime {
         Ok(())
     }
 
-    async fn exec_sync(&self, container_id: &str, _cmd: &[String], _timeout: Duration) -> Result<ExecResult, FakeError> {
+    async fn exec_sync(
+        &self,
+        container_id: &str,
+        _cmd: &[String],
+        _timeout: Duration,
+    ) -> Result<ExecResult, FakeError> {
         self.enter(Method::ExecSync, container_id).await?;
         let st = lock(&self.state);
         let c = st
@@ -546,7 +611,12 @@ impl Runtime for FakeRuntime {
         Err(FakeError::new(Code::NotFound, format!("container {container_id} not found")))
     }
 
-    async fn garbage_collect(&self, policy: &GcPolicy, _all_sources_ready: bool, _evict: bool) -> Result<(), FakeError> {
+    async fn garbage_collect(
+        &self,
+        policy: &GcPolicy,
+        _all_sources_ready: bool,
+        _evict: bool,
+    ) -> Result<(), FakeError> {
         self.enter(Method::GarbageCollect, "").await?;
         let mut st = lock(&self.state);
         if policy.max_per_pod_container >= 0 {
@@ -570,7 +640,9 @@ impl Runtime for FakeRuntime {
                 pod.containers = kept;
                 let live_sandboxes: Vec<String> = pod.containers.iter().map(|c| c.sandbox_id.clone()).collect();
                 let newest = pod.sandboxes.last().map(|s| s.id.clone());
-                pod.sandboxes.retain(|s| s.state == SandboxState::Ready || live_sandboxes.contains(&s.id) || Some(&s.id) == newest.as_ref());
+                pod.sandboxes.retain(|s| {
+                    s.state == SandboxState::Ready || live_sandboxes.contains(&s.id) || Some(&s.id) == newest.as_ref()
+                });
             }
         }
         st.pods.retain(|_, p| !p.containers.is_empty() || p.sandboxes.iter().any(|s| s.state == SandboxState::Ready));
@@ -593,11 +665,24 @@ fn start_one(
 ) {
     let key = backoff_key(pod, spec);
     if let Some(last) = last_exited {
-        let finished = st.pods.get(uid).and_then(|p| p.containers.iter().find(|c| c.status.id == last.id)).and_then(|c| c.finished);
+        let finished = st
+            .pods
+            .get(uid)
+            .and_then(|p| p.containers.iter().find(|c| c.status.id == last.id))
+            .and_then(|c| c.finished);
         if let Some(finished) = finished {
             if backoff.is_in_backoff_since(&key, finished, now) {
-                let message = format!("back-off {:?} restarting failed container={} pod={}", backoff.get(&key), spec.name, crate::types::pod_full_name(pod));
-                result.push(SyncResult::failed(action, &spec.name, SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, message)));
+                let message = format!(
+                    "back-off {:?} restarting failed container={} pod={}",
+                    backoff.get(&key),
+                    spec.name,
+                    crate::types::pod_full_name(pod)
+                );
+                result.push(SyncResult::failed(
+                    action,
+                    &spec.name,
+                    SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, message),
+                ));
                 return;
             }
             backoff.next(&key, now);
@@ -605,7 +690,11 @@ fn start_one(
     }
     match st.start_container(uid, spec, restart_count) {
         Ok(()) => result.push(SyncResult::ok(action, &spec.name)),
-        Err(err) => result.push(SyncResult::failed(action, &spec.name, SyncFailure::new(reasons::RUN_CONTAINER_ERROR, err.to_string()))),
+        Err(err) => result.push(SyncResult::failed(
+            action,
+            &spec.name,
+            SyncFailure::new(reasons::RUN_CONTAINER_ERROR, err.to_string()),
+        )),
     }
 }
 

@@ -83,7 +83,8 @@
 //! # Feature flags
 //!
 //! - `test-util`: [`fake::FakeRuntime`], an in-memory, recording, scriptable runtime for unit
-//!   tests, benchmarks and downstream users.
+//!   tests, benchmarks and downstream users; and [`testing::RealRuntime`], which finds the real
+//!   runtime `cargo xtask ci` starts for `real_*` tests.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
@@ -103,6 +104,9 @@ pub mod workers;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod fake;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod testing;
 
 mod util;
 

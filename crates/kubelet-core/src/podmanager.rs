@@ -166,7 +166,9 @@ mod tests {
                 uid: Some(uid.into()),
                 name: Some(name.into()),
                 namespace: Some("default".into()),
-                annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()),
+                annotations: Some(
+                    annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+                ),
                 ..Default::default()
             },
             ..Default::default()
@@ -187,7 +189,8 @@ mod tests {
     #[test]
     fn mirror_pods_are_kept_apart() {
         let pm = PodManager::new();
-        let static_pod = pod("s1", "etcd-node", &[(annotations::CONFIG_SOURCE, "file"), (annotations::CONFIG_HASH, "s1")]);
+        let static_pod =
+            pod("s1", "etcd-node", &[(annotations::CONFIG_SOURCE, "file"), (annotations::CONFIG_HASH, "s1")]);
         let mirror = pod("m1", "etcd-node", &[(annotations::CONFIG_SOURCE, "api"), (annotations::CONFIG_MIRROR, "s1")]);
         pm.add_pod(static_pod.clone());
         pm.add_pod(mirror.clone());

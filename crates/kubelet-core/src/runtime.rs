@@ -222,7 +222,14 @@ pub struct SandboxStatus {
 impl SandboxStatus {
     /// Creates a sandbox status with no IPs in pod network mode.
     pub fn new(id: impl Into<String>, attempt: u32, state: SandboxState) -> Self {
-        SandboxStatus { id: id.into(), attempt, state, created_at: None, ips: Vec::new(), network_mode: NetworkMode::Pod }
+        SandboxStatus {
+            id: id.into(),
+            attempt,
+            state,
+            created_at: None,
+            ips: Vec::new(),
+            network_mode: NetworkMode::Pod,
+        }
     }
 }
 
@@ -614,10 +621,18 @@ mod tests {
     fn sync_result_errors_exclude_backoffs() {
         let mut r = PodSyncResult::default();
         r.push(SyncResult::ok(SyncAction::StartContainer, "a"));
-        r.push(SyncResult::failed(SyncAction::StartContainer, "b", SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, "back-off 10s")));
+        r.push(SyncResult::failed(
+            SyncAction::StartContainer,
+            "b",
+            SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, "back-off 10s"),
+        ));
         assert!(!r.is_err());
         assert_eq!(r.failures().count(), 1);
-        r.push(SyncResult::failed(SyncAction::StartContainer, "c", SyncFailure::new(reasons::RUN_CONTAINER_ERROR, "boom")));
+        r.push(SyncResult::failed(
+            SyncAction::StartContainer,
+            "c",
+            SyncFailure::new(reasons::RUN_CONTAINER_ERROR, "boom"),
+        ));
         assert!(r.is_err());
         assert_eq!(r.errors().map(|f| f.reason.as_str()).collect::<Vec<_>>(), [reasons::RUN_CONTAINER_ERROR]);
     }

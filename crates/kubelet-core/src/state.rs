@@ -126,7 +126,10 @@ impl RuntimeState {
         let network = status.condition(crate::runtime::NETWORK_READY);
         self.set_network_error(match network {
             Some(c) if c.status => None,
-            Some(c) => Some(format!("container runtime network not ready: NetworkReady=false reason:{} message:{}", c.reason, c.message)),
+            Some(c) => Some(format!(
+                "container runtime network not ready: NetworkReady=false reason:{} message:{}",
+                c.reason, c.message
+            )),
             None => Some("container runtime network not ready: NetworkReady condition missing".to_owned()),
         });
         match status.condition(crate::runtime::RUNTIME_READY) {
@@ -138,7 +141,9 @@ impl RuntimeState {
                 "container runtime not ready: RuntimeReady=false reason:{} message:{}",
                 c.reason, c.message
             ))),
-            None => self.set_runtime_error(Some("container runtime not ready: RuntimeReady condition missing".to_owned())),
+            None => {
+                self.set_runtime_error(Some("container runtime not ready: RuntimeReady condition missing".to_owned()))
+            }
         }
     }
 
@@ -211,7 +216,12 @@ mod tests {
     fn status(runtime: bool, network: bool) -> RuntimeStatus {
         RuntimeStatus::new(vec![
             RuntimeCondition::new(RUNTIME_READY, runtime, if runtime { "" } else { "Down" }, ""),
-            RuntimeCondition::new(NETWORK_READY, network, if network { "" } else { "NetworkPluginNotReady" }, "cni config uninitialized"),
+            RuntimeCondition::new(
+                NETWORK_READY,
+                network,
+                if network { "" } else { "NetworkPluginNotReady" },
+                "cni config uninitialized",
+            ),
         ])
     }
 

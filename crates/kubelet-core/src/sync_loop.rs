@@ -133,7 +133,13 @@ enum LoopEvent {
 }
 
 /// Runs the sync loop until `cancel` fires or the config channel closes.
-pub async fn run<H: SyncHandler>(handler: &H, mut inputs: Inputs, shared: &Shared, config: &Config, cancel: CancellationToken) {
+pub async fn run<H: SyncHandler>(
+    handler: &H,
+    mut inputs: Inputs,
+    shared: &Shared,
+    config: &Config,
+    cancel: CancellationToken,
+) {
     info!("starting kubelet main sync loop");
     let start = Instant::now();
     let mut sync_ticker = interval_at(start + config.sync_period, config.sync_period);
@@ -224,10 +230,10 @@ async fn dispatch<H: SyncHandler>(handler: &H, shared: &Shared, config: &Config,
                     None => debug!(pod.uid = %event.id, kind = %event.kind, "PLEG event for an unknown pod"),
                 }
             }
-            if event.kind == PodLifecycleEventKind::ContainerDied {
-                if let Some(container_id) = &event.container_id {
-                    handler.handle_container_died(&event.id, container_id).await;
-                }
+            if event.kind == PodLifecycleEventKind::ContainerDied
+                && let Some(container_id) = &event.container_id
+            {
+                handler.handle_container_died(&event.id, container_id).await;
             }
         }
         LoopEvent::Probe(result) => match shared.pods.pod_by_uid(&result.pod_uid) {

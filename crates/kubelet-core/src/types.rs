@@ -59,10 +59,7 @@ impl From<String> for PodUid {
 ///
 /// Static pods are unique per full name: only one pod with a given full name may run at a time.
 pub fn pod_full_name(pod: &Pod) -> String {
-    full_name(
-        pod.metadata.name.as_deref().unwrap_or_default(),
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-    )
+    full_name(pod.metadata.name.as_deref().unwrap_or_default(), pod.metadata.namespace.as_deref().unwrap_or_default())
 }
 
 /// Builds a full name (`<name>_<namespace>`) from its parts.

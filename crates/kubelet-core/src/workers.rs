@@ -57,7 +57,14 @@ pub struct UpdatePodOptions {
 impl UpdatePodOptions {
     /// An update of `update_type` for a pod in config.
     pub fn new(update_type: SyncPodType, pod: Arc<Pod>) -> Self {
-        UpdatePodOptions { update_type, start_time: None, pod: Some(pod), mirror_pod: None, running_pod: None, kill: None }
+        UpdatePodOptions {
+            update_type,
+            start_time: None,
+            pod: Some(pod),
+            mirror_pod: None,
+            running_pod: None,
+            kill: None,
+        }
     }
 
     /// A kill of a pod that exists only in the runtime.
@@ -189,8 +196,15 @@ pub trait PodSyncer: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Stops a pod that exists only in the runtime.
-    fn sync_terminating_runtime_pod(&self, running: &runtime::Pod) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    fn sync_terminating_runtime_pod(
+        &self,
+        running: &runtime::Pod,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Cleans up after a terminated pod (volumes, cgroups) and records its final status.
-    fn sync_terminated_pod(&self, pod: &Arc<Pod>, status: &PodStatus) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    fn sync_terminated_pod(
+        &self,
+        pod: &Arc<Pod>,
+        status: &PodStatus,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }

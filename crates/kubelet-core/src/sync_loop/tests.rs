@@ -71,7 +71,12 @@ impl SyncHandler for Recorder {
 
 fn pod(uid: &str) -> Arc<Pod> {
     Arc::new(Pod {
-        metadata: ObjectMeta { uid: Some(uid.into()), name: Some(uid.into()), namespace: Some("default".into()), ..Default::default() },
+        metadata: ObjectMeta {
+            uid: Some(uid.into()),
+            name: Some(uid.into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
         ..Default::default()
     })
 }

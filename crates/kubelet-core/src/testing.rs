@@ -1,0 +1,56 @@
+//! Support for tests against a real runtime (feature `test-util`).
+//!
+//! `cargo xtask ci` starts the project's containerd and passes its endpoint and test images to
+//! the tests through the environment.
+//! [`RealRuntime::from_env`] reads them; when they are absent it prints what was skipped and why,
+//! except under CI (`CI=true`), where a missing real runtime is a failure.
+//! By convention, real-runtime test functions are named `real_*`: `cargo xtask ci` runs them in a
+//! step of their own, after the runtime is up.
+
+use std::path::PathBuf;
+
+/// Environment variable: the CRI endpoint, e.g. `unix:///run/kubelet-rs-dev/containerd.sock`.
+pub const ENV_ENDPOINT: &str = "KUBELET_RS_CRI_ENDPOINT";
+/// Environment variable: a busybox image the runtime can pull.
+pub const ENV_BUSYBOX: &str = "KUBELET_RS_TEST_BUSYBOX";
+/// Environment variable: the sandbox (pause) image.
+pub const ENV_PAUSE: &str = "KUBELET_RS_TEST_PAUSE";
+/// Environment variable: a scratch directory for pod log directories and the like.
+pub const ENV_DIR: &str = "KUBELET_RS_TEST_DIR";
+
+/// The real runtime a test may use.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RealRuntime {
+    /// The CRI endpoint.
+    pub endpoint: String,
+    /// A busybox image reference.
+    pub busybox_image: String,
+    /// The sandbox image reference.
+    pub pause_image: String,
+    /// A scratch directory the test may write to.
+    pub scratch_dir: PathBuf,
+}
+
+impl RealRuntime {
+    /// The real runtime from the environment, or `None` (after saying so) when there is none.
+    ///
+    /// # Panics
+    ///
+    /// Under CI (`CI=true`) when the environment names no runtime: CI must never skip these tests.
+    pub fn from_env(test: &str) -> Option<RealRuntime> {
+        let var = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
+        match (var(ENV_ENDPOINT), var(ENV_BUSYBOX), var(ENV_PAUSE), var(ENV_DIR)) {
+            (Some(endpoint), Some(busybox_image), Some(pause_image), Some(dir)) => {
+                Some(RealRuntime { endpoint, busybox_image, pause_image, scratch_dir: PathBuf::from(dir) })
+            }
+            _ => {
+                let why = format!("{ENV_ENDPOINT}, {ENV_BUSYBOX}, {ENV_PAUSE} and {ENV_DIR} are not all set");
+                let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+                assert!(!ci, "{test}: CI=true but no real runtime: {why}; run it through `cargo xtask ci`");
+                eprintln!("SKIPPED {test}: no real runtime ({why}); `cargo xtask ci` as root runs it");
+                None
+            }
+        }
+    }
+}

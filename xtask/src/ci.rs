@@ -1,0 +1,109 @@
+//! `cargo xtask ci`: everything CI runs, in order, so a green run here means a green CI.
+//!
+//! fmt, clippy, unit and integration tests, docs, tidy, then the tests against the real runtime
+//! (test functions named `real_*`), which the earlier test step leaves out.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    runtime, tidy,
+    util::{have, in_ci, project_root, run},
+};
+
+/// Test functions whose names match this run only in the real-runtime step.
+const REAL_FILTER: &str = "test(/(^|::)real_/)";
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
+    if let Ok(root) = project_root() {
+        cmd.current_dir(root);
+    }
+    cmd
+}
+
+fn nextest() -> bool {
+    cargo().args(["nextest", "--version"]).output().is_ok_and(|o| o.status.success())
+}
+
+pub(crate) fn run_ci() -> Result<()> {
+    let mut timings: Vec<(&str, Duration)> = Vec::new();
+    let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        println!("\n==> {name}");
+        let started = Instant::now();
+        f().with_context(|| format!("ci step `{name}` failed"))?;
+        timings.push((name, started.elapsed()));
+        Ok(())
+    };
+
+    if !have("protoc") {
+        let why = "protoc is missing (the CRI bindings need it): run `cargo xtask setup` as root";
+        if in_ci() {
+            bail!("{why}");
+        }
+        println!("warning: {why}");
+    }
+    step("fmt", &mut || run(cargo().args(["fmt", "--all", "--", "--check"])))?;
+    step("clippy", &mut || {
+        run(cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))
+    })?;
+    step("test", &mut || {
+        if nextest() {
+            let filter = format!("not {REAL_FILTER}");
+            run(cargo().args(["nextest", "run", "--workspace", "--locked", "--no-fail-fast", "-E", &filter]))?;
+            run(cargo().args(["test", "--workspace", "--locked", "--doc"]))
+        } else {
+            run(cargo().args(["test", "--workspace", "--locked", "--", "--skip", "real_"]))
+        }
+    })?;
+    step("doc", &mut || {
+        run(cargo().args(["doc", "--workspace", "--no-deps", "--locked"]).env("RUSTDOCFLAGS", "-D warnings"))
+    })?;
+    step("tidy", &mut tidy::run_tidy)?;
+    step("real-runtime", &mut real_runtime_tests)?;
+
+    println!("\nci: all steps passed");
+    for (name, took) in timings {
+        println!("  {name:<13} {:>6.1} s", took.as_secs_f64());
+    }
+    Ok(())
+}
+
+fn real_runtime_tests() -> Result<()> {
+    if let Some(why) = runtime::missing_prerequisites() {
+        if in_ci() {
+            bail!("real-runtime tests cannot run: {why}");
+        }
+        println!("SKIPPED real-runtime tests: {why}");
+        return Ok(());
+    }
+    let started = runtime::start()?;
+    let mut cmd = cargo();
+    if nextest() {
+        cmd.args([
+            "nextest",
+            "run",
+            "--workspace",
+            "--locked",
+            "--no-fail-fast",
+            "--test-threads",
+            "2",
+            "-E",
+            REAL_FILTER,
+        ]);
+    } else {
+        cmd.args(["test", "--workspace", "--locked", "--", "real_", "--test-threads", "2"]);
+    }
+    for (key, value) in runtime::test_env() {
+        cmd.env(key, value);
+    }
+    let result = run(&mut cmd);
+    if started {
+        runtime::stop()?;
+    }
+    result
+}

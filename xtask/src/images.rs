@@ -1,0 +1,207 @@
+//! The test images, built here with no internet: a static `pause` and a busybox image.
+//!
+//! Each image is written as an OCI image layout by hand (one gzip layer made with reproducible
+//! `tar` and `gzip -n`, a config, a manifest and `index.json`), so the same inputs give the same
+//! digests on every machine with the same Debian packages.
+//! `load` imports them into the test containerd's `k8s.io` namespace and pushes them to the
+//! local registry.
+
+use std::{
+    fs,
+    os::unix::fs::{PermissionsExt, symlink},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use crate::{
+    runtime::{REGISTRY, STATE_DIR},
+    util::{output, project_root, run, sha256},
+};
+
+/// The repository (under the local registry) of the test images.
+const REPOSITORY: &str = "kubelet-rs";
+
+/// One test image.
+pub(crate) struct Image {
+    pub(crate) name: &'static str,
+    pub(crate) tag: &'static str,
+}
+
+/// The static pause image, used as the sandbox image.
+pub(crate) const PAUSE: Image = Image { name: "pause", tag: "1.0" };
+/// The busybox image, for test containers.
+pub(crate) const BUSYBOX: Image = Image { name: "busybox", tag: "1.35" };
+
+impl Image {
+    /// The full reference in the local registry.
+    pub(crate) fn reference(&self) -> String {
+        format!("{REGISTRY}/{REPOSITORY}/{}:{}", self.name, self.tag)
+    }
+
+    fn layout_dir(&self) -> PathBuf {
+        images_dir().join(format!("{}.oci", self.name))
+    }
+
+    fn archive(&self) -> PathBuf {
+        images_dir().join(format!("{}.oci.tar", self.name))
+    }
+}
+
+fn images_dir() -> PathBuf {
+    Path::new(STATE_DIR).join("images")
+}
+
+/// Whether both image archives exist.
+pub(crate) fn built() -> bool {
+    [PAUSE, BUSYBOX].iter().all(|i| i.archive().is_file())
+}
+
+/// Builds both images and prints their manifest digests.
+pub(crate) fn build() -> Result<()> {
+    let build_dir = images_dir().join("build");
+    if build_dir.exists() {
+        fs::remove_dir_all(&build_dir)?;
+    }
+    fs::create_dir_all(&build_dir)?;
+
+    let pause_root = build_dir.join("pause-rootfs");
+    fs::create_dir_all(&pause_root)?;
+    let source = project_root()?.join("xtask/images/pause.c");
+    run(Command::new("gcc").args(["-static", "-O2", "-Wall", "-o"]).arg(pause_root.join("pause")).arg(&source))?;
+    run(Command::new("strip").arg(pause_root.join("pause")))?;
+    let digest = write_image(&PAUSE, &pause_root, &build_dir, json!({ "Entrypoint": ["/pause"] }))?;
+    println!("built {} ({digest})", PAUSE.reference());
+
+    let busybox_root = build_dir.join("busybox-rootfs");
+    busybox_rootfs(&busybox_root)?;
+    let config = json!({ "Cmd": ["sh"], "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/" });
+    let digest = write_image(&BUSYBOX, &busybox_root, &build_dir, config)?;
+    println!("built {} ({digest})", BUSYBOX.reference());
+
+    fs::remove_dir_all(&build_dir)?;
+    Ok(())
+}
+
+fn busybox_rootfs(root: &Path) -> Result<()> {
+    for dir in ["bin", "etc", "tmp", "root", "var/www", "dev", "proc", "sys"] {
+        fs::create_dir_all(root.join(dir))?;
+    }
+    fs::set_permissions(root.join("tmp"), fs::Permissions::from_mode(0o1777))?;
+    fs::copy("/bin/busybox", root.join("bin/busybox")).context("copying /bin/busybox (package busybox-static)")?;
+    let applets = output(Command::new("/bin/busybox").arg("--list"))?;
+    for applet in applets.lines().filter(|a| !a.is_empty() && *a != "busybox") {
+        symlink("busybox", root.join("bin").join(applet))?;
+    }
+    fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+    )?;
+    fs::write(root.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")?;
+    fs::write(root.join("var/www/index.html"), "<h1>kubelet-rs test page</h1>\n")?;
+    Ok(())
+}
+
+/// A reproducible tar of `dir`'s content into `out`.
+fn reproducible_tar(dir: &Path, out: &Path) -> Result<()> {
+    run(Command::new("tar")
+        .args(["--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner", "--format=gnu", "-C"])
+        .arg(dir)
+        .arg("-cf")
+        .arg(out)
+        .arg("."))
+}
+
+/// Writes a blob into the layout and returns its descriptor fields (digest, size).
+fn add_blob(layout: &Path, file: &Path) -> Result<(String, u64)> {
+    let hex = sha256(file)?;
+    let size = fs::metadata(file)?.len();
+    fs::copy(file, layout.join("blobs/sha256").join(&hex))?;
+    Ok((format!("sha256:{hex}"), size))
+}
+
+fn write_json_blob(layout: &Path, scratch: &Path, value: &serde_json::Value) -> Result<(String, u64)> {
+    let file = scratch.join("blob.json");
+    fs::write(&file, serde_json::to_vec(value)?)?;
+    add_blob(layout, &file)
+}
+
+fn architecture() -> Result<&'static str> {
+    Ok(match output(Command::new("uname").arg("-m"))?.trim() {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => anyhow::bail!("unsupported architecture {other}"),
+    })
+}
+
+/// Writes the OCI layout and archive of `image` from `rootfs`; returns the manifest digest.
+fn write_image(image: &Image, rootfs: &Path, scratch: &Path, config: serde_json::Value) -> Result<String> {
+    let layout = image.layout_dir();
+    if layout.exists() {
+        fs::remove_dir_all(&layout)?;
+    }
+    fs::create_dir_all(layout.join("blobs/sha256"))?;
+    fs::set_permissions(rootfs, fs::Permissions::from_mode(0o755))?;
+
+    let layer_tar = scratch.join(format!("{}-layer.tar", image.name));
+    reproducible_tar(rootfs, &layer_tar)?;
+    let diff_id = format!("sha256:{}", sha256(&layer_tar)?);
+    run(Command::new("gzip").args(["-n", "-9", "-f"]).arg(&layer_tar))?;
+    let (layer_digest, layer_size) = add_blob(&layout, &scratch.join(format!("{}-layer.tar.gz", image.name)))?;
+
+    let config = json!({
+        "architecture": architecture()?,
+        "os": "linux",
+        "config": config,
+        "rootfs": { "type": "layers", "diff_ids": [diff_id] },
+    });
+    let (config_digest, config_size) = write_json_blob(&layout, scratch, &config)?;
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size },
+        "layers": [{ "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": layer_digest, "size": layer_size }],
+    });
+    let (manifest_digest, manifest_size) = write_json_blob(&layout, scratch, &manifest)?;
+    let index = json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest,
+            "size": manifest_size,
+            "annotations": {
+                "io.containerd.image.name": image.reference(),
+                "org.opencontainers.image.ref.name": image.tag,
+            },
+        }],
+    });
+    fs::write(layout.join("index.json"), serde_json::to_vec(&index)?)?;
+    fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    reproducible_tar(&layout, &image.archive())?;
+    Ok(manifest_digest)
+}
+
+/// Imports both images into containerd (namespace `k8s.io`) and pushes them to the registry.
+pub(crate) fn load(containerd_socket: &Path) -> Result<()> {
+    for image in [PAUSE, BUSYBOX] {
+        output(
+            Command::new("ctr")
+                .arg("--address")
+                .arg(containerd_socket)
+                .args(["-n", "k8s.io", "images", "import"])
+                .arg(image.archive()),
+        )
+        .with_context(|| format!("importing {}", image.reference()))?;
+        output(
+            Command::new("skopeo")
+                .args(["copy", "--quiet", "--dest-tls-verify=false"])
+                .arg(format!("oci:{}:{}", image.layout_dir().display(), image.tag))
+                .arg(format!("docker://{}", image.reference())),
+        )
+        .with_context(|| format!("pushing {}", image.reference()))?;
+        println!("loaded {} into containerd and the registry", image.reference());
+    }
+    Ok(())
+}

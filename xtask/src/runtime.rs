@@ -1,0 +1,404 @@
+//! `cargo xtask runtime start|stop|status`: the project's own containerd and image registry.
+//!
+//! Everything lives under project-owned paths (`/var/lib/kubelet-rs-dev`, `/run/kubelet-rs-dev`),
+//! so it never touches a containerd the machine may run for itself.
+//! Daemons are started by hand (there is no systemd), their PIDs written to files, and `stop`
+//! stops only those PIDs.
+//! The configuration follows `shared/reference/runtime-recipe.md`: `restrict_oom_score_adj`
+//! (no CAP_SYS_RESOURCE here), cgroupfs, no AppArmor, Debian's `/usr/lib/cni`, a `hosts.toml`
+//! for the plain-HTTP registry on 127.0.0.1.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::TcpStream,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    images,
+    util::{have, is_root, output},
+};
+
+/// Persistent state: containerd root, registry storage, images, logs.
+pub(crate) const STATE_DIR: &str = "/var/lib/kubelet-rs-dev";
+/// Runtime state: sockets, PID files, runc state.
+pub(crate) const RUN_DIR: &str = "/run/kubelet-rs-dev";
+/// The local registry's address.
+pub(crate) const REGISTRY: &str = "127.0.0.1:5000";
+/// The local registry's port (the port of [`REGISTRY`]).
+const REGISTRY_PORT: u16 = 5000;
+/// The CNI bridge of test pods.
+const BRIDGE: &str = "kubeletrs0";
+/// The pod subnet: no route on the machine may cover it.
+const POD_SUBNET: &str = "10.85.0.0/16";
+
+/// The binaries the runtime needs (from `cargo xtask setup`).
+const BINARIES: [&str; 6] = ["containerd", "containerd-shim-runc-v2", "ctr", "runc", "docker-registry", "skopeo"];
+
+fn run_dir() -> PathBuf {
+    PathBuf::from(RUN_DIR)
+}
+
+fn etc_dir() -> PathBuf {
+    Path::new(STATE_DIR).join("etc")
+}
+
+/// The containerd socket of the test runtime.
+pub(crate) fn socket() -> PathBuf {
+    run_dir().join("containerd.sock")
+}
+
+/// The environment real-runtime tests read.
+pub(crate) fn test_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("KUBELET_RS_CRI_ENDPOINT", format!("unix://{}", socket().display())),
+        ("KUBELET_RS_TEST_BUSYBOX", images::BUSYBOX.reference()),
+        ("KUBELET_RS_TEST_PAUSE", images::PAUSE.reference()),
+        ("KUBELET_RS_TEST_DIR", format!("{STATE_DIR}/test")),
+    ]
+}
+
+/// Why the runtime cannot be started here, if it cannot.
+pub(crate) fn missing_prerequisites() -> Option<String> {
+    if !is_root() {
+        return Some("the real runtime needs root".to_owned());
+    }
+    let missing: Vec<&str> = BINARIES.iter().copied().filter(|b| !have(b)).collect();
+    if !missing.is_empty() {
+        return Some(format!("missing {} (run `cargo xtask setup` as root)", missing.join(", ")));
+    }
+    if !Path::new("/usr/lib/cni/bridge").is_file() {
+        return Some("missing CNI plugins in /usr/lib/cni (run `cargo xtask setup`)".to_owned());
+    }
+    if !images::built() {
+        return Some("test images are not built (run `cargo xtask setup`)".to_owned());
+    }
+    None
+}
+
+struct Daemon {
+    name: &'static str,
+    binary: &'static str,
+}
+
+const REGISTRY_DAEMON: Daemon = Daemon { name: "registry", binary: "docker-registry" };
+const CONTAINERD_DAEMON: Daemon = Daemon { name: "containerd", binary: "containerd" };
+
+impl Daemon {
+    fn pid_file(&self) -> PathBuf {
+        run_dir().join(format!("{}.pid", self.name))
+    }
+
+    fn log_file(&self) -> PathBuf {
+        Path::new(STATE_DIR).join("log").join(format!("{}.log", self.name))
+    }
+
+    /// The PID we started, if that process still runs this daemon.
+    fn running_pid(&self) -> Option<u32> {
+        let pid: u32 = fs::read_to_string(self.pid_file()).ok()?.trim().parse().ok()?;
+        process_runs(pid, self.binary).then_some(pid)
+    }
+
+    fn spawn(&self, args: &[&str]) -> Result<u32> {
+        fs::create_dir_all(self.log_file().parent().context("log dir")?)?;
+        let log = fs::OpenOptions::new().create(true).append(true).open(self.log_file())?;
+        let child = Command::new(self.binary)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // A process group of its own: a Ctrl-C in the terminal that ran xtask does not reach it.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {}", self.binary))?;
+        let pid = child.id();
+        fs::write(self.pid_file(), format!("{pid}\n"))?;
+        Ok(pid)
+    }
+
+    fn stop(&self) -> Result<()> {
+        let Some(pid) = self.running_pid() else {
+            let _ = fs::remove_file(self.pid_file());
+            return Ok(());
+        };
+        signal(pid, "TERM")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_runs(pid, self.binary) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        if process_runs(pid, self.binary) {
+            signal(pid, "KILL")?;
+        }
+        fs::remove_file(self.pid_file())?;
+        println!("stopped {} (pid {pid})", self.name);
+        Ok(())
+    }
+}
+
+/// Whether `pid` is alive (not a zombie) and runs `binary`.
+fn process_runs(pid: u32, binary: &str) -> bool {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let zombie = fs::read_to_string(proc_dir.join("stat"))
+        .map(|s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true);
+    let cmdline = fs::read(proc_dir.join("cmdline")).unwrap_or_default();
+    let argv0 = cmdline.split(|b| *b == 0).next().map(String::from_utf8_lossy).unwrap_or_default();
+    !zombie && Path::new(argv0.as_ref()).file_name().is_some_and(|n| n == binary)
+}
+
+fn signal(pid: u32, sig: &str) -> Result<()> {
+    output(Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string())).map(drop)
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !ready() {
+        if Instant::now() > deadline {
+            bail!("{what} did not become ready within {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+fn registry_answers() -> bool {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], REGISTRY_PORT));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"GET /v2/ HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.ends_with(b"200")
+}
+
+fn containerd_answers() -> bool {
+    socket().exists() && output(Command::new("ctr").arg("--address").arg(socket()).arg("version")).is_ok()
+}
+
+fn ipv4_range(cidr: &str) -> Option<(u32, u32)> {
+    let (addr, len) = cidr.split_once('/').unwrap_or((cidr, "32"));
+    let addr: std::net::Ipv4Addr = addr.parse().ok()?;
+    let len: u32 = len.parse().ok().filter(|l| *l <= 32)?;
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    let start = u32::from(addr) & mask;
+    Some((start, start | !mask))
+}
+
+/// Fails when an existing route (other than the default and our bridge's) overlaps the pod subnet.
+fn check_subnet() -> Result<()> {
+    let (ours_start, ours_end) = ipv4_range(POD_SUBNET).context("pod subnet")?;
+    for line in output(Command::new("ip").args(["-4", "route", "show"]))?.lines() {
+        let mut words = line.split_whitespace();
+        let Some(dest) = words.next() else { continue };
+        if dest == "default" || line.contains(&format!("dev {BRIDGE}")) {
+            continue;
+        }
+        if let Some((start, end)) = ipv4_range(dest)
+            && start <= ours_end
+            && ours_start <= end
+        {
+            bail!("the route `{line}` overlaps the test pod subnet {POD_SUBNET}; refusing to start");
+        }
+    }
+    Ok(())
+}
+
+fn write_config() -> Result<PathBuf> {
+    let etc = etc_dir();
+    let certs = etc.join("certs.d").join(REGISTRY);
+    fs::create_dir_all(&certs)?;
+    fs::create_dir_all(etc.join("net.d"))?;
+    fs::write(
+        certs.join("hosts.toml"),
+        format!(
+            "server = \"http://{REGISTRY}\"\n[host.\"http://{REGISTRY}\"]\n  capabilities = [\"pull\", \"resolve\", \"push\"]\n  skip_verify = true\n"
+        ),
+    )?;
+    let conflist = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "kubelet-rs",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": true,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{ "subnet": POD_SUBNET }]],
+                    "routes": [{ "dst": "0.0.0.0/0" }],
+                    "dataDir": format!("{STATE_DIR}/cni-ipam"),
+                },
+            },
+            { "type": "portmap", "capabilities": { "portMappings": true } },
+        ],
+    });
+    fs::write(etc.join("net.d/10-kubelet-rs.conflist"), serde_json::to_vec_pretty(&conflist)?)?;
+    fs::write(
+        etc.join("registry.yml"),
+        format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {STATE_DIR}/registry\n  delete:\n    enabled: true\nhttp:\n  addr: {REGISTRY}\n  secret: kubelet-rs-dev-only\n"
+        ),
+    )?;
+    let runc = output(Command::new("sh").args(["-c", "command -v runc"]))?.trim().to_owned();
+    let run = RUN_DIR;
+    let config = format!(
+        r#"version = 2
+root = "{STATE_DIR}/containerd"
+state = "{run}/containerd"
+[grpc]
+  address = "{run}/containerd.sock"
+[ttrpc]
+  address = "{run}/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  disable_hugetlb_controller = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        SystemdCgroup = false
+        Root = "{run}/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{etc}/net.d"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{etc}/certs.d"
+"#,
+        pause = images::PAUSE.reference(),
+        etc = etc.display(),
+    );
+    let path = etc.join("containerd.toml");
+    fs::write(&path, config)?;
+    Ok(path)
+}
+
+/// Starts the registry and containerd unless they already run; returns whether it started anything.
+pub(crate) fn start() -> Result<bool> {
+    if let Some(why) = missing_prerequisites() {
+        bail!("cannot start the test runtime: {why}");
+    }
+    fs::create_dir_all(run_dir())?;
+    fs::create_dir_all(format!("{STATE_DIR}/test"))?;
+    let mut started = false;
+
+    if let Some(pid) = REGISTRY_DAEMON.running_pid() {
+        println!("registry already running (pid {pid})");
+    } else {
+        if registry_answers() {
+            bail!("something else already listens on {REGISTRY}; stop it or free the port");
+        }
+        write_config()?;
+        let config = etc_dir().join("registry.yml");
+        let pid = REGISTRY_DAEMON.spawn(&["serve", &config.to_string_lossy()])?;
+        wait_until("the registry", Duration::from_secs(15), registry_answers)
+            .with_context(|| format!("see {}", REGISTRY_DAEMON.log_file().display()))?;
+        println!("started registry on {REGISTRY} (pid {pid})");
+        started = true;
+    }
+
+    if let Some(pid) = CONTAINERD_DAEMON.running_pid() {
+        println!("containerd already running (pid {pid})");
+    } else {
+        check_subnet()?;
+        let config = write_config()?;
+        // A socket left by a daemon that died would make the readiness check pass too early.
+        let _ = fs::remove_file(socket());
+        let pid = CONTAINERD_DAEMON.spawn(&["--config", &config.to_string_lossy()])?;
+        wait_until("containerd", Duration::from_secs(30), containerd_answers)
+            .with_context(|| format!("see {}", CONTAINERD_DAEMON.log_file().display()))?;
+        println!("started containerd on {} (pid {pid})", socket().display());
+        started = true;
+    }
+
+    if started {
+        images::load(&socket())?;
+    }
+    Ok(started)
+}
+
+/// Stops the daemons this project started (by PID), containerd first.
+pub(crate) fn stop() -> Result<()> {
+    if CONTAINERD_DAEMON.running_pid().is_some() {
+        let leftovers =
+            output(Command::new("ctr").arg("--address").arg(socket()).args(["-n", "k8s.io", "tasks", "ls", "-q"]))
+                .unwrap_or_default();
+        let leftovers: Vec<&str> = leftovers.lines().filter(|l| !l.trim().is_empty()).collect();
+        if !leftovers.is_empty() {
+            println!("warning: {} containers still run in the test runtime; killing them", leftovers.len());
+            for id in leftovers {
+                let _ = output(
+                    Command::new("ctr")
+                        .arg("--address")
+                        .arg(socket())
+                        .args(["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id]),
+                );
+            }
+        }
+    }
+    CONTAINERD_DAEMON.stop()?;
+    REGISTRY_DAEMON.stop()?;
+    Ok(())
+}
+
+/// Whether the test containerd we started is running.
+pub(crate) fn containerd_running() -> bool {
+    CONTAINERD_DAEMON.running_pid().is_some()
+}
+
+/// Prints what runs.
+pub(crate) fn status() -> Result<()> {
+    if let Some(why) = missing_prerequisites() {
+        println!("prerequisites: {why}");
+    }
+    for daemon in [&CONTAINERD_DAEMON, &REGISTRY_DAEMON] {
+        match daemon.running_pid() {
+            Some(pid) => println!("{}: running (pid {pid}), log {}", daemon.name, daemon.log_file().display()),
+            None => println!("{}: not running", daemon.name),
+        }
+    }
+    if containerd_answers() {
+        println!("endpoint: unix://{}", socket().display());
+        let tasks =
+            output(Command::new("ctr").arg("--address").arg(socket()).args(["-n", "k8s.io", "tasks", "ls", "-q"]))?;
+        println!("running containers: {}", tasks.lines().filter(|l| !l.trim().is_empty()).count());
+    }
+    println!("registry {}: {}", REGISTRY, if registry_answers() { "answering" } else { "not answering" });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_port_matches_address() {
+        assert_eq!(REGISTRY, format!("127.0.0.1:{REGISTRY_PORT}"));
+    }
+
+    #[test]
+    fn cidr_ranges() {
+        assert_eq!(ipv4_range("10.85.0.0/16"), Some((0x0a55_0000, 0x0a55_ffff)));
+        assert_eq!(ipv4_range("10.85.3.4"), Some((0x0a55_0304, 0x0a55_0304)));
+        assert_eq!(ipv4_range("0.0.0.0/0"), Some((0, u32::MAX)));
+        assert_eq!(ipv4_range("nonsense"), None);
+    }
+}

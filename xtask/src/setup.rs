@@ -1,0 +1,60 @@
+//! `cargo xtask setup`: installs what builds and tests need on Debian, and builds the test images.
+//!
+//! Idempotent: installs only missing packages and says what it did.
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::{
+    images, runtime,
+    util::{have, is_root, output, run},
+};
+
+/// Debian packages: protoc for the CRI bindings, the runtime, CNI plugins, registry tools, and
+/// the C toolchain and busybox for the test images.
+const PACKAGES: [&str; 12] = [
+    "protobuf-compiler",
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
+    "docker-registry",
+    "skopeo",
+    "iproute2",
+    "iptables",
+    "gcc",
+    "libc6-dev",
+    "binutils",
+];
+
+fn installed(package: &str) -> bool {
+    output(Command::new("dpkg-query").args(["-W", "-f=${Status}", package]))
+        .is_ok_and(|s| s.contains("install ok installed"))
+}
+
+pub(crate) fn run_setup() -> Result<()> {
+    if !is_root() {
+        bail!("setup installs Debian packages and builds images under {}; run it as root", runtime::STATE_DIR);
+    }
+    if !have("apt-get") || !have("dpkg-query") {
+        bail!("setup needs a Debian machine (apt-get and dpkg-query)");
+    }
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        println!("packages: all {} present", PACKAGES.len());
+    } else {
+        println!("packages: installing {}", missing.join(" "));
+        run(Command::new("apt-get").args(["update", "-q"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    images::build()?;
+    if runtime::containerd_running() {
+        images::load(&runtime::socket())?;
+    }
+    println!("setup done: start the test runtime with `cargo xtask runtime start`, or run `cargo xtask ci`");
+    Ok(())
+}

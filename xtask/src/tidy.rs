@@ -1,0 +1,180 @@
+//! `cargo xtask tidy`: project rules no compiler checks.
+//!
+//! - every `.rs` file starts with a `//!` line;
+//! - internal dependencies: the root pins them with path and exact version, members use
+//!   `workspace = true`, kubelet-core depends on no sibling, siblings not on each other, and
+//!   only `crates/bin` may name concrete implementations;
+//! - only `crates/bin` selects a k8s-openapi version feature in `[dependencies]`, and the version
+//!   agrees between `crates/bin`, the dev-dependencies and `.cargo/config.toml`;
+//! - every `#[ignore]` carries a reason.
+//!
+//! It also runs as a plain `#[test]`, so `cargo test` catches the same problems.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Result, bail};
+
+use crate::util::project_root;
+
+/// Library crates and the internal crates each may depend on.
+const LIBRARIES: [(&str, &[&str]); 5] = [
+    ("crates/kubelet-core", &[]),
+    ("crates/pleg", &["kubelet-core"]),
+    ("crates/podworkers", &["kubelet-core"]),
+    ("crates/cri-client", &["kubelet-core"]),
+    ("crates/cni", &["kubelet-core"]),
+];
+const INTERNAL: [&str; 5] = ["kubelet-core", "pleg", "podworkers", "cri-client", "cni"];
+
+pub(crate) fn run_tidy() -> Result<()> {
+    let root = project_root()?;
+    let mut problems = Vec::new();
+    check_rust_files(&root, &mut problems)?;
+    check_manifests(&root, &mut problems)?;
+    if problems.is_empty() {
+        println!("tidy: ok");
+        return Ok(());
+    }
+    for p in &problems {
+        eprintln!("tidy: {p}");
+    }
+    bail!("tidy found {} problem(s)", problems.len())
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            if !path.ends_with("target") {
+                rust_files(&path, out)?;
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn check_rust_files(root: &Path, problems: &mut Vec<String>) -> Result<()> {
+    let mut files = Vec::new();
+    rust_files(&root.join("crates"), &mut files)?;
+    rust_files(&root.join("xtask"), &mut files)?;
+    for file in files {
+        let text = fs::read_to_string(&file)?;
+        let rel = file.strip_prefix(root).unwrap_or(&file).display().to_string();
+        if !text.lines().find(|l| !l.trim().is_empty()).is_some_and(|l| l.starts_with("//!")) {
+            problems.push(format!("{rel}: must start with a `//!` line saying what the file is"));
+        }
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            // Built with concat! so this file does not flag itself.
+            if line.starts_with(concat!("#[", "ignore]")) {
+                problems.push(format!("{rel}:{}: `#[ignore]` needs a reason: #[ignore = \"...\"]", n + 1));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `[dependencies]` section of a manifest, as (name, line) pairs.
+fn dependencies(manifest: &str) -> Vec<(String, String)> {
+    let mut in_deps = false;
+    let mut deps = Vec::new();
+    for line in manifest.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            in_deps = trimmed == "[dependencies]";
+            continue;
+        }
+        if in_deps && !trimmed.is_empty() && !trimmed.starts_with('#') {
+            let name = trimmed.split(['=', '.', ' ']).next().unwrap_or_default().to_owned();
+            deps.push((name, trimmed.to_owned()));
+        }
+    }
+    deps
+}
+
+fn check_manifests(root: &Path, problems: &mut Vec<String>) -> Result<()> {
+    let workspace = fs::read_to_string(root.join("Cargo.toml"))?;
+    let version = workspace
+        .lines()
+        .skip_while(|l| l.trim() != "[workspace.package]")
+        .find_map(|l| l.trim().strip_prefix("version = "))
+        .map(|v| v.trim_matches('"').to_owned())
+        .unwrap_or_default();
+    for name in INTERNAL {
+        let pinned = workspace.lines().any(|l| {
+            l.starts_with(&format!("{name} = "))
+                && l.contains("path = ")
+                && l.contains(&format!("version = \"={version}\""))
+        });
+        if !pinned {
+            problems.push(format!(
+                "Cargo.toml: internal crate `{name}` must be pinned with path and version \"={version}\""
+            ));
+        }
+    }
+
+    for (dir, allowed) in LIBRARIES {
+        let manifest = fs::read_to_string(root.join(dir).join("Cargo.toml"))?;
+        for (name, line) in dependencies(&manifest) {
+            if INTERNAL.contains(&name.as_str()) {
+                if !allowed.contains(&name.as_str()) {
+                    problems.push(format!(
+                        "{dir}/Cargo.toml: must not depend on `{name}` (only crates/bin wires implementations)"
+                    ));
+                }
+                if !line.contains("workspace = true") && !line.contains(".workspace = true") {
+                    problems
+                        .push(format!("{dir}/Cargo.toml: internal dependency `{name}` must use `workspace = true`"));
+                }
+            }
+            if name == "k8s-openapi" && line.contains("v1_") {
+                problems.push(format!("{dir}/Cargo.toml: libraries must not select a k8s-openapi version feature"));
+            }
+            if name == "anyhow" {
+                problems.push(format!("{dir}/Cargo.toml: libraries use thiserror, not anyhow"));
+            }
+        }
+    }
+
+    let config = fs::read_to_string(root.join(".cargo/config.toml"))?;
+    let env_version = config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("K8S_OPENAPI_ENABLED_VERSION = "))
+        .map(|v| v.trim_matches('"').replace('.', "_"))
+        .unwrap_or_default();
+    let feature = format!("\"v{env_version}\"");
+    for dir in ["crates/bin", "crates/kubelet-core"] {
+        let manifest = fs::read_to_string(root.join(dir).join("Cargo.toml"))?;
+        let uses = manifest.lines().filter(|l| l.starts_with("k8s-openapi") && l.contains("v1_"));
+        for line in uses {
+            if !line.contains(&feature) {
+                problems.push(format!(
+                    "{dir}/Cargo.toml: k8s-openapi feature in `{line}` disagrees with K8S_OPENAPI_ENABLED_VERSION (v{env_version})"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tidy() {
+        super::run_tidy().unwrap();
+    }
+
+    #[test]
+    fn dependencies_section_is_parsed() {
+        let deps = super::dependencies(
+            "[package]\nname = \"x\"\n[dependencies]\nkubelet-core.workspace = true\ntokio = { workspace = true }\n[dev-dependencies]\npleg.workspace = true\n",
+        );
+        let names: Vec<_> = deps.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["kubelet-core", "tokio"]);
+    }
+}
