@@ -61,7 +61,9 @@ pub(crate) fn run_ci() -> Result<()> {
         }
     })?;
     step("doc", &mut || {
-        run(cargo().args(["doc", "--workspace", "--no-deps", "--locked"]).env("RUSTDOCFLAGS", "-D warnings"))
+        run(cargo()
+            .args(["doc", "--workspace", "--no-deps", "--all-features", "--locked"])
+            .env("RUSTDOCFLAGS", "-D warnings"))
     })?;
     step("tidy", &mut tidy::run_tidy)?;
     step("real-runtime", &mut real_runtime_tests)?;

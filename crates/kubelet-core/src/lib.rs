@@ -82,8 +82,8 @@
 //!
 //! # Feature flags
 //!
-//! - `test-util`: [`fake::FakeRuntime`], an in-memory, recording, scriptable runtime for unit
-//!   tests, benchmarks and downstream users; and [`testing::RealRuntime`], which finds the real
+//! - `test-util`: `fake::FakeRuntime`, an in-memory, recording, scriptable runtime for unit
+//!   tests, benchmarks and downstream users; and `testing::RealRuntime`, which finds the real
 //!   runtime `cargo xtask ci` starts for `real_*` tests.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

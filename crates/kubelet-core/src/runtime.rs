@@ -516,7 +516,7 @@ impl Default for GcPolicy {
 
 /// A container runtime, as the kubelet drives it (upstream `kubecontainer.Runtime`).
 ///
-/// Implementations: `kubelet-cri-client` over CRI gRPC, and [`crate::fake::FakeRuntime`] (feature
+/// Implementations: `kubelet-cri-client` over CRI gRPC, and `fake::FakeRuntime` (feature
 /// `test-util`) in memory.
 /// Methods are coarse: `sync_pod` does all the work of bringing one pod to its spec.
 /// The trait is used through generics (native `async fn`, no boxing); every future is `Send`.
