@@ -109,3 +109,8 @@ fn real_runtime_tests() -> Result<()> {
     }
     result
 }
+
+/// `cargo xtask bench`: every criterion benchmark, which print their own figures.
+pub(crate) fn run_bench() -> Result<()> {
+    run(cargo().args(["bench", "--workspace", "--locked"]))
+}

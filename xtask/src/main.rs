@@ -1,6 +1,6 @@
 //! Project automation for kubelet-rs: `cargo xtask <command>`.
 //!
-//! Commands: `ci`, `setup`, `runtime start|stop|status`, `images`, `tidy`.
+//! Commands: `ci`, `setup`, `runtime start|stop|status`, `images`, `tidy`, `bench`.
 
 // Reason: xtask measures and waits for real processes; the paused-time rule is for the product crates.
 #![allow(clippy::disallowed_methods)]
@@ -24,6 +24,7 @@ commands:
                           (root) the project's own containerd and local registry
   images                  (root) rebuild the test images (and load them if the runtime runs)
   tidy                    project rules no compiler checks
+  bench                   run the criterion benchmarks; they print their figures
 ";
 
 fn main() -> Result<()> {
@@ -43,6 +44,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         ["tidy"] => tidy::run_tidy(),
+        ["bench"] => ci::run_bench(),
         ["help" | "--help" | "-h"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -32,7 +32,7 @@ struct Entry {
 }
 
 struct Subscriber {
-    min_time: Instant,
+    min_time: Option<Instant>,
     tx: oneshot::Sender<CachedStatus>,
 }
 
@@ -69,7 +69,10 @@ impl Cache {
 
     /// Waits until the cache holds a status of `uid` newer than `min_time`, or the global
     /// timestamp passes `min_time`, and returns it.
-    pub async fn get_newer_than(&self, uid: &PodUid, min_time: Instant) -> CachedStatus {
+    ///
+    /// `None` is upstream's zero time: any entry of the pod, or any global timestamp, will do;
+    /// before the first relist it waits.
+    pub async fn get_newer_than(&self, uid: &PodUid, min_time: Option<Instant>) -> CachedStatus {
         let rx = {
             let mut inner = lock(&self.inner);
             if let Some(found) = inner.get_if_newer_than(uid, min_time) {
@@ -145,11 +148,12 @@ impl Inner {
         }
     }
 
-    fn get_if_newer_than(&self, uid: &PodUid, min_time: Instant) -> Option<CachedStatus> {
-        let global_newer = self.timestamp.is_some_and(|t| t > min_time);
+    fn get_if_newer_than(&self, uid: &PodUid, min_time: Option<Instant>) -> Option<CachedStatus> {
+        let newer = |t: Instant| min_time.is_none_or(|min| t > min);
+        let global_newer = self.timestamp.is_some_and(newer);
         match self.pods.get(uid) {
             None if global_newer => Some(self.get(uid)),
-            Some(entry) if entry.modified > min_time || global_newer => Some(entry.cached.clone()),
+            Some(entry) if newer(entry.modified) || global_newer => Some(entry.cached.clone()),
             _ => None,
         }
     }
@@ -161,7 +165,7 @@ impl Inner {
             if sub.tx.is_closed() {
                 continue;
             }
-            if timestamp < sub.min_time {
+            if sub.min_time.is_some_and(|min| timestamp < min) {
                 waiting.push(sub);
             } else {
                 // A send fails only if the waiter went away meanwhile; nothing to do then.
@@ -212,7 +216,7 @@ mod tests {
         let uid = PodUid::new("a");
         let t0 = Instant::now();
         cache.set(&uid, status(&uid, "10.0.0.1"), None, t0 + Duration::from_millis(5));
-        let got = cache.get_newer_than(&uid, t0).await;
+        let got = cache.get_newer_than(&uid, Some(t0)).await;
         assert_eq!(got.status.ips, ["10.0.0.1"]);
     }
 
@@ -224,7 +228,7 @@ mod tests {
         cache.set(&uid, status(&uid, "old"), None, t0);
         let waiter = tokio::spawn({
             let (cache, uid) = (cache.clone(), uid.clone());
-            async move { cache.get_newer_than(&uid, t0).await }
+            async move { cache.get_newer_than(&uid, Some(t0)).await }
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "an entry exactly at min_time is not newer");
@@ -246,7 +250,7 @@ mod tests {
         let t0 = Instant::now();
         let waiter = tokio::spawn({
             let (cache, uid) = (cache.clone(), uid.clone());
-            async move { cache.get_newer_than(&uid, t0 + Duration::from_secs(1)).await }
+            async move { cache.get_newer_than(&uid, Some(t0 + Duration::from_secs(1))).await }
         });
         tokio::task::yield_now().await;
         cache.update_time(t0 + Duration::from_millis(500));
@@ -265,8 +269,24 @@ mod tests {
         let err: StatusError = Arc::new(std::io::Error::other("inspect timed out"));
         let t0 = Instant::now();
         cache.set(&uid, status(&uid, "1"), Some(err), t0 + Duration::from_secs(1));
-        let got = cache.get_newer_than(&uid, t0).await;
+        let got = cache.get_newer_than(&uid, Some(t0)).await;
         assert_eq!(got.error.unwrap().to_string(), "inspect timed out");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_time_waits_for_the_first_relist_only() {
+        let cache = Arc::new(Cache::new());
+        let uid = PodUid::new("a");
+        let waiter = tokio::spawn({
+            let (cache, uid) = (cache.clone(), uid.clone());
+            async move { cache.get_newer_than(&uid, None).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "nothing is known before the first relist");
+        cache.update_time(Instant::now());
+        assert_eq!(waiter.await.unwrap().status.uid, uid);
+        // Once anything is known, zero time returns at once.
+        cache.get_newer_than(&PodUid::new("b"), None).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -275,7 +295,7 @@ mod tests {
         let uid = PodUid::new("a");
         let t0 = Instant::now();
         for _ in 0..3 {
-            let fut = cache.get_newer_than(&uid, t0);
+            let fut = cache.get_newer_than(&uid, Some(t0));
             // Poll once so it registers, then drop it (a cancelled worker).
             let _ = tokio::time::timeout(Duration::from_millis(1), fut).await;
         }

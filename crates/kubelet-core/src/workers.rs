@@ -167,6 +167,10 @@ pub trait PodWorkers: Send + Sync + 'static {
     fn should_pod_content_be_removed(&self, uid: &PodUid) -> bool;
 }
 
+/// The message by which a sync error says the pod network is not ready (upstream
+/// `NetworkNotReadyErrorMsg`); the worker then retries after 1 s instead of 10 s.
+pub const NETWORK_NOT_READY_MESSAGE: &str = "network is not ready";
+
 /// What the pod workers call to do the actual work: implemented by the kubelet.
 ///
 /// The workers may drop any of these futures at an await point, when a shorter grace period or
@@ -207,4 +211,10 @@ pub trait PodSyncer: Send + Sync + 'static {
         pod: &Arc<Pod>,
         status: &PodStatus,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Whether `error` means the pod network is not ready yet (retry soon rather than back off).
+    /// The default looks for [`NETWORK_NOT_READY_MESSAGE`], as upstream does.
+    fn is_network_not_ready(error: &Self::Error) -> bool {
+        error.to_string().contains(NETWORK_NOT_READY_MESSAGE)
+    }
 }
