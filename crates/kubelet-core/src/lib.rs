@@ -82,6 +82,8 @@
 //!
 //! # Feature flags
 //!
+//! - `file-source`: `config::file`, the static pod file source (inotify through `notify`).
+//! - `http-source`: `config::http`, the static pod HTTP source (a hyper client).
 //! - `test-util`: `fake::FakeRuntime`, an in-memory, recording, scriptable runtime for unit
 //!   tests, benchmarks and downstream users; and `testing::RealRuntime`, which finds the real
 //!   runtime `cargo xtask ci` starts for `real_*` tests.
@@ -91,6 +93,8 @@
 
 pub mod backoff;
 pub mod cache;
+pub mod config;
+pub mod events;
 pub mod handler;
 pub mod pleg;
 pub mod podmanager;

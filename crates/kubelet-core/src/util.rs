@@ -13,7 +13,6 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The wall-clock time now, as the timestamps the API and the runtime use.
 ///
 /// Wall-clock readings only label statuses; every timer and timeout uses tokio time.
-#[cfg(feature = "test-util")]
 pub(crate) fn wall_now() -> k8s_openapi::jiff::Timestamp {
     use k8s_openapi::jiff::Timestamp;
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();

@@ -1,0 +1,232 @@
+//! The static pod file source (upstream `pkg/kubelet/config/file.go`, `file_linux.go`).
+//!
+//! `staticPodPath` may be a directory or a single file.
+//! In a directory, every regular file whose name does not start with a dot is a manifest, read
+//! in lexical order; subdirectories are skipped (not recursed), and a file that cannot be read or
+//! decoded is skipped with an error naming it while the others still apply.
+//! A missing path is an empty snapshot, so the source still counts as seen.
+//! Changes are picked up at once through inotify (the `notify` crate) and by a periodic rescan
+//! (`fileCheckFrequency`, 20 s) as a safety net; each scan sends the whole snapshot.
+
+use std::{
+    collections::HashSet,
+    io::Read,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{
+    SourceSender,
+    manifest::{MAX_MANIFEST_BYTES, ManifestError, Origin, static_pods},
+};
+use crate::events::{Event, EventRecorder, EventType, ObjectRef};
+
+/// How the file source runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// `staticPodPath`: a directory of manifests or one manifest file.
+    pub path: PathBuf,
+    /// The node's name, for static pod names and UIDs.
+    pub node_name: String,
+    /// `fileCheckFrequency`: the safety-net rescan period (20 s).
+    pub check_frequency: Duration,
+}
+
+impl Config {
+    /// A config for `path` on node `node_name` with upstream's 20 s rescan.
+    pub fn new(path: impl Into<PathBuf>, node_name: impl Into<String>) -> Self {
+        Config { path: path.into(), node_name: node_name.into(), check_frequency: Duration::from_secs(20) }
+    }
+
+    /// Sets the rescan period.
+    #[must_use]
+    pub fn check_frequency(mut self, period: Duration) -> Self {
+        self.check_frequency = period;
+        self
+    }
+}
+
+/// The outcome of one scan: the pods of every good manifest, and the errors of the others.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Scan {
+    /// Pods, in manifest order.
+    pub pods: Vec<Pod>,
+    /// One error per manifest that was skipped.
+    pub errors: Vec<ManifestError>,
+}
+
+fn read_manifest(path: &Path, node_name: &str, scan: &mut Scan) {
+    let origin = Origin::File(path.to_path_buf());
+    let read = || -> Result<Vec<u8>, ManifestError> {
+        let file =
+            std::fs::File::open(path).map_err(|source| ManifestError::Read { origin: origin.clone(), source })?;
+        let mut bytes = Vec::new();
+        // One byte more than allowed tells "too large" from "exactly at the limit".
+        file.take(MAX_MANIFEST_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|source| ManifestError::Read { origin: origin.clone(), source })?;
+        Ok(bytes)
+    };
+    match read().and_then(|bytes| static_pods(&bytes, &origin, node_name, false)) {
+        Ok(pods) => scan.pods.extend(pods),
+        Err(err) => scan.errors.push(err),
+    }
+}
+
+/// Reads every manifest under `path` (blocking IO).
+pub fn scan(path: &Path, node_name: &str) -> Scan {
+    let mut scan = Scan::default();
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            debug!(path = %path.display(), "static pod path does not exist");
+            return scan;
+        }
+        Err(source) => {
+            scan.errors.push(ManifestError::Read { origin: Origin::File(path.to_path_buf()), source });
+            return scan;
+        }
+    };
+    if !metadata.is_dir() {
+        read_manifest(path, node_name, &mut scan);
+        return scan;
+    }
+    let entries = match std::fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(source) => {
+            scan.errors.push(ManifestError::Read { origin: Origin::File(path.to_path_buf()), source });
+            return scan;
+        }
+    };
+    let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    for file in files {
+        let hidden = file.file_name().and_then(|n| n.to_str()).is_none_or(|n| n.starts_with('.'));
+        if hidden {
+            continue;
+        }
+        match std::fs::metadata(&file) {
+            Ok(m) if m.is_dir() => info!(path = %file.display(), "not recursing into manifest subdirectory"),
+            Ok(m) if m.is_file() => read_manifest(&file, node_name, &mut scan),
+            Ok(_) => debug!(path = %file.display(), "skipping non-regular file"),
+            // The file vanished between listing and reading: the next event rescans.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => scan.errors.push(ManifestError::Read { origin: Origin::File(file), source }),
+        }
+    }
+    scan
+}
+
+/// What to watch for `path`: the directory itself, a file's directory, or the parent of a path
+/// that does not exist yet.
+fn watch_target(path: &Path) -> Option<PathBuf> {
+    if path.is_dir() {
+        return Some(path.to_path_buf());
+    }
+    path.parent().filter(|p| p.is_dir()).map(Path::to_path_buf)
+}
+
+/// The file source.
+pub struct FileSource {
+    config: Config,
+    sender: SourceSender,
+    recorder: Arc<dyn EventRecorder>,
+}
+
+impl std::fmt::Debug for FileSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSource").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+struct Watch {
+    target: PathBuf,
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl FileSource {
+    /// A source that sends its snapshots through `sender` and reports bad manifests to `recorder`.
+    pub fn new(config: Config, sender: SourceSender, recorder: Arc<dyn EventRecorder>) -> Self {
+        FileSource { config, sender, recorder }
+    }
+
+    fn watch(&self, current: Option<Watch>, tx: &mpsc::UnboundedSender<()>) -> Option<Watch> {
+        let target = watch_target(&self.config.path)?;
+        if let Some(watch) = current
+            && watch.target == target
+        {
+            return Some(watch);
+        }
+        let tx = tx.clone();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok() {
+                // The receiver is gone only when the source stopped.
+                let _ = tx.send(());
+            }
+        });
+        match watcher.and_then(|mut w| w.watch(&target, RecursiveMode::NonRecursive).map(|()| w)) {
+            Ok(watcher) => {
+                debug!(path = %target.display(), "watching static pod path");
+                Some(Watch { target, _watcher: watcher })
+            }
+            Err(err) => {
+                warn!(path = %target.display(), error = %err, "cannot watch static pod path; relying on the periodic rescan");
+                None
+            }
+        }
+    }
+
+    /// Runs until `cancel` fires or the config channel closes.
+    pub async fn run(self, cancel: CancellationToken) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut watch = None;
+        let mut rescan = tokio::time::interval(self.config.check_frequency);
+        rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reported: HashSet<String> = HashSet::new();
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = rescan.tick() => {}
+                Some(()) = rx.recv() => {
+                    // Editors write in bursts (temp file, rename, chmod): let the burst settle.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    while rx.try_recv().is_ok() {}
+                }
+            }
+            watch = self.watch(watch, &tx);
+            let (path, node) = (self.config.path.clone(), self.config.node_name.clone());
+            let scan = match tokio::task::spawn_blocking(move || scan(&path, &node)).await {
+                Ok(scan) => scan,
+                Err(err) => {
+                    warn!(error = %err, "static pod scan failed");
+                    continue;
+                }
+            };
+            let errors: HashSet<String> = scan.errors.iter().map(ToString::to_string).collect();
+            for err in &scan.errors {
+                let message = err.to_string();
+                // Each distinct error is reported once, not on every rescan.
+                if !reported.contains(&message) {
+                    let object = ObjectRef::other("File", err.origin().to_string());
+                    self.recorder.record(Event::new(EventType::Warning, "InvalidManifest", message, object));
+                }
+            }
+            reported = errors;
+            if self.sender.set(scan.pods).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,232 @@
+//! File source tests on a real temporary directory, with inotify: every change must be seen
+//! within 1 s, long before the (one hour) rescan.
+
+use std::{fs, path::Path, time::Duration};
+
+use tokio::{sync::mpsc, task::JoinHandle};
+
+use super::*;
+use crate::{Operation, PodUpdate, Source, config::PodConfig, events::RingRecorder};
+
+const NODE: &str = "Node-A";
+
+fn manifest(name: &str, image: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: c\n    image: {image}\n"
+    )
+}
+
+/// Writes a file the way editors do: a dot-file, then a rename into place.
+fn write_atomic(path: &Path, content: &str) {
+    let tmp = path.with_file_name(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
+    fs::write(&tmp, content).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    rx: mpsc::Receiver<PodUpdate>,
+    ring: Arc<RingRecorder>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Fixture {
+    fn start_at(dir: tempfile::TempDir, path: PathBuf) -> Fixture {
+        let ring = Arc::new(RingRecorder::default());
+        let (config, rx) = PodConfig::new(ring.clone());
+        let source = FileSource::new(
+            Config::new(path, NODE).check_frequency(Duration::from_secs(3600)),
+            config.source(Source::File),
+            ring.clone(),
+        );
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(source.run(cancel.clone()));
+        Fixture { dir, rx, ring, cancel, task }
+    }
+
+    fn start() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        Fixture::start_at(dir, path)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The next update, which must come within 1 s.
+    async fn next(&mut self) -> (Operation, Vec<String>) {
+        let update =
+            tokio::time::timeout(Duration::from_secs(1), self.rx.recv()).await.expect("no update within 1 s").unwrap();
+        (update.op, update.pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect())
+    }
+
+    async fn next_uids(&mut self) -> (Operation, Vec<String>) {
+        let update =
+            tokio::time::timeout(Duration::from_secs(1), self.rx.recv()).await.expect("no update within 1 s").unwrap();
+        (update.op, update.pods.iter().map(|p| p.metadata.uid.clone().unwrap()).collect())
+    }
+
+    async fn quiet(&mut self) {
+        if let Ok(Some(update)) = tokio::time::timeout(Duration::from_millis(400), self.rx.recv()).await {
+            panic!(
+                "unexpected update {:?} {:?}",
+                update.op,
+                update.pods.iter().map(|p| p.metadata.name.clone()).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+fn add(names: &[&str]) -> (Operation, Vec<String>) {
+    (Operation::Add, names.iter().map(|n| n.to_string()).collect())
+}
+
+#[tokio::test]
+async fn create_edit_delete_are_seen_within_a_second() {
+    let mut f = Fixture::start();
+    assert_eq!(f.next().await, add(&[]), "an empty directory is an empty snapshot");
+    write_atomic(&f.path("web.yaml"), &manifest("web", "busybox:1"));
+    let (op, uids) = f.next_uids().await;
+    assert_eq!(op, Operation::Add);
+    let first_uid = uids[0].clone();
+
+    // An edit changes the content hash, so the UID: the old pod goes, the new one comes.
+    fs::write(f.path("web.yaml"), manifest("web", "busybox:2")).unwrap();
+    let (op, removed) = f.next_uids().await;
+    assert_eq!((op, removed), (Operation::Remove, vec![first_uid]));
+    let (op, added) = f.next().await;
+    assert_eq!((op, added), add(&["web-node-a"]));
+
+    fs::remove_file(f.path("web.yaml")).unwrap();
+    assert_eq!(f.next().await, (Operation::Remove, vec!["web-node-a".to_owned()]));
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn dotfiles_and_subdirectories_are_ignored() {
+    let mut f = Fixture::start();
+    assert_eq!(f.next().await, add(&[]));
+    write_atomic(&f.path(".hidden.yaml"), &manifest("hidden", "i"));
+    fs::create_dir(f.path("sub")).unwrap();
+    write_atomic(&f.path("sub").join("nested.yaml"), &manifest("nested", "i"));
+    f.quiet().await;
+    write_atomic(&f.path("real.yaml"), &manifest("real", "i"));
+    assert_eq!(f.next().await, add(&["real-node-a"]));
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_broken_manifest_is_skipped_with_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.yaml"), manifest("a", "i")).unwrap();
+    fs::write(
+        dir.path().join("b.yaml"),
+        "metadata:\n  name: b\nspec:\n  containers: [{name: c, image: i, ports: [{containerPort: eighty}]}]\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.path().join("c.json"),
+        r#"{"metadata":{"name":"c"},"spec":{"containers":[{"name":"c","image":"i"}]}}"#,
+    )
+    .unwrap();
+    fs::write(dir.path().join("d.yaml"), "metadata:\n  name: d\nspec:\n  containers: [{name: c}]\n").unwrap();
+    let path = dir.path().to_path_buf();
+    let mut f = Fixture::start_at(dir, path);
+    assert_eq!(f.next().await, add(&["a-node-a", "c-node-a"]));
+    let events = f.ring.events();
+    let messages: Vec<&str> = events.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(events.len(), 2, "{messages:?}");
+    assert!(messages[0].contains("b.yaml: cannot decode") && messages[0].contains("line 4"), "{}", messages[0]);
+    assert!(
+        messages[1].contains("d.yaml: invalid pod \"d-node-a\": spec.containers[0].image: required value"),
+        "{}",
+        messages[1]
+    );
+    assert!(events.iter().all(|e| e.reason == "InvalidManifest"));
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn an_editor_backup_file_loses_to_the_manifest_by_name() {
+    let mut f = Fixture::start();
+    assert_eq!(f.next().await, add(&[]));
+    write_atomic(&f.path("web.yaml~"), &manifest("web", "busybox:old"));
+    write_atomic(&f.path("web.yaml"), &manifest("web", "busybox:new"));
+    // Whichever file the first scan saw, the settled state is web.yaml's pod.
+    let mut images = Vec::new();
+    while let Ok(Some(update)) = tokio::time::timeout(Duration::from_millis(500), f.rx.recv()).await {
+        if update.op == Operation::Add {
+            images.extend(update.pods.iter().map(|p| p.spec.as_ref().unwrap().containers[0].image.clone().unwrap()));
+        }
+    }
+    assert_eq!(images.last().map(String::as_str), Some("busybox:new"));
+    let pods = f.ring.events();
+    assert!(
+        pods.iter().any(|e| e.reason == "FailedValidation" && e.message.contains("duplicate pod name")),
+        "{pods:?}"
+    );
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_file_replaced_by_rename_is_seen() {
+    let mut f = Fixture::start();
+    assert_eq!(f.next().await, add(&[]));
+    write_atomic(&f.path("web.yaml"), &manifest("web", "v1"));
+    assert_eq!(f.next().await, add(&["web-node-a"]));
+    // Staged outside the watched directory, then moved over the manifest.
+    let staging = tempfile::tempdir().unwrap();
+    fs::write(staging.path().join("web.yaml"), manifest("web", "v2")).unwrap();
+    f.quiet().await;
+    fs::rename(staging.path().join("web.yaml"), f.path("web.yaml")).unwrap();
+    assert_eq!(f.next().await.0, Operation::Remove);
+    assert_eq!(f.next().await, add(&["web-node-a"]));
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_path_is_empty_and_its_creation_is_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manifests");
+    let mut f = Fixture::start_at(dir, path.clone());
+    assert_eq!(f.next().await, add(&[]), "a missing path still marks the source seen");
+    fs::create_dir(&path).unwrap();
+    f.quiet().await;
+    write_atomic(&path.join("web.yaml"), &manifest("web", "i"));
+    assert_eq!(f.next().await, add(&["web-node-a"]), "the new directory is watched");
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_single_file_path_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("only.yaml");
+    fs::write(&file, manifest("only", "v1")).unwrap();
+    write_atomic(&dir.path().join("other.yaml"), &manifest("other", "v1"));
+    let mut f = Fixture::start_at(dir, file.clone());
+    assert_eq!(f.next().await, add(&["only-node-a"]));
+    write_atomic(&file, &manifest("only", "v2"));
+    assert_eq!(f.next().await.0, Operation::Remove);
+    assert_eq!(f.next().await, add(&["only-node-a"]));
+    f.stop().await;
+}
+
+#[test]
+fn scan_reports_the_pods_and_errors_of_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("b.yaml"), manifest("b", "i")).unwrap();
+    fs::write(dir.path().join("a.yaml"), manifest("a", "i")).unwrap();
+    fs::write(dir.path().join("empty.yaml"), "").unwrap();
+    let scan = scan(dir.path(), "n");
+    let names: Vec<_> = scan.pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+    assert_eq!(names, ["a-n", "b-n"], "lexical order");
+    assert_eq!(scan.errors.len(), 1);
+    assert!(scan.errors[0].to_string().contains("empty.yaml: cannot decode: empty manifest"));
+}

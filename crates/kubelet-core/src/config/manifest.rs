@@ -1,0 +1,502 @@
+//! Static pod manifests: decoding (YAML or JSON, one Pod or a PodList), the API defaults a
+//! kubelet relies on, static pod defaulting, and the validation the kubelet needs
+//! (upstream `pkg/kubelet/config/common.go` and the API's `SetDefaults_*` and `ValidatePod*`).
+
+use std::{collections::BTreeMap, collections::HashSet, fmt, path::PathBuf};
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe, Toleration};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::types::annotations;
+
+/// The largest manifest accepted (upstream's `maxConfigLength`).
+pub const MAX_MANIFEST_BYTES: usize = 10 * 1024 * 1024;
+
+/// Where a manifest came from; part of a static pod's UID and of every error.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Origin {
+    /// A file under `staticPodPath`.
+    File(PathBuf),
+    /// The `staticPodURL`.
+    Url(String),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File(path) => write!(f, "{}", path.display()),
+            Origin::Url(url) => f.write_str(url),
+        }
+    }
+}
+
+/// Why a manifest was rejected; every variant names where it came from.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// The manifest is larger than [`MAX_MANIFEST_BYTES`].
+    #[error("{origin}: manifest is {size} bytes, more than the {MAX_MANIFEST_BYTES} allowed")]
+    TooLarge {
+        /// Where it came from.
+        origin: Origin,
+        /// Its size.
+        size: usize,
+    },
+    /// The manifest is not a YAML or JSON document of the expected shape.
+    #[error("{origin}: cannot decode: {message}")]
+    Decode {
+        /// Where it came from.
+        origin: Origin,
+        /// The decoder's message, with line and column.
+        message: String,
+    },
+    /// The manifest holds another kind of object.
+    #[error("{origin}: expected kind Pod{}, got {kind:?}", if *.list_allowed { " or PodList" } else { "" })]
+    WrongKind {
+        /// Where it came from.
+        origin: Origin,
+        /// The kind found.
+        kind: String,
+        /// Whether a PodList would have been accepted.
+        list_allowed: bool,
+    },
+    /// The manifest could not be read.
+    #[error("{origin}: cannot read: {source}")]
+    Read {
+        /// Where it came from.
+        origin: Origin,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A pod failed validation.
+    #[error("{origin}: invalid pod {pod:?}: {field}: {message}")]
+    Invalid {
+        /// Where it came from.
+        origin: Origin,
+        /// The pod's name.
+        pod: String,
+        /// The offending field, e.g. `spec.containers[1].name`.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl ManifestError {
+    /// Where the rejected manifest came from.
+    pub fn origin(&self) -> &Origin {
+        match self {
+            ManifestError::TooLarge { origin, .. }
+            | ManifestError::Decode { origin, .. }
+            | ManifestError::WrongKind { origin, .. }
+            | ManifestError::Read { origin, .. }
+            | ManifestError::Invalid { origin, .. } => origin,
+        }
+    }
+}
+
+/// One validation failure: the field and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    /// The field path, e.g. `spec.containers[0].image`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn field_error(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+    FieldError { field: field.into(), message: message.into() }
+}
+
+#[derive(Deserialize)]
+struct TypeMeta {
+    kind: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PodListDoc {
+    #[serde(default)]
+    items: Vec<Pod>,
+}
+
+fn is_json(bytes: &[u8]) -> bool {
+    bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], origin: &Origin) -> Result<T, ManifestError> {
+    let decode_error = |message: String| ManifestError::Decode { origin: origin.clone(), message };
+    if is_json(bytes) {
+        return serde_json::from_slice(bytes).map_err(|e| decode_error(e.to_string()));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| decode_error(format!("not UTF-8: {e}")))?;
+    serde_saphyr::from_str(text).map_err(|e| decode_error(e.to_string()))
+}
+
+/// Decodes one Pod, or when `allow_list` also a PodList, from YAML or JSON.
+pub fn decode(bytes: &[u8], origin: &Origin, allow_list: bool) -> Result<Vec<Pod>, ManifestError> {
+    if bytes.len() > MAX_MANIFEST_BYTES {
+        return Err(ManifestError::TooLarge { origin: origin.clone(), size: bytes.len() });
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ManifestError::Decode { origin: origin.clone(), message: "empty manifest".to_owned() });
+    }
+    // Decoding is the expensive part (a YAML parse), so the common case, one Pod, parses once;
+    // only when that fails is the kind looked at, to tell a list or a wrong kind from a bad pod.
+    let pod_error = match parse::<Pod>(bytes, origin) {
+        Ok(pod) => return Ok(vec![pod]),
+        Err(err) => err,
+    };
+    let meta: TypeMeta = parse(bytes, origin)?;
+    match meta.kind.as_deref() {
+        None | Some("Pod") => Err(pod_error),
+        Some("PodList" | "List") if allow_list => Ok(parse::<PodListDoc>(bytes, origin)?.items),
+        Some(kind) => {
+            Err(ManifestError::WrongKind { origin: origin.clone(), kind: kind.to_owned(), list_allowed: allow_list })
+        }
+    }
+}
+
+/// Upstream's default pull policy: Always for `:latest` or an untagged image, else IfNotPresent.
+pub fn default_pull_policy(image: &str) -> &'static str {
+    if image.contains('@') {
+        return "IfNotPresent";
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.rsplit_once(':') {
+        Some((_, "latest")) | None => "Always",
+        Some(_) => "IfNotPresent",
+    }
+}
+
+fn default_probe(probe: &mut Option<Probe>) {
+    let Some(probe) = probe else { return };
+    probe.timeout_seconds.get_or_insert(1);
+    probe.period_seconds.get_or_insert(10);
+    probe.success_threshold.get_or_insert(1);
+    probe.failure_threshold.get_or_insert(3);
+    if let Some(http) = probe.http_get.as_mut() {
+        http.path.get_or_insert_with(|| "/".to_owned());
+        http.scheme.get_or_insert_with(|| "HTTP".to_owned());
+    }
+}
+
+fn default_container(container: &mut Container, host_network: bool) {
+    if container.image_pull_policy.as_deref().is_none_or(str::is_empty) {
+        container.image_pull_policy =
+            Some(default_pull_policy(container.image.as_deref().unwrap_or_default()).to_owned());
+    }
+    container.termination_message_path.get_or_insert_with(|| "/dev/termination-log".to_owned());
+    container.termination_message_policy.get_or_insert_with(|| "File".to_owned());
+    for port in container.ports.iter_mut().flatten() {
+        port.protocol.get_or_insert_with(|| "TCP".to_owned());
+        if host_network && port.host_port.is_none_or(|p| p == 0) {
+            port.host_port = Some(port.container_port);
+        }
+    }
+    default_probe(&mut container.liveness_probe);
+    default_probe(&mut container.readiness_probe);
+    default_probe(&mut container.startup_probe);
+    // Requests default to limits.
+    if let Some(resources) = container.resources.as_mut()
+        && let Some(limits) = resources.limits.clone()
+    {
+        let requests = resources.requests.get_or_insert_with(BTreeMap::new);
+        for (name, quantity) in limits {
+            requests.entry(name).or_insert(quantity);
+        }
+    }
+}
+
+/// Applies the API defaults the kubelet relies on (what the API server would set).
+pub fn apply_api_defaults(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut() else { return };
+    spec.restart_policy.get_or_insert_with(|| "Always".to_owned());
+    spec.termination_grace_period_seconds.get_or_insert(30);
+    spec.dns_policy.get_or_insert_with(|| "ClusterFirst".to_owned());
+    spec.scheduler_name.get_or_insert_with(|| "default-scheduler".to_owned());
+    spec.enable_service_links.get_or_insert(true);
+    spec.security_context.get_or_insert_with(Default::default);
+    let host_network = spec.host_network.unwrap_or(false);
+    for container in spec.init_containers.iter_mut().flatten().chain(spec.containers.iter_mut()) {
+        default_container(container, host_network);
+    }
+}
+
+/// The UID of a static pod without one: a SHA-256 over the pod's canonical JSON (k8s-openapi's
+/// serialization of the API-defaulted pod, absent fields omitted) followed by `host:<node>` and
+/// `file:<path>` (or `url:<url>`), as 32 hex digits.
+///
+/// Any change to the manifest's content, the node name or the file's path gives a new UID.
+pub fn static_pod_uid(pod: &Pod, node_name: &str, origin: &Origin) -> String {
+    let mut hasher = Sha256::new();
+    // Serializing a k8s-openapi Pod cannot fail: it holds only strings, numbers, maps and lists.
+    hasher.update(serde_json::to_vec(pod).unwrap_or_default());
+    match origin {
+        Origin::File(path) => {
+            hasher.update(format!("host:{node_name}"));
+            hasher.update(format!("file:{}", path.display()));
+        }
+        Origin::Url(url) => hasher.update(format!("url:{url}")),
+    }
+    let digest = hasher.finalize();
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Applies static pod defaulting (upstream `applyDefaults` in `config/common.go`): a content-hash
+/// UID when none is given, the name suffix `-<lowercased node name>`, namespace `default`,
+/// `spec.nodeName`, the `config.hash` annotation, a NoExecute toleration for file pods, and
+/// phase Pending.
+pub fn apply_static_defaults(pod: &mut Pod, node_name: &str, origin: &Origin) {
+    if pod.metadata.uid.as_deref().is_none_or(str::is_empty) {
+        pod.metadata.uid = Some(static_pod_uid(pod, node_name, origin));
+    }
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    pod.metadata.name = Some(format!("{name}-{}", node_name.to_lowercase()));
+    if pod.metadata.namespace.as_deref().is_none_or(str::is_empty) {
+        pod.metadata.namespace = Some("default".to_owned());
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    pod.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(annotations::CONFIG_HASH.to_owned(), uid);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.node_name = Some(node_name.to_owned());
+        if matches!(origin, Origin::File(_)) {
+            let toleration = Toleration {
+                operator: Some("Exists".to_owned()),
+                effect: Some("NoExecute".to_owned()),
+                ..Toleration::default()
+            };
+            let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+            if !tolerations.contains(&toleration) {
+                tolerations.push(toleration);
+            }
+        }
+    }
+    pod.status.get_or_insert_with(PodStatus::default).phase = Some("Pending".to_owned());
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+fn one_of(field: String, value: Option<&str>, allowed: &[&str]) -> Result<(), FieldError> {
+    match value {
+        Some(v) if !allowed.contains(&v) => {
+            Err(field_error(field, format!("unsupported value {v:?}: supported values: {}", allowed.join(", "))))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn validate_container(c: &Container, path: &str, volumes: &HashSet<&str>) -> Result<(), FieldError> {
+    if !is_dns_label(&c.name) {
+        return Err(field_error(
+            format!("{path}.name"),
+            format!("invalid value {:?}: must be a DNS-1123 label", c.name),
+        ));
+    }
+    if c.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
+        return Err(field_error(format!("{path}.image"), "required value"));
+    }
+    one_of(format!("{path}.imagePullPolicy"), c.image_pull_policy.as_deref(), &["Always", "IfNotPresent", "Never"])?;
+    let mut port_names = HashSet::new();
+    for (i, port) in c.ports.iter().flatten().enumerate() {
+        let at = format!("{path}.ports[{i}]");
+        if !(1..=65535).contains(&port.container_port) {
+            return Err(field_error(
+                format!("{at}.containerPort"),
+                format!("invalid value {}: must be between 1 and 65535", port.container_port),
+            ));
+        }
+        if let Some(host) = port.host_port
+            && !(0..=65535).contains(&host)
+        {
+            return Err(field_error(
+                format!("{at}.hostPort"),
+                format!("invalid value {host}: must be between 0 and 65535"),
+            ));
+        }
+        one_of(format!("{at}.protocol"), port.protocol.as_deref(), &["TCP", "UDP", "SCTP"])?;
+        if let Some(name) = port.name.as_deref() {
+            let valid = name.len() <= 15
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && name.bytes().any(|b| b.is_ascii_lowercase());
+            if !valid {
+                return Err(field_error(
+                    format!("{at}.name"),
+                    format!("invalid value {name:?}: must be an IANA service name"),
+                ));
+            }
+            if !port_names.insert(name) {
+                return Err(field_error(format!("{at}.name"), format!("duplicate value {name:?}")));
+            }
+        }
+    }
+    for (i, env) in c.env.iter().flatten().enumerate() {
+        if env.name.is_empty() || env.name.contains('=') {
+            return Err(field_error(format!("{path}.env[{i}].name"), format!("invalid value {:?}", env.name)));
+        }
+    }
+    for (i, mount) in c.volume_mounts.iter().flatten().enumerate() {
+        if !volumes.contains(mount.name.as_str()) {
+            return Err(field_error(
+                format!("{path}.volumeMounts[{i}].name"),
+                format!("not found: no volume {:?}", mount.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Validates what the kubelet needs of a pod; `is_static` adds the static-pod rule that forbids
+/// references to API objects.
+pub fn validate_pod(pod: &Pod, is_static: bool) -> Result<(), FieldError> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    if name.is_empty() {
+        return Err(field_error("metadata.name", "required value"));
+    }
+    if !is_dns_subdomain(name) {
+        return Err(field_error("metadata.name", format!("invalid value {name:?}: must be a DNS-1123 subdomain")));
+    }
+    if let Some(namespace) = pod.metadata.namespace.as_deref()
+        && !is_dns_label(namespace)
+    {
+        return Err(field_error(
+            "metadata.namespace",
+            format!("invalid value {namespace:?}: must be a DNS-1123 label"),
+        ));
+    }
+    let Some(spec) = pod.spec.as_ref() else { return Err(field_error("spec", "required value")) };
+    if spec.containers.is_empty() {
+        return Err(field_error("spec.containers", "required value: a pod needs at least one container"));
+    }
+    one_of("spec.restartPolicy".to_owned(), spec.restart_policy.as_deref(), &["Always", "OnFailure", "Never"])?;
+    one_of(
+        "spec.dnsPolicy".to_owned(),
+        spec.dns_policy.as_deref(),
+        &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"],
+    )?;
+    if let Some(grace) = spec.termination_grace_period_seconds
+        && grace < 0
+    {
+        return Err(field_error("spec.terminationGracePeriodSeconds", format!("invalid value {grace}: must be >= 0")));
+    }
+    if let Some(deadline) = spec.active_deadline_seconds
+        && deadline < 1
+    {
+        return Err(field_error("spec.activeDeadlineSeconds", format!("invalid value {deadline}: must be >= 1")));
+    }
+    let mut volumes = HashSet::new();
+    for (i, volume) in spec.volumes.iter().flatten().enumerate() {
+        if !is_dns_label(&volume.name) {
+            return Err(field_error(
+                format!("spec.volumes[{i}].name"),
+                format!("invalid value {:?}: must be a DNS-1123 label", volume.name),
+            ));
+        }
+        if !volumes.insert(volume.name.as_str()) {
+            return Err(field_error(format!("spec.volumes[{i}].name"), format!("duplicate value {:?}", volume.name)));
+        }
+    }
+    let mut names = HashSet::new();
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c))
+        .chain(spec.containers.iter().enumerate().map(|(i, c)| (format!("spec.containers[{i}]"), c)));
+    for (path, container) in containers {
+        validate_container(container, &path, &volumes)?;
+        if !names.insert(container.name.as_str()) {
+            return Err(field_error(format!("{path}.name"), format!("duplicate value {:?}", container.name)));
+        }
+    }
+    if is_static {
+        validate_no_api_references(pod)?;
+    }
+    Ok(())
+}
+
+/// Static pods may not reference API objects (upstream `PreventStaticPodAPIReferences`).
+fn validate_no_api_references(pod: &Pod) -> Result<(), FieldError> {
+    let forbidden = |field: String| field_error(field, "forbidden: static pods may not reference API objects");
+    let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
+    if spec.service_account_name.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(forbidden("spec.serviceAccountName".to_owned()));
+    }
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c))
+        .chain(spec.containers.iter().enumerate().map(|(i, c)| (format!("spec.containers[{i}]"), c)));
+    for (path, c) in containers {
+        if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
+            return Err(forbidden(format!("{path}.envFrom")));
+        }
+        for (i, env) in c.env.iter().flatten().enumerate() {
+            let source = env.value_from.as_ref();
+            if source.is_some_and(|s| s.secret_key_ref.is_some() || s.config_map_key_ref.is_some()) {
+                return Err(forbidden(format!("{path}.env[{i}].valueFrom")));
+            }
+        }
+    }
+    for (i, v) in spec.volumes.iter().flatten().enumerate() {
+        let projected = v.projected.as_ref().is_some_and(|p| {
+            p.sources.iter().flatten().any(|s| {
+                s.secret.is_some()
+                    || s.config_map.is_some()
+                    || s.service_account_token.is_some()
+                    || s.cluster_trust_bundle.is_some()
+            })
+        });
+        if v.secret.is_some()
+            || v.config_map.is_some()
+            || v.persistent_volume_claim.is_some()
+            || v.csi.is_some()
+            || v.ephemeral.is_some()
+            || projected
+        {
+            return Err(forbidden(format!("spec.volumes[{i}]")));
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a manifest into static pods: decode, API defaults, static defaults, validation.
+/// All or nothing: one invalid pod rejects the manifest.
+pub fn static_pods(
+    bytes: &[u8],
+    origin: &Origin,
+    node_name: &str,
+    allow_list: bool,
+) -> Result<Vec<Pod>, ManifestError> {
+    let mut pods = decode(bytes, origin, allow_list)?;
+    for pod in &mut pods {
+        apply_api_defaults(pod);
+        apply_static_defaults(pod, node_name, origin);
+        validate_pod(pod, true).map_err(|e| ManifestError::Invalid {
+            origin: origin.clone(),
+            pod: pod.metadata.name.clone().unwrap_or_default(),
+            field: e.field,
+            message: e.message,
+        })?;
+    }
+    Ok(pods)
+}
+
+#[cfg(test)]
+mod tests;
