@@ -132,6 +132,7 @@ struct State {
     exit_codes: HashMap<String, i32>,
     exec_results: HashMap<String, ExecResult>,
     status: Option<RuntimeStatus>,
+    pod_status_latency: HashMap<PodUid, Duration>,
 }
 
 /// The in-memory runtime.
@@ -209,6 +210,41 @@ impl FakeRuntime {
     /// What `exec_sync` returns for containers named `name`.
     pub fn set_exec_result(&self, name: impl Into<String>, result: ExecResult) {
         lock(&self.state).exec_results.insert(name.into(), result);
+    }
+
+    /// Makes `get_pod_status` of one pod take `latency` (a hung inspection).
+    pub fn set_pod_status_latency(&self, uid: &PodUid, latency: Duration) {
+        lock(&self.state).pod_status_latency.insert(uid.clone(), latency);
+    }
+
+    /// Sets a container's state behind the kubelet's back (an exit gets code 0).
+    pub fn set_container_state(&self, container_id: &str, state: ContainerState) -> Result<(), FakeError> {
+        let mut st = lock(&self.state);
+        let c = st
+            .pods
+            .values_mut()
+            .flat_map(|p| p.containers.iter_mut())
+            .find(|c| c.status.id == container_id)
+            .ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
+        if state == ContainerState::Exited {
+            exit(c, 0);
+        } else {
+            c.status.state = state;
+            c.finished = None;
+        }
+        Ok(())
+    }
+
+    /// Removes a container behind the kubelet's back, whatever its state.
+    pub fn remove_container(&self, container_id: &str) -> Result<(), FakeError> {
+        let mut st = lock(&self.state);
+        for pod in st.pods.values_mut() {
+            if let Some(idx) = pod.containers.iter().position(|c| c.status.id == container_id) {
+                pod.containers.remove(idx);
+                return Ok(());
+            }
+        }
+        Err(FakeError::new(Code::NotFound, format!("container {container_id} not found")))
     }
 
     /// Overrides what `status` reports.
@@ -426,6 +462,10 @@ impl Runtime for FakeRuntime {
 
     async fn get_pod_status(&self, uid: &PodUid, name: &str, namespace: &str) -> Result<PodStatus, FakeError> {
         self.enter(Method::GetPodStatus, uid.as_str()).await?;
+        let latency = lock(&self.state).pod_status_latency.get(uid).copied();
+        if let Some(latency) = latency {
+            tokio::time::sleep(latency).await;
+        }
         Ok(lock(&self.state).pod_status(uid, name, namespace))
     }
 

@@ -1,6 +1,47 @@
 //! Pod lifecycle event generators (PLEG) for kubelet-rs.
 //!
-//! This crate will hold the relisting PLEG (upstream `pkg/kubelet/pleg/generic.go`) and the
-//! evented PLEG over CRI `GetContainerEvents` (`evented.go`), implementing
-//! `kubelet_core::Pleg` and writing `kubelet_core::Cache`.
-//! It has no public items yet: the implementation is tracked as its own issue.
+//! [`GenericPleg`] is upstream's relisting PLEG (`pkg/kubelet/pleg/generic.go`): every relist
+//! period (1 s) it lists every pod from the runtime, compares each container's and sandbox's
+//! state with the previous listing, inspects only the pods whose containers changed (so a relist
+//! of unchanged pods costs the two list calls and nothing more), writes their status to the
+//! [`kubelet_core::Cache`] stamped with the relist's start, sends one
+//! [`kubelet_core::PodLifecycleEvent`] per transition, and finally bumps the cache's global
+//! timestamp.
+//!
+//! Beyond upstream:
+//! - pods are inspected concurrently, each with its own timeout, so one hung inspection never
+//!   stalls the relist (upstream's "PLEG is not healthy" outages); a pod that fails is retried at
+//!   the next relist with its old record kept;
+//! - [`kubelet_core::Pleg::relist_now`] relists at once, so transitions the kubelet itself caused
+//!   are seen in milliseconds rather than after up to a second.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use kubelet_core::{Cache, Pleg, fake::FakeRuntime, tokio_util::sync::CancellationToken};
+//! use kubelet_pleg::{Config, GenericPleg};
+//!
+//! #[tokio::main]
+//! async fn main() {
+//!     let cache = Arc::new(Cache::new());
+//!     let (pleg, mut events) = GenericPleg::new(Arc::new(FakeRuntime::new()), cache, Config::default());
+//!     let cancel = CancellationToken::new();
+//!     let pleg = Arc::new(pleg);
+//!     tokio::spawn({
+//!         let (pleg, cancel) = (pleg.clone(), cancel.clone());
+//!         async move { pleg.run(cancel).await }
+//!     });
+//!     while let Some(event) = events.recv().await {
+//!         println!("{} {:?}", event.id, event.kind);
+//!     }
+//! }
+//! ```
+
+mod events;
+mod generic;
+mod metrics;
+
+#[doc(inline)]
+pub use crate::generic::{Config, GenericPleg};

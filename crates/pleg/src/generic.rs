@@ -1,0 +1,341 @@
+//! The relisting PLEG (upstream `pkg/kubelet/pleg/generic.go`).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{StreamExt, stream};
+use kubelet_core::{
+    Cache, Pleg, PodLifecycleEvent, PodLifecycleEventKind, PodUid, Runtime,
+    cache::StatusError,
+    runtime::{self, PodStatus, SandboxState},
+    state::HealthError,
+};
+use tokio::{
+    sync::{Notify, mpsc},
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+use crate::{
+    events::{all_ids, generate, state_in},
+    metrics,
+};
+
+/// Timing and limits of the relisting PLEG; defaults are upstream's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Time between relists (1 s).
+    pub relist_period: Duration,
+    /// The PLEG is unhealthy when the last relist started longer ago than this (3 min).
+    pub relist_threshold: Duration,
+    /// Capacity of the event channel (1,000); events beyond it are dropped and counted.
+    pub channel_capacity: usize,
+    /// How many pods are inspected at once during a relist (16).
+    pub inspect_concurrency: usize,
+    /// Timeout of one pod's inspection; a pod that times out is retried next relist (10 s).
+    pub inspect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            relist_period: Duration::from_secs(1),
+            relist_threshold: Duration::from_secs(180),
+            channel_capacity: 1000,
+            inspect_concurrency: 16,
+            inspect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Config {
+    /// Sets the relist period.
+    #[must_use]
+    pub fn relist_period(mut self, period: Duration) -> Self {
+        self.relist_period = period;
+        self
+    }
+
+    /// Sets the health threshold.
+    #[must_use]
+    pub fn relist_threshold(mut self, threshold: Duration) -> Self {
+        self.relist_threshold = threshold;
+        self
+    }
+
+    /// Sets the event channel capacity.
+    #[must_use]
+    pub fn channel_capacity(mut self, capacity: usize) -> Self {
+        self.channel_capacity = capacity.max(1);
+        self
+    }
+
+    /// Sets the per-pod inspection timeout.
+    #[must_use]
+    pub fn inspect_timeout(mut self, timeout: Duration) -> Self {
+        self.inspect_timeout = timeout;
+        self
+    }
+}
+
+/// What the PLEG last saw of one pod: the listing at the last successful inspection (`old`) and
+/// at this relist (`current`).
+#[derive(Default)]
+struct Record {
+    old: Option<runtime::Pod>,
+    current: Option<runtime::Pod>,
+}
+
+#[derive(Default)]
+struct State {
+    records: HashMap<PodUid, Record>,
+    /// Pods whose inspection failed, to inspect again at the next relist.
+    reinspect: HashMap<PodUid, Option<runtime::Pod>>,
+    relist_time: Option<Instant>,
+}
+
+/// The relisting PLEG: lists the runtime every period, diffs against the previous listing, and
+/// inspects only pods whose containers changed.
+pub struct GenericPleg<R> {
+    runtime: Arc<R>,
+    cache: Arc<Cache>,
+    config: Config,
+    events: mpsc::Sender<PodLifecycleEvent>,
+    state: Mutex<State>,
+    wake: Notify,
+    discarded: AtomicU64,
+}
+
+impl<R> std::fmt::Debug for GenericPleg<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GenericPleg").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// Formats a duration as Go does (`3m0.5s`), for upstream's health message.
+pub(crate) fn go_duration(d: Duration) -> String {
+    let total = d.as_secs();
+    let (h, m, s) = (total / 3600, (total / 60) % 60, total % 60);
+    let nanos = d.subsec_nanos();
+    let mut seconds = s.to_string();
+    if nanos > 0 {
+        let fraction = format!("{nanos:09}");
+        seconds = format!("{s}.{}", fraction.trim_end_matches('0'));
+    }
+    match (h, m) {
+        (0, 0) => format!("{seconds}s"),
+        (0, m) => format!("{m}m{seconds}s"),
+        (h, m) => format!("{h}h{m}m{seconds}s"),
+    }
+}
+
+/// Keeps the cached pod IPs when the new status has none and no ready sandbox (a dead pod keeps
+/// reporting its IP, as upstream does).
+fn preserve_ips(mut status: PodStatus, cached: &PodStatus) -> PodStatus {
+    if status.ips.is_empty() && !status.sandbox_statuses.iter().any(|s| s.state == SandboxState::Ready) {
+        status.ips.clone_from(&cached.ips);
+    }
+    status
+}
+
+impl<R: Runtime> GenericPleg<R> {
+    /// A PLEG over `runtime` that keeps `cache` fresh; its events arrive on the returned receiver.
+    pub fn new(runtime: Arc<R>, cache: Arc<Cache>, config: Config) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
+        let (events, rx) = mpsc::channel(config.channel_capacity);
+        let pleg = GenericPleg {
+            runtime,
+            cache,
+            config,
+            events,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            discarded: AtomicU64::new(0),
+        };
+        (pleg, rx)
+    }
+
+    /// How many events were dropped because the channel was full.
+    pub fn discarded_events(&self) -> u64 {
+        self.discarded.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Critical sections only replace whole map entries, so a poisoned lock holds valid data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, event: PodLifecycleEvent) {
+        if let Err(mpsc::error::TrySendError::Full(event)) = self.events.try_send(event) {
+            self.discarded.fetch_add(1, Ordering::Relaxed);
+            metrics::discarded();
+            warn!(pod.uid = %event.id, kind = %event.kind, "PLEG event channel is full, discarding this relist's event");
+        }
+    }
+
+    /// Inspects one pod: `Ok` with its status, or the error to record; a pod gone from the
+    /// listing needs no inspection.
+    async fn inspect(&self, pod: &runtime::Pod) -> Result<PodStatus, StatusError> {
+        let fetch = self.runtime.get_pod_status(&pod.uid, &pod.name, &pod.namespace);
+        match tokio::time::timeout(self.config.inspect_timeout, fetch).await {
+            Ok(Ok(status)) => Ok(status),
+            Ok(Err(err)) => Err(Arc::new(err)),
+            Err(_) => Err(Arc::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("inspecting pod {} timed out after {:?}", pod.uid, self.config.inspect_timeout),
+            ))),
+        }
+    }
+
+    /// One relist (upstream `Relist`).
+    pub async fn relist(&self) {
+        let timestamp = Instant::now();
+        let pods = match self.runtime.get_pods(true).await {
+            Ok(pods) => pods,
+            Err(err) => {
+                warn!(error = %err, "PLEG: unable to retrieve pods");
+                return;
+            }
+        };
+        metrics::running(&pods);
+        let mut to_inspect: Vec<(PodUid, Option<runtime::Pod>, Vec<PodLifecycleEvent>)> = Vec::new();
+        {
+            let mut state = self.lock();
+            if let Some(previous) = state.relist_time.replace(timestamp) {
+                metrics::relist_interval(timestamp - previous);
+            }
+            let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            metrics::last_seen(unix.as_secs_f64());
+            for record in state.records.values_mut() {
+                record.current = None;
+            }
+            for pod in pods {
+                let uid = pod.uid.clone();
+                state.records.entry(uid).or_default().current = Some(pod);
+            }
+            let reinspect = std::mem::take(&mut state.reinspect);
+            for (uid, record) in &state.records {
+                let owed = reinspect.contains_key(uid);
+                // Fast path: a listing identical to the last inspected one has no events.
+                if !owed && record.old == record.current {
+                    continue;
+                }
+                let mut events = Vec::new();
+                for id in all_ids(record.old.as_ref(), record.current.as_ref()) {
+                    let old = state_in(record.old.as_ref(), id);
+                    let new = state_in(record.current.as_ref(), id);
+                    events.extend(generate(uid, id, old, new));
+                }
+                if !events.is_empty() || owed {
+                    to_inspect.push((uid.clone(), record.current.clone(), events));
+                }
+            }
+            // Pods left for reinspection that are not even listed any more.
+            for (uid, pod) in reinspect {
+                if !state.records.contains_key(&uid) {
+                    to_inspect.push((uid, pod, Vec::new()));
+                }
+            }
+        }
+
+        // Inspect concurrently, each with its own timeout: one hung pod never stalls the others.
+        let inspected: Vec<_> = stream::iter(to_inspect)
+            .map(|(uid, pod, events)| async move {
+                let result = match &pod {
+                    Some(pod) => Some(self.inspect(pod).await),
+                    None => None,
+                };
+                (uid, pod, events, result)
+            })
+            .buffer_unordered(self.config.inspect_concurrency.max(1))
+            .collect()
+            .await;
+
+        let mut state = self.lock();
+        for (uid, pod, events, result) in inspected {
+            match result {
+                // The pod is gone from the runtime: so is its status.
+                None => self.cache.delete(&uid),
+                Some(Err(err)) => {
+                    debug!(pod.uid = %uid, error = %err, "PLEG: ignoring events for pod until it can be inspected");
+                    let cached = self.cache.get(&uid);
+                    self.cache.set(&uid, (*cached.status).clone(), Some(err), timestamp);
+                    state.reinspect.insert(uid, pod);
+                    // The record keeps its old listing, so the same events are found next time.
+                    continue;
+                }
+                Some(Ok(status)) => {
+                    let status = preserve_ips(status, &self.cache.get(&uid).status);
+                    self.cache.set(&uid, status, None, timestamp);
+                }
+            }
+            // Inspected: the current listing becomes the old one, and the events go out.
+            match state.records.get_mut(&uid) {
+                Some(record) if record.current.is_some() => record.old = record.current.take(),
+                _ => {
+                    state.records.remove(&uid);
+                }
+            }
+            let mut sent_container_event = false;
+            for event in events {
+                // Upstream filters this one: nothing consumes it yet.
+                if event.kind == PodLifecycleEventKind::ContainerChanged {
+                    continue;
+                }
+                sent_container_event = true;
+                self.send(event);
+            }
+            if !sent_container_event {
+                self.send(PodLifecycleEvent::new(uid, PodLifecycleEventKind::PodSync, None));
+            }
+        }
+        // Every pod's status is now at least as new as this relist.
+        self.cache.update_time(timestamp);
+        drop(state);
+        metrics::relist_duration(timestamp.elapsed());
+    }
+}
+
+impl<R: Runtime> Pleg for GenericPleg<R> {
+    async fn run(&self, cancel: CancellationToken) {
+        loop {
+            self.relist().instrument(info_span!("relist")).await;
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(self.config.relist_period) => {}
+                () = self.wake.notified() => {}
+            }
+        }
+    }
+
+    fn healthy(&self) -> Result<(), HealthError> {
+        let Some(relist_time) = self.lock().relist_time else {
+            return Err(HealthError("pleg has yet to be successful".to_owned()));
+        };
+        let elapsed = relist_time.elapsed();
+        if elapsed > self.config.relist_threshold {
+            return Err(HealthError(format!(
+                "pleg was last seen active {} ago; threshold is {}",
+                go_duration(elapsed),
+                go_duration(self.config.relist_threshold)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Relists at once, without waiting for the period: after the kubelet changed the runtime,
+    /// its transitions are seen in milliseconds.
+    fn relist_now(&self) {
+        self.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests;
