@@ -30,7 +30,9 @@ use tonic::{
 };
 use tower::service_fn;
 
+pub mod actions;
 pub mod cgroups;
+pub mod labels;
 
 /// The generated CRI `runtime.v1` types, clients and servers (from the `k8s-cri` crate).
 pub mod pb {
