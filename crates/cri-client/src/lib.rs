@@ -32,12 +32,19 @@ use tower::service_fn;
 
 pub mod actions;
 pub mod cgroups;
+pub mod container;
+mod convert;
 pub mod labels;
+mod manager;
+pub mod sandbox;
 
 /// The generated CRI `runtime.v1` types, clients and servers (from the `k8s-cri` crate).
 pub mod pb {
     pub use k8s_cri::v1::*;
 }
+
+#[doc(inline)]
+pub use crate::manager::{Config as RuntimeConfig, CriRuntime, MIN_GRACE_PERIOD_SECONDS};
 
 /// Re-exported so callers build requests and fake servers with the same tonic.
 pub use tonic;
@@ -69,7 +76,7 @@ pub enum Error {
 }
 
 impl Error {
-    fn status(operation: &'static str, status: tonic::Status) -> Self {
+    pub(crate) fn status(operation: &'static str, status: tonic::Status) -> Self {
         Error::Status { operation, status: Box::new(status) }
     }
 

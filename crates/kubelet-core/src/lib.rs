@@ -99,6 +99,7 @@ pub mod handler;
 pub mod pleg;
 pub mod podmanager;
 pub mod queue;
+pub mod resources;
 pub mod runtime;
 pub mod state;
 pub mod sync_loop;

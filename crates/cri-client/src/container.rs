@@ -1,0 +1,301 @@
+//! The container config (upstream `kuberuntime_container.go` `generateContainerConfig`):
+//! command and args with `$(VAR)` expansion, environment with downward-API values, security
+//! context, resources and the log path.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kubelet_core::resources::{container_resource, milli, qos_class, units};
+
+use crate::{labels, pb};
+
+/// Expands `$(VAR)` references in `input` with `lookup` (upstream `expansion.Expand`): `$$` is
+/// a literal `$`, and a reference to an undefined variable stays as written.
+pub fn expand(input: &str, lookup: &dyn Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('(')
+            && let Some(end) = body.find(')')
+        {
+            let name = &body[..end];
+            match lookup(name) {
+                Some(value) => out.push_str(&value),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What the environment's downward-API values come from.
+#[derive(Clone, Debug, Default)]
+pub struct Downward<'a> {
+    /// The pod's IPs, primary first.
+    pub pod_ips: &'a [String],
+    /// The node's name.
+    pub node_name: &'a str,
+    /// The node's IP.
+    pub host_ip: &'a str,
+}
+
+fn field_ref(pod: &Pod, path: &str, downward: &Downward<'_>) -> Result<String, String> {
+    let meta = &pod.metadata;
+    let map_key = |prefix: &str| path.strip_prefix(prefix).and_then(|r| r.strip_suffix("']")).map(str::to_owned);
+    let value = match path {
+        "metadata.name" => meta.name.clone().unwrap_or_default(),
+        "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
+        "spec.nodeName" => downward.node_name.to_owned(),
+        "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
+        "status.hostIP" | "status.hostIPs" => downward.host_ip.to_owned(),
+        "status.podIP" => downward.pod_ips.first().cloned().unwrap_or_default(),
+        "status.podIPs" => downward.pod_ips.join(","),
+        _ => {
+            if let Some(key) = map_key("metadata.labels['") {
+                meta.labels.as_ref().and_then(|l| l.get(&key)).cloned().unwrap_or_default()
+            } else if let Some(key) = map_key("metadata.annotations['") {
+                meta.annotations.as_ref().and_then(|a| a.get(&key)).cloned().unwrap_or_default()
+            } else {
+                return Err(format!("unsupported fieldRef fieldPath {path:?}"));
+            }
+        }
+    };
+    Ok(value)
+}
+
+fn resource_field_ref(container: &Container, resource: &str, divisor: Option<&str>) -> Result<String, String> {
+    let (limit, name) = match resource.split_once('.') {
+        Some(("limits", name)) => (true, name),
+        Some(("requests", name)) => (false, name),
+        _ => return Err(format!("unsupported resourceFieldRef resource {resource:?}")),
+    };
+    let divisor = divisor.and_then(kubelet_core::resources::parse_quantity).filter(|d| *d > 0.0).unwrap_or(1.0);
+    let value = container_resource(container, name, limit)
+        .and_then(|q| kubelet_core::resources::parse_quantity(&q.0))
+        .unwrap_or(0.0);
+    // Upstream rounds up to the divisor's unit.
+    #[allow(clippy::cast_possible_truncation)] // Reason: resource values are far below 2^63.
+    Ok(((value / divisor).ceil() as i64).to_string())
+}
+
+/// The container's environment, in order, with `$(VAR)` references to earlier variables
+/// expanded; an error names the variable that cannot be resolved (a `CreateContainerConfigError`).
+pub fn environment(pod: &Pod, container: &Container, downward: &Downward<'_>) -> Result<Vec<(String, String)>, String> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    for var in container.env.iter().flatten() {
+        let value = match (&var.value, &var.value_from) {
+            (Some(value), _) => {
+                let defined: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                expand(value, &|name| defined.get(name).map(|v| (*v).to_owned()))
+            }
+            (None, Some(source)) => {
+                if let Some(field) = &source.field_ref {
+                    field_ref(pod, &field.field_path, downward)?
+                } else if let Some(resource) = &source.resource_field_ref {
+                    let target = match resource.container_name.as_deref() {
+                        Some(name) if !name.is_empty() && name != container.name => pod
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.containers.iter().find(|c| c.name == name))
+                            .ok_or_else(|| format!("resourceFieldRef names unknown container {name:?}"))?,
+                        _ => container,
+                    };
+                    resource_field_ref(target, &resource.resource, resource.divisor.as_ref().map(|d| d.0.as_str()))?
+                } else {
+                    return Err(format!(
+                        "couldn't find a source for env var {:?}: config maps and secrets need an API server",
+                        var.name
+                    ));
+                }
+            }
+            (None, None) => String::new(),
+        };
+        env.retain(|(k, _)| *k != var.name);
+        env.push((var.name.clone(), value));
+    }
+    Ok(env)
+}
+
+/// CPU shares from a CPU request in millicores (upstream `MilliCPUToShares`).
+pub fn cpu_shares(milli_cpu: i64) -> i64 {
+    (milli_cpu * 1024 / 1000).max(2)
+}
+
+/// The container's Linux resources: shares from the CPU request, quota from the CPU limit, the
+/// memory limit, and the OOM score adjustment of its QoS class.
+pub fn linux_resources(pod: &Pod, container: &Container, memory_capacity: i64) -> pb::LinuxContainerResources {
+    let cpu_request = container_resource(container, "cpu", false).and_then(milli).unwrap_or(0);
+    let cpu_limit = container_resource(container, "cpu", true).and_then(milli);
+    let memory_limit = container_resource(container, "memory", true).and_then(units).unwrap_or(0);
+    let memory_request = container_resource(container, "memory", false).and_then(units).unwrap_or(0);
+    let mut resources = pb::LinuxContainerResources {
+        cpu_shares: cpu_shares(cpu_request),
+        memory_limit_in_bytes: memory_limit,
+        ..Default::default()
+    };
+    if let Some(limit) = cpu_limit.filter(|l| *l > 0) {
+        resources.cpu_period = 100_000;
+        resources.cpu_quota = (limit * 100_000 / 1000).max(1000);
+    }
+    resources.oom_score_adj = match qos_class(pod) {
+        "Guaranteed" => -997,
+        "BestEffort" => 1000,
+        _ => {
+            let adjust = 1000 - (1000 * memory_request) / memory_capacity.max(1);
+            adjust.clamp(3, 999)
+        }
+    };
+    resources
+}
+
+fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> Option<pb::SecurityProfile> {
+    let profile = profile?;
+    let (kind, local) = match profile.type_.as_str() {
+        "RuntimeDefault" => (pb::security_profile::ProfileType::RuntimeDefault, String::new()),
+        "Localhost" => {
+            (pb::security_profile::ProfileType::Localhost, profile.localhost_profile.clone().unwrap_or_default())
+        }
+        _ => (pb::security_profile::ProfileType::Unconfined, String::new()),
+    };
+    Some(pb::SecurityProfile { profile_type: kind as i32, localhost_ref: local })
+}
+
+/// The user an image runs as, from `ImageStatus`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageUser {
+    /// Numeric UID, when the image names one.
+    pub uid: Option<i64>,
+    /// User name, when the image names one.
+    pub username: String,
+}
+
+/// The container's security context; `runAsNonRoot` is checked against the effective user.
+pub fn security_context(
+    pod: &Pod,
+    container: &Container,
+    image_user: &ImageUser,
+) -> Result<pb::LinuxContainerSecurityContext, String> {
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = container.security_context.as_ref();
+    let run_as_user = sc.and_then(|s| s.run_as_user).or_else(|| pod_sc.and_then(|s| s.run_as_user));
+    let run_as_group = sc.and_then(|s| s.run_as_group).or_else(|| pod_sc.and_then(|s| s.run_as_group));
+    let non_root =
+        sc.and_then(|s| s.run_as_non_root).or_else(|| pod_sc.and_then(|s| s.run_as_non_root)).unwrap_or(false);
+    if non_root {
+        match run_as_user.or(image_user.uid) {
+            Some(0) => return Err("container has runAsNonRoot and image will run as root".to_owned()),
+            Some(_) => {}
+            None if image_user.username.is_empty() || image_user.username == "root" => {
+                return Err("container has runAsNonRoot and image will run as root".to_owned());
+            }
+            None => {
+                return Err(format!(
+                    "container has runAsNonRoot and image has non-numeric user ({}), cannot verify user is non-root",
+                    image_user.username
+                ));
+            }
+        }
+    }
+    let spec = pod.spec.as_ref();
+    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| spec.and_then(f).unwrap_or(false);
+    let capabilities = sc.and_then(|s| s.capabilities.as_ref()).map(|c| pb::Capability {
+        add_capabilities: c.add.clone().unwrap_or_default(),
+        drop_capabilities: c.drop.clone().unwrap_or_default(),
+        ..pb::Capability::default()
+    });
+    Ok(pb::LinuxContainerSecurityContext {
+        capabilities,
+        privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
+        namespace_options: Some(pb::NamespaceOption {
+            network: if flag(|s| s.host_network) { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32,
+            pid: if flag(|s| s.host_pid) {
+                pb::NamespaceMode::Node
+            } else if flag(|s| s.share_process_namespace) {
+                pb::NamespaceMode::Pod
+            } else {
+                pb::NamespaceMode::Container
+            } as i32,
+            ipc: if flag(|s| s.host_ipc) { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32,
+            ..pb::NamespaceOption::default()
+        }),
+        run_as_user: run_as_user.map(|value| pb::Int64Value { value }),
+        run_as_group: run_as_group.map(|value| pb::Int64Value { value }),
+        readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
+        supplemental_groups: pod_sc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
+        no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        seccomp: seccomp(
+            sc.and_then(|s| s.seccomp_profile.as_ref()).or_else(|| pod_sc.and_then(|s| s.seccomp_profile.as_ref())),
+        ),
+        ..pb::LinuxContainerSecurityContext::default()
+    })
+}
+
+/// Everything a container config is made from.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ConfigInput<'a> {
+    /// The pod.
+    pub pod: &'a Pod,
+    /// The container.
+    pub container: &'a Container,
+    /// This instance's restart count (also its attempt and log file number).
+    pub restart_count: u32,
+    /// The image reference to run (what the pull resolved).
+    pub image_ref: &'a str,
+    /// The image's user.
+    pub image_user: &'a ImageUser,
+    /// Downward-API values.
+    pub downward: Downward<'a>,
+    /// The node's memory capacity in bytes, for the OOM score of Burstable pods.
+    pub memory_capacity: i64,
+}
+
+/// The container config; an error is a `CreateContainerConfigError` message.
+pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, String> {
+    let ConfigInput { pod, container, restart_count, .. } = *input;
+    let env = environment(pod, container, &input.downward)?;
+    let defined: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let lookup = |name: &str| defined.get(name).map(|v| (*v).to_owned());
+    let expand_all = |list: &Option<Vec<String>>| list.iter().flatten().map(|s| expand(s, &lookup)).collect::<Vec<_>>();
+    Ok(pb::ContainerConfig {
+        metadata: Some(pb::ContainerMetadata { name: container.name.clone(), attempt: restart_count }),
+        image: Some(pb::ImageSpec {
+            image: input.image_ref.to_owned(),
+            user_specified_image: container.image.clone().unwrap_or_default(),
+            ..pb::ImageSpec::default()
+        }),
+        command: expand_all(&container.command),
+        args: expand_all(&container.args),
+        working_dir: container.working_dir.clone().unwrap_or_default(),
+        envs: env.iter().map(|(key, value)| pb::KeyValue { key: key.clone(), value: value.clone() }).collect(),
+        labels: labels::container_labels(pod, container),
+        annotations: labels::container_annotations(pod, container, restart_count, crate::actions::hash(container)),
+        log_path: format!("{}/{restart_count}.log", container.name),
+        stdin: container.stdin.unwrap_or(false),
+        stdin_once: container.stdin_once.unwrap_or(false),
+        tty: container.tty.unwrap_or(false),
+        linux: Some(pb::LinuxContainerConfig {
+            resources: Some(linux_resources(pod, container, input.memory_capacity)),
+            security_context: Some(security_context(pod, container, input.image_user)?),
+        }),
+        ..pb::ContainerConfig::default()
+    })
+}
+
+#[cfg(test)]
+mod tests;

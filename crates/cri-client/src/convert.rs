@@ -1,0 +1,106 @@
+//! Conversions from CRI messages to the runtime types of `kubelet-core`.
+
+use k8s_openapi::jiff::Timestamp;
+use kubelet_core::{
+    PodUid,
+    runtime::{Container, ContainerState, ContainerStatus, NetworkMode, Sandbox, SandboxState, SandboxStatus},
+};
+
+use crate::{labels, pb};
+
+/// A CRI timestamp (nanoseconds since the epoch, 0 for unset).
+pub(crate) fn timestamp(nanos: i64) -> Option<Timestamp> {
+    (nanos > 0).then(|| Timestamp::from_nanosecond(i128::from(nanos)).ok()).flatten()
+}
+
+pub(crate) fn container_state(state: i32) -> ContainerState {
+    match pb::ContainerState::try_from(state) {
+        Ok(pb::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(pb::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(pb::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    }
+}
+
+pub(crate) fn sandbox_state(state: i32) -> SandboxState {
+    if state == pb::PodSandboxState::SandboxReady as i32 { SandboxState::Ready } else { SandboxState::NotReady }
+}
+
+/// The pod UID label of a listed object.
+pub(crate) fn pod_uid(labels: &std::collections::HashMap<String, String>) -> Option<PodUid> {
+    labels.get(labels::POD_UID).filter(|u| !u.is_empty()).map(PodUid::new)
+}
+
+pub(crate) fn sandbox(s: &pb::PodSandbox) -> Sandbox {
+    let mut sandbox = Sandbox::new(&s.id, s.metadata.as_ref().map_or(0, |m| m.attempt), sandbox_state(s.state));
+    sandbox.created_at = timestamp(s.created_at);
+    sandbox
+}
+
+pub(crate) fn container(c: &pb::Container) -> Container {
+    let name = c
+        .labels
+        .get(labels::CONTAINER_NAME)
+        .cloned()
+        .or_else(|| c.metadata.as_ref().map(|m| m.name.clone()))
+        .unwrap_or_default();
+    let mut container = Container::new(&c.id, name, container_state(c.state));
+    container.image = c.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
+    container.image_id = c.image_ref.clone();
+    container.hash = labels::hash_of(&c.annotations);
+    container.created_at = timestamp(c.created_at);
+    container
+}
+
+pub(crate) fn sandbox_status(s: &pb::PodSandboxStatus) -> SandboxStatus {
+    let mut status = SandboxStatus::new(&s.id, s.metadata.as_ref().map_or(0, |m| m.attempt), sandbox_state(s.state));
+    status.created_at = timestamp(s.created_at);
+    if let Some(network) = &s.network {
+        status.ips = std::iter::once(network.ip.clone())
+            .chain(network.additional_ips.iter().map(|ip| ip.ip.clone()))
+            .filter(|ip| !ip.is_empty())
+            .collect();
+    }
+    let network_mode =
+        s.linux.as_ref().and_then(|l| l.namespaces.as_ref()).and_then(|n| n.options.as_ref()).map(|o| o.network);
+    if network_mode == Some(pb::NamespaceMode::Node as i32) {
+        status.network_mode = NetworkMode::Host;
+    }
+    status
+}
+
+pub(crate) fn container_status(c: &pb::ContainerStatus) -> ContainerStatus {
+    let name = c
+        .labels
+        .get(labels::CONTAINER_NAME)
+        .cloned()
+        .or_else(|| c.metadata.as_ref().map(|m| m.name.clone()))
+        .unwrap_or_default();
+    let mut status = ContainerStatus::new(&c.id, name, container_state(c.state));
+    status.created_at = timestamp(c.created_at);
+    status.started_at = timestamp(c.started_at);
+    status.finished_at = timestamp(c.finished_at);
+    status.exit_code = c.exit_code;
+    status.image = c.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
+    status.image_id = if c.image_id.is_empty() { c.image_ref.clone() } else { c.image_id.clone() };
+    status.image_ref = c.image_ref.clone();
+    status.hash = labels::hash_of(&c.annotations);
+    status.restart_count = labels::restart_count_of(&c.annotations);
+    status.reason = c.reason.clone();
+    status.message = c.message.clone();
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_and_times() {
+        assert_eq!(container_state(pb::ContainerState::ContainerRunning as i32), ContainerState::Running);
+        assert_eq!(container_state(99), ContainerState::Unknown);
+        assert_eq!(sandbox_state(pb::PodSandboxState::SandboxNotready as i32), SandboxState::NotReady);
+        assert_eq!(timestamp(0), None);
+        assert_eq!(timestamp(1_700_000_000_000_000_000).unwrap().as_second(), 1_700_000_000);
+    }
+}

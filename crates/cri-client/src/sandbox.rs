@@ -1,0 +1,264 @@
+//! The pod sandbox config (upstream `kuberuntime_sandbox.go` `generatePodSandboxConfig`).
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Pod;
+use kubelet_core::resources::qos_class;
+
+use crate::{labels, pb};
+
+/// The pod's log directory: `<pod_logs_dir>/<namespace>_<name>_<uid>`.
+pub fn pod_log_dir(pod_logs_dir: &Path, namespace: &str, name: &str, uid: &str) -> PathBuf {
+    pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
+}
+
+/// The pod's cgroup parent under the cgroupfs driver: `<root>/pod<uid>` for Guaranteed pods,
+/// `<root>/burstable/pod<uid>` and `<root>/besteffort/pod<uid>` for the others.
+pub fn cgroup_parent(cgroup_root: &str, pod: &Pod) -> String {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let root = cgroup_root.trim_end_matches('/');
+    match qos_class(pod) {
+        "Guaranteed" => format!("{root}/pod{uid}"),
+        "Burstable" => format!("{root}/burstable/pod{uid}"),
+        _ => format!("{root}/besteffort/pod{uid}"),
+    }
+}
+
+/// The DNS settings of a `resolv.conf`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResolvConf {
+    /// `nameserver` lines.
+    pub servers: Vec<String>,
+    /// `search` domains.
+    pub searches: Vec<String>,
+    /// `options`.
+    pub options: Vec<String>,
+}
+
+/// Parses a `resolv.conf`.
+pub fn parse_resolv_conf(text: &str) -> ResolvConf {
+    let mut conf = ResolvConf::default();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => conf.servers.extend(words.next().map(str::to_owned)),
+            Some("search" | "domain") => conf.searches = words.map(str::to_owned).collect(),
+            Some("options") => conf.options.extend(words.map(str::to_owned)),
+            _ => {}
+        }
+    }
+    conf
+}
+
+/// The DNS config of the sandbox: the node's resolver for `Default` (and for `ClusterFirst`,
+/// since this kubelet has no cluster DNS service yet), only the pod's `dnsConfig` for `None`,
+/// with the pod's `dnsConfig` merged in.
+pub fn dns_config(pod: &Pod, host: &ResolvConf) -> pb::DnsConfig {
+    let spec = pod.spec.as_ref();
+    let policy = spec.and_then(|s| s.dns_policy.as_deref()).unwrap_or("ClusterFirst");
+    let mut dns = if policy == "None" {
+        pb::DnsConfig::default()
+    } else {
+        pb::DnsConfig { servers: host.servers.clone(), searches: host.searches.clone(), options: host.options.clone() }
+    };
+    if let Some(extra) = spec.and_then(|s| s.dns_config.as_ref()) {
+        for server in extra.nameservers.iter().flatten() {
+            if !dns.servers.contains(server) {
+                dns.servers.push(server.clone());
+            }
+        }
+        for search in extra.searches.iter().flatten() {
+            if !dns.searches.contains(search) {
+                dns.searches.push(search.clone());
+            }
+        }
+        for option in extra.options.iter().flatten() {
+            let text = match &option.value {
+                Some(value) => format!("{}:{value}", option.name.as_deref().unwrap_or_default()),
+                None => option.name.clone().unwrap_or_default(),
+            };
+            dns.options.push(text);
+        }
+    }
+    dns
+}
+
+/// The pod's hostname: `spec.hostname` or the pod name, at most 63 characters, with no trailing
+/// `-` or `.`; empty for host-network pods, which keep the node's.
+pub fn hostname(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.host_network).unwrap_or(false) {
+        return String::new();
+    }
+    let name = spec.and_then(|s| s.hostname.clone()).unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default());
+    let truncated: String = name.chars().take(63).collect();
+    truncated.trim_end_matches(['-', '.']).to_owned()
+}
+
+fn protocol(p: Option<&str>) -> i32 {
+    match p {
+        Some("UDP") => pb::Protocol::Udp as i32,
+        Some("SCTP") => pb::Protocol::Sctp as i32,
+        _ => pb::Protocol::Tcp as i32,
+    }
+}
+
+/// The sandbox config of `pod` at `attempt`.
+pub fn sandbox_config(
+    pod: &Pod,
+    attempt: u32,
+    log_dir: &Path,
+    cgroup_root: &str,
+    host_dns: &ResolvConf,
+) -> pb::PodSandboxConfig {
+    let spec = pod.spec.as_ref();
+    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| spec.and_then(f).unwrap_or(false);
+    let host_network = flag(|s| s.host_network);
+    let port_mappings = spec
+        .map(|s| s.containers.iter().flat_map(|c| c.ports.iter().flatten()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.host_port.is_some_and(|h| h > 0))
+        .map(|p| pb::PortMapping {
+            protocol: protocol(p.protocol.as_deref()),
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or_default(),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect();
+    let namespace_options = pb::NamespaceOption {
+        network: if host_network { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32,
+        pid: if flag(|s| s.host_pid) {
+            pb::NamespaceMode::Node
+        } else if flag(|s| s.share_process_namespace) {
+            pb::NamespaceMode::Pod
+        } else {
+            pb::NamespaceMode::Container
+        } as i32,
+        ipc: if flag(|s| s.host_ipc) { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32,
+        ..pb::NamespaceOption::default()
+    };
+    let pod_security = spec.and_then(|s| s.security_context.as_ref());
+    let security_context = pb::LinuxSandboxSecurityContext {
+        namespace_options: Some(namespace_options),
+        run_as_user: pod_security.and_then(|s| s.run_as_user).map(|value| pb::Int64Value { value }),
+        run_as_group: pod_security.and_then(|s| s.run_as_group).map(|value| pb::Int64Value { value }),
+        supplemental_groups: pod_security.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
+        privileged: spec.is_some_and(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+                .any(|c| c.security_context.as_ref().and_then(|sc| sc.privileged).unwrap_or(false))
+        }),
+        ..pb::LinuxSandboxSecurityContext::default()
+    };
+    let sysctls = pod_security
+        .and_then(|s| s.sysctls.as_ref())
+        .map(|list| list.iter().map(|s| (s.name.clone(), s.value.clone())).collect())
+        .unwrap_or_default();
+    pb::PodSandboxConfig {
+        metadata: Some(pb::PodSandboxMetadata {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            attempt,
+        }),
+        hostname: hostname(pod),
+        log_directory: log_dir.display().to_string(),
+        dns_config: Some(dns_config(pod, host_dns)),
+        port_mappings,
+        labels: labels::sandbox_labels(pod),
+        annotations: labels::sandbox_annotations(pod),
+        linux: Some(pb::LinuxPodSandboxConfig {
+            cgroup_parent: cgroup_parent(cgroup_root, pod),
+            security_context: Some(security_context),
+            sysctls,
+            ..pb::LinuxPodSandboxConfig::default()
+        }),
+        ..pb::PodSandboxConfig::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::core::v1::{Container, ContainerPort, PodDNSConfig, PodSpec},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+
+    use super::*;
+
+    fn pod() -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web-".into()),
+                namespace: Some("ns".into()),
+                uid: Some("u1".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    ports: Some(vec![
+                        ContainerPort {
+                            container_port: 80,
+                            host_port: Some(8080),
+                            protocol: Some("TCP".into()),
+                            ..ContainerPort::default()
+                        },
+                        ContainerPort { container_port: 53, protocol: Some("UDP".into()), ..ContainerPort::default() },
+                    ]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn sandbox_config_carries_identity_ports_cgroup_and_namespaces() {
+        let host = parse_resolv_conf("# comment\nnameserver 192.0.2.53\nsearch example.test\noptions ndots:2\n");
+        let config = sandbox_config(&pod(), 2, Path::new("/var/log/pods/ns_web-_u1"), "/kubepods", &host);
+        let meta = config.metadata.unwrap();
+        assert_eq!((meta.name.as_str(), meta.uid.as_str(), meta.attempt), ("web-", "u1", 2));
+        assert_eq!(config.hostname, "web", "trailing dash trimmed");
+        assert_eq!(config.port_mappings.len(), 1, "only ports with a hostPort");
+        assert_eq!((config.port_mappings[0].container_port, config.port_mappings[0].host_port), (80, 8080));
+        assert_eq!(config.labels[labels::POD_UID], "u1");
+        let linux = config.linux.unwrap();
+        assert_eq!(linux.cgroup_parent, "/kubepods/besteffort/podu1");
+        let ns = linux.security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(
+            (ns.network, ns.pid, ns.ipc),
+            (pb::NamespaceMode::Pod as i32, pb::NamespaceMode::Container as i32, pb::NamespaceMode::Pod as i32)
+        );
+        let dns = config.dns_config.unwrap();
+        assert_eq!(
+            (dns.servers, dns.searches, dns.options),
+            (vec!["192.0.2.53".to_owned()], vec!["example.test".to_owned()], vec!["ndots:2".to_owned()])
+        );
+    }
+
+    #[test]
+    fn dns_policy_none_uses_only_the_pod_config() {
+        let mut p = pod();
+        let spec = p.spec.as_mut().unwrap();
+        spec.dns_policy = Some("None".into());
+        spec.dns_config =
+            Some(PodDNSConfig { nameservers: Some(vec!["198.51.100.1".into()]), ..PodDNSConfig::default() });
+        let dns = dns_config(&p, &parse_resolv_conf("nameserver 192.0.2.53\n"));
+        assert_eq!(dns.servers, ["198.51.100.1"]);
+        assert!(dns.searches.is_empty());
+    }
+
+    #[test]
+    fn host_network_pods_use_the_node_namespace_and_hostname() {
+        let mut p = pod();
+        p.spec.as_mut().unwrap().host_network = Some(true);
+        let config = sandbox_config(&p, 0, Path::new("/l"), "/kubepods", &ResolvConf::default());
+        assert_eq!(config.hostname, "");
+        let ns = config.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.network, pb::NamespaceMode::Node as i32);
+    }
+}

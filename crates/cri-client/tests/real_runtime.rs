@@ -1,0 +1,289 @@
+//! The CRI runtime manager against the real containerd `cargo xtask ci` starts: pods run with
+//! their IP, init containers first, crash-looping containers back off, image changes restart one
+//! container, kills honour the grace period, and a new manager re-adopts what an old one created.
+
+// Reason: test helpers outside `#[test]` functions may panic on broken invariants.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use k8s_openapi::{
+    api::core::v1::{Container, Pod, PodSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kubelet_core::{
+    Backoff, PodUid, Runtime,
+    events::RingRecorder,
+    runtime::{ContainerState, PodStatus, reasons},
+    testing::RealRuntime,
+};
+use kubelet_cri_client::{
+    Client, Config, CriRuntime, RuntimeConfig,
+    actions::{ProbeFailures, compute_pod_actions},
+};
+
+struct Env {
+    rt: RealRuntime,
+    runtime: CriRuntime,
+    logs: PathBuf,
+}
+
+fn manager(rt: &RealRuntime, logs: &std::path::Path) -> CriRuntime {
+    let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
+    let config =
+        RuntimeConfig::new("test-node").pod_logs_dir(logs.join("pods")).container_logs_dir(logs.join("containers"));
+    CriRuntime::new(client, config, Arc::new(RingRecorder::default()))
+}
+
+fn env(test: &str) -> Option<Env> {
+    let rt = RealRuntime::from_env(test)?;
+    let logs = rt.scratch_dir.join(test);
+    let runtime = manager(&rt, &logs);
+    Some(Env { rt, runtime, logs })
+}
+
+fn container(name: &str, image: &str, script: &str) -> Container {
+    Container {
+        name: name.into(),
+        image: Some(image.into()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+        ..Container::default()
+    }
+}
+
+fn pod(name: &str, policy: &str, init: Vec<Container>, containers: Vec<Container>) -> Pod {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("kubelet-rs-test".into()),
+            uid: Some(format!("{name}-{}-{nanos}", std::process::id())),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            restart_policy: Some(policy.into()),
+            termination_grace_period_seconds: Some(3),
+            init_containers: (!init.is_empty()).then_some(init),
+            containers,
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+impl Env {
+    async fn status(&self, pod: &Pod) -> PodStatus {
+        let uid = PodUid::of(pod);
+        self.runtime.get_pod_status(&uid, pod.metadata.name.as_deref().unwrap(), "kubelet-rs-test").await.unwrap()
+    }
+
+    /// Polls the pod's status until `done` holds (at most 20 s).
+    async fn wait_for(&self, pod: &Pod, what: &str, done: impl Fn(&PodStatus) -> bool) -> PodStatus {
+        for _ in 0..200 {
+            let status = self.status(pod).await;
+            if done(&status) {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("timed out waiting for {what}: {:?}", self.status(pod).await);
+    }
+
+    async fn sync(&self, pod: &Pod, backoff: &Backoff) -> kubelet_core::runtime::PodSyncResult {
+        let status = self.status(pod).await;
+        self.runtime.sync_pod(pod, &status, backoff).await
+    }
+
+    /// Removes the pod as a kubelet would, and checks that nothing is left.
+    async fn cleanup(&self, pod: &Pod) {
+        self.runtime.remove_pod(pod).await.unwrap();
+        let status = self.status(pod).await;
+        assert!(status.sandbox_statuses.is_empty() && status.container_statuses.is_empty(), "{status:?}");
+        let uid = pod.metadata.uid.as_deref().unwrap();
+        for qos in ["", "burstable/", "besteffort/"] {
+            let dir = PathBuf::from("/sys/fs/cgroup/cpu/kubepods").join(format!("{qos}pod{uid}"));
+            assert!(!dir.exists(), "cgroup {} left behind", dir.display());
+        }
+        let log_dir =
+            self.logs.join("pods").join(format!("kubelet-rs-test_{}_{uid}", pod.metadata.name.as_deref().unwrap()));
+        assert!(!log_dir.exists(), "log dir {} left behind", log_dir.display());
+    }
+}
+
+fn state(status: &PodStatus, name: &str) -> Option<ContainerState> {
+    status.container_status(name).map(|c| c.state)
+}
+
+async fn exec(env: &Env, status: &PodStatus, name: &str, cmd: &[&str]) -> String {
+    let id = &status.container_status(name).unwrap().id;
+    let cmd: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+    let result = env.runtime.exec_sync(id, &cmd, Duration::from_secs(10)).await.unwrap();
+    String::from_utf8_lossy(&result.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn real_two_containers_share_the_pod_ip() {
+    let Some(env) = env("real_two_containers_share_the_pod_ip") else { return };
+    let image = env.rt.busybox_image.clone();
+    let p = pod(
+        "two",
+        "Always",
+        vec![],
+        vec![container("a", &image, "exec sleep 3600"), container("b", &image, "exec sleep 3600")],
+    );
+    let result = env.sync(&p, &Backoff::default()).await;
+    let outcome = async {
+        assert!(!result.is_err(), "{result:?}");
+        let status = env
+            .wait_for(&p, "both running", |s| {
+                state(s, "a") == Some(ContainerState::Running) && state(s, "b") == Some(ContainerState::Running)
+            })
+            .await;
+        let ip = status.ips.first().cloned().expect("a pod IP");
+        for name in ["a", "b"] {
+            let addresses = exec(&env, &status, name, &["ip", "-4", "addr", "show", "eth0"]).await;
+            assert!(addresses.contains(&format!("inet {ip}/")), "{name}: {addresses}");
+        }
+        // A second sync changes nothing.
+        let again = env.sync(&p, &Backoff::default()).await;
+        assert!(again.results.is_empty(), "{again:?}");
+    };
+    outcome.await;
+    env.cleanup(&p).await;
+}
+
+#[tokio::test]
+async fn real_init_container_runs_before_the_app() {
+    let Some(env) = env("real_init_container_runs_before_the_app") else { return };
+    let image = env.rt.busybox_image.clone();
+    let p = pod(
+        "init",
+        "Always",
+        vec![container("setup", &image, "sleep 1; echo done")],
+        vec![container("app", &image, "exec sleep 3600")],
+    );
+    let backoff = Backoff::default();
+    let first = env.sync(&p, &backoff).await;
+    assert!(!first.is_err(), "{first:?}");
+    let status = env.status(&p).await;
+    assert_eq!(state(&status, "app"), None, "the app waits for init");
+    let status = env.wait_for(&p, "init to finish", |s| state(s, "setup") == Some(ContainerState::Exited)).await;
+    assert_eq!(status.container_status("setup").unwrap().exit_code, 0);
+    env.sync(&p, &backoff).await;
+    let status = env.wait_for(&p, "the app to run", |s| state(s, "app") == Some(ContainerState::Running)).await;
+    let init_done = status.container_status("setup").unwrap().finished_at.unwrap();
+    let app_started = status.container_status("app").unwrap().started_at.unwrap();
+    assert!(init_done <= app_started, "init finished {init_done}, app started {app_started}");
+    env.cleanup(&p).await;
+}
+
+#[tokio::test]
+async fn real_failing_container_restarts_with_backoff_and_numbered_logs() {
+    let Some(env) = env("real_failing_container_restarts_with_backoff_and_numbered_logs") else { return };
+    let image = env.rt.busybox_image.clone();
+    let p = pod("crash", "OnFailure", vec![], vec![container("job", &image, "echo attempt; exit 1")]);
+    let backoff = Backoff::default();
+    env.sync(&p, &backoff).await;
+    env.wait_for(&p, "the first exit", |s| state(s, "job") == Some(ContainerState::Exited)).await;
+    let restart = env.sync(&p, &backoff).await;
+    assert!(!restart.is_err(), "the first restart is immediate: {restart:?}");
+    let status = env
+        .wait_for(&p, "the second exit", |s| {
+            s.container_status("job").is_some_and(|c| c.restart_count == 1 && c.state == ContainerState::Exited)
+        })
+        .await;
+    assert_eq!(status.container_status("job").unwrap().exit_code, 1);
+    let held = env.sync(&p, &backoff).await;
+    let failure = held.results.iter().find_map(|r| r.failure.as_ref()).expect("a backoff");
+    assert_eq!(failure.reason, reasons::CRASH_LOOP_BACK_OFF);
+    assert!(!held.is_err(), "a backoff is not a sync error");
+    let dir =
+        env.logs.join("pods").join(format!("kubelet-rs-test_crash_{}", p.metadata.uid.as_deref().unwrap())).join("job");
+    for n in ["0.log", "1.log"] {
+        let content = std::fs::read_to_string(dir.join(n)).unwrap();
+        assert!(content.contains(" stdout F attempt"), "{n}: {content}");
+    }
+    env.cleanup(&p).await;
+}
+
+#[tokio::test]
+async fn real_changed_image_restarts_only_that_container_and_kill_honours_grace() {
+    let Some(env) = env("real_changed_image_restarts_only_that_container_and_kill_honours_grace") else { return };
+    let image = env.rt.busybox_image.clone();
+    let mut p = pod(
+        "change",
+        "Always",
+        vec![],
+        vec![container("a", &image, "exec sleep 3600"), container("b", &image, "exec sleep 3600")],
+    );
+    let backoff = Backoff::default();
+    env.sync(&p, &backoff).await;
+    let before = env
+        .wait_for(&p, "both running", |s| {
+            state(s, "a") == Some(ContainerState::Running) && state(s, "b") == Some(ContainerState::Running)
+        })
+        .await;
+    // The same image by digest is a different image string, so a different container hash.
+    let digest = env
+        .runtime
+        .list_images()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|i| i.repo_tags.contains(&image))
+        .unwrap()
+        .repo_digests[0]
+        .clone();
+    p.spec.as_mut().unwrap().containers[1].image = Some(digest);
+    let result = env.sync(&p, &backoff).await;
+    assert!(!result.is_err(), "{result:?}");
+    let after = env
+        .wait_for(&p, "b restarted", |s| {
+            s.container_statuses
+                .iter()
+                .any(|c| c.name == "b" && c.state == ContainerState::Running && c.restart_count == 1)
+        })
+        .await;
+    assert_eq!(after.container_status("a").unwrap().id, before.container_status("a").unwrap().id, "a untouched");
+    assert_eq!(after.sandbox_statuses[0].id, before.sandbox_statuses[0].id, "same sandbox");
+
+    // `sleep` as PID 1 ignores SIGTERM: the stop waits the whole 3 s grace, then kills.
+    let running = env.runtime.get_pods(false).await.unwrap().into_iter().find(|r| r.uid == PodUid::of(&p)).unwrap();
+    let started = tokio::time::Instant::now();
+    env.runtime.kill_pod(Some(&p), &running, None).await.unwrap();
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(2900), "grace not honoured: {took:?}");
+    let status = env.status(&p).await;
+    assert!(status.container_statuses.iter().all(|c| c.state == ContainerState::Exited));
+    assert_eq!(status.container_status("a").unwrap().exit_code, 137);
+    env.cleanup(&p).await;
+}
+
+#[tokio::test]
+async fn real_a_new_manager_readopts_everything() {
+    let Some(env) = env("real_a_new_manager_readopts_everything") else { return };
+    let image = env.rt.busybox_image.clone();
+    let p = pod("adopt", "Always", vec![], vec![container("a", &image, "exec sleep 3600")]);
+    env.sync(&p, &Backoff::default()).await;
+    let before = env.wait_for(&p, "running", |s| state(s, "a") == Some(ContainerState::Running)).await;
+    // A restarted agent: a brand new manager with nothing in memory.
+    let fresh = manager(&env.rt, &env.logs);
+    let pods = fresh.get_pods(false).await.unwrap();
+    let listed = pods.iter().find(|r| r.uid == PodUid::of(&p)).expect("listed by its UID label");
+    assert_eq!((listed.name.as_str(), listed.namespace.as_str()), ("adopt", "kubelet-rs-test"));
+    assert_eq!(listed.containers[0].hash, before.container_status("a").unwrap().hash);
+    let status = fresh.get_pod_status(&PodUid::of(&p), "adopt", "kubelet-rs-test").await.unwrap();
+    assert_eq!(status.container_status("a").unwrap().restart_count, 0);
+    let actions = compute_pod_actions(&p, &status, &ProbeFailures::default());
+    assert_eq!(actions.sandbox_id, before.sandbox_statuses[0].id);
+    assert!(
+        !actions.kill_pod
+            && !actions.create_sandbox
+            && actions.containers_to_start.is_empty()
+            && actions.containers_to_kill.is_empty()
+    );
+    let result = fresh.sync_pod(&p, &status, &Backoff::default()).await;
+    assert!(result.results.is_empty(), "nothing to do: {result:?}");
+    env.cleanup(&p).await;
+}
