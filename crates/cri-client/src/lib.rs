@@ -77,6 +77,22 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn status(operation: &'static str, status: tonic::Status) -> Self {
+        // tonic reports its own per-call timeout as `Cancelled` caused by `TimeoutExpired`; to
+        // callers that is a deadline, like the runtime's own `DeadlineExceeded`.
+        let timed_out = {
+            let mut source = std::error::Error::source(&status);
+            let mut found = false;
+            while let Some(err) = source {
+                found |= err.is::<tonic::TimeoutExpired>();
+                source = err.source();
+            }
+            found
+        };
+        let status = if timed_out && status.code() == Code::Cancelled {
+            tonic::Status::deadline_exceeded(format!("no answer within the request timeout ({})", status.message()))
+        } else {
+            status
+        };
         Error::Status { operation, status: Box::new(status) }
     }
 

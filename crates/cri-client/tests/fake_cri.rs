@@ -1,0 +1,282 @@
+//! Error paths against an in-process fake CRI server (tonic, on a unix socket): NotFound on stop
+//! is success, an unavailable runtime recovers, deadlines and unimplemented methods are
+//! classified, and CRI failures become sync results while the client keeps working.
+
+// Reason: test helpers outside `#[test]` functions may panic on broken invariants.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    collections::{HashMap, VecDeque},
+    future::Future,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::core::v1::{Container, Pod, PodSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kubelet_core::{
+    Backoff, PodUid, Runtime,
+    events::RingRecorder,
+    runtime::{self, ContainerState, PodStatus, SandboxState, reasons},
+};
+use kubelet_cri_client::{
+    Client, Config, CriRuntime, RuntimeConfig,
+    pb::{self, runtime_service_server::RuntimeServiceServer},
+};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+#[derive(Clone, Default)]
+struct FakeCri {
+    errors: Arc<Mutex<HashMap<&'static str, VecDeque<Status>>>>,
+    delay: Arc<Mutex<Duration>>,
+    calls: Arc<Mutex<Vec<&'static str>>>,
+}
+
+impl FakeCri {
+    fn fail(&self, method: &'static str, status: Status) {
+        self.errors.lock().unwrap().entry(method).or_default().push_back(status);
+    }
+
+    async fn enter(&self, method: &'static str) -> Result<(), Status> {
+        self.calls.lock().unwrap().push(method);
+        let delay = *self.delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        match self.errors.lock().unwrap().get_mut(method).and_then(VecDeque::pop_front) {
+            Some(status) => Err(status),
+            None => Ok(()),
+        }
+    }
+}
+
+/// RPCs the fake does not implement: `Unimplemented`, as an old runtime answers.
+macro_rules! unimplemented_rpcs {
+    ($($name:ident: $req:ty => $resp:ty),* $(,)?) => {$(
+        fn $name<'life0, 'async_trait>(&'life0 self, _request: Request<$req>)
+            -> Pin<Box<dyn Future<Output = Result<Response<$resp>, Status>> + Send + 'async_trait>>
+        where
+            'life0: 'async_trait,
+            Self: 'async_trait,
+        {
+            Box::pin(async move {
+                self.enter(stringify!($name)).await?;
+                Err(Status::unimplemented(concat!("method ", stringify!($name), " not implemented")))
+            })
+        }
+    )*};
+}
+
+#[tonic::async_trait]
+impl pb::runtime_service_server::RuntimeService for FakeCri {
+    type GetContainerEventsStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ContainerEventResponse, Status>> + Send>>;
+
+    async fn version(&self, _: Request<pb::VersionRequest>) -> Result<Response<pb::VersionResponse>, Status> {
+        self.enter("version").await?;
+        Ok(Response::new(pb::VersionResponse {
+            runtime_name: "fake".into(),
+            runtime_version: "0".into(),
+            runtime_api_version: "v1".into(),
+            version: "0.1.0".into(),
+        }))
+    }
+
+    async fn status(&self, _: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        self.enter("status").await?;
+        let condition = |t: &str| pb::RuntimeCondition { r#type: t.into(), status: true, ..Default::default() };
+        Ok(Response::new(pb::StatusResponse {
+            status: Some(pb::RuntimeStatus { conditions: vec![condition("RuntimeReady"), condition("NetworkReady")] }),
+            ..Default::default()
+        }))
+    }
+
+    async fn stop_container(
+        &self,
+        _: Request<pb::StopContainerRequest>,
+    ) -> Result<Response<pb::StopContainerResponse>, Status> {
+        self.enter("stop_container").await?;
+        Ok(Response::new(pb::StopContainerResponse {}))
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        _: Request<pb::StopPodSandboxRequest>,
+    ) -> Result<Response<pb::StopPodSandboxResponse>, Status> {
+        self.enter("stop_pod_sandbox").await?;
+        Ok(Response::new(pb::StopPodSandboxResponse {}))
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        _: Request<pb::RunPodSandboxRequest>,
+    ) -> Result<Response<pb::RunPodSandboxResponse>, Status> {
+        self.enter("run_pod_sandbox").await?;
+        Ok(Response::new(pb::RunPodSandboxResponse { pod_sandbox_id: "sb-1".into() }))
+    }
+
+    fn get_container_events<'life0, 'async_trait>(
+        &'life0 self,
+        _request: Request<pb::GetEventsRequest>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<Self::GetContainerEventsStream>, Status>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(async move {
+            self.enter("get_container_events").await?;
+            Err(Status::unimplemented("method GetContainerEvents not implemented"))
+        })
+    }
+
+    unimplemented_rpcs! {
+        remove_pod_sandbox: pb::RemovePodSandboxRequest => pb::RemovePodSandboxResponse,
+        pod_sandbox_status: pb::PodSandboxStatusRequest => pb::PodSandboxStatusResponse,
+        list_pod_sandbox: pb::ListPodSandboxRequest => pb::ListPodSandboxResponse,
+        create_container: pb::CreateContainerRequest => pb::CreateContainerResponse,
+        start_container: pb::StartContainerRequest => pb::StartContainerResponse,
+        remove_container: pb::RemoveContainerRequest => pb::RemoveContainerResponse,
+        list_containers: pb::ListContainersRequest => pb::ListContainersResponse,
+        container_status: pb::ContainerStatusRequest => pb::ContainerStatusResponse,
+        update_container_resources: pb::UpdateContainerResourcesRequest => pb::UpdateContainerResourcesResponse,
+        reopen_container_log: pb::ReopenContainerLogRequest => pb::ReopenContainerLogResponse,
+        exec_sync: pb::ExecSyncRequest => pb::ExecSyncResponse,
+        exec: pb::ExecRequest => pb::ExecResponse,
+        attach: pb::AttachRequest => pb::AttachResponse,
+        port_forward: pb::PortForwardRequest => pb::PortForwardResponse,
+        container_stats: pb::ContainerStatsRequest => pb::ContainerStatsResponse,
+        list_container_stats: pb::ListContainerStatsRequest => pb::ListContainerStatsResponse,
+        pod_sandbox_stats: pb::PodSandboxStatsRequest => pb::PodSandboxStatsResponse,
+        list_pod_sandbox_stats: pb::ListPodSandboxStatsRequest => pb::ListPodSandboxStatsResponse,
+        update_runtime_config: pb::UpdateRuntimeConfigRequest => pb::UpdateRuntimeConfigResponse,
+        checkpoint_container: pb::CheckpointContainerRequest => pb::CheckpointContainerResponse,
+        list_metric_descriptors: pb::ListMetricDescriptorsRequest => pb::ListMetricDescriptorsResponse,
+        list_pod_sandbox_metrics: pb::ListPodSandboxMetricsRequest => pb::ListPodSandboxMetricsResponse,
+        runtime_config: pb::RuntimeConfigRequest => pb::RuntimeConfigResponse,
+    }
+}
+
+fn serve(fake: FakeCri, socket: &Path) -> tokio::task::JoinHandle<()> {
+    let listener = UnixListener::bind(socket).unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(RuntimeServiceServer::new(fake))
+            .serve_with_incoming(UnixListenerStream::new(listener))
+            .await
+            .unwrap();
+    })
+}
+
+fn endpoint(socket: &Path) -> String {
+    format!("unix://{}", socket.display())
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+    fake: FakeCri,
+    server: tokio::task::JoinHandle<()>,
+}
+
+fn start() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("cri.sock");
+    let fake = FakeCri::default();
+    let server = serve(fake.clone(), &socket);
+    Fixture { _dir: dir, socket, fake, server }
+}
+
+#[tokio::test]
+async fn not_found_on_stop_counts_as_stopped() {
+    let f = start();
+    f.fake.fail("stop_container", Status::not_found("container gone"));
+    f.fake.fail("stop_pod_sandbox", Status::not_found("sandbox gone"));
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let runtime = CriRuntime::new(client, RuntimeConfig::new("n"), Arc::new(RingRecorder::default()));
+    let mut running = runtime::Pod::new(PodUid::new("u"), "p", "ns");
+    running.containers.push(runtime::Container::new("c1", "app", ContainerState::Running));
+    running.sandboxes.push(runtime::Sandbox::new("s1", 0, SandboxState::Ready));
+    runtime.kill_pod(None, &running, Some(1)).await.unwrap();
+    assert_eq!(*f.fake.calls.lock().unwrap(), ["stop_container", "stop_pod_sandbox"]);
+
+    // Any other error is an error.
+    f.fake.fail("stop_container", Status::internal("boom"));
+    let err = runtime.kill_pod(None, &running, Some(1)).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::Internal));
+    f.server.abort();
+}
+
+#[tokio::test]
+async fn an_unavailable_runtime_is_reported_then_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("late.sock");
+    let client = Client::connect(&Config::new(endpoint(&socket))).unwrap();
+    let err = client.version().await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    // The runtime comes up: the same client connects on its next call.
+    let server = serve(FakeCri::default(), &socket);
+    let version = client.version().await.unwrap();
+    assert_eq!(version.runtime_name, "fake");
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_slow_runtime_gives_deadline_exceeded() {
+    let f = start();
+    *f.fake.delay.lock().unwrap() = Duration::from_secs(2);
+    let client =
+        Client::connect(&Config::new(endpoint(&f.socket)).request_timeout(Duration::from_millis(200))).unwrap();
+    let err = client.version().await.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "a timeout is classified as such: {err:?}");
+    f.server.abort();
+}
+
+#[tokio::test]
+async fn unimplemented_methods_are_classified_not_fatal() {
+    let f = start();
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let err = client.runtime_config().await.unwrap_err();
+    assert!(err.is_unimplemented(), "{err:?}");
+    let events = client.runtime_service().get_container_events(pb::GetEventsRequest {}).await.unwrap_err();
+    assert_eq!(events.code(), tonic::Code::Unimplemented);
+    client.version().await.unwrap();
+    f.server.abort();
+}
+
+#[tokio::test]
+async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
+    let f = start();
+    let logs = tempfile::tempdir().unwrap();
+    f.fake.fail(
+        "run_pod_sandbox",
+        Status::internal("failed to setup network for sandbox: plugin type=\"bridge\" failed (add): boom"),
+    );
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let config = RuntimeConfig::new("n")
+        .pod_logs_dir(logs.path().join("pods"))
+        .container_logs_dir(logs.path().join("containers"));
+    let runtime = CriRuntime::new(client, config, Arc::new(RingRecorder::default()));
+    let pod = Pod {
+        metadata: ObjectMeta {
+            uid: Some("u".into()),
+            name: Some("p".into()),
+            namespace: Some("ns".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container { name: "c".into(), image: Some("i".into()), ..Container::default() }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    let result = runtime.sync_pod(&pod, &PodStatus::new(PodUid::new("u"), "p", "ns"), &Backoff::default()).await;
+    let failure = result.errors().next().expect("a sync error");
+    assert_eq!(failure.reason, reasons::CREATE_POD_SANDBOX_ERROR);
+    assert!(failure.message.contains("plugin type=\"bridge\" failed"), "{}", failure.message);
+    assert!(runtime.status().await.unwrap().runtime_ready(), "the runtime still answers");
+    f.server.abort();
+}
