@@ -47,6 +47,9 @@ pub struct Config {
     pub node_name: String,
     /// The node's IP, for the downward API.
     pub node_ip: String,
+    /// Where per-pod directories go (`<root-dir>/pods`, `/var/lib/kubelet/pods`); termination
+    /// message files live under them.
+    pub pods_dir: PathBuf,
 }
 
 impl Config {
@@ -61,7 +64,15 @@ impl Config {
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             node_name: node_name.into(),
             node_ip: String::new(),
+            pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
         }
+    }
+
+    /// Sets the per-pod directory root.
+    #[must_use]
+    pub fn pods_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.pods_dir = dir.into();
+        self
     }
 
     /// Sets the pod log directory root.
@@ -152,6 +163,55 @@ fn restart_count_from_logs(dir: &Path) -> u32 {
         .filter_map(|name| name.split('.').next().and_then(|n| n.parse::<u32>().ok()).filter(|_| name.contains(".log")))
         .max()
         .map_or(0, |n| n + 1)
+}
+
+/// Upstream's limits on termination messages: the file, and the log tail used as fallback.
+const MAX_MESSAGE_BYTES: usize = 4096;
+const MAX_LOG_TAIL_LINES: usize = 80;
+const MAX_LOG_TAIL_BYTES: usize = 2048;
+
+/// The message content of CRI log lines (`<time> <stream> <P|F> <message>`).
+fn log_message(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(4, ' ');
+        let (_, _, tag, message) = (parts.next(), parts.next(), parts.next(), parts.next().unwrap_or_default());
+        out.push_str(message);
+        if tag != Some("P") {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The last lines of a container's log, within upstream's limits.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(MAX_LOG_TAIL_LINES)..].join("\n");
+    let message = log_message(&tail);
+    let start = message.len().saturating_sub(MAX_LOG_TAIL_BYTES);
+    let start = (start..message.len()).find(|i| message.is_char_boundary(*i)).unwrap_or(message.len());
+    message[start..].to_owned()
+}
+
+/// A dead container's termination message: its termination file, or with
+/// `FallbackToLogsOnError` and a failure, the tail of its log.
+fn termination_message(status: &pb::ContainerStatus) -> String {
+    let path = status.annotations.get(labels::TERMINATION_MESSAGE_PATH);
+    let file = status.mounts.iter().find(|m| Some(&m.container_path) == path).map(|m| m.host_path.clone());
+    let mut message = String::new();
+    if let Some(file) = file
+        && let Ok(bytes) = std::fs::read(&file)
+    {
+        message = String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_MESSAGE_BYTES)]).into_owned();
+    }
+    let fallback =
+        status.annotations.get(labels::TERMINATION_MESSAGE_POLICY).is_some_and(|p| p == "FallbackToLogsOnError");
+    if message.is_empty() && fallback && status.exit_code != 0 && !status.log_path.is_empty() {
+        message = log_tail(Path::new(&status.log_path));
+    }
+    message
 }
 
 impl CriRuntime {
@@ -374,10 +434,30 @@ impl CriRuntime {
             downward: container::Downward { pod_ips, node_name: &self.config.node_name, host_ip: &self.config.node_ip },
             memory_capacity: self.memory_capacity,
         };
-        let config = container::container_config(&input).map_err(|message| {
+        let mut config = container::container_config(&input).map_err(|message| {
             self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
             SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
         })?;
+        // The termination message file: a host file mounted at `terminationMessagePath`.
+        if let Some(path) = spec.termination_message_path.as_deref().filter(|p| !p.is_empty()) {
+            let dir = self.config.pods_dir.join(pod_meta(pod).2).join("containers").join(&spec.name);
+            let file = dir.join(format!("{restart_count}-termination-log"));
+            let created = async {
+                tokio::fs::create_dir_all(&dir).await?;
+                tokio::fs::write(&file, b"").await?;
+                use std::os::unix::fs::PermissionsExt;
+                tokio::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).await
+            };
+            if let Err(err) = created.await {
+                let message = format!("cannot create the termination message file: {err}");
+                return Err(SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message));
+            }
+            config.mounts.push(pb::Mount {
+                container_path: path.to_owned(),
+                host_path: file.display().to_string(),
+                ..pb::Mount::default()
+            });
+        }
         if let Err(err) = tokio::fs::create_dir_all(log_dir.join(&spec.name)).await {
             warn!(error = %err, "cannot create the container log directory");
         }
@@ -573,7 +653,14 @@ impl Runtime for CriRuntime {
             match self.client.runtime_service().container_status(request).await {
                 Ok(response) => {
                     if let Some(s) = response.into_inner().status {
-                        statuses.push((s.created_at, convert::container_status(&s)));
+                        let mut converted = convert::container_status(&s);
+                        if converted.state == ContainerState::Exited {
+                            let message = termination_message(&s);
+                            if !message.is_empty() {
+                                converted.message = message;
+                            }
+                        }
+                        statuses.push((s.created_at, converted));
                     }
                 }
                 // Removed between the listing and the inspection.
@@ -930,6 +1017,33 @@ impl CriRuntime {
             .map(|qos| format!("{}/{qos}pod{uid}", self.config.cgroup_root.trim_end_matches('/')))
             .collect();
         self.cleanup_pod(uid, name, namespace, &parents).await;
+        let pod_dir = self.config.pods_dir.join(uid);
+        if pod_dir.exists()
+            && let Err(err) = tokio::fs::remove_dir_all(&pod_dir).await
+        {
+            warn!(error = %err, dir = %pod_dir.display(), "cannot remove the pod directory");
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_messages_and_tails() {
+        let text = "2026-11-22T07:41:24.897821647Z stdout F hello\n2026-11-22T07:41:24.9Z stderr P part\n2026-11-22T07:41:24.9Z stderr F ial\n";
+        assert_eq!(log_message(text), "hello\npartial\n");
+        let dir = std::env::temp_dir().join(format!("tail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("0.log");
+        let lines: String = (0..200).map(|i| format!("2026-11-22T07:41:24Z stdout F line {i}\n")).collect();
+        std::fs::write(&log, lines).unwrap();
+        let tail = log_tail(&log);
+        assert!(tail.ends_with("line 199\n") && !tail.contains("line 119\n"), "80 lines at most");
+        std::fs::write(&log, format!("2026-11-22T07:41:24Z stdout F {}\n", "x".repeat(5000))).unwrap();
+        assert_eq!(log_tail(&log).len(), MAX_LOG_TAIL_BYTES, "2 KiB at most");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

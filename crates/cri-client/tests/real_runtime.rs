@@ -287,3 +287,31 @@ async fn real_a_new_manager_readopts_everything() {
     assert!(result.results.is_empty(), "nothing to do: {result:?}");
     env.cleanup(&p).await;
 }
+
+#[tokio::test]
+async fn real_termination_messages_come_from_the_file_or_the_log() {
+    let Some(env) = env("real_termination_messages_come_from_the_file_or_the_log") else { return };
+    let image = env.rt.busybox_image.clone();
+    let mut file = container("file", &image, "printf 'bye now' > /dev/termination-log; exit 3");
+    file.termination_message_path = Some("/dev/termination-log".into());
+    let mut logs = container("logs", &image, "echo first; echo oops; exit 2");
+    logs.termination_message_path = Some("/dev/termination-log".into());
+    logs.termination_message_policy = Some("FallbackToLogsOnError".into());
+    let p = pod("messages", "Never", vec![], vec![file, logs]);
+    let result = env.sync(&p, &Backoff::default()).await;
+    assert!(!result.is_err(), "{result:?}");
+    let status = env
+        .wait_for(&p, "both exited", |s| {
+            state(s, "file") == Some(ContainerState::Exited) && state(s, "logs") == Some(ContainerState::Exited)
+        })
+        .await;
+    let file = status.container_status("file").unwrap();
+    assert_eq!((file.exit_code, file.message.as_str()), (3, "bye now"));
+    let logs = status.container_status("logs").unwrap();
+    assert_eq!((logs.exit_code, logs.message.as_str()), (2, "first\noops\n"));
+    env.cleanup(&p).await;
+    assert!(
+        !env.logs.join("kubelet-pods").join(p.metadata.uid.as_deref().unwrap()).exists(),
+        "the pod directory is removed"
+    );
+}

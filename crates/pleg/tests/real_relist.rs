@@ -1,0 +1,108 @@
+//! The relisting PLEG against the real containerd `cargo xtask ci` starts: a container stopped
+//! behind the kubelet's back is reported dead within two relist periods.
+
+// Reason: test helpers outside `#[test]` functions may panic on broken invariants.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{sync::Arc, time::Duration};
+
+use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig, pb};
+use k8s_openapi::{
+    api::core::v1::{Container, Pod, PodSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kubelet_core::{
+    Backoff, Cache, Pleg, PodLifecycleEventKind, PodUid, Runtime, events::RingRecorder, runtime::ContainerState,
+    testing::RealRuntime, tokio_util::sync::CancellationToken,
+};
+use kubelet_pleg::{Config, GenericPleg};
+
+#[tokio::test]
+async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
+    let Some(rt) = RealRuntime::from_env("real_container_stopped_behind_the_kubelets_back_is_reported_dead") else {
+        return;
+    };
+    let logs = rt.scratch_dir.join("real_relist");
+    let client = Client::connect(&CriConfig::new(&rt.endpoint)).unwrap();
+    let config = RuntimeConfig::new("test-node")
+        .pod_logs_dir(logs.join("pods"))
+        .container_logs_dir(logs.join("containers"))
+        .pods_dir(logs.join("kubelet-pods"));
+    let runtime = Arc::new(CriRuntime::new(client.clone(), config, Arc::new(RingRecorder::default())));
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some("pleg".into()),
+            namespace: Some("kubelet-rs-test".into()),
+            uid: Some(format!("pleg-{}-{nanos}", std::process::id())),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some(rt.busybox_image.clone()),
+                image_pull_policy: Some("IfNotPresent".into()),
+                command: Some(vec!["sleep".into(), "3600".into()]),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    let uid = PodUid::of(&pod);
+
+    let cache = Arc::new(Cache::new());
+    let (pleg, mut events) = GenericPleg::new(runtime.clone(), cache.clone(), Config::default());
+    let pleg = Arc::new(pleg);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let (pleg, cancel) = (pleg.clone(), cancel.clone());
+        async move { pleg.run(cancel).await }
+    });
+
+    let outcome = async {
+        let status = runtime.get_pod_status(&uid, "pleg", "kubelet-rs-test").await.unwrap();
+        let result = runtime.sync_pod(&pod, &status, &Backoff::default()).await;
+        assert!(!result.is_err(), "{result:?}");
+        // The sandbox and the container start.
+        let mut started = 0;
+        while started < 2 {
+            let event =
+                tokio::time::timeout(Duration::from_secs(5), events.recv()).await.expect("ContainerStarted").unwrap();
+            if event.id == uid && event.kind == PodLifecycleEventKind::ContainerStarted {
+                started += 1;
+            }
+        }
+        assert!(pleg.healthy().is_ok());
+        let id = cache.get(&uid).status.container_status("app").expect("cached status").id.clone();
+
+        // Stopped behind the kubelet's back, straight through the CRI.
+        client
+            .runtime_service()
+            .stop_container(pb::StopContainerRequest { container_id: id.clone(), timeout: 0 })
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let event = tokio::time::timeout_at(deadline, events.recv())
+                .await
+                .expect("ContainerDied within two relist periods")
+                .unwrap();
+            if event.id == uid
+                && event.kind == PodLifecycleEventKind::ContainerDied
+                && event.container_id.as_deref() == Some(id.as_str())
+            {
+                break;
+            }
+        }
+        assert_eq!(
+            cache.get(&uid).status.container_status("app").unwrap().state,
+            ContainerState::Exited,
+            "the cache follows"
+        );
+    };
+    outcome.await;
+    cancel.cancel();
+    task.await.unwrap();
+    runtime.remove_pod(&pod).await.unwrap();
+}
