@@ -146,15 +146,6 @@ fn backoff_key(pod: &ApiPod, container: &ApiContainer) -> String {
     format!("{name}_{namespace}_{uid}_{}_{:x}", container.name, actions::hash(container))
 }
 
-/// The tokio instant of a wall-clock time in the past.
-fn instant_of(at: k8s_openapi::jiff::Timestamp) -> Instant {
-    let now_wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let at_wall = Duration::from_nanos(u64::try_from(at.as_nanosecond()).unwrap_or(0));
-    let ago = now_wall.saturating_sub(at_wall);
-    let now = Instant::now();
-    now.checked_sub(ago).unwrap_or(now)
-}
-
 /// The highest `N` of `N.log` files in a container's log directory, plus one (0 when none).
 fn restart_count_from_logs(dir: &Path) -> u32 {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
@@ -401,7 +392,7 @@ impl CriRuntime {
         {
             let key = backoff_key(pod, spec);
             let now = Instant::now();
-            if backoff.is_in_backoff_since(&key, instant_of(finished), now) {
+            if backoff.is_in_backoff_since(&key, kubelet_core::clock::instant_of(finished), now) {
                 let (name, namespace, uid) = pod_meta(pod);
                 let message = format!(
                     "back-off {:?} restarting failed container={} pod={name}_{namespace}({uid})",

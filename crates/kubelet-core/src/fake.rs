@@ -21,7 +21,8 @@ use crate::{
     PodUid,
     backoff::Backoff,
     runtime::{
-        Container, ContainerState, ContainerStatus, ExecResult, GcPolicy, Image, NETWORK_READY, Pod, PodStatus,
+        Container, ContainerEvent, ContainerEventKind, ContainerState, ContainerStatus, EventStreamError, ExecResult, GcPolicy, Image,
+        NETWORK_READY, Pod, PodStatus, RuntimeEvents,
         PodSyncResult, RUNTIME_READY, Runtime, RuntimeCondition, RuntimeStatus, Sandbox, SandboxState, SandboxStatus,
         SyncAction, SyncFailure, SyncResult, Version, container_hash, reasons,
     },
@@ -95,6 +96,8 @@ pub enum Method {
     StartContainer,
     /// Creating a sandbox inside `sync_pod` (scripted errors become `CreatePodSandboxError`).
     RunPodSandbox,
+    /// `stream_events` (a scripted `Unimplemented` error is reported as such).
+    StreamEvents,
 }
 
 /// One recorded call.
@@ -133,6 +136,9 @@ struct State {
     exec_results: HashMap<String, ExecResult>,
     status: Option<RuntimeStatus>,
     pod_status_latency: HashMap<PodUid, Duration>,
+    event_streams: Vec<(tokio::sync::mpsc::Sender<ContainerEvent>, std::sync::Arc<tokio::sync::Notify>)>,
+    /// The fake's clock: wall time that moves with tokio time, so paused-time tests stay consistent.
+    anchor: Option<(k8s_openapi::jiff::Timestamp, Instant)>,
 }
 
 /// The in-memory runtime.
@@ -220,6 +226,7 @@ impl FakeRuntime {
     /// Sets a container's state behind the kubelet's back (an exit gets code 0).
     pub fn set_container_state(&self, container_id: &str, state: ContainerState) -> Result<(), FakeError> {
         let mut st = lock(&self.state);
+        let at = st.now();
         let c = st
             .pods
             .values_mut()
@@ -227,10 +234,14 @@ impl FakeRuntime {
             .find(|c| c.status.id == container_id)
             .ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
         if state == ContainerState::Exited {
-            exit(c, 0);
+            exit(c, 0, at);
         } else {
             c.status.state = state;
             c.finished = None;
+        }
+        if let Some(uid) = st.pod_of(container_id) {
+            let kind = if state == ContainerState::Running { ContainerEventKind::Started } else { ContainerEventKind::Stopped };
+            st.emit(&uid, container_id, kind);
         }
         Ok(())
     }
@@ -238,13 +249,12 @@ impl FakeRuntime {
     /// Removes a container behind the kubelet's back, whatever its state.
     pub fn remove_container(&self, container_id: &str) -> Result<(), FakeError> {
         let mut st = lock(&self.state);
-        for pod in st.pods.values_mut() {
-            if let Some(idx) = pod.containers.iter().position(|c| c.status.id == container_id) {
-                pod.containers.remove(idx);
-                return Ok(());
-            }
+        let uid = st.pod_of(container_id).ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
+        if let Some(pod) = st.pods.get_mut(&uid) {
+            pod.containers.retain(|c| c.status.id != container_id);
         }
-        Err(FakeError::new(Code::NotFound, format!("container {container_id} not found")))
+        st.emit(&uid, container_id, ContainerEventKind::Deleted);
+        Ok(())
     }
 
     /// Overrides what `status` reports.
@@ -269,22 +279,36 @@ impl FakeRuntime {
     /// Stops a running container behind the kubelet's back.
     pub fn stop_container(&self, container_id: &str, exit_code: i32) -> Result<(), FakeError> {
         let mut st = lock(&self.state);
+        let at = st.now();
         let c = st
             .pods
             .values_mut()
             .flat_map(|p| p.containers.iter_mut())
             .find(|c| c.status.id == container_id)
             .ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
-        exit(c, exit_code);
+        exit(c, exit_code, at);
+        if let Some(uid) = st.pod_of(container_id) {
+            st.emit(&uid, container_id, ContainerEventKind::Stopped);
+        }
         Ok(())
     }
 
     /// Stops every sandbox of a pod behind the kubelet's back (its containers die with it).
     pub fn stop_sandbox(&self, uid: &PodUid) -> Result<(), FakeError> {
         let mut st = lock(&self.state);
+        let at = st.now();
         let pod = st.pods.get_mut(uid).ok_or_else(|| FakeError::new(Code::NotFound, format!("pod {uid} not found")))?;
-        stop_pod(pod, 137);
+        for id in stop_pod(pod, 137, at) {
+            st.emit(uid, &id, ContainerEventKind::Stopped);
+        }
         Ok(())
+    }
+
+    /// Breaks every open event stream, as a runtime restart would.
+    pub fn break_event_streams(&self) {
+        for (_, broken) in lock(&self.state).event_streams.drain(..) {
+            broken.notify_one();
+        }
     }
 
     /// The number of containers (of every state) the runtime holds.
@@ -332,28 +356,62 @@ impl FakeRuntime {
     }
 }
 
-fn exit(c: &mut FakeContainer, exit_code: i32) {
+fn exit(c: &mut FakeContainer, exit_code: i32, at: k8s_openapi::jiff::Timestamp) {
     if c.status.state == ContainerState::Exited {
         return;
     }
     c.status.state = ContainerState::Exited;
     c.status.exit_code = exit_code;
     c.status.reason = if exit_code == 0 { "Completed" } else { "Error" }.to_owned();
-    c.status.finished_at = Some(wall_now());
+    c.status.finished_at = Some(at);
     c.finished = Some(Instant::now());
 }
 
-fn stop_pod(pod: &mut FakePod, exit_code: i32) {
+/// Stops everything of the pod; returns the IDs that were running.
+fn stop_pod(pod: &mut FakePod, exit_code: i32, at: k8s_openapi::jiff::Timestamp) -> Vec<String> {
+    let mut stopped = Vec::new();
     for c in &mut pod.containers {
-        exit(c, exit_code);
+        if c.status.state != ContainerState::Exited {
+            stopped.push(c.status.id.clone());
+        }
+        exit(c, exit_code, at);
     }
     for s in &mut pod.sandboxes {
+        if s.state == SandboxState::Ready {
+            stopped.push(s.id.clone());
+        }
         s.state = SandboxState::NotReady;
         s.ips.clear();
     }
+    stopped
 }
 
 impl State {
+    /// The fake's wall-clock time: it advances with tokio time.
+    fn now(&mut self) -> k8s_openapi::jiff::Timestamp {
+        let (wall, instant) = *self.anchor.get_or_insert_with(|| (wall_now(), Instant::now()));
+        let elapsed = Instant::now().saturating_duration_since(instant);
+        wall.checked_add(elapsed).unwrap_or(wall)
+    }
+
+    /// Sends an event with the pod's current status to every open event stream.
+    fn emit(&mut self, uid: &PodUid, id: &str, kind: ContainerEventKind) {
+        if self.event_streams.is_empty() {
+            return;
+        }
+        let status = self.pod_status(uid, "", "");
+        let event = ContainerEvent::new(id, kind, self.now(), status);
+        self.event_streams.retain(|(tx, _)| !tx.is_closed());
+        for (tx, _) in &self.event_streams {
+            // A full stream loses the event, as a slow consumer of a real stream would.
+            let _ = tx.try_send(event.clone());
+        }
+    }
+
+    fn pod_of(&self, container_id: &str) -> Option<PodUid> {
+        self.pods.iter().find(|(_, p)| p.containers.iter().any(|c| c.status.id == container_id)).map(|(uid, _)| uid.clone())
+    }
+
     fn new_id(&mut self, kind: &str) -> String {
         self.next_id += 1;
         format!("fake-{kind}-{:08}", self.next_id)
@@ -384,6 +442,7 @@ impl State {
             return Err(err);
         }
         let id = self.new_id("container");
+        let at = self.now();
         let exit_code = self.exit_codes.get(&spec.name).copied();
         let pod = self.pods.get_mut(uid).ok_or_else(|| FakeError::new(Code::NotFound, "pod sandbox not found"))?;
         let sandbox_id = pod.sandboxes.last().map(|s| s.id.clone()).unwrap_or_default();
@@ -393,13 +452,19 @@ impl State {
         status.image_id = format!("sha256:{:016x}", container_hash("", &image));
         status.image = image;
         status.restart_count = restart_count;
-        status.created_at = Some(wall_now());
+        status.created_at = Some(at);
         status.started_at = status.created_at;
         let mut container = FakeContainer { status, sandbox_id, finished: None };
         if let Some(code) = exit_code {
-            exit(&mut container, code);
+            exit(&mut container, code, at);
         }
+        let (id, exited) = (container.status.id.clone(), container.status.state == ContainerState::Exited);
         pod.containers.push(container);
+        self.emit(uid, &id, ContainerEventKind::Created);
+        self.emit(uid, &id, ContainerEventKind::Started);
+        if exited {
+            self.emit(uid, &id, ContainerEventKind::Stopped);
+        }
         Ok(())
     }
 }
@@ -498,26 +563,33 @@ impl Runtime for FakeRuntime {
             }
             let id = st.new_id("sandbox");
             let ip_seq = st.next_id;
+            let at = st.now();
             let entry = st.pods.entry(uid.clone()).or_insert_with(|| FakePod {
                 name: pod.metadata.name.clone().unwrap_or_default(),
                 namespace: pod.metadata.namespace.clone().unwrap_or_default(),
                 ..FakePod::default()
             });
             let attempt = entry.sandboxes.last().map_or(0, |s| s.attempt + 1);
-            stop_pod(entry, 137);
+            let stopped = stop_pod(entry, 137, at);
             if attempt > 0 {
                 // Init containers run again in a new sandbox.
                 let init: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
                 entry.containers.retain(|c| !init.contains(&c.status.name.as_str()));
             }
-            let mut sandbox = SandboxStatus::new(id, attempt, SandboxState::Ready);
-            sandbox.created_at = Some(wall_now());
+            let mut sandbox = SandboxStatus::new(id.clone(), attempt, SandboxState::Ready);
+            sandbox.created_at = Some(at);
             sandbox.ips = vec![format!("10.88.{}.{}", (ip_seq / 250) % 250, ip_seq % 250 + 2)];
             entry.sandboxes.push(sandbox);
+            for old in stopped {
+                st.emit(&uid, &old, ContainerEventKind::Stopped);
+            }
+            st.emit(&uid, &id, ContainerEventKind::Created);
+            st.emit(&uid, &id, ContainerEventKind::Started);
             result.push(SyncResult::ok(SyncAction::CreatePodSandbox, &full_name));
         }
         let status = st.pod_status(&uid, "", "");
         let now = Instant::now();
+        let at = st.now();
 
         // Init containers strictly one at a time.
         for init in spec.init_containers.iter().flatten() {
@@ -558,7 +630,7 @@ impl Runtime for FakeRuntime {
                 if let Some(c) =
                     st.pods.get_mut(&uid).and_then(|p| p.containers.iter_mut().find(|c| c.status.id == s.id))
                 {
-                    exit(c, 137);
+                    exit(c, 137, at);
                 }
                 result.push(SyncResult::ok(SyncAction::KillContainer, &container.name));
             } else if !should_restart(last, policy) {
@@ -588,8 +660,11 @@ impl Runtime for FakeRuntime {
         _grace_override: Option<i64>,
     ) -> Result<(), FakeError> {
         self.enter(Method::KillPod, running.uid.as_str()).await?;
-        if let Some(pod) = lock(&self.state).pods.get_mut(&running.uid) {
-            stop_pod(pod, 137);
+        let mut st = lock(&self.state);
+        let at = st.now();
+        let stopped = st.pods.get_mut(&running.uid).map(|pod| stop_pod(pod, 137, at)).unwrap_or_default();
+        for id in stopped {
+            st.emit(&running.uid, &id, ContainerEventKind::Stopped);
         }
         Ok(())
     }
@@ -639,16 +714,14 @@ impl Runtime for FakeRuntime {
     async fn delete_container(&self, container_id: &str) -> Result<(), FakeError> {
         self.enter(Method::DeleteContainer, container_id).await?;
         let mut st = lock(&self.state);
-        for pod in st.pods.values_mut() {
-            if let Some(idx) = pod.containers.iter().position(|c| c.status.id == container_id) {
-                if pod.containers[idx].status.state == ContainerState::Running {
-                    return Err(FakeError::new(Code::Internal, format!("container {container_id} is running")));
-                }
-                pod.containers.remove(idx);
-                return Ok(());
-            }
+        let uid = st.pod_of(container_id).ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
+        let Some(pod) = st.pods.get_mut(&uid) else { return Err(FakeError::new(Code::NotFound, "pod gone")) };
+        if pod.containers.iter().any(|c| c.status.id == container_id && c.status.state == ContainerState::Running) {
+            return Err(FakeError::new(Code::Internal, format!("container {container_id} is running")));
         }
-        Err(FakeError::new(Code::NotFound, format!("container {container_id} not found")))
+        pod.containers.retain(|c| c.status.id != container_id);
+        st.emit(&uid, container_id, ContainerEventKind::Deleted);
+        Ok(())
     }
 
     async fn garbage_collect(
@@ -740,3 +813,17 @@ fn start_one(
 
 #[cfg(test)]
 mod tests;
+
+impl RuntimeEvents for FakeRuntime {
+    async fn stream_events(&self, events: tokio::sync::mpsc::Sender<ContainerEvent>) -> Result<(), EventStreamError> {
+        if let Err(err) = self.enter(Method::StreamEvents, "").await {
+            return Err(if err.code == Code::Unimplemented { EventStreamError::Unimplemented } else { EventStreamError::Failed(err.message) });
+        }
+        let broken = std::sync::Arc::new(tokio::sync::Notify::new());
+        lock(&self.state).event_streams.push((events.clone(), broken.clone()));
+        tokio::select! {
+            () = events.closed() => Ok(()),
+            () = broken.notified() => Err(EventStreamError::Failed("event stream broken".to_owned())),
+        }
+    }
+}

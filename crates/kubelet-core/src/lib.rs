@@ -93,6 +93,7 @@
 
 pub mod backoff;
 pub mod cache;
+pub mod clock;
 pub mod config;
 pub mod events;
 pub mod handler;

@@ -514,6 +514,60 @@ impl Default for GcPolicy {
     }
 }
 
+/// What happened to a container, as a runtime's event stream reports it (CRI `ContainerEventType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ContainerEventKind {
+    /// The container (or sandbox) was created.
+    Created,
+    /// It started.
+    Started,
+    /// It stopped.
+    Stopped,
+    /// It was removed.
+    Deleted,
+}
+
+/// One container event, with the pod's status as of the event (CRI `ContainerEventResponse`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContainerEvent {
+    /// The container or sandbox concerned.
+    pub container_id: String,
+    /// What happened.
+    pub kind: ContainerEventKind,
+    /// When.
+    pub created_at: Timestamp,
+    /// The pod's status at that moment (sandbox and containers).
+    pub pod_status: PodStatus,
+}
+
+impl ContainerEvent {
+    /// Creates an event.
+    pub fn new(container_id: impl Into<String>, kind: ContainerEventKind, created_at: Timestamp, pod_status: PodStatus) -> Self {
+        ContainerEvent { container_id: container_id.into(), kind, created_at, pod_status }
+    }
+}
+
+/// Why a runtime's event stream ended.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventStreamError {
+    /// The runtime has no event stream (containerd 1.6 answers `Unimplemented`).
+    #[error("the runtime does not implement container events")]
+    Unimplemented,
+    /// The stream failed or ended.
+    #[error("container event stream failed: {0}")]
+    Failed(String),
+}
+
+/// A runtime that can stream container events (CRI `GetContainerEvents`), for the evented PLEG.
+pub trait RuntimeEvents: Runtime {
+    /// Streams events into `events` until the stream fails or ends (an error), or the receiver
+    /// goes away (`Ok`).
+    fn stream_events(&self, events: tokio::sync::mpsc::Sender<ContainerEvent>) -> impl Future<Output = Result<(), EventStreamError>> + Send;
+}
+
 /// A container runtime, as the kubelet drives it (upstream `kubecontainer.Runtime`).
 ///
 /// Implementations: `kubelet-cri-client` over CRI gRPC, and `fake::FakeRuntime` (feature

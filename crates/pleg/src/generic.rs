@@ -108,6 +108,8 @@ pub struct GenericPleg<R> {
     runtime: Arc<R>,
     cache: Arc<Cache>,
     config: Config,
+    /// Relist period and health threshold; the evented PLEG changes them when it falls back.
+    timing: Mutex<(Duration, Duration)>,
     events: mpsc::Sender<PodLifecycleEvent>,
     state: Mutex<State>,
     wake: Notify,
@@ -139,7 +141,7 @@ pub(crate) fn go_duration(d: Duration) -> String {
 
 /// Keeps the cached pod IPs when the new status has none and no ready sandbox (a dead pod keeps
 /// reporting its IP, as upstream does).
-fn preserve_ips(mut status: PodStatus, cached: &PodStatus) -> PodStatus {
+pub(crate) fn preserve_ips(mut status: PodStatus, cached: &PodStatus) -> PodStatus {
     if status.ips.is_empty() && !status.sandbox_statuses.iter().any(|s| s.state == SandboxState::Ready) {
         status.ips.clone_from(&cached.ips);
     }
@@ -150,16 +152,40 @@ impl<R: Runtime> GenericPleg<R> {
     /// A PLEG over `runtime` that keeps `cache` fresh; its events arrive on the returned receiver.
     pub fn new(runtime: Arc<R>, cache: Arc<Cache>, config: Config) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
         let (events, rx) = mpsc::channel(config.channel_capacity);
-        let pleg = GenericPleg {
+        (GenericPleg::with_sender(runtime, cache, config, events), rx)
+    }
+
+    /// A PLEG that sends its events on an existing channel (the evented PLEG's safety net).
+    pub(crate) fn with_sender(runtime: Arc<R>, cache: Arc<Cache>, config: Config, events: mpsc::Sender<PodLifecycleEvent>) -> Self {
+        GenericPleg {
             runtime,
             cache,
+            timing: Mutex::new((config.relist_period, config.relist_threshold)),
             config,
             events,
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             discarded: AtomicU64::new(0),
-        };
-        (pleg, rx)
+        }
+    }
+
+    /// Changes the relist period and health threshold (the evented PLEG's fallback).
+    pub(crate) fn set_timing(&self, period: Duration, threshold: Duration) {
+        *self.timing.lock().unwrap_or_else(|p| p.into_inner()) = (period, threshold);
+    }
+
+    fn timing(&self) -> (Duration, Duration) {
+        *self.timing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends an event, counting it when the channel is full.
+    pub(crate) fn emit(&self, event: PodLifecycleEvent) {
+        self.send(event);
+    }
+
+    /// The status cache this PLEG writes.
+    pub(crate) fn cache(&self) -> &Cache {
+        &self.cache
     }
 
     /// How many events were dropped because the channel was full.
@@ -309,7 +335,7 @@ impl<R: Runtime> Pleg for GenericPleg<R> {
             self.relist().instrument(info_span!("relist")).await;
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(self.config.relist_period) => {}
+                () = tokio::time::sleep(self.timing().0) => {}
                 () = self.wake.notified() => {}
             }
         }
@@ -320,11 +346,12 @@ impl<R: Runtime> Pleg for GenericPleg<R> {
             return Err(HealthError("pleg has yet to be successful".to_owned()));
         };
         let elapsed = relist_time.elapsed();
-        if elapsed > self.config.relist_threshold {
+        let threshold = self.timing().1;
+        if elapsed > threshold {
             return Err(HealthError(format!(
                 "pleg was last seen active {} ago; threshold is {}",
                 go_duration(elapsed),
-                go_duration(self.config.relist_threshold)
+                go_duration(threshold)
             )));
         }
         Ok(())

@@ -8,6 +8,12 @@
 //! [`kubelet_core::PodLifecycleEvent`] per transition, and finally bumps the cache's global
 //! timestamp.
 //!
+//! [`EventedPleg`] is upstream's evented PLEG (`evented.go`): it consumes the runtime's container
+//! event stream (CRI `GetContainerEvents`, through `kubelet_core::runtime::RuntimeEvents`),
+//! updates the cache from each event at the event's time and sends the same events, while a slow
+//! relist (300 s) runs as a safety net; on `Unimplemented`, or after 5 stream failures, it falls
+//! back to relisting every second.
+//!
 //! Beyond upstream:
 //! - pods are inspected concurrently, each with its own timeout, so one hung inspection never
 //!   stalls the relist (upstream's "PLEG is not healthy" outages); a pod that fails is retried at
@@ -39,9 +45,13 @@
 //! }
 //! ```
 
+mod evented;
 mod events;
 mod generic;
 mod metrics;
 
 #[doc(inline)]
-pub use crate::generic::{Config, GenericPleg};
+pub use crate::{
+    evented::{EventedConfig, EventedPleg},
+    generic::{Config, GenericPleg},
+};

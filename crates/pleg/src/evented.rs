@@ -1,0 +1,182 @@
+//! The evented PLEG (upstream `pkg/kubelet/pleg/evented.go`, KEP-3386): the runtime's container
+//! event stream updates the cache and produces events at once, with a slow relist as a safety net
+//! and a fallback to the relisting PLEG.
+
+use std::{sync::Arc, time::Duration};
+
+use kubelet_core::{
+    Cache, Pleg, PodLifecycleEvent, PodLifecycleEventKind,
+    clock::wall_now,
+    k8s_openapi::jiff::Timestamp,
+    runtime::{ContainerEvent, ContainerEventKind, EventStreamError, RuntimeEvents},
+    state::HealthError,
+};
+use tokio::{sync::mpsc, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::generic::{Config, GenericPleg, preserve_ips};
+
+/// Timing of the evented PLEG; defaults are upstream's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventedConfig {
+    /// The safety-net relist period while events flow (300 s).
+    pub relist_period: Duration,
+    /// The health threshold while events flow (10 min).
+    pub relist_threshold: Duration,
+    /// Stream failures after which the PLEG falls back to relisting (5).
+    pub max_failures: u32,
+    /// How often the cache's global timestamp is bumped while events flow (5 s), so pod workers
+    /// waiting on the cache barrier never wait for a relist.
+    pub cache_bump_period: Duration,
+    /// The relisting PLEG used for the safety net and after a fallback (1 s / 3 min).
+    pub fallback: Config,
+}
+
+impl Default for EventedConfig {
+    fn default() -> Self {
+        EventedConfig {
+            relist_period: Duration::from_secs(300),
+            relist_threshold: Duration::from_secs(600),
+            max_failures: 5,
+            cache_bump_period: Duration::from_secs(5),
+            fallback: Config::default(),
+        }
+    }
+}
+
+/// The evented PLEG.
+pub struct EventedPleg<R> {
+    runtime: Arc<R>,
+    generic: GenericPleg<R>,
+    config: EventedConfig,
+    /// One wall-clock time and its tokio instant: event times map onto the tokio clock through
+    /// this single anchor, so events keep their order however late they are handled.
+    anchor: (Timestamp, Instant),
+}
+
+impl<R> std::fmt::Debug for EventedPleg<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventedPleg").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl<R: RuntimeEvents> EventedPleg<R> {
+    /// An evented PLEG over `runtime`, writing `cache`; its events arrive on the returned receiver.
+    pub fn new(runtime: Arc<R>, cache: Arc<Cache>, config: EventedConfig) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
+        let (events, rx) = mpsc::channel(config.fallback.channel_capacity);
+        let slow = config.fallback.clone().relist_period(config.relist_period).relist_threshold(config.relist_threshold);
+        let generic = GenericPleg::with_sender(runtime.clone(), cache, slow, events);
+        (EventedPleg { runtime, generic, config, anchor: (wall_now(), Instant::now()) }, rx)
+    }
+
+    /// The tokio instant of an event's wall-clock time.
+    fn instant_of(&self, at: Timestamp) -> Instant {
+        let (wall, instant) = self.anchor;
+        let offset = at.duration_since(wall);
+        match std::time::Duration::try_from(offset) {
+            Ok(after) => instant + after,
+            Err(_) => instant.checked_sub(std::time::Duration::try_from(-offset).unwrap_or_default()).unwrap_or(instant),
+        }
+    }
+
+    /// Applies one runtime event (upstream `processCRIEvents`).
+    fn handle(&self, event: ContainerEvent) {
+        let cache = self.generic.cache();
+        let uid = event.pod_status.uid.clone();
+        let status = preserve_ips(event.pod_status, &cache.get(&uid).status);
+        let kinds: &[PodLifecycleEventKind] = match event.kind {
+            ContainerEventKind::Deleted => {
+                // A removed sandbox takes the pod's cached status with it.
+                if status.sandbox_statuses.iter().any(|s| s.id == event.container_id) {
+                    cache.delete(&uid);
+                }
+                &[PodLifecycleEventKind::ContainerDied, PodLifecycleEventKind::ContainerRemoved]
+            }
+            kind => {
+                // An event older than what the cache holds changes nothing.
+                if !cache.set(&uid, status, None, self.instant_of(event.created_at)) {
+                    return;
+                }
+                match kind {
+                    ContainerEventKind::Started => &[PodLifecycleEventKind::ContainerStarted],
+                    ContainerEventKind::Stopped => &[PodLifecycleEventKind::ContainerDied],
+                    _ => &[],
+                }
+            }
+        };
+        for kind in kinds {
+            self.generic.emit(PodLifecycleEvent::new(uid.clone(), *kind, Some(event.container_id.clone())));
+        }
+    }
+
+    /// Consumes the event stream until it is given up on; returns when falling back.
+    async fn stream(&self, cancel: &CancellationToken) {
+        let mut failures = 0;
+        let mut bump = tokio::time::interval(self.config.cache_bump_period);
+        loop {
+            let (tx, mut rx) = mpsc::channel(self.config.fallback.channel_capacity);
+            let stream = self.runtime.stream_events(tx);
+            tokio::pin!(stream);
+            let ended = loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    ended = &mut stream => break ended,
+                    Some(event) = rx.recv() => self.handle(event),
+                    _ = bump.tick() => self.generic.cache().update_time(Instant::now()),
+                }
+            };
+            // Events still buffered when the stream ended are not lost.
+            while let Ok(event) = rx.try_recv() {
+                self.handle(event);
+            }
+            match ended {
+                Err(EventStreamError::Unimplemented) => {
+                    self.fall_back("the runtime does not implement container events");
+                    return;
+                }
+                Err(err) => {
+                    failures += 1;
+                    warn!(error = %err, failures, "container event stream failed");
+                    metrics::counter!("kubelet_evented_pleg_connection_error_count").increment(1);
+                }
+                Ok(()) => return,
+            }
+            if failures >= self.config.max_failures {
+                self.fall_back("the container event stream failed too often");
+                return;
+            }
+            // Catch up on what the broken stream may have missed, then try again.
+            self.generic.relist_now();
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    fn fall_back(&self, why: &str) {
+        info!(reason = why, "evented PLEG falling back to the generic PLEG at {:?}", self.config.fallback.relist_period);
+        metrics::counter!("kubelet_evented_pleg_fallback_total").increment(1);
+        self.generic.set_timing(self.config.fallback.relist_period, self.config.fallback.relist_threshold);
+        self.generic.relist_now();
+    }
+}
+
+impl<R: RuntimeEvents> Pleg for EventedPleg<R> {
+    async fn run(&self, cancel: CancellationToken) {
+        tokio::join!(self.generic.run(cancel.clone()), self.stream(&cancel));
+    }
+
+    fn healthy(&self) -> Result<(), HealthError> {
+        self.generic.healthy()
+    }
+
+    fn relist_now(&self) {
+        self.generic.relist_now();
+    }
+}
+
+#[cfg(test)]
+mod tests;

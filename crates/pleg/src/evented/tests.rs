@@ -1,0 +1,142 @@
+//! Evented PLEG tests with the fake runtime's event stream and paused time.
+
+use k8s_openapi::{
+    api::core::v1::{Container, Pod as ApiPod, PodSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kubelet_core::{
+    Backoff, PodUid, Runtime,
+    fake::{Code, FakeError, FakeRuntime, Method},
+};
+
+use super::*;
+
+struct Harness {
+    runtime: Arc<FakeRuntime>,
+    cache: Arc<Cache>,
+    pleg: Arc<EventedPleg<FakeRuntime>>,
+    events: mpsc::Receiver<PodLifecycleEvent>,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start(runtime: FakeRuntime) -> Harness {
+    let runtime = Arc::new(runtime);
+    let cache = Arc::new(Cache::new());
+    let (pleg, events) = EventedPleg::new(runtime.clone(), cache.clone(), EventedConfig::default());
+    let pleg = Arc::new(pleg);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let (pleg, cancel) = (pleg.clone(), cancel.clone());
+        async move { pleg.run(cancel).await }
+    });
+    Harness { runtime, cache, pleg, events, cancel, task }
+}
+
+impl Harness {
+    async fn sync(&self, uid: &str) {
+        let pod = ApiPod {
+            metadata: ObjectMeta { uid: Some(uid.into()), name: Some(uid.into()), namespace: Some("default".into()), ..ObjectMeta::default() },
+            spec: Some(PodSpec { containers: vec![Container { name: "a".into(), image: Some("busybox".into()), ..Container::default() }], ..PodSpec::default() }),
+            ..ApiPod::default()
+        };
+        let status = self.runtime.get_pod_status(&PodUid::new(uid), "", "").await.unwrap();
+        self.runtime.sync_pod(&pod, &status, &Backoff::default()).await;
+    }
+
+    /// Events that arrive within `within` of virtual time.
+    async fn events_within(&mut self, within: Duration) -> Vec<PodLifecycleEventKind> {
+        let mut kinds = Vec::new();
+        let deadline = Instant::now() + within;
+        while let Ok(Some(event)) = tokio::time::timeout_at(deadline, self.events.recv()).await {
+            kinds.push(event.kind);
+        }
+        kinds
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+use PodLifecycleEventKind::{ContainerDied as Died, ContainerRemoved as Removed, ContainerStarted as Started};
+
+#[tokio::test(start_paused = true)]
+async fn runtime_events_reach_the_cache_and_the_channel_without_relisting() {
+    let mut h = start(FakeRuntime::new());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let lists = h.runtime.calls_of(Method::GetPods).len();
+    h.sync("p1").await;
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Started, Started], "sandbox and container, at once");
+    let status = h.cache.get(&PodUid::new("p1")).status;
+    assert_eq!(status.container_statuses.len(), 1, "the event's status is cached");
+    let id = status.container_statuses[0].id.clone();
+    h.runtime.stop_container(&id, 1).unwrap();
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Died]);
+    h.runtime.remove_container(&id).unwrap();
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Died, Removed]);
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), lists, "no relist was needed");
+    assert!(h.pleg.healthy().is_ok());
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unimplemented_events_fall_back_to_relisting_every_second() {
+    let runtime = FakeRuntime::new();
+    runtime.fail_next(Method::StreamEvents, FakeError::new(Code::Unimplemented, "method GetContainerEvents not implemented"));
+    let mut h = start(runtime);
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let lists = h.runtime.calls_of(Method::GetPods).len();
+    assert!(lists >= 4, "relisting at 1 s after the fallback: {lists} lists in 3 s");
+    h.sync("p1").await;
+    assert_eq!(h.events_within(Duration::from_millis(1100)).await, [Started, Started], "found by the relist");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn five_stream_failures_fall_back_but_one_does_not() {
+    let runtime = FakeRuntime::new();
+    runtime.fail_next(Method::StreamEvents, FakeError::new(Code::Internal, "transport closed"));
+    let mut h = start(runtime);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let lists = h.runtime.calls_of(Method::GetPods).len();
+    assert!(lists <= 3, "one failure does not fall back: {lists} lists in 30 s");
+    h.sync("p1").await;
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Started, Started], "the stream came back");
+    h.stop().await;
+
+    let runtime = FakeRuntime::new();
+    for _ in 0..5 {
+        runtime.fail_next(Method::StreamEvents, FakeError::new(Code::Internal, "transport closed"));
+    }
+    let h = start(runtime);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let lists = h.runtime.calls_of(Method::GetPods).len();
+    assert!(lists >= 20, "falls back after 5 failures: {lists} lists in 30 s");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_broken_stream_reconnects_and_a_relist_catches_up() {
+    let mut h = start(FakeRuntime::new());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    h.runtime.break_event_streams();
+    // Changed while no stream was open.
+    h.sync("p1").await;
+    assert_eq!(h.events_within(Duration::from_millis(100)).await, [Started, Started], "the catch-up relist found it");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
+    h.runtime.stop_container(&id, 0).unwrap();
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Died], "events flow again");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cache_timestamp_is_bumped_while_events_flow() {
+    let h = start(FakeRuntime::new());
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let bumped = h.cache.timestamp().expect("a timestamp");
+    assert!(Instant::now() - bumped <= Duration::from_secs(5), "bumped every 5 s although no relist ran");
+    h.stop().await;
+}
