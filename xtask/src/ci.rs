@@ -110,7 +110,27 @@ fn real_runtime_tests() -> Result<()> {
     result
 }
 
-/// `cargo xtask bench`: every criterion benchmark, which print their own figures.
+/// `cargo xtask bench`: every benchmark, which print their own figures; the ones that need the
+/// real runtime get it when this machine can start it.
 pub(crate) fn run_bench() -> Result<()> {
-    run(cargo().args(["bench", "--workspace", "--locked"]))
+    let mut cmd = cargo();
+    cmd.args(["bench", "--workspace", "--locked"]);
+    let started = match runtime::missing_prerequisites() {
+        Some(why) => {
+            println!("real-runtime benchmarks will be skipped: {why}");
+            false
+        }
+        None => {
+            let started = runtime::start()?;
+            for (key, value) in runtime::test_env() {
+                cmd.env(key, value);
+            }
+            started
+        }
+    };
+    let result = run(&mut cmd);
+    if started {
+        runtime::stop()?;
+    }
+    result
 }

@@ -91,6 +91,34 @@ pub(crate) fn container_status(c: &pb::ContainerStatus) -> ContainerStatus {
     status
 }
 
+/// A CRI container event, with the pod status it carries.
+pub(crate) fn container_event(e: &pb::ContainerEventResponse) -> Option<kubelet_core::runtime::ContainerEvent> {
+    use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, PodStatus};
+    let kind = match pb::ContainerEventType::try_from(e.container_event_type).ok()? {
+        pb::ContainerEventType::ContainerCreatedEvent => ContainerEventKind::Created,
+        pb::ContainerEventType::ContainerStartedEvent => ContainerEventKind::Started,
+        pb::ContainerEventType::ContainerStoppedEvent => ContainerEventKind::Stopped,
+        pb::ContainerEventType::ContainerDeletedEvent => ContainerEventKind::Deleted,
+    };
+    let sandbox = e.pod_sandbox_status.as_ref()?;
+    let meta = sandbox.metadata.as_ref()?;
+    let mut status = PodStatus::new(PodUid::new(&meta.uid), &meta.name, &meta.namespace);
+    let sandbox_status = sandbox_status(sandbox);
+    if sandbox_status.state == SandboxState::Ready {
+        status.ips.clone_from(&sandbox_status.ips);
+    }
+    status.sandbox_statuses.push(sandbox_status);
+    let mut containers: Vec<_> = e.containers_statuses.iter().collect();
+    containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+    status.container_statuses = containers.into_iter().map(container_status).collect();
+    Some(ContainerEvent::new(
+        &e.container_id,
+        kind,
+        timestamp(e.created_at).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        status,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

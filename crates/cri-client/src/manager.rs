@@ -983,6 +983,37 @@ impl Runtime for CriRuntime {
     }
 }
 
+impl kubelet_core::runtime::RuntimeEvents for CriRuntime {
+    async fn stream_events(
+        &self,
+        events: tokio::sync::mpsc::Sender<kubelet_core::runtime::ContainerEvent>,
+    ) -> Result<(), kubelet_core::runtime::EventStreamError> {
+        use kubelet_core::runtime::EventStreamError;
+        let mut stream = match self.client.runtime_service().get_container_events(pb::GetEventsRequest {}).await {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unimplemented => return Err(EventStreamError::Unimplemented),
+            Err(status) => return Err(EventStreamError::Failed(status.to_string())),
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(message)) => {
+                    let Some(event) = convert::container_event(&message) else {
+                        debug!(container.id = %message.container_id, "ignoring a container event without a pod sandbox status");
+                        continue;
+                    };
+                    if events.send(event).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                Ok(None) => {
+                    return Err(EventStreamError::Failed("the runtime closed the container event stream".to_owned()));
+                }
+                Err(status) => return Err(EventStreamError::Failed(status.to_string())),
+            }
+        }
+    }
+}
+
 impl CriRuntime {
     /// Removes everything of a pod that is gone: its containers and sandboxes, its pod cgroup and
     /// its log directory (upstream leaves these to GC and housekeeping; this does all at once).

@@ -33,6 +33,8 @@ use tonic::{Request, Response, Status};
 
 #[derive(Clone, Default)]
 struct FakeCri {
+    /// When set, `GetContainerEvents` streams these and ends; otherwise it is unimplemented.
+    events: Arc<Mutex<Option<Vec<pb::ContainerEventResponse>>>>,
     errors: Arc<Mutex<HashMap<&'static str, VecDeque<Status>>>>,
     delay: Arc<Mutex<Duration>>,
     calls: Arc<Mutex<Vec<&'static str>>>,
@@ -129,7 +131,11 @@ impl pb::runtime_service_server::RuntimeService for FakeCri {
     {
         Box::pin(async move {
             self.enter("get_container_events").await?;
-            Err(Status::unimplemented("method GetContainerEvents not implemented"))
+            let Some(events) = self.events.lock().unwrap().clone() else {
+                return Err(Status::unimplemented("method GetContainerEvents not implemented"));
+            };
+            let stream: Self::GetContainerEventsStream = Box::pin(tokio_stream::iter(events.into_iter().map(Ok)));
+            Ok(Response::new(stream))
         })
     }
 
@@ -278,5 +284,58 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
     assert_eq!(failure.reason, reasons::CREATE_POD_SANDBOX_ERROR);
     assert!(failure.message.contains("plugin type=\"bridge\" failed"), "{}", failure.message);
     assert!(runtime.status().await.unwrap().runtime_ready(), "the runtime still answers");
+    f.server.abort();
+}
+
+fn event(id: &str, kind: pb::ContainerEventType, state: pb::ContainerState) -> pb::ContainerEventResponse {
+    pb::ContainerEventResponse {
+        container_id: id.into(),
+        container_event_type: kind as i32,
+        created_at: 1_700_000_000_000_000_000,
+        pod_sandbox_status: Some(pb::PodSandboxStatus {
+            id: "sb".into(),
+            metadata: Some(pb::PodSandboxMetadata {
+                name: "web".into(),
+                uid: "u1".into(),
+                namespace: "ns".into(),
+                attempt: 0,
+            }),
+            state: pb::PodSandboxState::SandboxReady as i32,
+            network: Some(pb::PodSandboxNetworkStatus { ip: "10.85.0.9".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        containers_statuses: vec![pb::ContainerStatus {
+            id: id.into(),
+            metadata: Some(pb::ContainerMetadata { name: "app".into(), attempt: 0 }),
+            state: state as i32,
+            ..Default::default()
+        }],
+    }
+}
+
+#[tokio::test]
+async fn container_events_stream_as_runtime_events() {
+    use kubelet_core::runtime::{ContainerEventKind, EventStreamError, RuntimeEvents};
+    let f = start();
+    *f.fake.events.lock().unwrap() = Some(vec![
+        event("c1", pb::ContainerEventType::ContainerStartedEvent, pb::ContainerState::ContainerRunning),
+        event("c1", pb::ContainerEventType::ContainerStoppedEvent, pb::ContainerState::ContainerExited),
+    ]);
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let runtime = CriRuntime::new(client.clone(), RuntimeConfig::new("n"), Arc::new(RingRecorder::default()));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let ended = runtime.stream_events(tx).await;
+    assert_eq!(ended, Err(EventStreamError::Failed("the runtime closed the container event stream".into())));
+    let first = rx.recv().await.unwrap();
+    assert_eq!((first.container_id.as_str(), first.kind), ("c1", ContainerEventKind::Started));
+    assert_eq!(first.pod_status.uid, PodUid::new("u1"));
+    assert_eq!(first.pod_status.ips, ["10.85.0.9"]);
+    assert_eq!(first.pod_status.container_status("app").unwrap().state, ContainerState::Running);
+    assert_eq!(rx.recv().await.unwrap().kind, ContainerEventKind::Stopped);
+
+    // A runtime without events says so.
+    *f.fake.events.lock().unwrap() = None;
+    let (tx, _rx) = tokio::sync::mpsc::channel(8);
+    assert_eq!(runtime.stream_events(tx).await, Err(EventStreamError::Unimplemented));
     f.server.abort();
 }

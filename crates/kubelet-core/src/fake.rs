@@ -21,10 +21,10 @@ use crate::{
     PodUid,
     backoff::Backoff,
     runtime::{
-        Container, ContainerEvent, ContainerEventKind, ContainerState, ContainerStatus, EventStreamError, ExecResult, GcPolicy, Image,
-        NETWORK_READY, Pod, PodStatus, RuntimeEvents,
-        PodSyncResult, RUNTIME_READY, Runtime, RuntimeCondition, RuntimeStatus, Sandbox, SandboxState, SandboxStatus,
-        SyncAction, SyncFailure, SyncResult, Version, container_hash, reasons,
+        Container, ContainerEvent, ContainerEventKind, ContainerState, ContainerStatus, EventStreamError, ExecResult,
+        GcPolicy, Image, NETWORK_READY, Pod, PodStatus, PodSyncResult, RUNTIME_READY, Runtime, RuntimeCondition,
+        RuntimeEvents, RuntimeStatus, Sandbox, SandboxState, SandboxStatus, SyncAction, SyncFailure, SyncResult,
+        Version, container_hash, reasons,
     },
     util::{lock, wall_now},
 };
@@ -240,7 +240,11 @@ impl FakeRuntime {
             c.finished = None;
         }
         if let Some(uid) = st.pod_of(container_id) {
-            let kind = if state == ContainerState::Running { ContainerEventKind::Started } else { ContainerEventKind::Stopped };
+            let kind = if state == ContainerState::Running {
+                ContainerEventKind::Started
+            } else {
+                ContainerEventKind::Stopped
+            };
             st.emit(&uid, container_id, kind);
         }
         Ok(())
@@ -249,7 +253,9 @@ impl FakeRuntime {
     /// Removes a container behind the kubelet's back, whatever its state.
     pub fn remove_container(&self, container_id: &str) -> Result<(), FakeError> {
         let mut st = lock(&self.state);
-        let uid = st.pod_of(container_id).ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
+        let uid = st
+            .pod_of(container_id)
+            .ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
         if let Some(pod) = st.pods.get_mut(&uid) {
             pod.containers.retain(|c| c.status.id != container_id);
         }
@@ -409,7 +415,10 @@ impl State {
     }
 
     fn pod_of(&self, container_id: &str) -> Option<PodUid> {
-        self.pods.iter().find(|(_, p)| p.containers.iter().any(|c| c.status.id == container_id)).map(|(uid, _)| uid.clone())
+        self.pods
+            .iter()
+            .find(|(_, p)| p.containers.iter().any(|c| c.status.id == container_id))
+            .map(|(uid, _)| uid.clone())
     }
 
     fn new_id(&mut self, kind: &str) -> String {
@@ -714,7 +723,9 @@ impl Runtime for FakeRuntime {
     async fn delete_container(&self, container_id: &str) -> Result<(), FakeError> {
         self.enter(Method::DeleteContainer, container_id).await?;
         let mut st = lock(&self.state);
-        let uid = st.pod_of(container_id).ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
+        let uid = st
+            .pod_of(container_id)
+            .ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
         let Some(pod) = st.pods.get_mut(&uid) else { return Err(FakeError::new(Code::NotFound, "pod gone")) };
         if pod.containers.iter().any(|c| c.status.id == container_id && c.status.state == ContainerState::Running) {
             return Err(FakeError::new(Code::Internal, format!("container {container_id} is running")));
@@ -817,7 +828,11 @@ mod tests;
 impl RuntimeEvents for FakeRuntime {
     async fn stream_events(&self, events: tokio::sync::mpsc::Sender<ContainerEvent>) -> Result<(), EventStreamError> {
         if let Err(err) = self.enter(Method::StreamEvents, "").await {
-            return Err(if err.code == Code::Unimplemented { EventStreamError::Unimplemented } else { EventStreamError::Failed(err.message) });
+            return Err(if err.code == Code::Unimplemented {
+                EventStreamError::Unimplemented
+            } else {
+                EventStreamError::Failed(err.message)
+            });
         }
         let broken = std::sync::Arc::new(tokio::sync::Notify::new());
         lock(&self.state).event_streams.push((events.clone(), broken.clone()));

@@ -544,7 +544,12 @@ pub struct ContainerEvent {
 
 impl ContainerEvent {
     /// Creates an event.
-    pub fn new(container_id: impl Into<String>, kind: ContainerEventKind, created_at: Timestamp, pod_status: PodStatus) -> Self {
+    pub fn new(
+        container_id: impl Into<String>,
+        kind: ContainerEventKind,
+        created_at: Timestamp,
+        pod_status: PodStatus,
+    ) -> Self {
         ContainerEvent { container_id: container_id.into(), kind, created_at, pod_status }
     }
 }
@@ -565,7 +570,10 @@ pub enum EventStreamError {
 pub trait RuntimeEvents: Runtime {
     /// Streams events into `events` until the stream fails or ends (an error), or the receiver
     /// goes away (`Ok`).
-    fn stream_events(&self, events: tokio::sync::mpsc::Sender<ContainerEvent>) -> impl Future<Output = Result<(), EventStreamError>> + Send;
+    fn stream_events(
+        &self,
+        events: tokio::sync::mpsc::Sender<ContainerEvent>,
+    ) -> impl Future<Output = Result<(), EventStreamError>> + Send;
 }
 
 /// A container runtime, as the kubelet drives it (upstream `kubecontainer.Runtime`).

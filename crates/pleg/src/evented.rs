@@ -66,7 +66,8 @@ impl<R: RuntimeEvents> EventedPleg<R> {
     /// An evented PLEG over `runtime`, writing `cache`; its events arrive on the returned receiver.
     pub fn new(runtime: Arc<R>, cache: Arc<Cache>, config: EventedConfig) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
         let (events, rx) = mpsc::channel(config.fallback.channel_capacity);
-        let slow = config.fallback.clone().relist_period(config.relist_period).relist_threshold(config.relist_threshold);
+        let slow =
+            config.fallback.clone().relist_period(config.relist_period).relist_threshold(config.relist_threshold);
         let generic = GenericPleg::with_sender(runtime.clone(), cache, slow, events);
         (EventedPleg { runtime, generic, config, anchor: (wall_now(), Instant::now()) }, rx)
     }
@@ -77,7 +78,9 @@ impl<R: RuntimeEvents> EventedPleg<R> {
         let offset = at.duration_since(wall);
         match std::time::Duration::try_from(offset) {
             Ok(after) => instant + after,
-            Err(_) => instant.checked_sub(std::time::Duration::try_from(-offset).unwrap_or_default()).unwrap_or(instant),
+            Err(_) => {
+                instant.checked_sub(std::time::Duration::try_from(-offset).unwrap_or_default()).unwrap_or(instant)
+            }
         }
     }
 
@@ -157,7 +160,10 @@ impl<R: RuntimeEvents> EventedPleg<R> {
     }
 
     fn fall_back(&self, why: &str) {
-        info!(reason = why, "evented PLEG falling back to the generic PLEG at {:?}", self.config.fallback.relist_period);
+        info!(
+            reason = why,
+            "evented PLEG falling back to the generic PLEG at {:?}", self.config.fallback.relist_period
+        );
         metrics::counter!("kubelet_evented_pleg_fallback_total").increment(1);
         self.generic.set_timing(self.config.fallback.relist_period, self.config.fallback.relist_threshold);
         self.generic.relist_now();

@@ -156,7 +156,12 @@ impl<R: Runtime> GenericPleg<R> {
     }
 
     /// A PLEG that sends its events on an existing channel (the evented PLEG's safety net).
-    pub(crate) fn with_sender(runtime: Arc<R>, cache: Arc<Cache>, config: Config, events: mpsc::Sender<PodLifecycleEvent>) -> Self {
+    pub(crate) fn with_sender(
+        runtime: Arc<R>,
+        cache: Arc<Cache>,
+        config: Config,
+        events: mpsc::Sender<PodLifecycleEvent>,
+    ) -> Self {
         GenericPleg {
             runtime,
             cache,

@@ -1,5 +1,6 @@
-//! The relisting PLEG against the real containerd `cargo xtask ci` starts: a container stopped
-//! behind the kubelet's back is reported dead within two relist periods.
+//! The PLEGs against the real containerd `cargo xtask ci` starts: a container stopped behind the
+//! kubelet's back is reported dead within two relist periods, and the evented PLEG falls back to
+//! relisting because containerd 1.6 has no container events.
 
 // Reason: test helpers outside `#[test]` functions may panic on broken invariants.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -15,14 +16,10 @@ use kubelet_core::{
     Backoff, Cache, Pleg, PodLifecycleEventKind, PodUid, Runtime, events::RingRecorder, runtime::ContainerState,
     testing::RealRuntime, tokio_util::sync::CancellationToken,
 };
-use kubelet_pleg::{Config, GenericPleg};
+use kubelet_pleg::{Config, EventedConfig, EventedPleg, GenericPleg};
 
-#[tokio::test]
-async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
-    let Some(rt) = RealRuntime::from_env("real_container_stopped_behind_the_kubelets_back_is_reported_dead") else {
-        return;
-    };
-    let logs = rt.scratch_dir.join("real_relist");
+fn setup(rt: &RealRuntime, name: &str) -> (Client, Arc<CriRuntime>, Pod) {
+    let logs = rt.scratch_dir.join(name);
     let client = Client::connect(&CriConfig::new(&rt.endpoint)).unwrap();
     let config = RuntimeConfig::new("test-node")
         .pod_logs_dir(logs.join("pods"))
@@ -32,9 +29,9 @@ async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
     let pod = Pod {
         metadata: ObjectMeta {
-            name: Some("pleg".into()),
+            name: Some(name.into()),
             namespace: Some("kubelet-rs-test".into()),
-            uid: Some(format!("pleg-{}-{nanos}", std::process::id())),
+            uid: Some(format!("{name}-{}-{nanos}", std::process::id())),
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
@@ -49,6 +46,15 @@ async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
         }),
         ..Pod::default()
     };
+    (client, runtime, pod)
+}
+
+#[tokio::test]
+async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
+    let Some(rt) = RealRuntime::from_env("real_container_stopped_behind_the_kubelets_back_is_reported_dead") else {
+        return;
+    };
+    let (client, runtime, pod) = setup(&rt, "pleg");
     let uid = PodUid::of(&pod);
 
     let cache = Arc::new(Cache::new());
@@ -100,6 +106,42 @@ async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
             ContainerState::Exited,
             "the cache follows"
         );
+    };
+    outcome.await;
+    cancel.cancel();
+    task.await.unwrap();
+    runtime.remove_pod(&pod).await.unwrap();
+}
+
+#[tokio::test]
+async fn real_evented_pleg_falls_back_to_relisting_on_containerd_1_6() {
+    let Some(rt) = RealRuntime::from_env("real_evented_pleg_falls_back_to_relisting_on_containerd_1_6") else { return };
+    let (_client, runtime, pod) = setup(&rt, "evented");
+    let uid = PodUid::of(&pod);
+    let cache = Arc::new(Cache::new());
+    let (pleg, mut events) = EventedPleg::new(runtime.clone(), cache.clone(), EventedConfig::default());
+    let pleg = Arc::new(pleg);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let (pleg, cancel) = (pleg.clone(), cancel.clone());
+        async move { pleg.run(cancel).await }
+    });
+    // Let the stream attempt fail and the fallback take over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let outcome = async {
+        let status = runtime.get_pod_status(&uid, "evented", "kubelet-rs-test").await.unwrap();
+        let result = runtime.sync_pod(&pod, &status, &Backoff::default()).await;
+        assert!(!result.is_err(), "{result:?}");
+        // With relisting at 1 s after the fallback (not 300 s), the start is seen within 2 s.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let event =
+                tokio::time::timeout_at(deadline, events.recv()).await.expect("ContainerStarted within 2 s").unwrap();
+            if event.id == uid && event.kind == PodLifecycleEventKind::ContainerStarted {
+                break;
+            }
+        }
+        assert!(pleg.healthy().is_ok());
     };
     outcome.await;
     cancel.cancel();

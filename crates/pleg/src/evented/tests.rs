@@ -36,8 +36,16 @@ fn start(runtime: FakeRuntime) -> Harness {
 impl Harness {
     async fn sync(&self, uid: &str) {
         let pod = ApiPod {
-            metadata: ObjectMeta { uid: Some(uid.into()), name: Some(uid.into()), namespace: Some("default".into()), ..ObjectMeta::default() },
-            spec: Some(PodSpec { containers: vec![Container { name: "a".into(), image: Some("busybox".into()), ..Container::default() }], ..PodSpec::default() }),
+            metadata: ObjectMeta {
+                uid: Some(uid.into()),
+                name: Some(uid.into()),
+                namespace: Some("default".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container { name: "a".into(), image: Some("busybox".into()), ..Container::default() }],
+                ..PodSpec::default()
+            }),
             ..ApiPod::default()
         };
         let status = self.runtime.get_pod_status(&PodUid::new(uid), "", "").await.unwrap();
@@ -84,7 +92,10 @@ async fn runtime_events_reach_the_cache_and_the_channel_without_relisting() {
 #[tokio::test(start_paused = true)]
 async fn unimplemented_events_fall_back_to_relisting_every_second() {
     let runtime = FakeRuntime::new();
-    runtime.fail_next(Method::StreamEvents, FakeError::new(Code::Unimplemented, "method GetContainerEvents not implemented"));
+    runtime.fail_next(
+        Method::StreamEvents,
+        FakeError::new(Code::Unimplemented, "method GetContainerEvents not implemented"),
+    );
     let mut h = start(runtime);
     tokio::time::sleep(Duration::from_millis(3100)).await;
     let lists = h.runtime.calls_of(Method::GetPods).len();

@@ -1,0 +1,82 @@
+//! Relist cost against the real containerd at 50 pods: one relist of unchanged pods, next to the
+//! two list calls alone. Needs the runtime `cargo xtask runtime start` provides (as root);
+//! `cargo xtask bench` passes its endpoint. Without it, it says what it skipped.
+
+// Reason: a benchmark may panic on broken setup, and measures real wall time.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods, missing_docs)]
+
+use std::{sync::Arc, time::Duration};
+
+use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig};
+use k8s_openapi::{
+    api::core::v1::{Container, Pod, PodSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kubelet_core::{Backoff, Cache, PodUid, Runtime, events::RingRecorder, testing::RealRuntime};
+use kubelet_pleg::{Config, GenericPleg};
+
+fn main() {
+    // Outside CI a missing runtime is a skip; a benchmark never fails CI.
+    if std::env::var(kubelet_core::testing::ENV_ENDPOINT).is_err() {
+        println!("SKIPPED pleg relist against containerd: no runtime (run `cargo xtask bench` as root)");
+        return;
+    }
+    let Some(rt) = RealRuntime::from_env("relist_real") else { return };
+    let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    tokio.block_on(async {
+        let logs = rt.scratch_dir.join("bench");
+        let client = Client::connect(&CriConfig::new(&rt.endpoint)).unwrap();
+        let config = RuntimeConfig::new("bench").pod_logs_dir(logs.join("pods")).container_logs_dir(logs.join("containers")).pods_dir(logs.join("kubelet-pods"));
+        let runtime = Arc::new(CriRuntime::new(client, config, Arc::new(RingRecorder::default())));
+        let pods: Vec<Pod> = (0..50)
+            .map(|i| Pod {
+                metadata: ObjectMeta {
+                    name: Some(format!("bench-{i}")),
+                    namespace: Some("kubelet-rs-bench".into()),
+                    uid: Some(format!("bench-{i}-{}", std::process::id())),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "app".into(),
+                        image: Some(rt.busybox_image.clone()),
+                        image_pull_policy: Some("IfNotPresent".into()),
+                        command: Some(vec!["sleep".into(), "3600".into()]),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+                ..Pod::default()
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        for pod in &pods {
+            let status = runtime.get_pod_status(&PodUid::of(pod), "", "").await.unwrap();
+            runtime.sync_pod(pod, &status, &Backoff::default()).await;
+        }
+        println!("pleg real: started 50 pods in {:?}", started.elapsed());
+        let (pleg, mut events) = GenericPleg::new(runtime.clone(), Arc::new(Cache::new()), Config::default());
+        tokio::spawn(async move { while events.recv().await.is_some() {} });
+        pleg.relist().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        pleg.relist().await;
+        let rounds = 200u32;
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            runtime.get_pods(true).await.unwrap();
+        }
+        let lists = start.elapsed() / rounds;
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            pleg.relist().await;
+        }
+        let relist = start.elapsed() / rounds;
+        println!(
+            "pleg real: relist of 50 unchanged pods (100 containers with sandboxes) {relist:?}; the two list calls alone {lists:?}; PLEG's own share {:?}",
+            relist.saturating_sub(lists)
+        );
+        for pod in &pods {
+            runtime.remove_pod(pod).await.unwrap();
+        }
+    });
+}
