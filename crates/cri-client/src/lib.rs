@@ -34,6 +34,7 @@ pub mod actions;
 pub mod cgroups;
 pub mod container;
 mod convert;
+mod instrument;
 pub mod labels;
 mod manager;
 pub mod sandbox;
@@ -198,9 +199,13 @@ fn unix_channel(endpoint: &str, config: &Config) -> Result<Channel, Error> {
 /// Cloning is cheap; clones share the connection.
 #[derive(Clone, Debug)]
 pub struct Client {
-    runtime: pb::runtime_service_client::RuntimeServiceClient<Channel>,
-    image: pb::image_service_client::ImageServiceClient<Channel>,
+    runtime: pb::runtime_service_client::RuntimeServiceClient<instrument::Instrumented>,
+    image: pb::image_service_client::ImageServiceClient<instrument::Instrumented>,
+    unimplemented: instrument::Unimplemented,
 }
+
+/// The channel type of the generated clients: a tonic channel whose calls are measured.
+pub type CriChannel = instrument::Instrumented;
 
 impl Client {
     /// Creates a client; the connection is made on the first call.
@@ -215,24 +220,38 @@ impl Client {
 
     /// Creates a client over existing channels (for example to an in-process fake server).
     pub fn from_channels(runtime: Channel, image: Channel) -> Self {
+        let unimplemented = instrument::Unimplemented::default();
         Client {
-            runtime: pb::runtime_service_client::RuntimeServiceClient::new(runtime)
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-            image: pb::image_service_client::ImageServiceClient::new(image)
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            runtime: pb::runtime_service_client::RuntimeServiceClient::new(instrument::Instrumented::new(
+                runtime,
+                unimplemented.clone(),
+            ))
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            image: pb::image_service_client::ImageServiceClient::new(instrument::Instrumented::new(
+                image,
+                unimplemented.clone(),
+            ))
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            unimplemented,
         }
     }
 
     /// The generated runtime service client, for calls this crate does not wrap yet.
-    pub fn runtime_service(&self) -> pb::runtime_service_client::RuntimeServiceClient<Channel> {
+    pub fn runtime_service(&self) -> pb::runtime_service_client::RuntimeServiceClient<CriChannel> {
         self.runtime.clone()
     }
 
     /// The generated image service client, for calls this crate does not wrap yet.
-    pub fn image_service(&self) -> pb::image_service_client::ImageServiceClient<Channel> {
+    pub fn image_service(&self) -> pb::image_service_client::ImageServiceClient<CriChannel> {
         self.image.clone()
+    }
+
+    /// The CRI methods the runtime answered `Unimplemented` so far (snake case, e.g.
+    /// `runtime_config`): features it lacks, which callers replace with fallbacks.
+    pub fn unimplemented(&self) -> Vec<String> {
+        self.unimplemented.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 
     /// CRI `Version`.

@@ -247,6 +247,7 @@ async fn unimplemented_methods_are_classified_not_fatal() {
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
     let err = client.runtime_config().await.unwrap_err();
     assert!(err.is_unimplemented(), "{err:?}");
+    assert_eq!(client.unimplemented(), ["runtime_config"], "remembered and reported");
     let events = client.runtime_service().get_container_events(pb::GetEventsRequest {}).await.unwrap_err();
     assert_eq!(events.code(), tonic::Code::Unimplemented);
     client.version().await.unwrap();
@@ -337,5 +338,23 @@ async fn container_events_stream_as_runtime_events() {
     *f.fake.events.lock().unwrap() = None;
     let (tx, _rx) = tokio::sync::mpsc::channel(8);
     assert_eq!(runtime.stream_events(tx).await, Err(EventStreamError::Unimplemented));
+    f.server.abort();
+}
+
+#[tokio::test]
+async fn every_call_is_measured_with_upstream_metric_names() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    // The only global recorder of this test binary.
+    metrics::set_global_recorder(recorder).unwrap();
+    let f = start();
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    client.version().await.unwrap();
+    client.version().await.unwrap();
+    client.runtime_config().await.unwrap_err();
+    let text = handle.render();
+    assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"version\"} 2"), "{text}");
+    assert!(text.contains("kubelet_runtime_operations_errors_total{operation_type=\"runtime_config\"} 1"), "{text}");
+    assert!(text.contains("kubelet_runtime_operations_duration_seconds"), "{text}");
     f.server.abort();
 }
