@@ -103,6 +103,7 @@ pub mod queue;
 pub mod resources;
 pub mod runtime;
 pub mod state;
+pub mod status;
 pub mod sync_loop;
 pub mod types;
 pub mod workers;

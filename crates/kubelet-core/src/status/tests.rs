@@ -1,0 +1,239 @@
+//! One test per phase and condition rule (upstream `getPhase` and `status/generate.go`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, PodReadinessGate,
+        PodSpec,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    jiff::Timestamp,
+};
+
+use super::*;
+use crate::types::annotations;
+
+fn c(name: &str) -> Container {
+    Container { name: name.into(), ..Container::default() }
+}
+
+fn sidecar(name: &str) -> Container {
+    Container { name: name.into(), restart_policy: Some("Always".into()), ..Container::default() }
+}
+
+fn pod(policy: &str, init: Vec<Container>, containers: &[&str]) -> Pod {
+    Pod {
+        metadata: ObjectMeta { name: Some("p".into()), ..ObjectMeta::default() },
+        spec: Some(PodSpec {
+            restart_policy: Some(policy.into()),
+            init_containers: (!init.is_empty()).then_some(init),
+            containers: containers.iter().map(|n| c(n)).collect(),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+fn run(name: &str) -> ContainerStatus {
+    ContainerStatus {
+        name: name.into(),
+        state: Some(ContainerState { running: Some(ContainerStateRunning::default()), ..Default::default() }),
+        started: Some(true),
+        ready: true,
+        ..ContainerStatus::default()
+    }
+}
+
+fn done(name: &str, code: i32) -> ContainerStatus {
+    ContainerStatus {
+        name: name.into(),
+        state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated { exit_code: code, ..Default::default() }),
+            ..Default::default()
+        }),
+        ready: code == 0,
+        ..ContainerStatus::default()
+    }
+}
+
+fn wait(name: &str, last_exit: Option<i32>) -> ContainerStatus {
+    ContainerStatus {
+        name: name.into(),
+        state: Some(ContainerState {
+            waiting: Some(ContainerStateWaiting { reason: Some("CrashLoopBackOff".into()), ..Default::default() }),
+            ..Default::default()
+        }),
+        last_state: last_exit.map(|code| ContainerState {
+            terminated: Some(ContainerStateTerminated { exit_code: code, ..Default::default() }),
+            ..Default::default()
+        }),
+        ..ContainerStatus::default()
+    }
+}
+
+fn phase(p: &Pod, statuses: &[ContainerStatus]) -> &'static str {
+    pod_phase(p, statuses, false, false)
+}
+
+#[test]
+fn failed_init_container_under_never_is_failed() {
+    assert_eq!(phase(&pod("Never", vec![c("i")], &["a"]), &[done("i", 1)]), FAILED);
+    assert_eq!(
+        phase(&pod("Never", vec![c("i")], &["a"]), &[wait("i", Some(2))]),
+        FAILED,
+        "a waiting restart of a failure"
+    );
+    assert_eq!(phase(&pod("OnFailure", vec![c("i")], &["a"]), &[done("i", 1)]), PENDING, "restarted otherwise");
+}
+
+#[test]
+fn pending_init_containers_keep_the_pod_pending() {
+    let p = pod("Always", vec![c("i1"), c("i2")], &["a"]);
+    assert_eq!(phase(&p, &[]), PENDING);
+    assert_eq!(phase(&p, &[run("i1")]), PENDING);
+    assert_eq!(phase(&p, &[done("i1", 0)]), PENDING, "i2 has no status yet");
+    assert_eq!(phase(&p, &[done("i1", 0), done("i2", 0), run("a")]), RUNNING);
+}
+
+#[test]
+fn a_waiting_container_without_history_is_pending() {
+    assert_eq!(phase(&pod("Always", vec![], &["a", "b"]), &[run("a"), wait("b", None)]), PENDING);
+}
+
+#[test]
+fn running_with_nothing_unknown_is_running() {
+    assert_eq!(phase(&pod("Always", vec![], &["a", "b"]), &[run("a"), done("b", 0)]), RUNNING);
+    assert_eq!(phase(&pod("Always", vec![], &["a", "b"]), &[run("a")]), PENDING, "b unknown");
+}
+
+#[test]
+fn all_stopped_under_always_is_running() {
+    assert_eq!(phase(&pod("Always", vec![], &["a"]), &[done("a", 0)]), RUNNING, "it will be restarted");
+    assert_eq!(
+        phase(&pod("Always", vec![], &["a"]), &[wait("a", Some(1))]),
+        RUNNING,
+        "waiting with a last termination counts as stopped"
+    );
+}
+
+#[test]
+fn all_succeeded_is_succeeded_unless_always() {
+    assert_eq!(phase(&pod("OnFailure", vec![], &["a", "b"]), &[done("a", 0), done("b", 0)]), SUCCEEDED);
+    assert_eq!(phase(&pod("Never", vec![], &["a"]), &[done("a", 0)]), SUCCEEDED);
+}
+
+#[test]
+fn a_failure_under_never_is_failed_and_under_on_failure_is_running() {
+    assert_eq!(phase(&pod("Never", vec![], &["a", "b"]), &[done("a", 0), done("b", 3)]), FAILED);
+    assert_eq!(phase(&pod("OnFailure", vec![], &["a"]), &[done("a", 3)]), RUNNING, "it will be restarted");
+}
+
+#[test]
+fn a_terminal_pod_is_succeeded_or_failed_whatever_the_policy() {
+    let p = pod("Always", vec![], &["a", "b"]);
+    assert_eq!(pod_phase(&p, &[done("a", 0), done("b", 0)], true, true), SUCCEEDED);
+    assert_eq!(pod_phase(&p, &[done("a", 0), done("b", 137)], true, true), FAILED);
+    // Static pods are not given a terminal phase that way (upstream TODO #116484).
+    let mut static_pod = p.clone();
+    static_pod.metadata.annotations =
+        Some(BTreeMap::from([(annotations::CONFIG_SOURCE.to_owned(), "file".to_owned())]));
+    assert_eq!(pod_phase(&static_pod, &[done("a", 0), done("b", 137)], true, true), RUNNING);
+}
+
+#[test]
+fn restartable_init_containers_count_as_running_and_pending_until_started() {
+    let p = pod("Always", vec![sidecar("log")], &["a"]);
+    let mut not_started = run("log");
+    not_started.started = Some(false);
+    assert_eq!(pod_phase(&p, &[not_started.clone()], false, false), PENDING);
+    assert_eq!(pod_phase(&p, &[run("log"), run("a")], false, true), RUNNING);
+    // Once initialized, a restarting sidecar does not send the pod back to Pending.
+    assert_eq!(pod_phase(&p, &[not_started, run("a")], false, true), RUNNING);
+    // A terminated sidecar is ignored.
+    assert_eq!(
+        pod_phase(&pod("Never", vec![sidecar("log")], &["a"]), &[done("log", 137), done("a", 0)], false, true),
+        SUCCEEDED
+    );
+}
+
+#[test]
+fn terminal_phases_are_sticky() {
+    assert_eq!(sticky_phase(Some(SUCCEEDED), RUNNING), SUCCEEDED);
+    assert_eq!(sticky_phase(Some(FAILED), PENDING), FAILED);
+    assert_eq!(sticky_phase(Some(RUNNING), FAILED), FAILED);
+    assert_eq!(sticky_phase(None, PENDING), PENDING);
+}
+
+#[test]
+fn containers_ready_lists_unknown_and_unready_containers() {
+    let p = pod("Always", vec![sidecar("log")], &["a", "b", "c"]);
+    let mut unready = run("b");
+    unready.ready = false;
+    let got = containers_ready(&p, &[run("log"), run("a"), unready], RUNNING);
+    assert_eq!((got.status.as_str(), got.reason.as_deref()), ("False", Some("ContainersNotReady")));
+    assert_eq!(
+        got.message.as_deref(),
+        Some("containers with unknown status: [c], containers with unready status: [b]")
+    );
+    let ready = containers_ready(&p, &[run("log"), run("a"), run("b"), run("c")], RUNNING);
+    assert_eq!((ready.status.as_str(), ready.reason), ("True", None));
+}
+
+#[test]
+fn terminal_pods_are_not_ready_with_pod_completed_or_pod_failed() {
+    let p = pod("Never", vec![], &["a"]);
+    assert_eq!(containers_ready(&p, &[done("a", 0)], SUCCEEDED).reason.as_deref(), Some("PodCompleted"));
+    assert_eq!(containers_ready(&p, &[done("a", 1)], FAILED).reason.as_deref(), Some("PodFailed"));
+    assert_eq!(pod_ready(&p, &[], &[done("a", 0)], SUCCEEDED).reason.as_deref(), Some("PodCompleted"));
+}
+
+#[test]
+fn ready_follows_containers_ready_and_readiness_gates() {
+    let mut p = pod("Always", vec![], &["a"]);
+    let not_ready = pod_ready(&p, &[], &[wait("a", None)], PENDING);
+    assert_eq!((not_ready.type_.as_str(), not_ready.reason.as_deref()), ("Ready", Some("ContainersNotReady")));
+    p.spec.as_mut().unwrap().readiness_gates = Some(vec![PodReadinessGate { condition_type: "example.com/lb".into() }]);
+    let gated = pod_ready(&p, &[], &[run("a")], RUNNING);
+    assert_eq!(gated.reason.as_deref(), Some("ReadinessGatesNotReady"));
+    assert_eq!(
+        gated.message.as_deref(),
+        Some("corresponding condition of pod readiness gate \"example.com/lb\" does not exist.")
+    );
+    let lb = condition("example.com/lb", true, None, None);
+    assert_eq!(pod_ready(&p, &[lb], &[run("a")], RUNNING).status, "True");
+}
+
+#[test]
+fn initialized_waits_for_every_init_container() {
+    let p = pod("Always", vec![c("i1"), c("i2")], &["a"]);
+    let got = initialized(&p, &[done("i1", 0)], PENDING);
+    assert_eq!((got.status.as_str(), got.reason.as_deref()), ("False", Some("ContainersNotInitialized")));
+    assert_eq!(got.message.as_deref(), Some("containers with unknown status: [i2]"));
+    // A running regular init container is not ready: that takes a successful exit.
+    let mut i2 = run("i2");
+    i2.ready = false;
+    let got = initialized(&p, &[done("i1", 0), i2], PENDING);
+    assert_eq!(got.message.as_deref(), Some("containers with incomplete status: [i2]"));
+    assert_eq!(initialized(&p, &[done("i1", 0), done("i2", 0)], PENDING).status, "True");
+    assert_eq!(initialized(&p, &[], SUCCEEDED).status, "False", "unknown init containers even when succeeded");
+    assert_eq!(initialized(&p, &[run("a")], RUNNING).status, "True", "a started regular container means initialized");
+    assert_eq!(
+        initialized(&p, &[done("i1", 0), done("i2", 0), done("a", 0)], SUCCEEDED).reason.as_deref(),
+        Some("PodCompleted")
+    );
+}
+
+#[test]
+fn transition_time_changes_only_with_the_status() {
+    let t0 = Time(Timestamp::from_second(1_700_000_000).unwrap());
+    let t1 = Time(Timestamp::from_second(1_700_000_100).unwrap());
+    let mut old = vec![condition("Ready", false, None, None), condition("PodScheduled", true, None, None)];
+    set_transition_times(&mut old, &[], &t0);
+    let mut new = vec![condition("Ready", true, None, None), condition("PodScheduled", true, None, None)];
+    set_transition_times(&mut new, &old, &t1);
+    assert_eq!(new[0].last_transition_time, Some(t1), "Ready changed");
+    assert_eq!(new[1].last_transition_time, Some(t0), "PodScheduled did not");
+    assert_eq!(ready_to_start_containers(true).status, "True");
+    assert_eq!(scheduled().status, "True");
+}
