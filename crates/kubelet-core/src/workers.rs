@@ -14,6 +14,10 @@ use crate::{
 /// A function that edits the pod's API status when it is killed (for example to mark it evicted).
 pub type PodStatusFn = Arc<dyn Fn(&mut ApiPodStatus) + Send + Sync>;
 
+/// Called once the kill it came with has finished: every container of the pod is stopped
+/// (upstream's `CompletedCh`). Eviction and shutdown wait on it.
+pub type CompletionFn = Arc<dyn Fn() + Send + Sync>;
+
 /// How to kill a pod.
 #[derive(Clone, Default)]
 #[non_exhaustive]
@@ -24,6 +28,8 @@ pub struct KillPodOptions {
     pub grace_period_override: Option<i64>,
     /// Edits the final API status.
     pub status_fn: Option<PodStatusFn>,
+    /// Called once the pod has stopped.
+    pub on_complete: Option<CompletionFn>,
 }
 
 impl fmt::Debug for KillPodOptions {
@@ -32,6 +38,7 @@ impl fmt::Debug for KillPodOptions {
             .field("evict", &self.evict)
             .field("grace_period_override", &self.grace_period_override)
             .field("status_fn", &self.status_fn.is_some())
+            .field("on_complete", &self.on_complete.is_some())
             .finish()
     }
 }

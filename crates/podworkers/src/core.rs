@@ -16,7 +16,7 @@ use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectM
 use kubelet_core::{
     PodUid, SyncPodType, UpdatePodOptions,
     types::{is_static_pod, pod_full_name},
-    workers::{KillPodOptions, PodStatusFn, WorkerState, WorkerSync},
+    workers::{CompletionFn, KillPodOptions, PodStatusFn, WorkerState, WorkerSync},
 };
 use tokio::time::Instant;
 
@@ -58,6 +58,8 @@ pub(crate) struct PodSyncStatus {
     /// The effective grace period in seconds once termination is requested (0: not set yet).
     grace_period: i64,
     status_fns: Vec<PodStatusFn>,
+    /// Completion callbacks of kills, called when the pod has stopped.
+    on_complete: Vec<CompletionFn>,
     restart_requested: bool,
     evicted: bool,
     deleted: bool,
@@ -353,11 +355,18 @@ impl Core {
             if is_runtime_pod {
                 return UpdateEffect::Ignored("pod is terminated; runtime-only kill ignored until the worker finishes");
             }
+            // The pod already stopped: a kill's completion is immediate.
+            if let Some(done) = options.kill.as_ref().and_then(|k| k.on_complete.as_ref()) {
+                done();
+            }
             options.kill = None;
         } else if status.is_termination_requested() {
             let mut kill = options.kill.take().unwrap_or_default();
             if let Some(status_fn) = &kill.status_fn {
                 status.status_fns.push(status_fn.clone());
+            }
+            if let Some(done) = kill.on_complete.take() {
+                status.on_complete.push(done);
             }
             let (grace, shortened) = effective_grace_period(status.grace_period, Some(&pod), Some(&kill));
             grace_shortened = shortened;
@@ -365,7 +374,10 @@ impl Core {
             kill.grace_period_override = Some(grace);
             options.kill = Some(kill);
         } else {
-            // Kill options mean nothing outside termination.
+            // Kill options mean nothing outside termination; a completion waiter is not left hanging.
+            if let Some(done) = options.kill.as_ref().and_then(|k| k.on_complete.as_ref()) {
+                done();
+            }
             options.kill = None;
         }
 
@@ -521,6 +533,7 @@ impl Core {
                     // A runtime-only pod is not desired state: once stopped, forget it entirely.
                     if let Some(status) = self.statuses.remove(uid) {
                         self.forget_started_static(&status.full_name, uid);
+                        status.on_complete.iter().for_each(|done| done());
                     }
                     return Completion { exit: true, requeue: None, wake: false };
                 }
@@ -528,6 +541,9 @@ impl Core {
                     if let Some(status) = self.statuses.get_mut(uid) {
                         status.terminated_at = Some(now);
                         status.status_fns.clear();
+                        for done in status.on_complete.drain(..) {
+                            done();
+                        }
                         requeue_last_update(status);
                     }
                     requeue = Requeue::Immediately;
@@ -568,6 +584,7 @@ impl Core {
             let orphan = !desired.contains(uid);
             let Some(status) = self.statuses.get_mut(uid) else { continue };
             if (status.restart_requested || orphan) && status.is_finished() {
+                status.on_complete.drain(..).for_each(|done| done());
                 let full_name = status.full_name.clone();
                 self.statuses.remove(uid);
                 self.forget_started_static(&full_name, uid);

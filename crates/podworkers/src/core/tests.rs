@@ -6,7 +6,7 @@ use k8s_openapi::{
     api::core::v1::{PodSpec, PodStatus as ApiPodStatus},
     apimachinery::pkg::apis::meta::v1::Time,
 };
-use kubelet_core::{runtime, types::annotations};
+use kubelet_core::{runtime, types::annotations, workers::CompletionFn};
 
 use super::*;
 
@@ -568,4 +568,40 @@ fn queries_before_and_after_the_first_housekeeping() {
     assert!(!core.could_have_running_containers(&unknown));
     assert!(core.should_pod_runtime_be_removed(&unknown));
     assert!(!core.is_pod_termination_requested(&unknown));
+}
+
+#[test]
+fn a_kills_completion_is_called_once_the_pod_has_stopped() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let on_complete = || {
+        let calls = calls.clone();
+        let f: CompletionFn = Arc::new(move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+        });
+        let mut options = KillPodOptions::default();
+        options.on_complete = Some(f);
+        options
+    };
+    let mut core = Core::default();
+    let p = pod("a");
+    core.update_pod(upd(SyncPodType::Create, &p), Instant::now(), || false);
+    run(&mut core, "a");
+    core.update_pod(
+        UpdatePodOptions::new(SyncPodType::Kill, p.clone()).with_kill(on_complete()),
+        Instant::now(),
+        || false,
+    );
+    core.update_pod(
+        UpdatePodOptions::new(SyncPodType::Kill, p.clone()).with_kill(on_complete()),
+        Instant::now(),
+        || false,
+    );
+    let work = run(&mut core, "a");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "not before the pod stopped");
+    core.complete(&uid("a"), &work, OK, Instant::now());
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "every waiting kill");
+    // A kill of an already stopped pod completes at once.
+    core.update_pod(UpdatePodOptions::new(SyncPodType::Kill, p).with_kill(on_complete()), Instant::now(), || false);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
