@@ -2,12 +2,20 @@
 //! `pkg/kubelet/kubelet_pods.go`), the kubelet-owned conditions (`pkg/kubelet/status/generate.go`)
 //! and their transition times.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::{
-    api::core::v1::{Container, ContainerStatus, Pod, PodCondition},
+    api::core::v1::{
+        Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+        ContainerStatus, Pod, PodCondition, PodIP, PodStatus as ApiPodStatus,
+    },
     apimachinery::pkg::apis::meta::v1::Time,
 };
 
-use crate::types::is_static_pod;
+use crate::{
+    runtime::{self, ContainerState as RuntimeState, SandboxState},
+    types::is_static_pod,
+};
 
 /// Phase `Pending`.
 pub const PENDING: &str = "Pending";
@@ -294,6 +302,339 @@ pub fn set_transition_times(conditions: &mut [PodCondition], old: &[PodCondition
             Some(o) if o.status == c.status && o.last_transition_time.is_some() => o.last_transition_time.clone(),
             _ => Some(now.clone()),
         };
+    }
+}
+
+/// Why a container could not be started at the last sync (upstream's reason cache entry): it
+/// becomes the container's waiting reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StartFailure {
+    /// The reason, e.g. `CrashLoopBackOff`, `ErrImagePull`.
+    pub reason: String,
+    /// The message.
+    pub message: String,
+}
+
+impl StartFailure {
+    /// Creates a start failure.
+    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        StartFailure { reason: reason.into(), message: message.into() }
+    }
+}
+
+fn waiting_state(reason: Option<&str>, message: Option<String>) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting { reason: reason.map(str::to_owned), message }),
+        ..ContainerState::default()
+    }
+}
+
+fn time(t: Option<k8s_openapi::jiff::Timestamp>) -> Option<Time> {
+    t.map(Time)
+}
+
+/// The API status of one runtime container (upstream `convertContainerStatus`).
+fn convert(cs: &runtime::ContainerStatus, old: Option<&ContainerStatus>, runtime_name: &str) -> ContainerStatus {
+    let id = format!("{runtime_name}://{}", cs.id);
+    let mut status = ContainerStatus {
+        name: cs.name.clone(),
+        restart_count: i32::try_from(cs.restart_count).unwrap_or(i32::MAX),
+        image: cs.image.clone(),
+        image_id: if cs.image_ref.is_empty() { cs.image_id.clone() } else { cs.image_ref.clone() },
+        container_id: Some(id.clone()),
+        ..ContainerStatus::default()
+    };
+    status.state = Some(match cs.state {
+        RuntimeState::Running => ContainerState {
+            running: Some(ContainerStateRunning { started_at: time(cs.started_at) }),
+            ..Default::default()
+        },
+        RuntimeState::Created => waiting_state(None, None),
+        RuntimeState::Exited => ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: cs.exit_code,
+                reason: (!cs.reason.is_empty()).then(|| cs.reason.clone()),
+                message: (!cs.message.is_empty()).then(|| cs.message.clone()),
+                started_at: time(cs.started_at),
+                finished_at: time(cs.finished_at),
+                container_id: Some(id),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        RuntimeState::Unknown if old.is_some_and(running) => {
+            // It ran and is gone: it did not "never run", so it is not shown as waiting.
+            status.restart_count = old.map_or(0, |o| o.restart_count + 1);
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 137,
+                    reason: Some("ContainerStatusUnknown".to_owned()),
+                    message: Some("The container could not be located when the pod was terminated".to_owned()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        }
+        RuntimeState::Unknown => waiting_state(None, None),
+    });
+    status
+}
+
+/// The API statuses of `containers` (upstream `convertToAPIContainerStatuses`): the newest
+/// instance of each container is its state and the one before its last state; containers never
+/// seen wait with `ContainerCreating` (or `PodInitializing` in pods with init containers); a
+/// container that will be restarted shows the reason its last start failed, from `failures`.
+pub fn container_statuses(
+    pod: &Pod,
+    status: &runtime::PodStatus,
+    previous: &[ContainerStatus],
+    containers: &[Container],
+    is_init: bool,
+    failures: &dyn Fn(&str) -> Option<StartFailure>,
+    runtime_name: &str,
+) -> Vec<ContainerStatus> {
+    let has_init = pod.spec.as_ref().and_then(|s| s.init_containers.as_ref()).is_some_and(|i| !i.is_empty());
+    let default_reason = if has_init { "PodInitializing" } else { "ContainerCreating" };
+    let old: BTreeMap<&str, &ContainerStatus> = previous.iter().map(|s| (s.name.as_str(), s)).collect();
+    let mut statuses: BTreeMap<String, ContainerStatus> = BTreeMap::new();
+    for c in containers {
+        let mut s = ContainerStatus {
+            name: c.name.clone(),
+            image: c.image.clone().unwrap_or_default(),
+            state: Some(waiting_state(Some(default_reason), None)),
+            ..ContainerStatus::default()
+        };
+        if let Some(o) = old.get(c.name.as_str()) {
+            if o.state.as_ref().is_some_and(|st| st.terminated.is_some()) {
+                s = (*o).clone();
+            } else {
+                s.restart_count = o.restart_count;
+                s.last_state.clone_from(&o.last_state);
+            }
+        }
+        statuses.insert(c.name.clone(), s);
+    }
+    // A container that used to run and vanished from the runtime terminated, code unknown.
+    for c in containers {
+        if status.container_status(&c.name).is_some() {
+            continue;
+        }
+        let Some(o) = old.get(c.name.as_str()) else { continue };
+        if !running(o) {
+            continue;
+        }
+        let Some(s) = statuses.get_mut(&c.name) else { continue };
+        let default_waiting = s
+            .state
+            .as_ref()
+            .and_then(|st| st.waiting.as_ref())
+            .is_some_and(|w| w.reason.as_deref() == Some(default_reason));
+        let has_last = s.last_state.as_ref().is_some_and(|l| l.terminated.is_some());
+        if default_waiting && !has_last {
+            s.last_state = Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 137,
+                    reason: Some("ContainerStatusUnknown".to_owned()),
+                    message: Some("The container could not be located when the pod was deleted.  The container used to be Running".to_owned()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            if pod.metadata.deletion_timestamp.is_none() {
+                s.restart_count += 1;
+            }
+        }
+    }
+    // The newest instance is the state, the one before it the last state.
+    let mut seen: BTreeMap<&str, u8> = BTreeMap::new();
+    for cs in &status.container_statuses {
+        let Some(current) = statuses.get_mut(&cs.name) else { continue };
+        let n = seen.entry(cs.name.as_str()).or_default();
+        if *n >= 2 {
+            continue;
+        }
+        let converted = convert(cs, old.get(cs.name.as_str()).copied(), runtime_name);
+        if *n == 0 {
+            *current = converted;
+        } else {
+            current.last_state = converted.state;
+        }
+        *n += 1;
+    }
+    // Containers the next sync restarts wait, with the reason their last start failed.
+    for c in containers {
+        if is_init
+            && status.container_status(&c.name).is_some_and(|s| s.state == RuntimeState::Exited && s.exit_code == 0)
+        {
+            continue;
+        }
+        if !should_restart(c, pod, status) {
+            continue;
+        }
+        let Some(failure) = failures(&c.name) else { continue };
+        let Some(s) = statuses.get_mut(&c.name) else { continue };
+        if s.state.as_ref().is_some_and(|st| st.terminated.is_some()) {
+            s.last_state = s.state.take();
+        }
+        s.state = Some(waiting_state(Some(&failure.reason), Some(failure.message)));
+    }
+    // Readiness and start without probes: a running container is started and ready; an init
+    // container is ready once it exited 0.
+    for s in statuses.values_mut() {
+        let state = s.state.as_ref();
+        let is_running = state.is_some_and(|st| st.running.is_some());
+        s.started = Some(is_running);
+        s.ready = if is_init {
+            state.and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.exit_code == 0)
+        } else {
+            is_running
+        };
+    }
+    if is_init {
+        // Init containers keep the spec's order.
+        containers.iter().filter_map(|c| statuses.remove(&c.name)).collect()
+    } else {
+        statuses.into_values().collect()
+    }
+}
+
+/// Upstream `ShouldContainerBeRestarted`, over the runtime's view.
+fn should_restart(container: &Container, pod: &Pod, status: &runtime::PodStatus) -> bool {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    let Some(last) = status.container_status(&container.name) else { return true };
+    match last.state {
+        RuntimeState::Running => false,
+        RuntimeState::Unknown | RuntimeState::Created => true,
+        RuntimeState::Exited => match pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always") {
+            "Never" => false,
+            "OnFailure" => last.exit_code != 0,
+            _ => true,
+        },
+    }
+}
+
+/// Everything the API status of a pod is computed from.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct StatusInput<'a> {
+    /// The pod, with its last API status in `pod.status`.
+    pub pod: &'a Pod,
+    /// The runtime's view.
+    pub runtime: &'a runtime::PodStatus,
+    /// Whether the kubelet decided no container will run again.
+    pub pod_is_terminal: bool,
+    /// Reasons the last sync failed to start containers, by container name.
+    pub failures: &'a dyn Fn(&str) -> Option<StartFailure>,
+    /// The runtime's name, as container ID prefix (`containerd`).
+    pub runtime_name: &'a str,
+    /// The node's IP.
+    pub host_ip: &'a str,
+    /// Now, for transition times and the start time.
+    pub now: Time,
+}
+
+impl std::fmt::Debug for StatusInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusInput")
+            .field("pod", &self.pod.metadata.name)
+            .field("pod_is_terminal", &self.pod_is_terminal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> StatusInput<'a> {
+    /// The input for `pod` with the runtime's view `runtime` at `now`.
+    pub fn new(
+        pod: &'a Pod,
+        runtime: &'a runtime::PodStatus,
+        failures: &'a dyn Fn(&str) -> Option<StartFailure>,
+        now: Time,
+    ) -> Self {
+        StatusInput { pod, runtime, pod_is_terminal: false, failures, runtime_name: "containerd", host_ip: "", now }
+    }
+
+    /// Marks the pod terminal.
+    #[must_use]
+    pub fn terminal(mut self, terminal: bool) -> Self {
+        self.pod_is_terminal = terminal;
+        self
+    }
+
+    /// Sets the runtime name used as container ID prefix.
+    #[must_use]
+    pub fn runtime_name(mut self, name: &'a str) -> Self {
+        self.runtime_name = name;
+        self
+    }
+
+    /// Sets the node's IP.
+    #[must_use]
+    pub fn host_ip(mut self, ip: &'a str) -> Self {
+        self.host_ip = ip;
+        self
+    }
+}
+
+/// The pod's API status (upstream `generateAPIPodStatus`).
+pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
+    let pod = input.pod;
+    let old = pod.status.clone().unwrap_or_default();
+    let spec = pod.spec.clone().unwrap_or_default();
+    let init = spec.init_containers.clone().unwrap_or_default();
+    let init_statuses = container_statuses(
+        pod,
+        input.runtime,
+        old.init_container_statuses.as_deref().unwrap_or_default(),
+        &init,
+        true,
+        input.failures,
+        input.runtime_name,
+    );
+    let statuses = container_statuses(
+        pod,
+        input.runtime,
+        old.container_statuses.as_deref().unwrap_or_default(),
+        &spec.containers,
+        false,
+        input.failures,
+        input.runtime_name,
+    );
+    let all: Vec<ContainerStatus> = init_statuses.iter().chain(statuses.iter()).cloned().collect();
+    let initialized_before =
+        statuses.iter().any(|s| s.started == Some(true) || s.state.as_ref().is_some_and(|st| st.terminated.is_some()));
+    let phase =
+        sticky_phase(old.phase.as_deref(), pod_phase(pod, &all, input.pod_is_terminal, initialized_before)).to_owned();
+    let sandbox_ready = input.runtime.sandbox_statuses.first().is_some_and(|s| s.state == SandboxState::Ready);
+    let old_conditions = old.conditions.clone().unwrap_or_default();
+    let mut conditions = vec![
+        ready_to_start_containers(sandbox_ready),
+        initialized(pod, &init_statuses, &phase),
+        pod_ready(pod, &old_conditions, &all, &phase),
+        containers_ready(pod, &all, &phase),
+        scheduled(),
+    ];
+    // Conditions the kubelet does not own are kept.
+    let owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
+    conditions.extend(old_conditions.iter().filter(|c| !owned.contains(&c.type_.as_str())).cloned());
+    set_transition_times(&mut conditions, &old_conditions, &input.now);
+    let ips = input.runtime.ips.clone();
+    ApiPodStatus {
+        phase: Some(phase.clone()),
+        // Reason and message stay while the phase does.
+        reason: old.reason.clone().filter(|_| old.phase.as_deref() == Some(phase.as_str())),
+        message: old.message.clone().filter(|_| old.phase.as_deref() == Some(phase.as_str())),
+        conditions: Some(conditions),
+        host_ip: (!input.host_ip.is_empty()).then(|| input.host_ip.to_owned()),
+        pod_ip: ips.first().cloned(),
+        pod_ips: (!ips.is_empty()).then(|| ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
+        start_time: old.start_time.clone().or_else(|| Some(input.now.clone())),
+        qos_class: Some(crate::resources::qos_class(pod).to_owned()),
+        init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
+        container_statuses: Some(statuses),
+        ..old
     }
 }
 

@@ -237,3 +237,182 @@ fn transition_time_changes_only_with_the_status() {
     assert_eq!(ready_to_start_containers(true).status, "True");
     assert_eq!(scheduled().status, "True");
 }
+
+mod api {
+    use k8s_openapi::api::core::v1::PodStatus as ApiPodStatus;
+
+    use super::*;
+    use crate::{
+        PodUid,
+        runtime::{self, ContainerState as Rt, SandboxState, SandboxStatus},
+    };
+
+    fn rt_status(containers: &[(&str, Rt, i32, u32)]) -> runtime::PodStatus {
+        let mut s = runtime::PodStatus::new(PodUid::new("u"), "p", "ns");
+        let mut sandbox = SandboxStatus::new("sb", 0, SandboxState::Ready);
+        sandbox.ips = vec!["10.85.0.4".into()];
+        s.sandbox_statuses.push(sandbox);
+        s.ips = vec!["10.85.0.4".into()];
+        // Newest first, as the runtime reports them: the list is given oldest first.
+        for (i, (name, state, code, restarts)) in containers.iter().enumerate() {
+            let mut c = runtime::ContainerStatus::new(format!("id{i}"), *name, *state);
+            c.exit_code = *code;
+            c.restart_count = *restarts;
+            c.reason = if *state == Rt::Exited {
+                if *code == 0 { "Completed" } else { "Error" }.into()
+            } else {
+                String::new()
+            };
+            s.container_statuses.insert(0, c);
+        }
+        s
+    }
+
+    fn no_failures(_: &str) -> Option<StartFailure> {
+        None
+    }
+
+    fn now() -> Time {
+        Time(Timestamp::from_second(1_700_000_000).unwrap())
+    }
+
+    fn reason(s: &ContainerStatus) -> Option<&str> {
+        s.state.as_ref()?.waiting.as_ref()?.reason.as_deref()
+    }
+
+    #[test]
+    fn never_seen_containers_wait_with_container_creating_or_pod_initializing() {
+        let p = pod("Always", vec![], &["a"]);
+        let got = container_statuses(
+            &p,
+            &rt_status(&[]),
+            &[],
+            &p.spec.as_ref().unwrap().containers,
+            false,
+            &no_failures,
+            "containerd",
+        );
+        assert_eq!(reason(&got[0]), Some("ContainerCreating"));
+        let p = pod("Always", vec![c("i")], &["a"]);
+        let got = container_statuses(
+            &p,
+            &rt_status(&[]),
+            &[],
+            &p.spec.as_ref().unwrap().containers,
+            false,
+            &no_failures,
+            "containerd",
+        );
+        assert_eq!(reason(&got[0]), Some("PodInitializing"));
+    }
+
+    #[test]
+    fn newest_instance_is_the_state_and_the_one_before_the_last_state() {
+        let p = pod("Always", vec![], &["a"]);
+        let status = rt_status(&[("a", Rt::Exited, 1, 0), ("a", Rt::Exited, 2, 1), ("a", Rt::Running, 0, 2)]);
+        let got = &container_statuses(
+            &p,
+            &status,
+            &[],
+            &p.spec.as_ref().unwrap().containers,
+            false,
+            &no_failures,
+            "containerd",
+        )[0];
+        assert!(running(got));
+        assert_eq!(got.restart_count, 2);
+        assert_eq!(
+            got.last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code,
+            2,
+            "only the two newest count"
+        );
+        assert_eq!(got.container_id.as_deref(), Some("containerd://id2"));
+        assert_eq!((got.ready, got.started), (true, Some(true)));
+    }
+
+    #[test]
+    fn a_container_to_restart_waits_with_the_reason_of_its_last_failed_start() {
+        let p = pod("Always", vec![], &["a"]);
+        let status = rt_status(&[("a", Rt::Exited, 1, 3)]);
+        let failures = |name: &str| {
+            (name == "a").then(|| StartFailure::new("CrashLoopBackOff", "back-off 40s restarting failed container=a"))
+        };
+        let got =
+            &container_statuses(&p, &status, &[], &p.spec.as_ref().unwrap().containers, false, &failures, "containerd")
+                [0];
+        assert_eq!(reason(got), Some("CrashLoopBackOff"));
+        assert_eq!(got.last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 1);
+        assert!(!got.ready);
+        // A container that will not be restarted keeps its terminated state.
+        let never = pod("Never", vec![], &["a"]);
+        let got = &container_statuses(
+            &never,
+            &status,
+            &[],
+            &never.spec.as_ref().unwrap().containers,
+            false,
+            &failures,
+            "containerd",
+        )[0];
+        assert!(got.state.as_ref().unwrap().terminated.is_some());
+    }
+
+    #[test]
+    fn a_running_container_that_vanished_terminated_with_unknown_status() {
+        let p = pod("Always", vec![], &["a"]);
+        let mut previous = run("a");
+        previous.restart_count = 4;
+        let got = &container_statuses(
+            &p,
+            &rt_status(&[]),
+            &[previous.clone()],
+            &p.spec.as_ref().unwrap().containers,
+            false,
+            &no_failures,
+            "containerd",
+        )[0];
+        let last = got.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!((last.reason.as_deref(), last.exit_code), (Some("ContainerStatusUnknown"), 137));
+        assert_eq!(got.restart_count, 5);
+        let unknown = rt_status(&[("a", Rt::Unknown, 0, 4)]);
+        let got = &container_statuses(
+            &p,
+            &unknown,
+            &[previous],
+            &p.spec.as_ref().unwrap().containers,
+            false,
+            &no_failures,
+            "containerd",
+        )[0];
+        let term = got.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!((term.reason.as_deref(), term.exit_code), (Some("ContainerStatusUnknown"), 137));
+    }
+
+    #[test]
+    fn the_api_status_brings_it_together() {
+        let mut p = pod("Always", vec![c("setup")], &["a", "b"]);
+        let status = rt_status(&[("setup", Rt::Exited, 0, 0), ("a", Rt::Running, 0, 0), ("b", Rt::Running, 0, 0)]);
+        let got = api_pod_status(&StatusInput::new(&p, &status, &no_failures, now()).host_ip("192.0.2.2"));
+        assert_eq!(got.phase.as_deref(), Some(RUNNING));
+        assert_eq!(got.pod_ip.as_deref(), Some("10.85.0.4"));
+        assert_eq!(got.host_ip.as_deref(), Some("192.0.2.2"));
+        assert_eq!(got.qos_class.as_deref(), Some("BestEffort"));
+        assert_eq!(got.start_time, Some(now()));
+        let conditions: Vec<(String, String)> =
+            got.conditions.clone().unwrap().into_iter().map(|c| (c.type_, c.status)).collect();
+        for kind in ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"] {
+            assert!(conditions.contains(&(kind.to_owned(), "True".to_owned())), "{kind}: {conditions:?}");
+        }
+        assert!(got.init_container_statuses.as_ref().unwrap()[0].ready, "an init container that exited 0 is ready");
+        assert_eq!(got.container_statuses.as_ref().unwrap().len(), 2);
+
+        // A terminal phase in the last status sticks, with its reason.
+        p.status = Some(ApiPodStatus {
+            phase: Some(FAILED.into()),
+            reason: Some("DeadlineExceeded".into()),
+            ..ApiPodStatus::default()
+        });
+        let got = api_pod_status(&StatusInput::new(&p, &status, &no_failures, now()));
+        assert_eq!((got.phase.as_deref(), got.reason.as_deref()), (Some(FAILED), Some("DeadlineExceeded")));
+    }
+}
