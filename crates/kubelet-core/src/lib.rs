@@ -97,6 +97,7 @@ pub mod clock;
 pub mod config;
 pub mod events;
 pub mod handler;
+pub mod kubelet;
 pub mod pleg;
 pub mod podmanager;
 pub mod queue;

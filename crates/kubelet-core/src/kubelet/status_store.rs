@@ -1,0 +1,119 @@
+//! The kubelet's record of pod statuses (upstream `pkg/kubelet/status/status_manager.go`, without
+//! the API half): versioned statuses, guarded transitions, and a sink for changes.
+
+use std::{collections::HashMap, sync::Mutex};
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus as ApiPodStatus};
+
+use crate::{PodUid, util::lock};
+
+/// Where changed statuses go (an API sink arrives with the API server source).
+pub trait StatusSink: Send + Sync {
+    /// The status of `pod` changed to `status` (version `version`).
+    fn status_changed(&self, pod: &Pod, status: &ApiPodStatus, version: u64);
+}
+
+/// One stored status.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct StoredStatus {
+    /// Incremented on every change.
+    pub version: u64,
+    /// The status.
+    pub status: ApiPodStatus,
+}
+
+/// Versioned statuses by pod UID.
+#[derive(Default)]
+pub struct StatusStore {
+    statuses: Mutex<HashMap<PodUid, StoredStatus>>,
+    sinks: Mutex<Vec<std::sync::Arc<dyn StatusSink>>>,
+}
+
+impl std::fmt::Debug for StatusStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusStore").field("pods", &lock(&self.statuses).len()).finish_non_exhaustive()
+    }
+}
+
+fn terminated(s: &ContainerStatus) -> Option<i32> {
+    s.state.as_ref().and_then(|st| st.terminated.as_ref()).map(|t| t.exit_code)
+}
+
+/// Whether the transition from `old` to `new` is legal (upstream `checkContainerStateTransition`):
+/// a terminated container may not come back to life unless its restart policy restarts it.
+fn legal_transition(old: &ApiPodStatus, new: &ApiPodStatus, restart_policy: &str) -> bool {
+    let pairs = |o: &Option<Vec<ContainerStatus>>, n: &Option<Vec<ContainerStatus>>| {
+        let old: Vec<ContainerStatus> = o.clone().unwrap_or_default();
+        let new: Vec<ContainerStatus> = n.clone().unwrap_or_default();
+        old.into_iter()
+            .filter_map(move |o| new.iter().find(|n| n.name == o.name).cloned().map(|n| (o, n)))
+            .collect::<Vec<_>>()
+    };
+    for (o, n) in pairs(&old.container_statuses, &new.container_statuses) {
+        let Some(code) = terminated(&o) else { continue };
+        let restarts = restart_policy == "Always" || (restart_policy == "OnFailure" && code != 0);
+        if terminated(&n).is_none() && !restarts {
+            return false;
+        }
+    }
+    true
+}
+
+impl StatusStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        StatusStore::default()
+    }
+
+    /// Adds a sink for changes.
+    pub fn add_sink(&self, sink: std::sync::Arc<dyn StatusSink>) {
+        lock(&self.sinks).push(sink);
+    }
+
+    /// Records `status` for `pod`; an identical status is dropped, and an illegal container
+    /// transition is refused (the old status stays). Returns whether the status changed.
+    pub fn set(&self, pod: &Pod, mut status: ApiPodStatus) -> bool {
+        let uid = PodUid::of(pod);
+        let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always");
+        let mut statuses = lock(&self.statuses);
+        let version = match statuses.get(&uid) {
+            Some(old) => {
+                if !legal_transition(&old.status, &status, policy) {
+                    tracing::warn!(pod.uid = %uid, "refusing an illegal container state transition");
+                    return false;
+                }
+                // The start time is set once.
+                if old.status.start_time.is_some() {
+                    status.start_time.clone_from(&old.status.start_time);
+                }
+                if old.status == status && pod.metadata.deletion_timestamp.is_none() {
+                    return false;
+                }
+                old.version + 1
+            }
+            None => 1,
+        };
+        statuses.insert(uid, StoredStatus { version, status: status.clone() });
+        drop(statuses);
+        for sink in lock(&self.sinks).iter() {
+            sink.status_changed(pod, &status, version);
+        }
+        true
+    }
+
+    /// The stored status of `uid`.
+    pub fn get(&self, uid: &PodUid) -> Option<StoredStatus> {
+        lock(&self.statuses).get(uid).cloned()
+    }
+
+    /// Forgets `uid`.
+    pub fn remove(&self, uid: &PodUid) {
+        lock(&self.statuses).remove(uid);
+    }
+
+    /// Every UID with a stored status.
+    pub fn uids(&self) -> Vec<PodUid> {
+        lock(&self.statuses).keys().cloned().collect()
+    }
+}

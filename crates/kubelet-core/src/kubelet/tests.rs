@@ -1,0 +1,328 @@
+//! Kubelet tests with the fake runtime: the sync trio, status, admission, handlers and
+//! housekeeping.
+
+use std::{collections::BTreeMap, sync::Mutex};
+
+use k8s_openapi::{
+    api::core::v1::{Container, ContainerPort, PodSpec, ResourceRequirements},
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
+};
+
+use super::*;
+use crate::{
+    Source,
+    events::RingRecorder,
+    fake::FakeRuntime,
+    runtime::{NETWORK_READY, RUNTIME_READY, RuntimeCondition, RuntimeStatus},
+    workers::WorkerSync,
+};
+
+fn pod(uid: &str, policy: &str, containers: &[&str]) -> Arc<Pod> {
+    Arc::new(Pod {
+        metadata: ObjectMeta {
+            uid: Some(uid.into()),
+            name: Some(uid.into()),
+            namespace: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            restart_policy: Some(policy.into()),
+            termination_grace_period_seconds: Some(30),
+            containers: containers
+                .iter()
+                .map(|n| Container { name: (*n).into(), image: Some("busybox".into()), ..Container::default() })
+                .collect(),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    })
+}
+
+struct Fixture {
+    runtime: Arc<FakeRuntime>,
+    state: Arc<RuntimeState>,
+    sync: Arc<PodSync<FakeRuntime>>,
+    events: Arc<RingRecorder>,
+    root: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let runtime = Arc::new(FakeRuntime::new());
+    let state = Arc::new(RuntimeState::default());
+    state.update_from_status(Ok::<_, String>(&ready_status(true)), Instant::now());
+    let events = Arc::new(RingRecorder::default());
+    let root = tempfile::tempdir().unwrap();
+    let config =
+        Config::new("node-1").root_dir(root.path()).node(NodeResources::new(4000, 8 << 30)).node_ip("192.0.2.2");
+    let sync =
+        Arc::new(PodSync::new(runtime.clone(), state.clone(), Arc::new(StatusStore::new()), events.clone(), config));
+    Fixture { runtime, state, sync, events, root }
+}
+
+fn ready_status(network: bool) -> RuntimeStatus {
+    RuntimeStatus::new(vec![
+        RuntimeCondition::new(RUNTIME_READY, true, "", ""),
+        RuntimeCondition::new(NETWORK_READY, network, "NetworkPluginNotReady", "cni config uninitialized"),
+    ])
+}
+
+impl Fixture {
+    async fn runtime_status(&self, p: &Pod) -> PodStatus {
+        self.runtime.get_pod_status(&PodUid::of(p), "", "").await.unwrap()
+    }
+
+    async fn sync(&self, p: &Arc<Pod>) -> Result<bool, Error> {
+        let status = self.runtime_status(p).await;
+        self.sync.sync_pod(SyncPodType::Sync, p, None, &status).await
+    }
+
+    fn phase(&self, p: &Pod) -> Option<String> {
+        self.sync.statuses().get(&PodUid::of(p)).and_then(|s| s.status.phase)
+    }
+
+    fn stored(&self, p: &Pod) -> ApiPodStatus {
+        self.sync.statuses().get(&PodUid::of(p)).unwrap().status
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn sync_pod_starts_the_pod_and_reports_its_status() {
+    let f = fixture();
+    let p = pod("web", "Always", &["a", "b"]);
+    assert!(!f.sync(&p).await.unwrap());
+    assert_eq!(f.phase(&p).as_deref(), Some("Pending"), "the first status precedes the start");
+    assert!(f.root.path().join("pods/web/volumes").is_dir(), "pod directories are made");
+    assert!(!f.sync(&p).await.unwrap());
+    let status = f.stored(&p);
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    assert_eq!(status.pod_ip.as_deref().map(|ip| ip.starts_with("10.88.")), Some(true));
+    assert_eq!(status.host_ip.as_deref(), Some("192.0.2.2"));
+    let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "True");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_whose_containers_all_succeeded_is_terminal() {
+    let f = fixture();
+    f.runtime.set_exit_code("job", 0);
+    let p = pod("job", "OnFailure", &["job"]);
+    assert!(!f.sync(&p).await.unwrap());
+    assert!(f.sync(&p).await.unwrap(), "Succeeded is terminal");
+    assert_eq!(f.phase(&p).as_deref(), Some("Succeeded"));
+    let never = pod("never", "Never", &["job2"]);
+    f.runtime.set_exit_code("job2", 1);
+    f.sync(&never).await.unwrap();
+    assert!(f.sync(&never).await.unwrap());
+    assert_eq!(f.phase(&never).as_deref(), Some("Failed"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn crash_loop_backoff_becomes_the_waiting_reason() {
+    let f = fixture();
+    f.runtime.set_exit_code("app", 1);
+    let p = pod("crash", "Always", &["app"]);
+    f.sync(&p).await.unwrap();
+    f.sync(&p).await.unwrap(); // the first restart is immediate
+    f.sync(&p).await.unwrap(); // now in backoff: not an error
+    f.sync(&p).await.unwrap(); // the status shows it
+    let status = f.stored(&p);
+    let c = &status.container_statuses.unwrap()[0];
+    let waiting = c.state.as_ref().unwrap().waiting.as_ref().unwrap();
+    assert_eq!(waiting.reason.as_deref(), Some("CrashLoopBackOff"));
+    assert_eq!(c.last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 1);
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn active_deadline_fails_the_pod() {
+    let f = fixture();
+    let mut spec_pod = (*pod("deadline", "Always", &["a"])).clone();
+    spec_pod.spec.as_mut().unwrap().active_deadline_seconds = Some(1);
+    let p = Arc::new(spec_pod);
+    f.sync(&p).await.unwrap();
+    // It started five seconds ago (the start time is set once, so the record is replaced).
+    let mut status = f.stored(&p);
+    status.start_time = Some(Time(wall_now() - k8s_openapi::jiff::SignedDuration::from_secs(5)));
+    f.sync.statuses().remove(&PodUid::of(&p));
+    f.sync.statuses().set(&p, status);
+    assert!(f.sync(&p).await.unwrap(), "terminal");
+    let status = f.stored(&p);
+    assert_eq!((status.phase.as_deref(), status.reason.as_deref()), (Some("Failed"), Some("DeadlineExceeded")));
+    assert!(f.events.events().iter().any(|e| e.reason == "DeadlineExceeded"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_network_that_is_not_ready_holds_pod_network_pods_only() {
+    let f = fixture();
+    f.state.update_from_status(Ok::<_, String>(&ready_status(false)), Instant::now());
+    let p = pod("net", "Always", &["a"]);
+    let err = f.sync(&p).await.unwrap_err();
+    assert!(PodSync::<FakeRuntime>::is_network_not_ready(&err), "{err}");
+    let mut host = (*pod("host", "Always", &["a"])).clone();
+    host.spec.as_mut().unwrap().host_network = Some(true);
+    assert!(!f.sync(&Arc::new(host)).await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminating_kills_with_the_grace_and_records_the_final_status() {
+    let f = fixture();
+    let p = pod("stop", "Always", &["a"]);
+    f.sync(&p).await.unwrap();
+    let status = f.runtime_status(&p).await;
+    let evicted: PodStatusFn = Arc::new(|s: &mut ApiPodStatus| s.reason = Some("Evicted".into()));
+    f.sync.sync_terminating_pod(&p, &status, 7, Some(&evicted)).await.unwrap();
+    assert_eq!(f.runtime.calls_of(crate::fake::Method::KillPod).len(), 1);
+    assert!(!f.runtime_status(&p).await.is_running());
+    let stored = f.stored(&p);
+    assert_eq!(stored.reason.as_deref(), Some("Evicted"));
+    assert_eq!(stored.phase.as_deref(), Some("Failed"), "a killed Always pod ends Failed");
+    f.sync.sync_terminated_pod(&p, &f.runtime_status(&p).await).await.unwrap();
+    let orphan = runtime::Pod::new(PodUid::new("ghost"), "ghost", "default");
+    f.sync.sync_terminating_runtime_pod(&orphan).await.unwrap();
+}
+
+/// Pod workers that record what they are asked.
+#[derive(Default)]
+struct Recorded {
+    updates: Mutex<Vec<(SyncPodType, String)>>,
+    known: Mutex<HashMap<PodUid, WorkerSync>>,
+}
+
+impl PodWorkers for Recorded {
+    fn update_pod(&self, options: UpdatePodOptions) {
+        let uid = options
+            .pod
+            .as_deref()
+            .map(PodUid::of)
+            .or_else(|| options.running_pod.as_ref().map(|r| r.uid.clone()))
+            .unwrap();
+        lock(&self.updates).push((options.update_type, uid.to_string()));
+    }
+    fn sync_known_pods(&self, _desired: &[Arc<Pod>]) -> HashMap<PodUid, WorkerSync> {
+        lock(&self.known).clone()
+    }
+    fn is_pod_known(&self, uid: &PodUid) -> bool {
+        lock(&self.known).contains_key(uid)
+    }
+    fn is_pod_known_terminated(&self, _: &PodUid) -> bool {
+        false
+    }
+    fn could_have_running_containers(&self, _: &PodUid) -> bool {
+        true
+    }
+    fn is_pod_termination_requested(&self, _: &PodUid) -> bool {
+        false
+    }
+    fn should_pod_containers_be_terminating(&self, _: &PodUid) -> bool {
+        false
+    }
+    fn should_pod_runtime_be_removed(&self, _: &PodUid) -> bool {
+        false
+    }
+    fn should_pod_content_be_removed(&self, _: &PodUid) -> bool {
+        false
+    }
+}
+
+fn kubelet(f: &Fixture, max_pods: usize) -> (Kubelet<FakeRuntime, Recorded>, Arc<Recorded>, Arc<SourcesReady>) {
+    let workers = Arc::new(Recorded::default());
+    let sources = Arc::new(SourcesReady::new([Source::File]));
+    let mut node = NodeResources::new(1000, 1 << 30);
+    node.max_pods = max_pods;
+    let config = Config::new("node-1").root_dir(f.root.path()).node(node);
+    let sync =
+        Arc::new(PodSync::new(f.runtime.clone(), f.state.clone(), f.sync.statuses().clone(), f.events.clone(), config));
+    (Kubelet::new(sync, workers.clone(), Arc::new(PodManager::new()), sources.clone()), workers, sources)
+}
+
+fn updates(w: &Recorded) -> Vec<(SyncPodType, String)> {
+    std::mem::take(&mut *lock(&w.updates))
+}
+
+#[tokio::test(start_paused = true)]
+async fn additions_are_admitted_or_rejected_with_upstream_reasons() {
+    let f = fixture();
+    let (k, w, _) = kubelet(&f, 2);
+    k.handle_pod_additions(vec![pod("a", "Always", &["c"]), pod("b", "Always", &["c"])]).await;
+    assert_eq!(updates(&w), [(SyncPodType::Create, "a".to_owned()), (SyncPodType::Create, "b".to_owned())]);
+    // A third pod is one too many.
+    let third = pod("c", "Always", &["c"]);
+    k.handle_pod_additions(vec![third.clone()]).await;
+    assert!(updates(&w).is_empty(), "a rejected pod is not started");
+    let status = f.stored(&third);
+    assert_eq!((status.phase.as_deref(), status.reason.as_deref()), (Some("Failed"), Some("OutOfpods")));
+    assert!(status.message.unwrap().starts_with("Pod was rejected: Node didn't have enough resource: pods"));
+    assert!(f.events.events().iter().any(|e| e.reason == "OutOfpods"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn admission_checks_cpu_memory_selector_and_host_ports() {
+    let node = NodeResources::new(1000, 1 << 30);
+    let with = |cpu: &str, mem: &str, port: Option<i32>| {
+        let mut p = (*pod("x", "Always", &["c"])).clone();
+        let c = &mut p.spec.as_mut().unwrap().containers[0];
+        c.resources = Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity(cpu.into())),
+                ("memory".into(), Quantity(mem.into())),
+            ])),
+            ..Default::default()
+        });
+        c.ports = port.map(|h| vec![ContainerPort { container_port: 80, host_port: Some(h), ..Default::default() }]);
+        p
+    };
+    let running = with("600m", "256Mi", Some(8080));
+    assert_eq!(admit(&with("500m", "1Mi", None), &[&running], &node).unwrap_err().reason, "OutOfcpu");
+    assert_eq!(admit(&with("100m", "900Mi", None), &[&running], &node).unwrap_err().reason, "OutOfmemory");
+    assert_eq!(admit(&with("100m", "1Mi", Some(8080)), &[&running], &node).unwrap_err().reason, "NodePorts");
+    let mut picky = with("100m", "1Mi", None);
+    picky.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([("disk".into(), "ssd".into())]));
+    assert_eq!(admit(&picky, &[], &node).unwrap_err().reason, "NodeAffinity");
+    assert!(admit(&with("400m", "512Mi", Some(9090)), &[&running], &node).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn removals_wait_for_every_source_then_kill() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    let p = pod("a", "Always", &["c"]);
+    k.handle_pod_additions(vec![p.clone()]).await;
+    updates(&w);
+    k.handle_pod_removes(vec![p.clone()]).await;
+    assert!(updates(&w).is_empty(), "no kill before the sources are ready");
+    sources.add_source(Source::File);
+    k.handle_pod_updates(vec![p.clone()]).await;
+    k.handle_pod_syncs(vec![p.clone()]).await;
+    k.handle_pod_removes(vec![p]).await;
+    assert_eq!(
+        updates(&w),
+        [
+            (SyncPodType::Update, "a".to_owned()),
+            (SyncPodType::Sync, "a".to_owned()),
+            (SyncPodType::Kill, "a".to_owned())
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    // Running in the runtime, unknown to config and workers: an orphan.
+    let ghost = pod("ghost", "Always", &["c"]);
+    f.sync(&ghost).await.unwrap();
+    // Known to config: not an orphan.
+    let kept = pod("kept", "Always", &["c"]);
+    k.handle_pod_additions(vec![kept.clone()]).await;
+    f.sync(&kept).await.unwrap();
+    lock(&w.known)
+        .insert(PodUid::new("kept"), WorkerSync::new(crate::workers::WorkerState::Syncing, false, true, false));
+    updates(&w);
+    assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_some());
+    k.handle_pod_cleanups().await.unwrap();
+    assert_eq!(updates(&w), [(SyncPodType::Kill, "ghost".to_owned())]);
+    assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_none(), "its status is forgotten");
+    assert!(!f.root.path().join("pods/ghost").exists(), "its directory is removed");
+    assert!(f.root.path().join("pods/kept").exists());
+}
