@@ -1,13 +1,17 @@
-//! The kubelet-rs reference node binary.
+//! The kubelet-rs reference node binary: parses flags, sets up logging, builds the agent from the
+//! library crates, and runs it until SIGTERM or SIGINT.
 //!
-//! For now it answers `version` and `check-runtime` (talk to a CRI runtime and report its version
-//! and conditions); the agent itself is assembled from the library crates as they land.
+//! `kubelet-rs run` is the agent; `version` and `check-runtime` are small helpers.
 
-use std::process::ExitCode;
+mod agent;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use cri_client::{Client, Config};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 /// Command-line interface.
 #[derive(Debug, Parser)]
@@ -19,6 +23,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the node agent.
+    Run(RunArgs),
     /// Print the version.
     Version,
     /// Connect to a CRI runtime and print its version and conditions; fails unless it is ready.
@@ -27,6 +33,35 @@ enum Command {
         #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
         container_runtime_endpoint: String,
     },
+}
+
+/// Flags of `run`, with upstream's names.
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The CRI endpoint of the container runtime.
+    #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
+    container_runtime_endpoint: String,
+    /// Static pod manifests: a directory or one file.
+    #[arg(long)]
+    pod_manifest_path: Option<PathBuf>,
+    /// The kubelet's state directory.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    root_dir: PathBuf,
+    /// The node's name (defaults to the host name).
+    #[arg(long)]
+    hostname_override: Option<String>,
+    /// The node's IP.
+    #[arg(long, default_value = "")]
+    node_ip: String,
+    /// Where pod log directories go (`podLogsDir` of the config file).
+    #[arg(long, default_value = "/var/log/pods")]
+    pod_logs_dir: PathBuf,
+    /// Where the legacy container log links go.
+    #[arg(long, default_value = "/var/log/containers")]
+    container_logs_dir: PathBuf,
+    /// The cgroupfs root of pod cgroups.
+    #[arg(long, default_value = "/kubepods")]
+    cgroup_root: String,
 }
 
 fn main() -> ExitCode {
@@ -50,7 +85,55 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(check_runtime(&container_runtime_endpoint))
         }
+        Command::Run(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+                )
+                .init();
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(run_agent(args))?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "localhost".to_owned())
+}
+
+async fn run_agent(args: RunArgs) -> Result<()> {
+    let config = agent::AgentConfig {
+        node_name: args.hostname_override.map(|h| h.to_lowercase()).unwrap_or_else(host_name),
+        node_ip: args.node_ip,
+        runtime_endpoint: args.container_runtime_endpoint,
+        manifest_path: args.pod_manifest_path,
+        root_dir: args.root_dir,
+        pod_logs_dir: args.pod_logs_dir,
+        container_logs_dir: args.container_logs_dir,
+        cgroup_root: args.cgroup_root,
+    };
+    info!(node = %config.node_name, "starting kubelet-rs");
+    let cancel = CancellationToken::new();
+    let mut agent = tokio::spawn(agent::run(config, cancel.clone()));
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: stopping; running pods keep running"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping; running pods keep running"),
+        // The agent stopped by itself: a start-up failure, or its inputs closed.
+        result = &mut agent => return result.context("agent task")?,
+    }
+    cancel.cancel();
+    // A second signal, or 5 s, ends the wait.
+    tokio::select! {
+        result = agent => result.context("agent task")??,
+        _ = term.recv() => warn!("second signal: exiting at once"),
+        _ = tokio::time::sleep(Duration::from_secs(5)) => warn!("shutdown took longer than 5 s: exiting"),
+    }
+    Ok(())
 }
 
 async fn check_runtime(endpoint: &str) -> Result<ExitCode> {

@@ -287,6 +287,7 @@ fn operation(work: &Work) -> &'static str {
 async fn worker_loop<S: PodSyncer>(shared: Arc<Shared<S>>, uid: PodUid, notify: Arc<Notify>) {
     // Upstream's zero time: the first sync takes whatever the cache holds after the first relist.
     let mut last_sync: Option<Instant> = None;
+    let mut named = false;
     loop {
         tokio::select! {
             biased;
@@ -315,9 +316,10 @@ async fn worker_loop<S: PodSyncer>(shared: Arc<Shared<S>>, uid: PodUid, notify: 
                 }
             }
         };
-        if let Some(pod) = &work.options.pod {
+        if !named && let Some(pod) = &work.options.pod {
             tracing::Span::current()
                 .record("pod.name", tracing::field::display(kubelet_core::types::pod_full_name(pod)));
+            named = true;
         }
         if work.first_start
             && let Some(start) = work.options.start_time

@@ -1,0 +1,140 @@
+//! The agent: builds the concrete components and runs them until a signal.
+//!
+//! CRI runtime manager, evented PLEG (which falls back to relisting on runtimes without events),
+//! pod workers, the kubelet, the static pod file source, a runtime status poll, and the sync loop.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig};
+use kubelet_core::{
+    Cache, Pleg, PodManager, Runtime, Source, SourcesReady, WorkQueue,
+    config::{PodConfig, file},
+    events::RingRecorder,
+    kubelet::{self, Kubelet, PodSync, status_store::StatusStore},
+    state::{LoopHealth, RuntimeState},
+    sync_loop::{self, Inputs, Shared},
+};
+use tokio::time::Instant;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{Instrument, info, info_span, warn};
+
+/// What the agent needs to run.
+#[derive(Clone, Debug)]
+pub(crate) struct AgentConfig {
+    pub(crate) node_name: String,
+    pub(crate) node_ip: String,
+    pub(crate) runtime_endpoint: String,
+    pub(crate) manifest_path: Option<PathBuf>,
+    pub(crate) root_dir: PathBuf,
+    pub(crate) pod_logs_dir: PathBuf,
+    pub(crate) container_logs_dir: PathBuf,
+    pub(crate) cgroup_root: String,
+}
+
+/// Runs the agent until `cancel` fires; returns once every task has stopped.
+pub(crate) async fn run(config: AgentConfig, cancel: CancellationToken) -> Result<()> {
+    let client =
+        Client::connect(&CriConfig::new(&config.runtime_endpoint)).context("invalid --container-runtime-endpoint")?;
+    let recorder = Arc::new(RingRecorder::default());
+    let runtime_config = RuntimeConfig::new(&config.node_name)
+        .pod_logs_dir(&config.pod_logs_dir)
+        .container_logs_dir(&config.container_logs_dir)
+        .pods_dir(config.root_dir.join("pods"))
+        .cgroup_root(&config.cgroup_root)
+        .node_ip(&config.node_ip);
+    let runtime = Arc::new(CriRuntime::new(client, runtime_config, recorder.clone()));
+    let version = runtime
+        .version()
+        .await
+        .with_context(|| format!("cannot reach the container runtime at {}", config.runtime_endpoint))?;
+    info!(runtime = %version.runtime_name, version = %version.runtime_version, api = %version.runtime_api_version, "connected to the container runtime");
+
+    let cache = Arc::new(Cache::new());
+    let (pleg, pleg_events) = pleg::EventedPleg::new(runtime.clone(), cache.clone(), pleg::EventedConfig::default());
+    let pleg = Arc::new(pleg);
+    let runtime_state = Arc::new(RuntimeState::default());
+    runtime_state.add_health_check("PLEG", {
+        let pleg = pleg.clone();
+        Arc::new(move || pleg.healthy())
+    });
+    let work_queue = Arc::new(WorkQueue::new());
+    let kubelet_config = kubelet::Config::new(&config.node_name).root_dir(&config.root_dir).node_ip(&config.node_ip);
+    let sync = Arc::new(
+        PodSync::new(
+            runtime.clone(),
+            runtime_state.clone(),
+            Arc::new(StatusStore::new()),
+            recorder.clone(),
+            kubelet_config,
+        )
+        .after_change({
+            let pleg = pleg.clone();
+            Arc::new(move || pleg.relist_now())
+        }),
+    );
+    let workers = Arc::new(podworkers::PodWorkers::new(
+        sync.clone(),
+        cache.clone(),
+        work_queue.clone(),
+        podworkers::Config::default(),
+        cancel.child_token(),
+    ));
+    let pods = Arc::new(PodManager::new());
+    let sources = Arc::new(SourcesReady::new(config.manifest_path.iter().map(|_| Source::File)));
+    let kubelet = Kubelet::new(sync, workers.clone(), pods.clone(), sources.clone());
+    let (pod_config, updates) = PodConfig::new(recorder.clone());
+
+    let tracker = TaskTracker::new();
+    if let Some(path) = &config.manifest_path {
+        let source = file::FileSource::new(
+            file::Config::new(path, &config.node_name),
+            pod_config.source(Source::File),
+            recorder.clone(),
+        );
+        tracker.spawn(source.run(cancel.child_token()).instrument(info_span!("file_source")));
+    }
+    tracker.spawn({
+        let (pleg, cancel) = (pleg.clone(), cancel.child_token());
+        async move { pleg.run(cancel).await }.instrument(info_span!("pleg"))
+    });
+    // The runtime's health, every 5 s (upstream `updateRuntimeUp`).
+    tracker.spawn({
+        let (runtime, state, cancel) = (runtime.clone(), runtime_state.clone(), cancel.child_token());
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let status = runtime.status().await;
+                if let Err(err) = &status {
+                    warn!(error = %err, "container runtime status check failed");
+                }
+                state.update_from_status(status.as_ref(), Instant::now());
+            }
+        }
+        .instrument(info_span!("runtime_status"))
+    });
+
+    // No probes yet: the channel stays open and silent.
+    let (_probe_tx, probes) = tokio::sync::mpsc::channel(16);
+    let shared =
+        Shared::new(pods, work_queue, sources, runtime_state, Arc::new(LoopHealth::new(Duration::from_secs(60))));
+    // Keep the config alive for the sources as long as the loop runs.
+    let _pod_config = pod_config;
+    sync_loop::run(
+        &kubelet,
+        Inputs::new(updates, pleg_events, probes),
+        &shared,
+        &sync_loop::Config::default(),
+        cancel.clone(),
+    )
+    .await;
+    cancel.cancel();
+    tracker.close();
+    tracker.wait().await;
+    workers.wait().await;
+    Ok(())
+}
