@@ -22,6 +22,10 @@ use tracing::{Instrument, info, info_span, warn};
 /// What the agent needs to run.
 #[derive(Clone, Debug)]
 pub(crate) struct AgentConfig {
+    /// The read-only API's address (`--address`:`--read-only-port`), if enabled.
+    pub(crate) read_only: Option<std::net::SocketAddr>,
+    /// The healthz address (`--healthz-bind-address`:`--healthz-port`), if enabled.
+    pub(crate) healthz: Option<std::net::SocketAddr>,
     pub(crate) node_name: String,
     pub(crate) node_ip: String,
     pub(crate) runtime_endpoint: String,
@@ -33,7 +37,11 @@ pub(crate) struct AgentConfig {
 }
 
 /// Runs the agent until `cancel` fires; returns once every task has stopped.
-pub(crate) async fn run(config: AgentConfig, cancel: CancellationToken) -> Result<()> {
+pub(crate) async fn run(
+    config: AgentConfig,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    cancel: CancellationToken,
+) -> Result<()> {
     let client =
         Client::connect(&CriConfig::new(&config.runtime_endpoint)).context("invalid --container-runtime-endpoint")?;
     let recorder = Arc::new(RingRecorder::default());
@@ -59,19 +67,15 @@ pub(crate) async fn run(config: AgentConfig, cancel: CancellationToken) -> Resul
         Arc::new(move || pleg.healthy())
     });
     let work_queue = Arc::new(WorkQueue::new());
+    let statuses = Arc::new(StatusStore::new());
     let kubelet_config = kubelet::Config::new(&config.node_name).root_dir(&config.root_dir).node_ip(&config.node_ip);
     let sync = Arc::new(
-        PodSync::new(
-            runtime.clone(),
-            runtime_state.clone(),
-            Arc::new(StatusStore::new()),
-            recorder.clone(),
-            kubelet_config,
-        )
-        .after_change({
-            let pleg = pleg.clone();
-            Arc::new(move || pleg.relist_now())
-        }),
+        PodSync::new(runtime.clone(), runtime_state.clone(), statuses.clone(), recorder.clone(), kubelet_config)
+            .after_change({
+                let pleg = pleg.clone();
+                Arc::new(move || pleg.relist_now())
+            })
+            .work_queue(work_queue.clone()),
     );
     let workers = Arc::new(podworkers::PodWorkers::new(
         sync.clone(),
@@ -120,8 +124,26 @@ pub(crate) async fn run(config: AgentConfig, cancel: CancellationToken) -> Resul
 
     // No probes yet: the channel stays open and silent.
     let (_probe_tx, probes) = tokio::sync::mpsc::channel(16);
-    let shared =
-        Shared::new(pods, work_queue, sources, runtime_state, Arc::new(LoopHealth::new(Duration::from_secs(60))));
+    let loop_health = Arc::new(LoopHealth::new(Duration::from_secs(60)));
+    let api_state = Arc::new(crate::api::ApiState {
+        pods: pods.clone(),
+        statuses,
+        runtime: runtime.clone(),
+        loop_health: loop_health.clone(),
+        pleg_health: {
+            let pleg = pleg.clone();
+            Arc::new(move || pleg.healthy().map_err(|e| e.to_string()))
+        },
+        metrics,
+    });
+    let mut servers = Vec::new();
+    if let Some(addr) = config.read_only {
+        servers.push(crate::api::serve(addr, crate::api::router(api_state.clone()), cancel.child_token()).await?);
+    }
+    if let Some(addr) = config.healthz {
+        servers.push(crate::api::serve(addr, crate::api::healthz_router(api_state), cancel.child_token()).await?);
+    }
+    let shared = Shared::new(pods, work_queue, sources, runtime_state, loop_health);
     // Keep the config alive for the sources as long as the loop runs.
     let _pod_config = pod_config;
     sync_loop::run(
@@ -136,5 +158,8 @@ pub(crate) async fn run(config: AgentConfig, cancel: CancellationToken) -> Resul
     tracker.close();
     tracker.wait().await;
     workers.wait().await;
+    for server in servers {
+        let _ = server.await;
+    }
     Ok(())
 }

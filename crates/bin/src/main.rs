@@ -4,6 +4,7 @@
 //! `kubelet-rs run` is the agent; `version` and `check-runtime` are small helpers.
 
 mod agent;
+mod api;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
@@ -24,7 +25,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the node agent.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the version.
     Version,
     /// Connect to a CRI runtime and print its version and conditions; fails unless it is ready.
@@ -62,6 +63,18 @@ struct RunArgs {
     /// The cgroupfs root of pod cgroups.
     #[arg(long, default_value = "/kubepods")]
     cgroup_root: String,
+    /// The address of the read-only API.
+    #[arg(long, default_value = "127.0.0.1")]
+    address: std::net::IpAddr,
+    /// The port of the read-only API (`/healthz`, `/pods`, `/runningpods/`, `/metrics`); 0 disables it.
+    #[arg(long, default_value_t = 0)]
+    read_only_port: u16,
+    /// The address of the healthz endpoint.
+    #[arg(long, default_value = "127.0.0.1")]
+    healthz_bind_address: std::net::IpAddr,
+    /// The port of the healthz endpoint; 0 disables it.
+    #[arg(long, default_value_t = 10248)]
+    healthz_port: u16,
 }
 
 fn main() -> ExitCode {
@@ -92,7 +105,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 )
                 .init();
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(run_agent(args))?;
+            runtime.block_on(run_agent(*args))?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -105,7 +118,10 @@ fn host_name() -> String {
 }
 
 async fn run_agent(args: RunArgs) -> Result<()> {
+    let address = |ip, port: u16| (port != 0).then(|| std::net::SocketAddr::new(ip, port));
     let config = agent::AgentConfig {
+        read_only: address(args.address, args.read_only_port),
+        healthz: address(args.healthz_bind_address, args.healthz_port),
         node_name: args.hostname_override.map(|h| h.to_lowercase()).unwrap_or_else(host_name),
         node_ip: args.node_ip,
         runtime_endpoint: args.container_runtime_endpoint,
@@ -117,7 +133,8 @@ async fn run_agent(args: RunArgs) -> Result<()> {
     };
     info!(node = %config.node_name, "starting kubelet-rs");
     let cancel = CancellationToken::new();
-    let mut agent = tokio::spawn(agent::run(config, cancel.clone()));
+    let metrics = install_metrics(&cancel)?;
+    let mut agent = tokio::spawn(agent::run(config, Some(metrics), cancel.clone()));
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
     tokio::select! {
@@ -134,6 +151,26 @@ async fn run_agent(args: RunArgs) -> Result<()> {
         _ = tokio::time::sleep(Duration::from_secs(5)) => warn!("shutdown took longer than 5 s: exiting"),
     }
     Ok(())
+}
+
+/// The Prometheus recorder for every library's metrics, with its upkeep task.
+fn install_metrics(cancel: &CancellationToken) -> Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    tokio::spawn({
+        let (handle, cancel) = (handle.clone(), cancel.clone());
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    _ = tick.tick() => handle.run_upkeep(),
+                }
+            }
+        }
+    });
+    Ok(handle)
 }
 
 async fn check_runtime(endpoint: &str) -> Result<ExitCode> {

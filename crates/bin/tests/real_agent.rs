@@ -1,13 +1,15 @@
 //! The `kubelet-rs run` binary against the real containerd, driven through static pod files:
 //! a manifest becomes a running pod, a restarted agent re-adopts it untouched, a container
 //! stopped behind the agent's back is restarted, a removed manifest stops the pod, and SIGTERM
-//! leaves running pods running.
+//! leaves running pods running; an edited manifest replaces its pod, a lost sandbox is recreated
+//! with the next attempt, and a manifest removed while the agent is down stops its pod; and the
+//! local API reports init, crash-loop, terminal and deadline statuses.
 
 // Reason: test helpers outside `#[test]` functions may panic on broken invariants.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     sync::Arc,
     time::Duration,
@@ -26,9 +28,22 @@ struct Agent {
 
 impl Agent {
     fn start(rt: &RealRuntime, dir: &Path, node: &str) -> Agent {
-        let log = std::fs::File::create(dir.join(format!("agent-{}.log", std::process::id()))).unwrap();
+        Agent::start_with(rt, dir, node, &[])
+    }
+
+    fn start_with(rt: &RealRuntime, dir: &Path, node: &str, extra: &[&str]) -> Agent {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
-            .args(["run", "--container-runtime-endpoint", &rt.endpoint, "--hostname-override", node])
+            .args([
+                "run",
+                "--container-runtime-endpoint",
+                &rt.endpoint,
+                "--hostname-override",
+                node,
+                "--healthz-port",
+                "0",
+            ])
+            .args(extra)
             .arg("--pod-manifest-path")
             .arg(dir.join("manifests"))
             .arg("--root-dir")
@@ -75,7 +90,8 @@ fn manifest(node_pod: &str, image: &str, script: &str) -> String {
     )
 }
 
-/// The runtime's view of the static pod named `name`, once `done` holds (at most 20 s).
+/// The runtime's view of a static pod named `name` (the first of its UIDs for which `done`
+/// holds), once `done` holds (at most 20 s).
 async fn wait_for(
     runtime: &CriRuntime,
     name: &str,
@@ -83,8 +99,7 @@ async fn wait_for(
     done: impl Fn(&kubelet_core::runtime::PodStatus) -> bool,
 ) -> kubelet_core::runtime::PodStatus {
     for _ in 0..200 {
-        let pods = runtime.get_pods(true).await.unwrap();
-        if let Some(pod) = pods.into_iter().find(|p| p.name == name) {
+        for pod in runtime.get_pods(true).await.unwrap().into_iter().filter(|p| p.name == name) {
             let status = runtime.get_pod_status(&pod.uid, &pod.name, &pod.namespace).await.unwrap();
             if done(&status) {
                 return status;
@@ -107,65 +122,127 @@ async fn real_static_pod_lifecycle_through_the_agent() {
     let node = format!("node-{}", std::process::id());
     let name = format!("web-{node}");
     let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
-    let runtime = Arc::new(CriRuntime::new(
-        client.clone(),
-        RuntimeConfig::new(&node)
-            .pod_logs_dir(dir.join("pods"))
-            .container_logs_dir(dir.join("containers"))
-            .pods_dir(dir.join("root/pods")),
-        Arc::new(RingRecorder::default()),
-    ));
+    let runtime = Arc::new(test_runtime(&rt, &dir, &node));
 
-    let outcome = async {
-        std::fs::write(dir.join("manifests/web.yaml"), manifest("web", &rt.busybox_image, "exec sleep 3600")).unwrap();
-        let mut agent = Agent::start(&rt, &dir, &node);
-        let first = wait_for(&runtime, &name, "the pod to run", running).await;
+    let outcome = {
+        let (rt, dir, node, runtime, client) = (rt.clone(), dir.clone(), node.clone(), runtime.clone(), client.clone());
+        async move {
+            std::fs::write(dir.join("manifests/web.yaml"), manifest("web", &rt.busybox_image, "exec sleep 3600"))
+                .unwrap();
+            let mut agent = Agent::start(&rt, &dir, &node);
+            let first = wait_for(&runtime, &name, "the pod to run", running).await;
 
-        // SIGKILL and restart: the pod is re-adopted as it is.
-        agent.signal(Signal::SIGKILL);
-        assert!(agent.exited_within(Duration::from_secs(5)).await);
-        let mut agent = Agent::start(&rt, &dir, &node);
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        let after = wait_for(&runtime, &name, "the pod after a restart", running).await;
-        assert_eq!(after.sandbox_statuses[0].id, first.sandbox_statuses[0].id, "same sandbox");
-        assert_eq!(
-            after.container_status("app").unwrap().id,
-            first.container_status("app").unwrap().id,
-            "same container"
-        );
-        assert_eq!(after.container_status("app").unwrap().restart_count, 0);
+            // SIGKILL and restart: the pod is re-adopted as it is.
+            agent.signal(Signal::SIGKILL);
+            assert!(agent.exited_within(Duration::from_secs(5)).await);
+            let mut agent = Agent::start(&rt, &dir, &node);
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let after = wait_for(&runtime, &name, "the pod after a restart", running).await;
+            assert_eq!(after.sandbox_statuses[0].id, first.sandbox_statuses[0].id, "same sandbox");
+            assert_eq!(
+                after.container_status("app").unwrap().id,
+                first.container_status("app").unwrap().id,
+                "same container"
+            );
+            assert_eq!(after.container_status("app").unwrap().restart_count, 0);
 
-        // A container stopped behind the agent's back is restarted.
-        let id = after.container_status("app").unwrap().id.clone();
-        client
-            .runtime_service()
-            .stop_container(pb::StopContainerRequest { container_id: id.clone(), timeout: 0 })
-            .await
-            .unwrap();
-        let restarted = wait_for(&runtime, &name, "the container to be restarted", |s| {
-            running(s) && s.container_status("app").unwrap().id != id
-        })
-        .await;
-        assert_eq!(restarted.container_status("app").unwrap().restart_count, 1);
+            // A container stopped behind the agent's back is restarted.
+            let id = after.container_status("app").unwrap().id.clone();
+            client
+                .runtime_service()
+                .stop_container(pb::StopContainerRequest { container_id: id.clone(), timeout: 0 })
+                .await
+                .unwrap();
+            let restarted = wait_for(&runtime, &name, "the container to be restarted", |s| {
+                running(s) && s.container_status("app").unwrap().id != id
+            })
+            .await;
+            assert_eq!(restarted.container_status("app").unwrap().restart_count, 1);
 
-        // A removed manifest stops the pod.
-        std::fs::remove_file(dir.join("manifests/web.yaml")).unwrap();
-        wait_for(&runtime, &name, "the pod to stop", |s| !s.is_running()).await;
+            // A removed manifest stops the pod.
+            std::fs::remove_file(dir.join("manifests/web.yaml")).unwrap();
+            wait_for(&runtime, &name, "the pod to stop", |s| !s.is_running()).await;
 
-        // SIGTERM: the agent leaves promptly and running pods keep running.
-        std::fs::write(dir.join("manifests/other.yaml"), manifest("other", &rt.busybox_image, "exec sleep 3600"))
-            .unwrap();
-        let other = format!("other-{node}");
-        let before = wait_for(&runtime, &other, "the second pod to run", running).await;
-        agent.signal(Signal::SIGTERM);
-        assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
-        let still = wait_for(&runtime, &other, "the second pod to keep running", running).await;
-        assert_eq!(still.container_status("app").unwrap().id, before.container_status("app").unwrap().id);
+            // SIGTERM: the agent leaves promptly and running pods keep running.
+            std::fs::write(dir.join("manifests/other.yaml"), manifest("other", &rt.busybox_image, "exec sleep 3600"))
+                .unwrap();
+            let other = format!("other-{node}");
+            let before = wait_for(&runtime, &other, "the second pod to run", running).await;
+            agent.signal(Signal::SIGTERM);
+            assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
+            let still = wait_for(&runtime, &other, "the second pod to keep running", running).await;
+            assert_eq!(still.container_status("app").unwrap().id, before.container_status("app").unwrap().id);
+        }
     };
-    outcome.await;
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
 
-    // Clean up as a kubelet would.
-    for pod in runtime.get_pods(true).await.unwrap().into_iter().filter(|p| p.name.ends_with(&node)) {
+#[tokio::test]
+async fn real_edits_sandbox_loss_and_removal_while_down() {
+    let Some(rt) = RealRuntime::from_env("real_edits_sandbox_loss_and_removal_while_down") else { return };
+    let dir = rt.scratch_dir.join(format!("agent-edit-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    let node = format!("edit-{}", std::process::id());
+    let runtime = Arc::new(test_runtime(&rt, &dir, &node));
+
+    let outcome = {
+        let (rt, dir, node, runtime) = (rt.clone(), dir.clone(), node.clone(), runtime.clone());
+        async move {
+            let (web, gone) = (format!("web-{node}"), format!("gone-{node}"));
+            std::fs::write(dir.join("manifests/web.yaml"), manifest("web", &rt.busybox_image, "exec sleep 3600"))
+                .unwrap();
+            std::fs::write(dir.join("manifests/gone.yaml"), manifest("gone", &rt.busybox_image, "exec sleep 3600"))
+                .unwrap();
+            let mut agent = Agent::start(&rt, &dir, &node);
+            let first = wait_for(&runtime, &web, "the pod to run", running).await;
+            wait_for(&runtime, &gone, "the second pod to run", running).await;
+
+            // An edited manifest is a new pod (a new UID): the old one stops, the new one runs.
+            std::fs::write(dir.join("manifests/web.yaml"), manifest("web", &rt.busybox_image, "exec sleep 3601"))
+                .unwrap();
+            let edited = wait_for(&runtime, &web, "the edited pod to run", |s| s.uid != first.uid && running(s)).await;
+            wait_for(&runtime, &web, "the old pod to stop", |s| s.uid == first.uid && !s.is_running()).await;
+
+            // A sandbox stopped behind the agent's back is recreated with the next attempt.
+            let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
+            let sandbox = edited.sandbox_statuses[0].clone();
+            client
+                .runtime_service()
+                .stop_pod_sandbox(pb::StopPodSandboxRequest { pod_sandbox_id: sandbox.id.clone() })
+                .await
+                .unwrap();
+            let recreated = wait_for(&runtime, &web, "the sandbox to be recreated", |s| {
+                s.uid == edited.uid && running(s) && s.sandbox_statuses[0].id != sandbox.id
+            })
+            .await;
+            assert_eq!(recreated.sandbox_statuses[0].attempt, sandbox.attempt + 1);
+
+            // A manifest removed while the agent is down: its pod is stopped after the restart.
+            agent.signal(Signal::SIGKILL);
+            assert!(agent.exited_within(Duration::from_secs(5)).await);
+            std::fs::remove_file(dir.join("manifests/gone.yaml")).unwrap();
+            let mut agent = Agent::start(&rt, &dir, &node);
+            wait_for(&runtime, &gone, "the removed pod to stop", |s| !s.is_running()).await;
+            let still =
+                wait_for(&runtime, &web, "the kept pod to keep running", |s| s.uid == edited.uid && running(s)).await;
+            assert_eq!(still.sandbox_statuses[0].id, recreated.sandbox_statuses[0].id, "untouched by the restart");
+            agent.signal(Signal::SIGTERM);
+            assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// Runs the test body `outcome`, then removes the node's pods and the scratch directory (also when
+/// the body failed), then reports the body's failure.
+async fn run_then_clean_up(
+    outcome: impl Future<Output = ()> + Send + 'static,
+    runtime: &CriRuntime,
+    dir: &Path,
+    node: &str,
+) {
+    let result = tokio::spawn(outcome).await;
+    for pod in runtime.get_pods(true).await.unwrap().into_iter().filter(|p| p.name.ends_with(node)) {
         let api = k8s_openapi::api::core::v1::Pod {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some(pod.name.clone()),
@@ -177,6 +254,150 @@ async fn real_static_pod_lifecycle_through_the_agent() {
         };
         runtime.remove_pod(&api).await.unwrap();
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    let _: PathBuf = dir;
+    let _ = std::fs::remove_dir_all(dir);
+    if let Err(err) = result {
+        std::panic::resume_unwind(err.into_panic());
+    }
+}
+
+/// A runtime manager over the test runtime, for looking at and cleaning up the agent's pods.
+fn test_runtime(rt: &RealRuntime, dir: &Path, node: &str) -> CriRuntime {
+    let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
+    CriRuntime::new(
+        client,
+        RuntimeConfig::new(node)
+            .pod_logs_dir(dir.join("pods"))
+            .container_logs_dir(dir.join("containers"))
+            .pods_dir(dir.join("root/pods")),
+        Arc::new(RingRecorder::default()),
+    )
+}
+
+/// A plain HTTP GET on 127.0.0.1: the status code and the body (code 0 when nobody listens yet).
+async fn get(port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return (0, String::new()) };
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (code, body)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The API status of the pod named `name` in `/pods`, once `done` holds (at most 30 s).
+async fn pod_status(port: u16, name: &str, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    for _ in 0..300 {
+        if let Ok((200, body)) = tokio::time::timeout(Duration::from_secs(2), get(port, "/pods")).await {
+            let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if let Some(pod) = list["items"].as_array().unwrap().iter().find(|p| p["metadata"]["name"] == name)
+                && done(&pod["status"])
+            {
+                return pod["status"].clone();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn pod_yaml(name: &str, policy: &str, deadline: Option<u32>, init: Option<&str>, image: &str, script: &str) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 2\n"
+    );
+    if let Some(d) = deadline {
+        y.push_str(&format!("  activeDeadlineSeconds: {d}\n"));
+    }
+    if let Some(init_script) = init {
+        y.push_str(&format!(
+            "  initContainers:\n  - name: setup\n    image: {image}\n    command: [\"sh\", \"-c\", \"{init_script}\"]\n"
+        ));
+    }
+    y.push_str(&format!(
+        "  containers:\n  - name: app\n    image: {image}\n    command: [\"sh\", \"-c\", \"{script}\"]\n"
+    ));
+    y
+}
+
+fn waiting_reason(status: &serde_json::Value, name: &str) -> Option<String> {
+    status["containerStatuses"].as_array()?.iter().find(|c| c["name"] == name)?["state"]["waiting"]["reason"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+#[tokio::test]
+async fn real_pod_statuses_through_the_local_api() {
+    let Some(rt) = RealRuntime::from_env("real_pod_statuses_through_the_local_api") else { return };
+    let dir = rt.scratch_dir.join(format!("agent-api-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    let node = format!("api-{}", std::process::id());
+    let port = free_port();
+    let image = rt.busybox_image.clone();
+    let manifests = dir.join("manifests");
+    let write = |file: &str, yaml: String| std::fs::write(manifests.join(file), yaml).unwrap();
+    write("init.yaml", pod_yaml("init", "Always", None, Some("sleep 2"), &image, "exec sleep 3600"));
+    write("crash.yaml", pod_yaml("crash", "OnFailure", None, None, &image, "exit 1"));
+    write("done.yaml", pod_yaml("done", "OnFailure", None, None, &image, "exit 0"));
+    write("fail.yaml", pod_yaml("fail", "Never", None, None, &image, "exit 1"));
+    write("deadline.yaml", pod_yaml("deadline", "Always", Some(3), None, &image, "exec sleep 3600"));
+    let mut agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+
+    let outcome = {
+        let node = node.clone();
+        async move {
+            // Init containers first: the app waits with PodInitializing, then runs.
+            let status = pod_status(port, &format!("init-{node}"), "init to run", |s| {
+                waiting_reason(s, "app").as_deref() == Some("PodInitializing")
+            })
+            .await;
+            assert_eq!(status["phase"], "Pending");
+            let status = pod_status(port, &format!("init-{node}"), "the app to run", |s| s["phase"] == "Running").await;
+            assert_eq!(status["initContainerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
+            assert_eq!(
+                status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap()["status"],
+                "True"
+            );
+
+            // OnFailure with exit 1: restarted, then held back by the crash-loop backoff.
+            let status = pod_status(port, &format!("crash-{node}"), "CrashLoopBackOff", |s| {
+                waiting_reason(s, "app").as_deref() == Some("CrashLoopBackOff")
+            })
+            .await;
+            assert!(status["containerStatuses"][0]["restartCount"].as_i64().unwrap() >= 1);
+            assert_eq!(status["containerStatuses"][0]["lastState"]["terminated"]["exitCode"], 1);
+
+            // Exit 0 under OnFailure is Succeeded; exit 1 under Never is Failed.
+            pod_status(port, &format!("done-{node}"), "Succeeded", |s| s["phase"] == "Succeeded").await;
+            let failed = pod_status(port, &format!("fail-{node}"), "Failed", |s| s["phase"] == "Failed").await;
+            assert_eq!(failed["containerStatuses"][0]["state"]["terminated"]["reason"], "Error");
+
+            // activeDeadlineSeconds fails the pod.
+            let status = pod_status(port, &format!("deadline-{node}"), "DeadlineExceeded", |s| {
+                s["reason"] == "DeadlineExceeded"
+            })
+            .await;
+            assert_eq!(status["phase"], "Failed");
+
+            let (code, body) = get(port, "/healthz").await;
+            assert_eq!((code, body.as_str()), (200, "ok"));
+            let (code, running) = get(port, "/runningpods/").await;
+            assert_eq!(code, 200);
+            assert!(running.contains(&format!("init-{node}")), "{running}");
+            let (_, metrics) = get(port, "/metrics").await;
+            for name in [
+                "kubelet_runtime_operations_total",
+                "kubelet_pleg_relist_duration_seconds",
+                "kubelet_pod_worker_duration_seconds",
+            ] {
+                assert!(metrics.contains(name), "{name} missing from /metrics");
+            }
+            agent.signal(Signal::SIGTERM);
+            assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
+        }
+    };
+    run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
 }

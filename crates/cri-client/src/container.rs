@@ -212,7 +212,6 @@ pub fn security_context(
         }
     }
     let spec = pod.spec.as_ref();
-    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| spec.and_then(f).unwrap_or(false);
     let capabilities = sc.and_then(|s| s.capabilities.as_ref()).map(|c| pb::Capability {
         add_capabilities: c.add.clone().unwrap_or_default(),
         drop_capabilities: c.drop.clone().unwrap_or_default(),
@@ -221,18 +220,7 @@ pub fn security_context(
     Ok(pb::LinuxContainerSecurityContext {
         capabilities,
         privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
-        namespace_options: Some(pb::NamespaceOption {
-            network: if flag(|s| s.host_network) { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32,
-            pid: if flag(|s| s.host_pid) {
-                pb::NamespaceMode::Node
-            } else if flag(|s| s.share_process_namespace) {
-                pb::NamespaceMode::Pod
-            } else {
-                pb::NamespaceMode::Container
-            } as i32,
-            ipc: if flag(|s| s.host_ipc) { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32,
-            ..pb::NamespaceOption::default()
-        }),
+        namespace_options: Some(crate::sandbox::namespace_options(spec)),
         run_as_user: run_as_user.map(|value| pb::Int64Value { value }),
         run_as_group: run_as_group.map(|value| pb::Int64Value { value }),
         readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),

@@ -37,13 +37,16 @@ pub(crate) fn sandbox(s: &pb::PodSandbox) -> Sandbox {
     sandbox
 }
 
+/// A container's name: its label, else the CRI metadata's name.
+fn container_name(
+    labels: &std::collections::HashMap<String, String>,
+    metadata: Option<&pb::ContainerMetadata>,
+) -> String {
+    labels.get(labels::CONTAINER_NAME).cloned().or_else(|| metadata.map(|m| m.name.clone())).unwrap_or_default()
+}
+
 pub(crate) fn container(c: &pb::Container) -> Container {
-    let name = c
-        .labels
-        .get(labels::CONTAINER_NAME)
-        .cloned()
-        .or_else(|| c.metadata.as_ref().map(|m| m.name.clone()))
-        .unwrap_or_default();
+    let name = container_name(&c.labels, c.metadata.as_ref());
     let mut container = Container::new(&c.id, name, container_state(c.state));
     container.image = c.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
     container.image_id = c.image_ref.clone();
@@ -70,12 +73,7 @@ pub(crate) fn sandbox_status(s: &pb::PodSandboxStatus) -> SandboxStatus {
 }
 
 pub(crate) fn container_status(c: &pb::ContainerStatus) -> ContainerStatus {
-    let name = c
-        .labels
-        .get(labels::CONTAINER_NAME)
-        .cloned()
-        .or_else(|| c.metadata.as_ref().map(|m| m.name.clone()))
-        .unwrap_or_default();
+    let name = container_name(&c.labels, c.metadata.as_ref());
     let mut status = ContainerStatus::new(&c.id, name, container_state(c.state));
     status.created_at = timestamp(c.created_at);
     status.started_at = timestamp(c.started_at);

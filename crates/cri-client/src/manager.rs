@@ -392,7 +392,8 @@ impl CriRuntime {
         {
             let key = backoff_key(pod, spec);
             let now = Instant::now();
-            if backoff.is_in_backoff_since(&key, kubelet_core::clock::instant_of(finished), now) {
+            let finished = kubelet_core::clock::instant_of(finished);
+            if backoff.is_in_backoff_since(&key, finished, now) {
                 let (name, namespace, uid) = pod_meta(pod);
                 let message = format!(
                     "back-off {:?} restarting failed container={} pod={name}_{namespace}({uid})",
@@ -405,7 +406,8 @@ impl CriRuntime {
                     "BackOff",
                     format!("Back-off restarting failed container {} in pod {name}_{namespace}({uid})", spec.name),
                 );
-                return Err(SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, message));
+                let remaining = backoff.get(&key).saturating_sub(now.saturating_duration_since(finished));
+                return Err(SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, message).with_retry_after(remaining));
             }
             backoff.next(&key, now);
         }

@@ -112,8 +112,6 @@ pub fn sandbox_config(
     host_dns: &ResolvConf,
 ) -> pb::PodSandboxConfig {
     let spec = pod.spec.as_ref();
-    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| spec.and_then(f).unwrap_or(false);
-    let host_network = flag(|s| s.host_network);
     let port_mappings = spec
         .map(|s| s.containers.iter().flat_map(|c| c.ports.iter().flatten()).collect::<Vec<_>>())
         .unwrap_or_default()
@@ -126,18 +124,7 @@ pub fn sandbox_config(
             host_ip: p.host_ip.clone().unwrap_or_default(),
         })
         .collect();
-    let namespace_options = pb::NamespaceOption {
-        network: if host_network { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32,
-        pid: if flag(|s| s.host_pid) {
-            pb::NamespaceMode::Node
-        } else if flag(|s| s.share_process_namespace) {
-            pb::NamespaceMode::Pod
-        } else {
-            pb::NamespaceMode::Container
-        } as i32,
-        ipc: if flag(|s| s.host_ipc) { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32,
-        ..pb::NamespaceOption::default()
-    };
+    let namespace_options = namespace_options(spec);
     let pod_security = spec.and_then(|s| s.security_context.as_ref());
     let security_context = pb::LinuxSandboxSecurityContext {
         namespace_options: Some(namespace_options),
@@ -176,6 +163,25 @@ pub fn sandbox_config(
             ..pb::LinuxPodSandboxConfig::default()
         }),
         ..pb::PodSandboxConfig::default()
+    }
+}
+
+/// The pod's Linux namespaces (upstream `namespacesForPod`): the node's where the spec asks for
+/// host namespaces, a shared PID namespace with `shareProcessNamespace`.
+pub(crate) fn namespace_options(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> pb::NamespaceOption {
+    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| spec.and_then(f).unwrap_or(false);
+    let node_or_pod = |host: bool| if host { pb::NamespaceMode::Node } else { pb::NamespaceMode::Pod } as i32;
+    pb::NamespaceOption {
+        network: node_or_pod(flag(|s| s.host_network)),
+        pid: if flag(|s| s.host_pid) {
+            pb::NamespaceMode::Node
+        } else if flag(|s| s.share_process_namespace) {
+            pb::NamespaceMode::Pod
+        } else {
+            pb::NamespaceMode::Container
+        } as i32,
+        ipc: node_or_pod(flag(|s| s.host_ipc)),
+        ..pb::NamespaceOption::default()
     }
 }
 

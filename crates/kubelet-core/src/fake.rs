@@ -802,10 +802,11 @@ fn start_one(
                     spec.name,
                     crate::types::pod_full_name(pod)
                 );
+                let remaining = backoff.get(&key).saturating_sub(now.saturating_duration_since(finished));
                 result.push(SyncResult::failed(
                     action,
                     &spec.name,
-                    SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, message),
+                    SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, message).with_retry_after(remaining),
                 ));
                 return;
             }

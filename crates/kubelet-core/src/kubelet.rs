@@ -15,6 +15,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use k8s_openapi::{
@@ -30,7 +31,7 @@ use self::{
 };
 use crate::{
     Backoff, PodManager, PodSyncer, PodUid, PodWorkers, Runtime, SourcesReady, SyncHandler, SyncPodType,
-    UpdatePodOptions,
+    UpdatePodOptions, WorkQueue,
     clock::wall_now,
     events::{Event, EventRecorder, EventType, ObjectRef},
     runtime::{self, ContainerState, PodStatus, SyncAction},
@@ -123,6 +124,7 @@ pub struct PodSync<R> {
     failures: Mutex<HashMap<(PodUid, String), StartFailure>>,
     config: Config,
     after_change: Option<Arc<dyn Fn() + Send + Sync>>,
+    work_queue: Option<Arc<WorkQueue>>,
 }
 
 impl<R> std::fmt::Debug for PodSync<R> {
@@ -153,6 +155,7 @@ impl<R: Runtime> PodSync<R> {
             failures: Mutex::new(HashMap::new()),
             config,
             after_change: None,
+            work_queue: None,
         }
     }
 
@@ -161,6 +164,14 @@ impl<R: Runtime> PodSync<R> {
     #[must_use]
     pub fn after_change(mut self, hook: Arc<dyn Fn() + Send + Sync>) -> Self {
         self.after_change = Some(hook);
+        self
+    }
+
+    /// Queues a pod held back by a backoff on `queue` for when the backoff ends, so a crash-looping
+    /// container restarts on time rather than at the next periodic resync.
+    #[must_use]
+    pub fn work_queue(mut self, queue: Arc<WorkQueue>) -> Self {
+        self.work_queue = Some(queue);
         self
     }
 
@@ -211,21 +222,23 @@ impl<R: Runtime> PodSync<R> {
         status::api_pod_status(&input)
     }
 
-    fn record_failures(&self, uid: &PodUid, result: &runtime::PodSyncResult) {
+    /// Keeps the start failures of `result` (upstream's reason cache); returns whether any changed.
+    fn record_failures(&self, uid: &PodUid, result: &runtime::PodSyncResult) -> bool {
         let mut failures = lock(&self.failures);
+        let mut changed = false;
         for r in
             result.results.iter().filter(|r| matches!(r.action, SyncAction::StartContainer | SyncAction::InitContainer))
         {
             let key = (uid.clone(), r.target.clone());
-            match &r.failure {
+            changed |= match &r.failure {
                 Some(f) => {
-                    failures.insert(key, StartFailure::new(&f.reason, &f.message));
+                    let failure = StartFailure::new(&f.reason, &f.message);
+                    failures.insert(key, failure.clone()) != Some(failure)
                 }
-                None => {
-                    failures.remove(&key);
-                }
-            }
+                None => failures.remove(&key).is_some(),
+            };
         }
+        changed
     }
 
     /// Forgets everything kept about a pod.
@@ -239,11 +252,14 @@ impl<R: Runtime> PodSync<R> {
     }
 }
 
-fn deadline_exceeded(pod: &Pod, status: &ApiPodStatus) -> bool {
-    let Some(deadline) = pod.spec.as_ref().and_then(|s| s.active_deadline_seconds) else { return false };
-    let Some(start) = status.start_time.as_ref() else { return false };
-    let elapsed = wall_now().duration_since(start.0).as_secs();
-    elapsed >= deadline
+/// How long the pod may still be active under `activeDeadlineSeconds` (zero once exceeded), or
+/// `None` without a deadline or a start time.
+fn deadline_remaining(pod: &Pod, status: &ApiPodStatus) -> Option<Duration> {
+    let deadline = pod.spec.as_ref()?.active_deadline_seconds?;
+    let start = status.start_time.as_ref()?;
+    let allowed = Duration::from_secs(u64::try_from(deadline).unwrap_or(0));
+    let elapsed = Duration::try_from(wall_now().duration_since(start.0)).unwrap_or(Duration::ZERO);
+    Some(allowed.saturating_sub(elapsed))
 }
 
 impl<R: Runtime> PodSyncer for PodSync<R> {
@@ -259,7 +275,8 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         let uid = PodUid::of(pod);
         debug!(pod = %pod_full_name(pod), %update_type, "sync pod");
         let mut api_status = self.api_status(pod, runtime_status, false);
-        if deadline_exceeded(pod, &api_status) {
+        let deadline = deadline_remaining(pod, &api_status);
+        if deadline == Some(Duration::ZERO) {
             api_status.phase = Some(status::FAILED.to_owned());
             api_status.reason = Some("DeadlineExceeded".to_owned());
             api_status.message = Some("Pod was active on the node longer than the specified deadline".to_owned());
@@ -275,6 +292,10 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         if phase == status::SUCCEEDED || phase == status::FAILED {
             return Ok(true);
         }
+        // Synced again when the deadline passes (upstream scans every pod each second for this).
+        if let (Some(queue), Some(remaining)) = (&self.work_queue, deadline) {
+            queue.enqueue(uid.clone(), remaining);
+        }
         let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
         let network = self.runtime_state.network_errors();
         if !host_network && !network.is_empty() {
@@ -284,7 +305,15 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             tokio::fs::create_dir_all(self.pod_dir(&uid).join(dir)).await?;
         }
         let result = self.runtime.sync_pod(pod, runtime_status, &self.backoff).await;
-        self.record_failures(&uid, &result);
+        if self.record_failures(&uid, &result) {
+            // The reasons show at once (upstream shows them from the next sync on).
+            self.statuses.set(pod, self.api_status(pod, runtime_status, false));
+        }
+        if let Some(queue) = &self.work_queue
+            && let Some(delay) = result.failures().filter_map(|f| f.retry_after).min()
+        {
+            queue.enqueue(uid.clone(), delay);
+        }
         if !result.results.is_empty() {
             self.changed();
         }

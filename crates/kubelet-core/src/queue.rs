@@ -22,9 +22,10 @@ impl WorkQueue {
         WorkQueue::default()
     }
 
-    /// Queues `uid` to become due after `delay` (replacing any earlier time).
+    /// Queues `uid` to become due after `delay`; a pod already due sooner keeps its earlier time.
     pub fn enqueue(&self, uid: PodUid, delay: Duration) {
-        lock(&self.due).insert(uid, Instant::now() + delay);
+        let at = Instant::now() + delay;
+        lock(&self.due).entry(uid).and_modify(|due| *due = (*due).min(at)).or_insert(at);
     }
 
     /// Removes and returns every pod whose time has come.
@@ -78,14 +79,18 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn enqueue_replaces_the_due_time() {
+    async fn the_earliest_due_time_wins() {
         let q = WorkQueue::new();
-        q.enqueue(PodUid::new("a"), Duration::from_secs(1));
         q.enqueue(PodUid::new("a"), Duration::from_secs(10));
-        tokio::time::advance(Duration::from_secs(5)).await;
+        q.enqueue(PodUid::new("a"), Duration::from_secs(3));
+        q.enqueue(PodUid::new("a"), Duration::from_secs(60));
+        tokio::time::advance(Duration::from_secs(2)).await;
         assert!(q.take_due().is_empty());
         assert_eq!(q.len(), 1);
-        q.remove(&PodUid::new("a"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(q.take_due(), [PodUid::new("a")]);
+        q.enqueue(PodUid::new("b"), Duration::from_secs(1));
+        q.remove(&PodUid::new("b"));
         assert!(q.is_empty());
     }
 }

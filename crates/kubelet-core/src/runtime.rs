@@ -395,12 +395,21 @@ pub struct SyncFailure {
     pub reason: String,
     /// Human-readable message.
     pub message: String,
+    /// For a backoff: how long until the step may be retried.
+    pub retry_after: Option<Duration>,
 }
 
 impl SyncFailure {
     /// Creates a failure.
     pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
-        SyncFailure { reason: reason.into(), message: message.into() }
+        SyncFailure { reason: reason.into(), message: message.into(), retry_after: None }
+    }
+
+    /// The same failure, retryable after `delay`.
+    #[must_use]
+    pub fn with_retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
     }
 }
 

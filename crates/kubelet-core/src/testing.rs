@@ -9,6 +9,8 @@
 
 use std::path::PathBuf;
 
+use k8s_openapi::api::core::v1::{Container, Pod};
+
 /// Environment variable: the CRI endpoint, e.g. `unix:///run/kubelet-rs-dev/containerd.sock`.
 pub const ENV_ENDPOINT: &str = "KUBELET_RS_CRI_ENDPOINT";
 /// Environment variable: a busybox image the runtime can pull.
@@ -51,6 +53,33 @@ impl RealRuntime {
                 eprintln!("SKIPPED {test}: no real runtime ({why}); `cargo xtask ci` as root runs it");
                 None
             }
+        }
+    }
+
+    /// A pod with one busybox container `app` that sleeps for an hour, named `name` in
+    /// `namespace`, with a UID no other run of the test shares.
+    pub fn sleeping_pod(&self, name: &str, namespace: &str) -> Pod {
+        use k8s_openapi::{api::core::v1::PodSpec, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                uid: Some(format!("{name}-{}-{nanos}", std::process::id())),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some(self.busybox_image.clone()),
+                    image_pull_policy: Some("IfNotPresent".into()),
+                    command: Some(vec!["sleep".into(), "3600".into()]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
         }
     }
 }

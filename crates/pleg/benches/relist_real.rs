@@ -8,10 +8,7 @@
 use std::{sync::Arc, time::Duration};
 
 use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig};
-use k8s_openapi::{
-    api::core::v1::{Container, Pod, PodSpec},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-};
+use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::{Backoff, Cache, PodUid, Runtime, events::RingRecorder, testing::RealRuntime};
 use kubelet_pleg::{Config, GenericPleg};
 
@@ -29,24 +26,10 @@ fn main() {
         let config = RuntimeConfig::new("bench").pod_logs_dir(logs.join("pods")).container_logs_dir(logs.join("containers")).pods_dir(logs.join("kubelet-pods"));
         let runtime = Arc::new(CriRuntime::new(client, config, Arc::new(RingRecorder::default())));
         let pods: Vec<Pod> = (0..50)
-            .map(|i| Pod {
-                metadata: ObjectMeta {
-                    name: Some(format!("bench-{i}")),
-                    namespace: Some("kubelet-rs-bench".into()),
-                    uid: Some(format!("bench-{i}-{}", std::process::id())),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(PodSpec {
-                    containers: vec![Container {
-                        name: "app".into(),
-                        image: Some(rt.busybox_image.clone()),
-                        image_pull_policy: Some("IfNotPresent".into()),
-                        command: Some(vec!["sleep".into(), "3600".into()]),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
-                ..Pod::default()
+            .map(|i| {
+                let mut pod = rt.sleeping_pod(&format!("bench-{i}"), "kubelet-rs-bench");
+                pod.metadata.uid = Some(format!("bench-{i}-{}", std::process::id()));
+                pod
             })
             .collect();
         let started = std::time::Instant::now();

@@ -8,10 +8,7 @@
 use std::{sync::Arc, time::Duration};
 
 use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig, pb};
-use k8s_openapi::{
-    api::core::v1::{Container, Pod, PodSpec},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-};
+use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::{
     Backoff, Cache, Pleg, PodLifecycleEventKind, PodUid, Runtime, events::RingRecorder, runtime::ContainerState,
     testing::RealRuntime, tokio_util::sync::CancellationToken,
@@ -26,27 +23,7 @@ fn setup(rt: &RealRuntime, name: &str) -> (Client, Arc<CriRuntime>, Pod) {
         .container_logs_dir(logs.join("containers"))
         .pods_dir(logs.join("kubelet-pods"));
     let runtime = Arc::new(CriRuntime::new(client.clone(), config, Arc::new(RingRecorder::default())));
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("kubelet-rs-test".into()),
-            uid: Some(format!("{name}-{}-{nanos}", std::process::id())),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "app".into(),
-                image: Some(rt.busybox_image.clone()),
-                image_pull_policy: Some("IfNotPresent".into()),
-                command: Some(vec!["sleep".into(), "3600".into()]),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
-    (client, runtime, pod)
+    (client, runtime, rt.sleeping_pod(name, "kubelet-rs-test"))
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! Kubelet tests with the fake runtime: the sync trio, status, admission, handlers and
 //! housekeeping.
 
-use std::{collections::BTreeMap, sync::Mutex};
+use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 
 use k8s_openapi::{
     api::core::v1::{Container, ContainerPort, PodSpec, ResourceRequirements},
@@ -123,14 +123,59 @@ async fn crash_loop_backoff_becomes_the_waiting_reason() {
     let p = pod("crash", "Always", &["app"]);
     f.sync(&p).await.unwrap();
     f.sync(&p).await.unwrap(); // the first restart is immediate
-    f.sync(&p).await.unwrap(); // now in backoff: not an error
-    f.sync(&p).await.unwrap(); // the status shows it
+    f.sync(&p).await.unwrap(); // now in backoff: not an error, and the status shows it at once
     let status = f.stored(&p);
     let c = &status.container_statuses.unwrap()[0];
     let waiting = c.state.as_ref().unwrap().waiting.as_ref().unwrap();
     assert_eq!(waiting.reason.as_deref(), Some("CrashLoopBackOff"));
     assert_eq!(c.last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 1);
     assert_eq!(status.phase.as_deref(), Some("Running"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_in_crash_loop_backoff_is_queued_for_when_the_backoff_ends() {
+    let (f, queue) = fixture_with_queue();
+    f.runtime.set_exit_code("app", 1);
+    let p = pod("crash", "Always", &["app"]);
+    f.sync(&p).await.unwrap();
+    f.sync(&p).await.unwrap(); // the first restart is immediate and starts a 10 s backoff
+    assert!(queue.is_empty(), "no backoff yet");
+    tokio::time::advance(Duration::from_secs(4)).await;
+    f.sync(&p).await.unwrap(); // held back
+    tokio::time::advance(Duration::from_millis(5990)).await;
+    assert!(queue.take_due().is_empty(), "not before the backoff ends");
+    tokio::time::advance(Duration::from_millis(20)).await;
+    assert_eq!(queue.take_due(), [PodUid::of(&p)]);
+}
+
+/// A fixture whose syncer queues pods for their next timed sync on the returned queue.
+fn fixture_with_queue() -> (Fixture, Arc<WorkQueue>) {
+    let queue = Arc::new(WorkQueue::new());
+    let mut f = fixture();
+    f.sync = Arc::new(
+        PodSync::new(
+            f.runtime.clone(),
+            f.state.clone(),
+            Arc::new(StatusStore::new()),
+            f.events.clone(),
+            Config::new("node-1").root_dir(f.root.path()),
+        )
+        .work_queue(queue.clone()),
+    );
+    (f, queue)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_with_an_active_deadline_is_queued_for_the_deadline() {
+    let (f, queue) = fixture_with_queue();
+    let mut spec_pod = (*pod("deadline", "Always", &["a"])).clone();
+    spec_pod.spec.as_mut().unwrap().active_deadline_seconds = Some(30);
+    let p = Arc::new(spec_pod);
+    f.sync(&p).await.unwrap();
+    tokio::time::advance(Duration::from_secs(28)).await;
+    assert!(queue.take_due().is_empty(), "not before the deadline");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(queue.take_due(), [PodUid::of(&p)]);
 }
 
 #[tokio::test(start_paused = true)]
