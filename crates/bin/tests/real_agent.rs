@@ -110,6 +110,15 @@ async fn wait_for(
     panic!("timed out waiting for {what}");
 }
 
+/// A fresh scratch directory `<dir>-<pid>` with an empty manifest directory, and the node name
+/// `<node>-<pid>` the test's agent runs as (its pods' names end with it).
+fn scratch(rt: &RealRuntime, dir: &str, node: &str) -> (std::path::PathBuf, String) {
+    let pid = std::process::id();
+    let dir = rt.scratch_dir.join(format!("{dir}-{pid}"));
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    (dir, format!("{node}-{pid}"))
+}
+
 fn running(status: &kubelet_core::runtime::PodStatus) -> bool {
     status.container_status("app").is_some_and(|c| c.state == ContainerState::Running)
 }
@@ -117,9 +126,7 @@ fn running(status: &kubelet_core::runtime::PodStatus) -> bool {
 #[tokio::test]
 async fn real_static_pod_lifecycle_through_the_agent() {
     let Some(rt) = RealRuntime::from_env("real_static_pod_lifecycle_through_the_agent") else { return };
-    let dir = rt.scratch_dir.join(format!("agent-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    let node = format!("node-{}", std::process::id());
+    let (dir, node) = scratch(&rt, "agent", "node");
     let name = format!("web-{node}");
     let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
     let runtime = Arc::new(test_runtime(&rt, &dir, &node));
@@ -180,9 +187,7 @@ async fn real_static_pod_lifecycle_through_the_agent() {
 #[tokio::test]
 async fn real_edits_sandbox_loss_and_removal_while_down() {
     let Some(rt) = RealRuntime::from_env("real_edits_sandbox_loss_and_removal_while_down") else { return };
-    let dir = rt.scratch_dir.join(format!("agent-edit-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    let node = format!("edit-{}", std::process::id());
+    let (dir, node) = scratch(&rt, "agent-edit", "edit");
     let runtime = Arc::new(test_runtime(&rt, &dir, &node));
 
     let outcome = {
@@ -332,9 +337,7 @@ fn waiting_reason(status: &serde_json::Value, name: &str) -> Option<String> {
 #[tokio::test]
 async fn real_pod_statuses_through_the_local_api() {
     let Some(rt) = RealRuntime::from_env("real_pod_statuses_through_the_local_api") else { return };
-    let dir = rt.scratch_dir.join(format!("agent-api-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    let node = format!("api-{}", std::process::id());
+    let (dir, node) = scratch(&rt, "agent-api", "api");
     let port = free_port();
     let image = rt.busybox_image.clone();
     let manifests = dir.join("manifests");
