@@ -119,6 +119,39 @@ fn scratch(rt: &RealRuntime, dir: &str, node: &str) -> (std::path::PathBuf, Stri
     (dir, format!("{node}-{pid}"))
 }
 
+/// Waits (at most 20 s) until nothing of the pod `uid` is left: no sandbox or container in the
+/// runtime, no log directory, no pod directory, no pod cgroup.
+async fn wait_until_gone(runtime: &CriRuntime, dir: &Path, uid: &kubelet_core::PodUid) {
+    let leftovers = || async {
+        let mut left = Vec::new();
+        if runtime.get_pods(true).await.unwrap().iter().any(|p| p.uid == *uid) {
+            left.push("sandboxes or containers".to_owned());
+        }
+        for entry in std::fs::read_dir(dir.join("pods")).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().ends_with(uid.as_str()) {
+                left.push(format!("log directory {}", entry.path().display()));
+            }
+        }
+        if dir.join("root/pods").join(uid.as_str()).exists() {
+            left.push("pod directory".to_owned());
+        }
+        for qos in ["", "burstable/", "besteffort/"] {
+            let cgroup = Path::new("/sys/fs/cgroup/cpu/kubepods").join(format!("{qos}pod{uid}"));
+            if cgroup.exists() {
+                left.push(format!("cgroup {}", cgroup.display()));
+            }
+        }
+        left
+    };
+    for _ in 0..200 {
+        if leftovers().await.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("pod {uid} left behind: {:?}", leftovers().await);
+}
+
 fn running(status: &kubelet_core::runtime::PodStatus) -> bool {
     status.container_status("app").is_some_and(|c| c.state == ContainerState::Running)
 }
@@ -206,7 +239,8 @@ async fn real_edits_sandbox_loss_and_removal_while_down() {
             std::fs::write(dir.join("manifests/web.yaml"), manifest("web", &rt.busybox_image, "exec sleep 3601"))
                 .unwrap();
             let edited = wait_for(&runtime, &web, "the edited pod to run", |s| s.uid != first.uid && running(s)).await;
-            wait_for(&runtime, &web, "the old pod to stop", |s| s.uid == first.uid && !s.is_running()).await;
+            // The old pod stops and nothing of it is left.
+            wait_until_gone(&runtime, &dir, &first.uid).await;
 
             // A sandbox stopped behind the agent's back is recreated with the next attempt.
             let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
@@ -227,7 +261,8 @@ async fn real_edits_sandbox_loss_and_removal_while_down() {
             assert!(agent.exited_within(Duration::from_secs(5)).await);
             std::fs::remove_file(dir.join("manifests/gone.yaml")).unwrap();
             let mut agent = Agent::start(&rt, &dir, &node);
-            wait_for(&runtime, &gone, "the removed pod to stop", |s| !s.is_running()).await;
+            let removed = wait_for(&runtime, &gone, "the removed pod to stop", |s| !s.is_running()).await;
+            wait_until_gone(&runtime, &dir, &removed.uid).await;
             let still =
                 wait_for(&runtime, &web, "the kept pod to keep running", |s| s.uid == edited.uid && running(s)).await;
             assert_eq!(still.sandbox_statuses[0].id, recreated.sandbox_statuses[0].id, "untouched by the restart");

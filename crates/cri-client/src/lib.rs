@@ -74,6 +74,12 @@ pub enum Error {
         #[source]
         status: Box<tonic::Status>,
     },
+    /// The pod whose content was to be removed still has a running container or a ready sandbox.
+    #[error("pod {uid} still runs; stop it before removing it")]
+    PodStillRuns {
+        /// The pod's UID.
+        uid: String,
+    },
 }
 
 impl Error {
@@ -101,7 +107,7 @@ impl Error {
     pub fn code(&self) -> Option<Code> {
         match self {
             Error::Status { status, .. } => Some(status.code()),
-            Error::InvalidEndpoint { .. } => None,
+            Error::InvalidEndpoint { .. } | Error::PodStillRuns { .. } => None,
         }
     }
 

@@ -922,6 +922,26 @@ impl Runtime for CriRuntime {
         Ok(result)
     }
 
+    async fn remove_pod_content(&self, uid: &PodUid) -> Result<(), Error> {
+        let pods = self.get_pods(true).await?;
+        let Some(pod) = pods.into_iter().find(|p| p.uid == *uid) else { return Ok(()) };
+        if pod.containers.iter().any(|c| c.state == ContainerState::Running)
+            || pod.sandboxes.iter().any(|s| s.state == SandboxState::Ready)
+        {
+            return Err(Error::PodStillRuns { uid: uid.to_string() });
+        }
+        let api = ApiPod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(pod.name),
+                namespace: Some(pod.namespace),
+                uid: Some(uid.to_string()),
+                ..Default::default()
+            },
+            ..ApiPod::default()
+        };
+        self.remove_pod(&api).await
+    }
+
     async fn delete_container(&self, container_id: &str) -> Result<(), Error> {
         let request = pb::RemoveContainerRequest { container_id: container_id.to_owned() };
         match self.client.runtime_service().remove_container(request).await {

@@ -92,6 +92,8 @@ pub enum Method {
     DeleteContainer,
     /// `garbage_collect`.
     GarbageCollect,
+    /// `remove_pod_content`.
+    RemovePodContent,
     /// Starting one container inside `sync_pod` (scripted errors become `RunContainerError`).
     StartContainer,
     /// Creating a sandbox inside `sync_pod` (scripted errors become `CreatePodSandboxError`).
@@ -732,6 +734,23 @@ impl Runtime for FakeRuntime {
         }
         pod.containers.retain(|c| c.status.id != container_id);
         st.emit(&uid, container_id, ContainerEventKind::Deleted);
+        Ok(())
+    }
+
+    async fn remove_pod_content(&self, uid: &PodUid) -> Result<(), FakeError> {
+        self.enter(Method::RemovePodContent, uid.as_str()).await?;
+        let mut st = lock(&self.state);
+        let Some(pod) = st.pods.get(uid) else { return Ok(()) };
+        if pod.containers.iter().any(|c| c.status.state == ContainerState::Running)
+            || pod.sandboxes.iter().any(|s| s.state == SandboxState::Ready)
+        {
+            return Err(FakeError::new(Code::Internal, format!("pod {uid} still runs")));
+        }
+        let ids: Vec<String> = pod.containers.iter().map(|c| c.status.id.clone()).collect();
+        st.pods.remove(uid);
+        for id in ids {
+            st.emit(uid, &id, ContainerEventKind::Deleted);
+        }
         Ok(())
     }
 

@@ -376,8 +376,10 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
     async fn sync_terminating_runtime_pod(&self, running: &runtime::Pod) -> Result<(), Error> {
         info!(pod.uid = %running.uid, pod.name = %running.name, "killing an orphaned pod that exists only in the runtime");
         self.runtime.kill_pod(None, running, Some(1)).await.map_err(|e| Error::Runtime(e.to_string()))?;
+        // Nobody wants it back: its containers, sandboxes and logs go now, not at the next GC.
+        let removed = self.runtime.remove_pod_content(&running.uid).await;
         self.changed();
-        Ok(())
+        removed.map_err(|e| Error::Runtime(e.to_string()))
     }
 
     async fn sync_terminated_pod(&self, pod: &Arc<Pod>, runtime_status: &PodStatus) -> Result<(), Error> {
@@ -530,12 +532,20 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         let desired = self.pods.pods();
         let desired_uids: HashSet<PodUid> = desired.iter().map(|p| PodUid::of(p)).collect();
         let workers = self.workers.sync_known_pods(&desired);
-        // Pods running in the runtime that no worker knows: orphans, killed with a 1 s grace.
-        let running = self.sync.runtime.get_pods(false).await.map_err(|e| Error::Runtime(e.to_string()))?;
-        for pod in running {
-            if !workers.contains_key(&pod.uid) && !desired_uids.contains(&pod.uid) {
+        // Pods in the runtime that nobody wants and no worker knows: running ones are orphans,
+        // killed with a 1 s grace; what is left of stopped ones is removed.
+        let in_runtime = self.sync.runtime.get_pods(true).await.map_err(|e| Error::Runtime(e.to_string()))?;
+        for pod in in_runtime {
+            if workers.contains_key(&pod.uid) || desired_uids.contains(&pod.uid) {
+                continue;
+            }
+            let runs = pod.containers.iter().any(|c| c.state == ContainerState::Running)
+                || pod.sandboxes.iter().any(|s| s.state == runtime::SandboxState::Ready);
+            if runs {
                 let kill = KillPodOptions { grace_period_override: Some(1), ..KillPodOptions::default() };
                 self.workers.update_pod(UpdatePodOptions::kill_orphan(pod, kill));
+            } else if let Err(err) = self.sync.runtime.remove_pod_content(&pod.uid).await {
+                warn!(pod.uid = %pod.uid, pod.name = %pod.name, error = %err, "cannot remove a pod that is gone");
             }
         }
         // What is kept about pods that are gone.

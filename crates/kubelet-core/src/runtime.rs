@@ -654,6 +654,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// Removes a dead container.
     fn delete_container(&self, container_id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Removes everything left of a pod that is gone and has nothing running: its containers and
+    /// sandboxes, and what the runtime keeps beside them (pod cgroups, log directory).
+    /// Upstream leaves this to its periodic container GC; the kubelet calls it as soon as it knows
+    /// the pod is gone. A pod with a running container or a ready sandbox is an error.
+    fn remove_pod_content(&self, uid: &PodUid) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
     /// Removes dead containers and sandboxes according to `policy`.
     fn garbage_collect(
         &self,

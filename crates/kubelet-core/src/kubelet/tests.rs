@@ -371,3 +371,38 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
     assert!(!f.root.path().join("pods/ghost").exists(), "its directory is removed");
     assert!(f.root.path().join("pods/kept").exists());
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_is_left_of_pods_that_are_gone_is_removed() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    let in_runtime = |uid: &str| {
+        let runtime = f.runtime.clone();
+        let uid = PodUid::new(uid);
+        async move { runtime.get_pods(true).await.unwrap().iter().any(|p| p.uid == uid) }
+    };
+    // Stopped, unknown to config and workers: housekeeping removes its containers and sandboxes.
+    let stopped = pod("stopped", "Always", &["c"]);
+    f.sync(&stopped).await.unwrap();
+    let status = f.runtime_status(&stopped).await;
+    f.sync.sync_terminating_pod(&stopped, &status, 0, None).await.unwrap();
+    // Stopped but still wanted (a finished pod whose manifest is still there): kept.
+    let done = pod("done", "Always", &["c"]);
+    k.handle_pod_additions(vec![done.clone()]).await;
+    f.sync(&done).await.unwrap();
+    let status = f.runtime_status(&done).await;
+    f.sync.sync_terminating_pod(&done, &status, 0, None).await.unwrap();
+    updates(&w);
+    k.handle_pod_cleanups().await.unwrap();
+    assert!(updates(&w).is_empty(), "nothing runs, so nothing is killed");
+    assert!(!in_runtime("stopped").await, "removed");
+    assert!(in_runtime("done").await, "kept");
+
+    // An orphan that was running is removed once it is stopped.
+    let ghost = pod("ghost", "Always", &["c"]);
+    f.sync(&ghost).await.unwrap();
+    let running = f.runtime.get_pods(false).await.unwrap().into_iter().find(|p| p.name == "ghost").unwrap();
+    f.sync.sync_terminating_runtime_pod(&running).await.unwrap();
+    assert!(!in_runtime("ghost").await);
+}
