@@ -167,8 +167,9 @@ impl<R: Runtime> PodSync<R> {
         self
     }
 
-    /// Queues a pod held back by a backoff on `queue` for when the backoff ends, so a crash-looping
-    /// container restarts on time rather than at the next periodic resync.
+    /// Queues pods on `queue` for their next timed sync: a pod held back by a backoff for when the
+    /// backoff ends, a pod with `activeDeadlineSeconds` for its deadline; so both happen on time
+    /// rather than at the next periodic resync.
     #[must_use]
     pub fn work_queue(mut self, queue: Arc<WorkQueue>) -> Self {
         self.work_queue = Some(queue);
