@@ -369,6 +369,19 @@ fn waiting_reason(status: &serde_json::Value, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The waiting message of the pod's first container ("" when it is not waiting).
+fn waiting_message(status: &serde_json::Value) -> String {
+    status["containerStatuses"][0]["state"]["waiting"]["message"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Whether the crash-loop backoff the first container waits out is 10 s doubled once per restart
+/// after the first (which is immediate).
+fn backoff_doubles(status: &serde_json::Value) -> bool {
+    let restarts = status["containerStatuses"][0]["restartCount"].as_u64().unwrap_or(0);
+    let expected = (10u64 << restarts.saturating_sub(1).min(5)).min(300);
+    waiting_message(status).starts_with(&format!("back-off {expected}s "))
+}
+
 #[tokio::test]
 async fn real_pod_statuses_through_the_local_api() {
     let Some(rt) = RealRuntime::from_env("real_pod_statuses_through_the_local_api") else { return };
@@ -407,6 +420,7 @@ async fn real_pod_statuses_through_the_local_api() {
             .await;
             assert!(status["containerStatuses"][0]["restartCount"].as_i64().unwrap() >= 1);
             assert_eq!(status["containerStatuses"][0]["lastState"]["terminated"]["exitCode"], 1);
+            assert!(backoff_doubles(&status), "{status}");
 
             // Exit 0 under OnFailure is Succeeded; exit 1 under Never is Failed.
             pod_status(port, &format!("done-{node}"), "Succeeded", |s| s["phase"] == "Succeeded").await;
@@ -433,6 +447,14 @@ async fn real_pod_statuses_through_the_local_api() {
             ] {
                 assert!(metrics.contains(name), "{name} missing from /metrics");
             }
+
+            // The backoff doubles: the second restart comes 10 s later and is followed by 20 s.
+            let status = pod_status(port, &format!("crash-{node}"), "a second restart", |s| {
+                s["containerStatuses"][0]["restartCount"].as_i64() >= Some(2)
+                    && waiting_message(s).starts_with("back-off")
+            })
+            .await;
+            assert!(backoff_doubles(&status), "{status}");
             agent.signal(Signal::SIGTERM);
             assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
         }
