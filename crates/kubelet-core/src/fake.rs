@@ -227,6 +227,24 @@ impl FakeRuntime {
 
     /// Sets a container's state behind the kubelet's back (an exit gets code 0).
     pub fn set_container_state(&self, container_id: &str, state: ContainerState) -> Result<(), FakeError> {
+        if state == ContainerState::Exited {
+            return self.stop_container(container_id, 0);
+        }
+        let kind =
+            if state == ContainerState::Running { ContainerEventKind::Started } else { ContainerEventKind::Stopped };
+        self.change_container(container_id, kind, |c, _| {
+            c.status.state = state;
+            c.finished = None;
+        })
+    }
+
+    /// Applies `change` to a container behind the kubelet's back and reports it as `kind`.
+    fn change_container(
+        &self,
+        container_id: &str,
+        kind: ContainerEventKind,
+        change: impl FnOnce(&mut FakeContainer, k8s_openapi::jiff::Timestamp),
+    ) -> Result<(), FakeError> {
         let mut st = lock(&self.state);
         let at = st.now();
         let c = st
@@ -235,18 +253,8 @@ impl FakeRuntime {
             .flat_map(|p| p.containers.iter_mut())
             .find(|c| c.status.id == container_id)
             .ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
-        if state == ContainerState::Exited {
-            exit(c, 0, at);
-        } else {
-            c.status.state = state;
-            c.finished = None;
-        }
+        change(c, at);
         if let Some(uid) = st.pod_of(container_id) {
-            let kind = if state == ContainerState::Running {
-                ContainerEventKind::Started
-            } else {
-                ContainerEventKind::Stopped
-            };
             st.emit(&uid, container_id, kind);
         }
         Ok(())
@@ -286,19 +294,7 @@ impl FakeRuntime {
 
     /// Stops a running container behind the kubelet's back.
     pub fn stop_container(&self, container_id: &str, exit_code: i32) -> Result<(), FakeError> {
-        let mut st = lock(&self.state);
-        let at = st.now();
-        let c = st
-            .pods
-            .values_mut()
-            .flat_map(|p| p.containers.iter_mut())
-            .find(|c| c.status.id == container_id)
-            .ok_or_else(|| FakeError::new(Code::NotFound, format!("container {container_id} not found")))?;
-        exit(c, exit_code, at);
-        if let Some(uid) = st.pod_of(container_id) {
-            st.emit(&uid, container_id, ContainerEventKind::Stopped);
-        }
-        Ok(())
+        self.change_container(container_id, ContainerEventKind::Stopped, |c, at| exit(c, exit_code, at))
     }
 
     /// Stops every sandbox of a pod behind the kubelet's back (its containers die with it).

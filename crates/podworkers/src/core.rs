@@ -437,13 +437,7 @@ impl Core {
         if !can_ever_start {
             // Terminated before it ever started: nothing ran, so nothing needs stopping.
             status.terminating_at.get_or_insert(now);
-            status.terminated_at.get_or_insert(now);
-            status.finished = true;
-            status.working = false;
-            status.worker = false;
-            status.pending = None;
-            let full_name = status.full_name.clone();
-            self.forget_started_static(&full_name, uid);
+            self.finish(uid, now);
             return Start::Exit;
         }
         if !can_start {
@@ -506,6 +500,18 @@ impl Core {
         }
     }
 
+    /// Marks the pod terminated and finished, with no worker and no pending work.
+    fn finish(&mut self, uid: &PodUid, now: Instant) {
+        let Some(status) = self.statuses.get_mut(uid) else { return };
+        status.terminated_at.get_or_insert(now);
+        status.finished = true;
+        status.working = false;
+        status.worker = false;
+        status.pending = None;
+        let full_name = status.full_name.clone();
+        self.forget_started_static(&full_name, uid);
+    }
+
     /// What follows a sync of `work` that ended with `outcome` (upstream's tail of
     /// `podWorkerLoop`, `completeSync`, `completeTerminating`, `completeTerminated`,
     /// `completeTerminatingRuntimePod` and `completeWork`).
@@ -518,15 +524,7 @@ impl Core {
         if let Outcome::Synced { terminal } = outcome {
             match work.kind {
                 WorkType::Terminated => {
-                    if let Some(status) = self.statuses.get_mut(uid) {
-                        status.terminated_at.get_or_insert(now);
-                        status.finished = true;
-                        status.working = false;
-                        status.worker = false;
-                        status.pending = None;
-                        let full_name = status.full_name.clone();
-                        self.forget_started_static(&full_name, uid);
-                    }
+                    self.finish(uid, now);
                     return Completion { exit: true, requeue: None, wake: false };
                 }
                 WorkType::Terminating if work.options.running_pod.is_some() => {

@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, collections::HashSet, fmt, path::PathBuf};
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe, Toleration};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus, Probe, Toleration};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -410,13 +410,7 @@ pub fn validate_pod(pod: &Pod, is_static: bool) -> Result<(), FieldError> {
         }
     }
     let mut names = HashSet::new();
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c))
-        .chain(spec.containers.iter().enumerate().map(|(i, c)| (format!("spec.containers[{i}]"), c)));
+    let containers = containers_with_paths(spec);
     for (path, container) in containers {
         validate_container(container, &path, &volumes)?;
         if !names.insert(container.name.as_str()) {
@@ -429,6 +423,16 @@ pub fn validate_pod(pod: &Pod, is_static: bool) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// The init and regular containers of `spec`, each with its field path (`spec.containers[0]`).
+fn containers_with_paths(spec: &PodSpec) -> impl Iterator<Item = (String, &Container)> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c))
+        .chain(spec.containers.iter().enumerate().map(|(i, c)| (format!("spec.containers[{i}]"), c)))
+}
+
 /// Static pods may not reference API objects (upstream `PreventStaticPodAPIReferences`).
 fn validate_no_api_references(pod: &Pod) -> Result<(), FieldError> {
     let forbidden = |field: String| field_error(field, "forbidden: static pods may not reference API objects");
@@ -436,13 +440,7 @@ fn validate_no_api_references(pod: &Pod) -> Result<(), FieldError> {
     if spec.service_account_name.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(forbidden("spec.serviceAccountName".to_owned()));
     }
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c))
-        .chain(spec.containers.iter().enumerate().map(|(i, c)| (format!("spec.containers[{i}]"), c)));
+    let containers = containers_with_paths(spec);
     for (path, c) in containers {
         if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
             return Err(forbidden(format!("{path}.envFrom")));
