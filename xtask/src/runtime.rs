@@ -356,6 +356,15 @@ pub(crate) fn stop() -> Result<()> {
     }
     CONTAINERD_DAEMON.stop()?;
     REGISTRY_DAEMON.stop()?;
+    // What the runtime and the tests leave on the host: the CNI bridge and the tests' scratch
+    // files (containers, sandboxes and images stay in the state directory for the next start).
+    if Path::new("/sys/class/net").join(BRIDGE).exists() {
+        let _ = output(Command::new("ip").args(["link", "delete", BRIDGE]));
+    }
+    let scratch = Path::new(STATE_DIR).join("test");
+    if scratch.exists() {
+        fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
+    }
     Ok(())
 }
 
