@@ -106,23 +106,16 @@ pub fn admit(pod: &Pod, active: &[&Pod], node: &NodeResources) -> Result<(), Rej
     let (cpu, memory) = pod_requests(pod);
     let used_cpu: i64 = active.iter().map(|p| pod_requests(p).0).sum();
     let used_memory: i64 = active.iter().map(|p| pod_requests(p).1).sum();
-    if cpu > 0 && used_cpu + cpu > node.cpu_milli {
-        return reject(
-            "OutOfcpu",
-            format!(
-                "Node didn't have enough resource: cpu, requested: {cpu}, used: {used_cpu}, capacity: {}",
-                node.cpu_milli
-            ),
-        );
-    }
-    if memory > 0 && used_memory + memory > node.memory_bytes {
-        return reject(
-            "OutOfmemory",
-            format!(
-                "Node didn't have enough resource: memory, requested: {memory}, used: {used_memory}, capacity: {}",
-                node.memory_bytes
-            ),
-        );
+    let resources = [("cpu", cpu, used_cpu, node.cpu_milli), ("memory", memory, used_memory, node.memory_bytes)];
+    for (resource, requested, used, capacity) in resources {
+        if requested > 0 && used + requested > capacity {
+            return reject(
+                &format!("OutOf{resource}"),
+                format!(
+                    "Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, capacity: {capacity}"
+                ),
+            );
+        }
     }
     let used_ports: HashSet<(String, i32)> = active.iter().flat_map(|p| host_ports(p)).collect();
     if host_ports(pod).iter().any(|p| used_ports.contains(p)) {
