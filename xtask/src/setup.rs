@@ -11,9 +11,10 @@ use crate::{
     util::{have, is_root, output, run},
 };
 
-/// Debian packages: protoc for the CRI bindings, the runtime, CNI plugins, registry tools, and
+/// Debian packages: protoc for the CRI bindings, the runtime, CNI plugins (and ping, which the CNI
+/// tests use to reach a pod address), registry tools, and
 /// the C toolchain and busybox for the test images.
-const PACKAGES: [&str; 12] = [
+const PACKAGES: [&str; 13] = [
     "protobuf-compiler",
     "containerd",
     "runc",
@@ -23,6 +24,7 @@ const PACKAGES: [&str; 12] = [
     "skopeo",
     "iproute2",
     "iptables",
+    "iputils-ping",
     "gcc",
     "libc6-dev",
     "binutils",

@@ -5,6 +5,7 @@
 
 mod agent;
 mod api;
+mod cnitool;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
@@ -34,6 +35,8 @@ enum Command {
         #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
         container_runtime_endpoint: String,
     },
+    /// Add, check or delete a network namespace's attachment with CNI plugins, as cnitool does.
+    Cni(cnitool::CniArgs),
 }
 
 /// Flags of `run`, with upstream's names.
@@ -98,6 +101,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(check_runtime(&container_runtime_endpoint))
         }
+        Command::Cni(args) => cnitool::main(args),
         Command::Run(args) => {
             tracing_subscriber::fmt()
                 .with_env_filter(

@@ -112,19 +112,28 @@ impl Cache {
             path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
             std::process::id()
         ));
-        let write = async {
-            tokio::fs::DirBuilder::new().recursive(true).mode(0o700).create(&results).await?;
-            let mut options = tokio::fs::OpenOptions::new();
-            options.write(true).create(true).truncate(true).mode(0o600);
-            let mut file = options.open(&tmp).await?;
-            tokio::io::AsyncWriteExt::write_all(&mut file, &bytes).await?;
-            file.sync_all().await?;
-            drop(file);
-            tokio::fs::rename(&tmp, &path).await
+        // One blocking task for the whole write: mkdir, write, rename.
+        let target = path.clone();
+        let write = move || -> io::Result<()> {
+            use std::{
+                fs,
+                io::Write as _,
+                os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
+            };
+            fs::DirBuilder::new().recursive(true).mode(0o700).create(&results)?;
+            let mut file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+            // No fsync, as libcni: the rename makes the replacement atomic, and the cache is
+            // advisory (DEL works without it); an fsync would double the cost of ADD.
+            let written = file.write_all(&bytes).and_then(|()| fs::rename(&tmp, &target));
+            if written.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            written
         };
-        if let Err(e) = write.await {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            return Err(cache_error(&path, e));
+        match tokio::task::spawn_blocking(write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(cache_error(&path, e)),
+            Err(e) => return Err(cache_error(&path, e)),
         }
         Ok(())
     }

@@ -131,7 +131,7 @@ pub fn free_subnet() -> Ipv4Net {
             if dst == "default" {
                 return None;
             }
-            dst.parse::<Ipv4Net>().ok().or_else(|| dst.parse::<Ipv4Addr>().ok().map(|a| Ipv4Net::from(a)))
+            dst.parse::<Ipv4Net>().ok().or_else(|| dst.parse::<Ipv4Addr>().ok().map(Ipv4Net::from))
         })
         .collect();
     (0..=255u8)
