@@ -3,15 +3,15 @@
 //! CRI runtime manager, evented PLEG (which falls back to relisting on runtimes without events),
 //! pod workers, the kubelet, the static pod file source, a runtime status poll, and the sync loop.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig};
 use kubelet_core::{
     Cache, Pleg, PodManager, Runtime, Source, SourcesReady, WorkQueue,
-    config::{PodConfig, file},
+    config::{PodConfig, file, http},
     events::RingRecorder,
-    kubelet::{self, Kubelet, PodSync, status_store::StatusStore},
+    kubelet::{self, Kubelet, PodSync, admission::NodeResources, status_store::StatusStore},
     state::{LoopHealth, RuntimeState},
     sync_loop::{self, Inputs, Shared},
 };
@@ -19,43 +19,33 @@ use tokio::time::Instant;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, info, info_span, warn};
 
-/// What the agent needs to run.
-#[derive(Clone, Debug)]
-pub(crate) struct AgentConfig {
-    /// The read-only API's address (`--address`:`--read-only-port`), if enabled.
-    pub(crate) read_only: Option<std::net::SocketAddr>,
-    /// The healthz address (`--healthz-bind-address`:`--healthz-port`), if enabled.
-    pub(crate) healthz: Option<std::net::SocketAddr>,
-    pub(crate) node_name: String,
-    pub(crate) node_ip: String,
-    pub(crate) runtime_endpoint: String,
-    pub(crate) manifest_path: Option<PathBuf>,
-    pub(crate) root_dir: PathBuf,
-    pub(crate) pod_logs_dir: PathBuf,
-    pub(crate) container_logs_dir: PathBuf,
-    pub(crate) cgroup_root: String,
-}
+use crate::settings::Settings;
 
 /// Runs the agent until `cancel` fires; returns once every task has stopped.
 pub(crate) async fn run(
-    config: AgentConfig,
+    config: Settings,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     cancel: CancellationToken,
 ) -> Result<()> {
-    let client =
-        Client::connect(&CriConfig::new(&config.runtime_endpoint)).context("invalid --container-runtime-endpoint")?;
+    let file = &config.file;
+    let mut cri_config = CriConfig::new(&file.container_runtime_endpoint).request_timeout(file.runtime_request_timeout);
+    if let Some(endpoint) = &file.image_service_endpoint {
+        cri_config = cri_config.image_endpoint(endpoint);
+    }
+    let client = Client::connect(&cri_config).context("invalid containerRuntimeEndpoint")?;
     let recorder = Arc::new(RingRecorder::default());
     let runtime_config = RuntimeConfig::new(&config.node_name)
-        .pod_logs_dir(&config.pod_logs_dir)
+        .pod_logs_dir(&file.pod_logs_dir)
         .container_logs_dir(&config.container_logs_dir)
         .pods_dir(config.root_dir.join("pods"))
-        .cgroup_root(&config.cgroup_root)
-        .node_ip(&config.node_ip);
+        .cgroup_root(&config.pods_cgroup)
+        .node_ip(&config.node_ip)
+        .image_pull_limit(file.image_pull_limit());
     let runtime = Arc::new(CriRuntime::new(client, runtime_config, recorder.clone()));
     let version = runtime
         .version()
         .await
-        .with_context(|| format!("cannot reach the container runtime at {}", config.runtime_endpoint))?;
+        .with_context(|| format!("cannot reach the container runtime at {}", file.container_runtime_endpoint))?;
     info!(runtime = %version.runtime_name, version = %version.runtime_version, api = %version.runtime_api_version, "connected to the container runtime");
 
     let cache = Arc::new(Cache::new());
@@ -68,7 +58,14 @@ pub(crate) async fn run(
     });
     let work_queue = Arc::new(WorkQueue::new());
     let statuses = Arc::new(StatusStore::new());
-    let kubelet_config = kubelet::Config::new(&config.node_name).root_dir(&config.root_dir).node_ip(&config.node_ip);
+    // Allocatable: capacity minus systemReserved and kubeReserved (upstream's node allocatable).
+    let mut node = NodeResources::of_this_node();
+    let (reserved_cpu, reserved_memory) = file.reserved();
+    node.cpu_milli = (node.cpu_milli - reserved_cpu).max(0);
+    node.memory_bytes = (node.memory_bytes - reserved_memory).max(0);
+    node.max_pods = file.max_pods as usize;
+    let kubelet_config =
+        kubelet::Config::new(&config.node_name).root_dir(&config.root_dir).node_ip(&config.node_ip).node(node);
     let sync = Arc::new(
         PodSync::new(runtime.clone(), runtime_state.clone(), statuses.clone(), recorder.clone(), kubelet_config)
             .after_change({
@@ -85,18 +82,36 @@ pub(crate) async fn run(
         cancel.child_token(),
     ));
     let pods = Arc::new(PodManager::new());
-    let sources = Arc::new(SourcesReady::new(config.manifest_path.iter().map(|_| Source::File)));
+    let (file_period, http_period, sync_period) = config.periods();
+    let mut source_kinds = Vec::new();
+    if file.static_pod_path.is_some() {
+        source_kinds.push(Source::File);
+    }
+    if file.static_pod_url.is_some() {
+        source_kinds.push(Source::Http);
+    }
+    let sources = Arc::new(SourcesReady::new(source_kinds));
     let kubelet = Kubelet::new(sync, workers.clone(), pods.clone(), sources.clone());
     let (pod_config, updates) = PodConfig::new(recorder.clone());
 
     let tracker = TaskTracker::new();
-    if let Some(path) = &config.manifest_path {
+    if let Some(path) = &file.static_pod_path {
         let source = file::FileSource::new(
-            file::Config::new(path, &config.node_name),
+            file::Config::new(path, &config.node_name).check_frequency(file_period),
             pod_config.source(Source::File),
             recorder.clone(),
         );
         tracker.spawn(source.run(cancel.child_token()).instrument(info_span!("file_source")));
+    }
+    if let Some(url) = &file.static_pod_url {
+        let mut http_config = http::Config::new(url, &config.node_name).check_frequency(http_period);
+        for (name, values) in &file.static_pod_url_header {
+            for value in values {
+                http_config = http_config.header(name, value);
+            }
+        }
+        let source = http::HttpSource::new(http_config, pod_config.source(Source::Http), recorder.clone());
+        tracker.spawn(source.run(cancel.child_token()).instrument(info_span!("http_source")));
     }
     tracker.spawn({
         let (pleg, cancel) = (pleg.clone(), cancel.child_token());
@@ -150,7 +165,7 @@ pub(crate) async fn run(
         &kubelet,
         Inputs::new(updates, pleg_events, probes),
         &shared,
-        &sync_loop::Config::default(),
+        &sync_loop::Config::default().sync_period(sync_period),
         cancel.clone(),
     )
     .await;

@@ -6,12 +6,14 @@
 mod agent;
 mod api;
 mod cnitool;
+mod settings;
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use cri_client::{Client, Config};
+use settings::{LogFormat, RunArgs, Settings};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -39,47 +41,6 @@ enum Command {
     Cni(cnitool::CniArgs),
 }
 
-/// Flags of `run`, with upstream's names.
-#[derive(Debug, Args)]
-struct RunArgs {
-    /// The CRI endpoint of the container runtime.
-    #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
-    container_runtime_endpoint: String,
-    /// Static pod manifests: a directory or one file.
-    #[arg(long)]
-    pod_manifest_path: Option<PathBuf>,
-    /// The kubelet's state directory.
-    #[arg(long, default_value = "/var/lib/kubelet")]
-    root_dir: PathBuf,
-    /// The node's name (defaults to the host name).
-    #[arg(long)]
-    hostname_override: Option<String>,
-    /// The node's IP.
-    #[arg(long, default_value = "")]
-    node_ip: String,
-    /// Where pod log directories go (`podLogsDir` of the config file).
-    #[arg(long, default_value = "/var/log/pods")]
-    pod_logs_dir: PathBuf,
-    /// Where the legacy container log links go.
-    #[arg(long, default_value = "/var/log/containers")]
-    container_logs_dir: PathBuf,
-    /// The cgroupfs root of pod cgroups.
-    #[arg(long, default_value = "/kubepods")]
-    cgroup_root: String,
-    /// The address of the read-only API.
-    #[arg(long, default_value = "127.0.0.1")]
-    address: std::net::IpAddr,
-    /// The port of the read-only API (`/healthz`, `/pods`, `/runningpods/`, `/metrics`); 0 disables it.
-    #[arg(long, default_value_t = 0)]
-    read_only_port: u16,
-    /// The address of the healthz endpoint.
-    #[arg(long, default_value = "127.0.0.1")]
-    healthz_bind_address: std::net::IpAddr,
-    /// The port of the healthz endpoint; 0 disables it.
-    #[arg(long, default_value_t = 10248)]
-    healthz_port: u16,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -103,15 +64,34 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Cni(args) => cnitool::main(args),
         Command::Run(args) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-                )
-                .init();
+            init_logging(args.verbosity, args.logging_format);
+            let settings = match Settings::resolve(*args, host_name) {
+                Ok(settings) => settings,
+                Err(e) => {
+                    // Upstream exits with 2 on a configuration it cannot use.
+                    eprintln!("error: invalid configuration: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(run_agent(*args))?;
+            runtime.block_on(run_agent(settings))?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// Logs to stderr: `RUST_LOG` when set, else the level `--v` names.
+fn init_logging(verbosity: u8, format: LogFormat) {
+    let level = match verbosity {
+        0 | 1 => "info",
+        2..=4 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
     }
 }
 
@@ -121,20 +101,7 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "localhost".to_owned())
 }
 
-async fn run_agent(args: RunArgs) -> Result<()> {
-    let address = |ip, port: u16| (port != 0).then(|| std::net::SocketAddr::new(ip, port));
-    let config = agent::AgentConfig {
-        read_only: address(args.address, args.read_only_port),
-        healthz: address(args.healthz_bind_address, args.healthz_port),
-        node_name: args.hostname_override.map(|h| h.to_lowercase()).unwrap_or_else(host_name),
-        node_ip: args.node_ip,
-        runtime_endpoint: args.container_runtime_endpoint,
-        manifest_path: args.pod_manifest_path,
-        root_dir: args.root_dir,
-        pod_logs_dir: args.pod_logs_dir,
-        container_logs_dir: args.container_logs_dir,
-        cgroup_root: args.cgroup_root,
-    };
+async fn run_agent(config: Settings) -> Result<()> {
     info!(node = %config.node_name, "starting kubelet-rs");
     let cancel = CancellationToken::new();
     let metrics = install_metrics(&cancel)?;

@@ -461,3 +461,63 @@ async fn real_pod_statuses_through_the_local_api() {
     };
     run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
 }
+
+#[tokio::test]
+async fn real_config_file_and_flags_take_upstream_precedence() {
+    let Some(rt) = RealRuntime::from_env("real_config_file_and_flags_take_upstream_precedence") else { return };
+    let (dir, node) = scratch(&rt, "agent-config", "config");
+    let (file_port, flag_port, healthz_port) = (free_port(), free_port(), free_port());
+    // The file names another manifest directory and a read-only port; the flags override both.
+    // Its healthz port and sync frequency are not overridden, so they come from the file.
+    let config = dir.join("kubelet.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             staticPodPath: {}\nreadOnlyPort: {file_port}\nhealthzPort: {healthz_port}\nsyncFrequency: 30s\n\
+             fileCheckFrequency: 5s\nmaxPods: 20\nsystemReserved: {{cpu: 100m, memory: 64Mi}}\n",
+            dir.join("unused-manifests").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("manifests/web.yaml"), manifest("web", &rt.busybox_image, "exec sleep 3600")).unwrap();
+    let config_arg = config.to_string_lossy().into_owned();
+    let flag_port_arg = flag_port.to_string();
+    // `start_with` passes `--healthz-port 0` first; the file's healthz port applies only when no
+    // flag names one, so this agent is started by hand.
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+        .args(["run", "--config", &config_arg, "--read-only-port", &flag_port_arg])
+        .args(["--container-runtime-endpoint", &rt.endpoint, "--hostname-override", &node])
+        .arg("--pod-manifest-path")
+        .arg(dir.join("manifests"))
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-logs-dir")
+        .arg(dir.join("pods"))
+        .arg("--container-logs-dir")
+        .arg(dir.join("containers"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut agent = Agent { child };
+
+    let outcome = {
+        let node = node.clone();
+        async move {
+            // The flag's manifest path: the pod runs; the flag's port: it is reported there.
+            let status =
+                pod_status(flag_port, &format!("web-{node}"), "the pod to run", |s| s["phase"] == "Running").await;
+            assert_eq!(status["phase"], "Running");
+            assert_eq!(get(file_port, "/pods").await.0, 0, "the file's read-only port is overridden by the flag");
+            // The file's healthz port, as no flag names one.
+            let (code, body) = get(healthz_port, "/healthz").await;
+            assert_eq!((code, body.as_str()), (200, "ok"));
+            agent.signal(Signal::SIGTERM);
+            assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
+        }
+    };
+    run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
+}

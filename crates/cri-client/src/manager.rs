@@ -50,6 +50,9 @@ pub struct Config {
     /// Where per-pod directories go (`<root-dir>/pods`, `/var/lib/kubelet/pods`); termination
     /// message files live under them.
     pub pods_dir: PathBuf,
+    /// How many image pulls may run at once: `Some(1)` is upstream's `serializeImagePulls`
+    /// (the default), `None` no limit (`maxParallelImagePulls` unset).
+    pub image_pull_limit: Option<usize>,
 }
 
 impl Config {
@@ -65,7 +68,15 @@ impl Config {
             node_name: node_name.into(),
             node_ip: String::new(),
             pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
+            image_pull_limit: Some(1),
         }
+    }
+
+    /// Sets how many image pulls may run at once (`None`: no limit).
+    #[must_use]
+    pub fn image_pull_limit(mut self, limit: Option<usize>) -> Self {
+        self.image_pull_limit = limit.map(|l| l.max(1));
+        self
     }
 
     /// Sets the per-pod directory root.
@@ -115,6 +126,7 @@ pub struct CriRuntime {
     recorder: Arc<dyn EventRecorder>,
     probes: Mutex<ProbeFailures>,
     memory_capacity: i64,
+    image_pulls: Option<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for CriRuntime {
@@ -210,11 +222,12 @@ impl CriRuntime {
     pub fn new(client: Client, config: Config, recorder: Arc<dyn EventRecorder>) -> Self {
         CriRuntime {
             client,
-            config,
             image_backoff: Backoff::default(),
             recorder,
             probes: Mutex::new(ProbeFailures::default()),
             memory_capacity: memory_capacity(),
+            image_pulls: config.image_pull_limit.map(tokio::sync::Semaphore::new),
+            config,
         }
     }
 
@@ -848,6 +861,11 @@ impl Runtime for CriRuntime {
     }
 
     async fn pull_image(&self, image: &str) -> Result<String, Error> {
+        // The semaphore is never closed, so `acquire` only fails if it were; then pull unlimited.
+        let _permit = match &self.image_pulls {
+            Some(pulls) => pulls.acquire().await.ok(),
+            None => None,
+        };
         let request = pb::PullImageRequest {
             image: Some(pb::ImageSpec { image: image.to_owned(), ..Default::default() }),
             ..Default::default()
