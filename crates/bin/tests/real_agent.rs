@@ -32,31 +32,11 @@ impl Agent {
     }
 
     fn start_with(rt: &RealRuntime, dir: &Path, node: &str, extra: &[&str]) -> Agent {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
-            .args([
-                "run",
-                "--container-runtime-endpoint",
-                &rt.endpoint,
-                "--hostname-override",
-                node,
-                "--healthz-port",
-                "0",
-            ])
-            .args(extra)
-            .arg("--pod-manifest-path")
-            .arg(dir.join("manifests"))
-            .arg("--root-dir")
-            .arg(dir.join("root"))
-            .arg("--pod-logs-dir")
-            .arg(dir.join("pods"))
-            .arg("--container-logs-dir")
-            .arg(dir.join("containers"))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        Agent::spawn(agent_command(rt, dir, node).args(["--healthz-port", "0"]).args(extra))
+    }
+
+    fn spawn(command: &mut Command) -> Agent {
+        let child = command.spawn().unwrap();
         Agent { child }
     }
 
@@ -82,6 +62,26 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `kubelet-rs run` on the test runtime with the test's directories, logging to `agent.log`.
+fn agent_command(rt: &RealRuntime, dir: &Path, node: &str) -> Command {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"));
+    command
+        .args(["run", "--container-runtime-endpoint", &rt.endpoint, "--hostname-override", node])
+        .arg("--pod-manifest-path")
+        .arg(dir.join("manifests"))
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-logs-dir")
+        .arg(dir.join("pods"))
+        .arg("--container-logs-dir")
+        .arg(dir.join("containers"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log);
+    command
 }
 
 fn manifest(node_pod: &str, image: &str, script: &str) -> String {
@@ -483,26 +483,13 @@ async fn real_config_file_and_flags_take_upstream_precedence() {
     std::fs::write(dir.join("manifests/web.yaml"), manifest("web", &rt.busybox_image, "exec sleep 3600")).unwrap();
     let config_arg = config.to_string_lossy().into_owned();
     let flag_port_arg = flag_port.to_string();
-    // `start_with` passes `--healthz-port 0` first; the file's healthz port applies only when no
-    // flag names one, so this agent is started by hand.
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
-        .args(["run", "--config", &config_arg, "--read-only-port", &flag_port_arg])
-        .args(["--container-runtime-endpoint", &rt.endpoint, "--hostname-override", &node])
-        .arg("--pod-manifest-path")
-        .arg(dir.join("manifests"))
-        .arg("--root-dir")
-        .arg(dir.join("root"))
-        .arg("--pod-logs-dir")
-        .arg(dir.join("pods"))
-        .arg("--container-logs-dir")
-        .arg(dir.join("containers"))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut agent = Agent { child };
+    // Not `start_with`, which turns the healthz port off with a flag: here the file names it.
+    let mut agent = Agent::spawn(agent_command(&rt, &dir, &node).args([
+        "--config",
+        &config_arg,
+        "--read-only-port",
+        &flag_port_arg,
+    ]));
 
     let outcome = {
         let node = node.clone();

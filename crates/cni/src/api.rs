@@ -294,11 +294,7 @@ impl Cni {
                 }
             }
         }
-        match errors.len() {
-            0 => Ok(()),
-            1 => Err(errors.remove(0)),
-            _ => Err(Error::Multiple(errors)),
-        }
+        all_or_errors(errors)
     }
 
     /// ADD of a single plugin configuration (a one-element list).
@@ -361,11 +357,7 @@ impl Cni {
             }
             capabilities.extend(plugin.enabled_capabilities().map(str::to_owned));
         }
-        match errors.len() {
-            0 => Ok(capabilities.into_iter().collect()),
-            1 => Err(errors.remove(0)),
-            _ => Err(Error::Multiple(errors)),
-        }
+        all_or_errors(errors).map(|()| capabilities.into_iter().collect())
     }
 
     /// Asks a plugin which versions it supports (VERSION), cached per binary.
@@ -448,6 +440,15 @@ impl Cni {
                 stderr,
             },
         })
+    }
+}
+
+/// Success when nothing failed; the one error, or all of them.
+fn all_or_errors(mut errors: Vec<Error>) -> Result<(), Error> {
+    match errors.len() {
+        0 => Ok(()),
+        1 => Err(errors.remove(0)),
+        _ => Err(Error::Multiple(errors)),
     }
 }
 

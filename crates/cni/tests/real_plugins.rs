@@ -128,6 +128,12 @@ async fn real_bridge_host_local_portmap_add_check_del_across_a_restart() {
     assert!(left.is_empty(), "NAT rules left behind: {left:#?}");
 }
 
+/// A network of the loopback plugin alone, in `version`.
+fn loopback_list(version: &str) -> NetworkList {
+    let doc = json!({"cniVersion": version, "name": "lo-net", "plugins": [{"type": "loopback"}]});
+    NetworkList::from_slice(&serde_json::to_vec(&doc).unwrap()).unwrap()
+}
+
 #[tokio::test]
 async fn real_loopback_alone_in_every_version() {
     let Some(plugins) = RealPlugins::from_env("real_loopback_alone_in_every_version") else { return };
@@ -136,11 +142,7 @@ async fn real_loopback_alone_in_every_version() {
     let rt = RuntimeConf::new("real-lo", netns.path().to_string_lossy(), "lo");
     let cni = cni(&plugins, scratch.path());
     for version in ["0.2.0", "0.3.1", "0.4.0", "1.0.0"] {
-        let list = NetworkList::from_slice(
-            &serde_json::to_vec(&json!({"cniVersion": version, "name": "lo-net", "plugins": [{"type": "loopback"}]}))
-                .unwrap(),
-        )
-        .unwrap();
+        let list = loopback_list(version);
         let result = cni.add_network_list(&list, &rt).await.unwrap_or_else(|e| panic!("{version}: {e}"));
         assert_eq!(result.cni_version.to_string(), version);
         assert!(result.ips.iter().any(|ip| ip.address.to_string() == "127.0.0.1/8"), "{version}: {result:?}");
@@ -163,26 +165,19 @@ async fn real_unsupported_version_is_code_1_with_details() {
     let netns = Netns::create("kcni-ver");
     let rt = RuntimeConf::new("real-ver", netns.path().to_string_lossy(), "lo");
     let cni = cni(&plugins, scratch.path());
-    let list = |version: &str| {
-        NetworkList::from_slice(
-            &serde_json::to_vec(&json!({"cniVersion": version, "name": "lo-net", "plugins": [{"type": "loopback"}]}))
-                .unwrap(),
-        )
-        .unwrap()
-    };
 
     // 1.1.0: this library speaks it, the Debian plugins (1.1.1) do not, and say so.
-    let err = cni.add_network_list(&list("1.1.0"), &rt).await.unwrap_err();
+    let err = cni.add_network_list(&loopback_list("1.1.0"), &rt).await.unwrap_err();
     let Error::Plugin { error, .. } = &err else { panic!("{err}") };
     assert_eq!(error.code, 1, "{err}");
     assert!(error.details.contains("config is \"1.1.0\"") && error.details.contains("1.0.0"), "{}", error.details);
     let info = cni.version_info("loopback").await.unwrap();
     assert!(!info.supports("1.1.0".parse().unwrap()));
-    let validate = cni.validate_network_list(&list("1.1.0")).await.unwrap_err();
+    let validate = cni.validate_network_list(&loopback_list("1.1.0")).await.unwrap_err();
     assert_eq!(validate.code(), 1, "{validate}");
 
     // 9.9.9: no one speaks it; refused before any plugin runs.
-    let err = cni.add_network_list(&list("9.9.9"), &rt).await.unwrap_err();
+    let err = cni.add_network_list(&loopback_list("9.9.9"), &rt).await.unwrap_err();
     assert_eq!(err.code(), 1);
     assert!(err.to_string().contains("9.9.9"), "{err}");
     assert!(cni.cache().attachments(None).await.unwrap().is_empty());
