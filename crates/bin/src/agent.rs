@@ -150,8 +150,16 @@ pub(crate) async fn run(
             Arc::new(move || pleg.healthy().map_err(|e| e.to_string()))
         },
         metrics,
+        pod_logs_dir: file.pod_logs_dir.clone(),
     });
-    let mut servers = Vec::new();
+    let mut servers = vec![
+        crate::api::serve_unix(
+            &crate::api::socket_path(&config.root_dir),
+            crate::api::local_router(api_state.clone()),
+            cancel.child_token(),
+        )
+        .await?,
+    ];
     if let Some(addr) = config.read_only {
         servers.push(crate::api::serve(addr, crate::api::router(api_state.clone()), cancel.child_token()).await?);
     }

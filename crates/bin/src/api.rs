@@ -1,12 +1,20 @@
-//! The agent's read-only local API, as upstream's read-only port serves it: `/healthz`, `/pods`,
-//! `/runningpods/` and `/metrics` (Prometheus text).
+//! The agent's local API, as upstream's read-only port serves it: `/healthz`, `/pods`,
+//! `/runningpods/` and `/metrics` (Prometheus text); and on the unix socket under the root
+//! directory also upstream's `/containerLogs/{namespace}/{pod}/{container}`, which the
+//! `kubelet-rs get` and `logs` commands use.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use axum::{
     Json, Router,
-    extract::State,
+    body::{Body, Bytes},
+    extract::{Path as UrlPath, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::get,
@@ -18,7 +26,7 @@ use k8s_openapi::{
 use kubelet_core::{PodManager, PodUid, Runtime, kubelet::status_store::StatusStore, state::LoopHealth};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument, info, info_span};
 
 /// What the API reads.
 pub(crate) struct ApiState<R> {
@@ -28,6 +36,8 @@ pub(crate) struct ApiState<R> {
     pub(crate) loop_health: Arc<LoopHealth>,
     pub(crate) pleg_health: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
     pub(crate) metrics: Option<PrometheusHandle>,
+    /// `podLogsDir`, where `/containerLogs` reads.
+    pub(crate) pod_logs_dir: PathBuf,
 }
 
 fn pod_list(items: Vec<Pod>) -> serde_json::Value {
@@ -98,6 +108,160 @@ async fn metrics<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response 
         Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response(),
         None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
     }
+}
+
+/// Query parameters of `/containerLogs`, as upstream names them.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LogQuery {
+    #[serde(default)]
+    follow: bool,
+    #[serde(default)]
+    previous: bool,
+    tail_lines: Option<usize>,
+    #[serde(default)]
+    timestamps: bool,
+}
+
+/// How often a followed log file is checked for new output.
+const FOLLOW_PERIOD: Duration = Duration::from_millis(200);
+
+async fn container_logs<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name, container)): UrlPath<(String, String, String)>,
+    Query(query): Query<LogQuery>,
+) -> Response {
+    let Some(pod) = state.pods.pod_by_name(&namespace, &name) else {
+        return (StatusCode::NOT_FOUND, format!("pod {namespace}/{name} not found\n")).into_response();
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let dir = cri_client::sandbox::pod_log_dir(&state.pod_logs_dir, &namespace, &name, &uid).join(&container);
+    let files = match kubelet_core::logs::files_for(&dir, query.previous) {
+        Ok(files) => files,
+        Err(e) => {
+            let known = pod.spec.as_ref().is_some_and(|s| {
+                s.containers.iter().chain(s.init_containers.iter().flatten()).any(|c| c.name == container)
+            });
+            let message = if known { e.to_string() } else { format!("container {container} is not in pod {name}") };
+            return (StatusCode::NOT_FOUND, format!("{message}\n")).into_response();
+        }
+    };
+    let mut text = String::new();
+    let mut live_read = 0;
+    for file in &files {
+        let content = tokio::fs::read_to_string(file).await.unwrap_or_default();
+        live_read = content.len() as u64;
+        text.push_str(&content);
+    }
+    let first: String =
+        kubelet_core::logs::lines(&text, query.tail_lines).iter().map(|l| l.render(query.timestamps)).collect();
+    if !query.follow || query.previous {
+        return ([(header::CONTENT_TYPE, "text/plain")], first).into_response();
+    }
+    let Some(live) = files.last().cloned() else { return first.into_response() };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let _ = tx.try_send(Ok(Bytes::from(first)));
+    let span = info_span!("follow_logs", pod.uid = %uid, pod.name = %name, container = %container);
+    tokio::spawn(follow(live, live_read, query.timestamps, tx).instrument(span));
+    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|chunk| (chunk, rx)) });
+    ([(header::CONTENT_TYPE, "text/plain")], Body::from_stream(stream)).into_response()
+}
+
+/// Sends what is appended to `live` from `offset` on, whole lines only, until the reader goes
+/// away or a newer container instance starts. A rotated file is followed into its successor.
+async fn follow(
+    live: PathBuf,
+    mut offset: u64,
+    timestamps: bool,
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    use std::os::unix::fs::MetadataExt;
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut reassembler = kubelet_core::logs::Reassembler::default();
+    let mut pending = String::new();
+    let mut inode = std::fs::metadata(&live).map(|m| m.ino()).ok();
+    let mut tick = tokio::time::interval(FOLLOW_PERIOD);
+    loop {
+        tokio::select! {
+            () = tx.closed() => return,
+            _ = tick.tick() => {}
+        }
+        let Ok(meta) = tokio::fs::metadata(&live).await else { continue };
+        if Some(meta.ino()) != inode || meta.len() < offset {
+            // Rotated: the new live file starts from its beginning.
+            inode = Some(meta.ino());
+            offset = 0;
+        }
+        if meta.len() > offset {
+            let Ok(mut file) = tokio::fs::File::open(&live).await else { continue };
+            let mut chunk = String::new();
+            if file.seek(std::io::SeekFrom::Start(offset)).await.is_err()
+                || file.read_to_string(&mut chunk).await.is_err()
+            {
+                continue;
+            }
+            offset += chunk.len() as u64;
+            pending.push_str(&chunk);
+            let mut out = String::new();
+            while let Some(end) = pending.find('\n') {
+                let line: String = pending.drain(..=end).collect();
+                if let Some(whole) = reassembler.push(line.trim_end_matches('\n')) {
+                    out.push_str(&whole.render(timestamps));
+                }
+            }
+            if !out.is_empty() && tx.send(Ok(Bytes::from(out))).await.is_err() {
+                return;
+            }
+        }
+        // A newer instance of the container: this one's output is complete.
+        let newer =
+            live.parent().and_then(|dir| kubelet_core::logs::instances(dir).ok()).and_then(|i| i.last().copied());
+        let this = live.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse::<u32>().ok());
+        if newer.is_some() && newer != this {
+            return;
+        }
+    }
+}
+
+/// The router of the unix-socket API: the read-only API plus container logs.
+pub(crate) fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz::<R>))
+        .route("/pods", get(pods::<R>))
+        .route("/runningpods/", get(running_pods::<R>))
+        .route("/metrics", get(metrics::<R>))
+        .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs::<R>))
+        .with_state(state)
+}
+
+/// The unix socket of the local API under the root directory.
+pub(crate) fn socket_path(root_dir: &Path) -> PathBuf {
+    root_dir.join("kubelet-rs.sock")
+}
+
+/// Serves `router` on a unix socket only root can open (mode 0600), replacing a stale one.
+pub(crate) async fn serve_unix(
+    path: &Path,
+    router: Router,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if tokio::net::UnixStream::connect(path).await.is_ok() {
+        anyhow::bail!("{} is in use: another agent runs with this root directory", path.display());
+    }
+    let _ = std::fs::remove_file(path);
+    let listener =
+        tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    info!(socket = %path.display(), "serving the local API");
+    let path = path.to_owned();
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, router).with_graceful_shutdown(async move { cancel.cancelled().await }).await;
+        let _ = std::fs::remove_file(path);
+    }))
 }
 
 /// The router of the read-only API.

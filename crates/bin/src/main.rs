@@ -5,6 +5,7 @@
 
 mod agent;
 mod api;
+mod cli;
 mod cnitool;
 mod settings;
 
@@ -39,6 +40,10 @@ enum Command {
     },
     /// Add, check or delete a network namespace's attachment with CNI plugins, as cnitool does.
     Cni(cnitool::CniArgs),
+    /// Show a running agent's pods (`get pods`), through its unix socket.
+    Get(cli::GetArgs),
+    /// Print a container's logs from a running agent, through its unix socket.
+    Logs(cli::LogsArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +68,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             runtime.block_on(check_runtime(&container_runtime_endpoint))
         }
         Command::Cni(args) => cnitool::main(args),
+        Command::Get(args) => cli::get(args),
+        Command::Logs(args) => cli::logs(args),
         Command::Run(args) => {
             init_logging(args.verbosity, args.logging_format);
             let settings = match Settings::resolve(*args, host_name) {

@@ -508,3 +508,103 @@ async fn real_config_file_and_flags_take_upstream_precedence() {
     };
     run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
 }
+
+/// Runs `kubelet-rs` with `args`; its exit success and stdout.
+fn kubelet_rs(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs")).args(args).output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn real_get_pods_and_logs_through_the_unix_socket() {
+    let Some(rt) = RealRuntime::from_env("real_get_pods_and_logs_through_the_unix_socket") else { return };
+    let (dir, node) = scratch(&rt, "agent-cli", "cli");
+    // A 20,000-character line (containerd splits it into partial pieces), then a line a second.
+    let script =
+        "head -c 20000 /dev/zero | tr -c x x; echo; i=0; while true; do echo line-$i; i=$((i+1)); sleep 1; done";
+    std::fs::write(dir.join("manifests/logs.yaml"), manifest("logs", &rt.busybox_image, script)).unwrap();
+    let mut agent = Agent::start(&rt, &dir, &node);
+    let root = dir.join("root").to_string_lossy().into_owned();
+
+    let outcome = {
+        let node = node.clone();
+        async move {
+            let pod = format!("logs-{node}");
+            let socket = Path::new(&root).join("kubelet-rs.sock");
+            use std::os::unix::fs::PermissionsExt;
+            for _ in 0..100 {
+                if socket.exists() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600, "socket mode");
+
+            // get pods: the kubectl-style table, once the pod runs.
+            let mut table = String::new();
+            for _ in 0..200 {
+                let (ok, out, err) = kubelet_rs(&["get", "pods", "--root-dir", &root]);
+                assert!(ok, "get pods: {err}");
+                table = out;
+                if table.lines().any(|l| l.starts_with(&pod) && l.contains("Running") && l.contains("1/1")) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+            assert_eq!(header, ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP"], "{table}");
+            let row: Vec<&str> =
+                table.lines().find(|l| l.starts_with(&pod)).expect("the pod's row").split_whitespace().collect();
+            assert_eq!((row[1], row[2], row[3]), ("1/1", "Running", "0"), "{table}");
+            assert!(row[5].starts_with("10.85."), "pod IP in the table: {table}");
+            let (ok, json, _) = kubelet_rs(&["get", "pods", "-o", "json", "--root-dir", &root]);
+            let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+            assert!(ok && list["kind"] == "PodList" && list["items"][0]["metadata"]["name"] == pod.as_str(), "{json}");
+            let (ok, yaml, _) = kubelet_rs(&["get", "pods", "-o", "yaml", "--root-dir", &root]);
+            assert!(ok && yaml.contains("kind: PodList"), "{yaml}");
+
+            // logs: the long line comes back whole; --tail and --timestamps as kubectl's.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let (ok, logs, err) = kubelet_rs(&["logs", &pod, "--root-dir", &root]);
+            assert!(ok, "logs: {err}");
+            let first = logs.lines().next().unwrap();
+            assert!(
+                first.len() == 20_000 && first.bytes().all(|b| b == b'x'),
+                "the long line, rejoined ({} bytes)",
+                first.len()
+            );
+            assert!(logs.contains("line-0\nline-1\n"), "{logs}");
+            let (_, tail, _) = kubelet_rs(&["logs", &pod, "--tail", "2", "--timestamps", "--root-dir", &root]);
+            let tail: Vec<&str> = tail.lines().collect();
+            assert_eq!(tail.len(), 2, "{tail:?}");
+            assert!(tail.iter().all(|l| l.contains("Z line-")), "{tail:?}");
+            let (ok, _, err) = kubelet_rs(&["logs", &pod, "--previous", "--root-dir", &root]);
+            assert!(!ok && err.contains("previous"), "{err}");
+            let (ok, _, err) = kubelet_rs(&["logs", "nope", "--root-dir", &root]);
+            assert!(!ok && err.contains("not found"), "{err}");
+
+            // -f: new lines arrive as the container writes them.
+            let mut follow = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+                .args(["logs", &pod, "-f", "--tail", "1", "--root-dir", &root])
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(follow.stdout.take().unwrap()));
+            let first: u32 = lines.next_line().await.unwrap().unwrap().trim_start_matches("line-").parse().unwrap();
+            let later =
+                tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await.unwrap().unwrap().unwrap();
+            assert_eq!(later, format!("line-{}", first + 1));
+            follow.kill().await.unwrap();
+
+            agent.signal(Signal::SIGTERM);
+            assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
+            assert!(!socket.exists(), "the socket is removed at shutdown");
+        }
+    };
+    run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
+}

@@ -98,6 +98,7 @@ pub mod config;
 pub mod events;
 pub mod handler;
 pub mod kubelet;
+pub mod logs;
 pub mod node_config;
 pub mod pleg;
 pub mod podmanager;
