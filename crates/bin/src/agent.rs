@@ -74,15 +74,16 @@ pub(crate) async fn run(
             })
             .work_queue(work_queue.clone()),
     );
+    let (file_period, http_period, sync_period) = config.periods();
     let workers = Arc::new(podworkers::PodWorkers::new(
         sync.clone(),
         cache.clone(),
         work_queue.clone(),
-        podworkers::Config::default(),
+        // `syncFrequency`: how soon a synced pod is synced again (upstream's resync interval).
+        podworkers::Config::default().resync_interval(sync_period),
         cancel.child_token(),
     ));
     let pods = Arc::new(PodManager::new());
-    let (file_period, http_period, sync_period) = config.periods();
     let mut source_kinds = Vec::new();
     if file.static_pod_path.is_some() {
         source_kinds.push(Source::File);
@@ -173,7 +174,7 @@ pub(crate) async fn run(
         &kubelet,
         Inputs::new(updates, pleg_events, probes),
         &shared,
-        &sync_loop::Config::default().sync_period(sync_period),
+        &sync_loop::Config::default(),
         cancel.clone(),
     )
     .await;

@@ -294,7 +294,9 @@ async fn run_then_clean_up(
         };
         runtime.remove_pod(&api).await.unwrap();
     }
-    let _ = std::fs::remove_dir_all(dir);
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     if let Err(err) = result {
         std::panic::resume_unwind(err.into_panic());
     }
