@@ -11,7 +11,9 @@ use kubelet_core::{
     Cache, Pleg, PodManager, Runtime, Source, SourcesReady, WorkQueue,
     config::{PodConfig, file, http},
     events::RingRecorder,
+    fake::{FakeRuntime, Method},
     kubelet::{self, Kubelet, PodSync, admission::NodeResources, status_store::StatusStore},
+    runtime::RuntimeEvents,
     state::{LoopHealth, RuntimeState},
     sync_loop::{self, Inputs, Shared},
 };
@@ -22,18 +24,25 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::settings::Settings;
 
 /// Runs the agent until `cancel` fires; returns once every task has stopped.
+///
+/// `containerRuntimeEndpoint` names a CRI socket, or `fake://` for the in-memory runtime.
 pub(crate) async fn run(
     config: Settings,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     cancel: CancellationToken,
 ) -> Result<()> {
     let file = &config.file;
+    let recorder = Arc::new(RingRecorder::default());
+    if let Some(fake) = FakeEndpoint::parse(&file.container_runtime_endpoint)? {
+        warn!(endpoint = %file.container_runtime_endpoint, "running on the in-memory fake runtime: no containers run");
+        let runtime = Arc::new(fake.build());
+        return run_on(runtime, recorder, config, metrics, cancel).await;
+    }
     let mut cri_config = CriConfig::new(&file.container_runtime_endpoint).request_timeout(file.runtime_request_timeout);
     if let Some(endpoint) = &file.image_service_endpoint {
         cri_config = cri_config.image_endpoint(endpoint);
     }
     let client = Client::connect(&cri_config).context("invalid containerRuntimeEndpoint")?;
-    let recorder = Arc::new(RingRecorder::default());
     let runtime_config = RuntimeConfig::new(&config.node_name)
         .pod_logs_dir(&file.pod_logs_dir)
         .container_logs_dir(&config.container_logs_dir)
@@ -42,6 +51,58 @@ pub(crate) async fn run(
         .node_ip(&config.node_ip)
         .image_pull_limit(file.image_pull_limit());
     let runtime = Arc::new(CriRuntime::new(client, runtime_config, recorder.clone()));
+    run_on(runtime, recorder, config, metrics, cancel).await
+}
+
+/// `fake://?startLatency=200ms&failureRate=0.1`: the in-memory runtime, each pod sync taking
+/// `startLatency` and each container start failing with probability `failureRate`.
+#[derive(Debug, Clone, PartialEq)]
+struct FakeEndpoint {
+    start_latency: Duration,
+    failure_rate: f64,
+}
+
+impl FakeEndpoint {
+    fn parse(endpoint: &str) -> Result<Option<Self>> {
+        let Some(rest) = endpoint.strip_prefix("fake://") else { return Ok(None) };
+        let mut fake = FakeEndpoint { start_latency: Duration::ZERO, failure_rate: 0.0 };
+        let query = rest.trim_start_matches('/').trim_start_matches('?');
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("startLatency", value)) => {
+                    fake.start_latency = kubelet_core::node_config::parse_duration(value)
+                        .map_err(|e| anyhow::anyhow!("fake:// startLatency: {e}"))?;
+                }
+                Some(("failureRate", value)) => {
+                    fake.failure_rate = value
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| (0.0..=1.0).contains(r))
+                        .with_context(|| format!("fake:// failureRate {value:?}: expected a number from 0 to 1"))?;
+                }
+                _ => anyhow::bail!("fake:// takes startLatency=DURATION and failureRate=0..1, not {pair:?}"),
+            }
+        }
+        Ok(Some(fake))
+    }
+
+    fn build(&self) -> FakeRuntime {
+        let runtime = FakeRuntime::new();
+        runtime.set_latency(Method::SyncPod, self.start_latency);
+        runtime.set_failure_rate(Method::StartContainer, self.failure_rate);
+        runtime
+    }
+}
+
+/// The agent on any runtime.
+async fn run_on<R: Runtime + RuntimeEvents + 'static>(
+    runtime: Arc<R>,
+    recorder: Arc<RingRecorder>,
+    config: Settings,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    cancel: CancellationToken,
+) -> Result<()> {
+    let file = &config.file;
     let version = runtime
         .version()
         .await
@@ -186,4 +247,25 @@ pub(crate) async fn run(
         let _ = server.await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_endpoints_parse() {
+        assert_eq!(FakeEndpoint::parse("unix:///run/containerd/containerd.sock").unwrap(), None);
+        assert_eq!(
+            FakeEndpoint::parse("fake://").unwrap(),
+            Some(FakeEndpoint { start_latency: Duration::ZERO, failure_rate: 0.0 })
+        );
+        assert_eq!(
+            FakeEndpoint::parse("fake://?startLatency=250ms&failureRate=0.1").unwrap(),
+            Some(FakeEndpoint { start_latency: Duration::from_millis(250), failure_rate: 0.1 })
+        );
+        for bad in ["fake://?failureRate=2", "fake://?startLatency=soon", "fake://?color=blue"] {
+            assert!(FakeEndpoint::parse(bad).is_err(), "{bad}");
+        }
+    }
 }

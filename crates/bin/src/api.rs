@@ -105,9 +105,60 @@ async fn running_pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Resp
 
 async fn metrics<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response {
     match &state.metrics {
-        Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response(),
+        Some(handle) => {
+            let mut text = handle.render();
+            text.push_str(&process_metrics());
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+        }
         None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
     }
+}
+
+/// The standard process metrics (as Go's process collector names them), read from `/proc` at
+/// scrape time: CPU seconds, resident and virtual memory, open and maximum file descriptors,
+/// and the start time.
+fn process_metrics() -> String {
+    // /proc reports times in USER_HZ, which is 100 on Linux.
+    const TICKS: f64 = 100.0;
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map(|v| v * 1024.0)
+    };
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse::<f64>().ok()));
+    let open_fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as f64).ok();
+    let max_fds = std::fs::read_to_string("/proc/self/limits").ok().and_then(|l| {
+        l.lines()
+            .find(|l| l.starts_with("Max open files"))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .and_then(|v| v.parse::<f64>().ok())
+    });
+    let cpu = field(14).zip(field(15)).map(|(user, system)| (user + system) / TICKS);
+    let start = boot.zip(field(22)).map(|(boot, ticks)| boot + ticks / TICKS);
+    let mut out = String::new();
+    for (name, kind, help, value) in [
+        ("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", cpu),
+        ("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", kib("VmRSS:")),
+        ("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", kib("VmSize:")),
+        ("process_open_fds", "gauge", "Number of open file descriptors.", open_fds),
+        ("process_max_fds", "gauge", "Maximum number of open file descriptors.", max_fds),
+        ("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", start),
+    ] {
+        if let Some(value) = value {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
+        }
+    }
+    out
 }
 
 /// Query parameters of `/containerLogs`, as upstream names them.

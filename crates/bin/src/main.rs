@@ -108,8 +108,15 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "localhost".to_owned())
 }
 
+/// Upstream's `KubeletOOMScoreAdj`: the agent is among the last things the OOM killer picks.
+const AGENT_OOM_SCORE_ADJ: i32 = -999;
+
 async fn run_agent(config: Settings) -> Result<()> {
     info!(node = %config.node_name, "starting kubelet-rs");
+    // Lowering it needs CAP_SYS_RESOURCE; without it the agent runs on with a warning.
+    if let Err(err) = std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ.to_string()) {
+        warn!(error = %err, "cannot set the agent's oom_score_adj to {AGENT_OOM_SCORE_ADJ}; continuing");
+    }
     let cancel = CancellationToken::new();
     let metrics = install_metrics(&cancel)?;
     let mut agent = tokio::spawn(agent::run(config, Some(metrics), cancel.clone()));

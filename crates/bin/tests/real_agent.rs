@@ -446,9 +446,23 @@ async fn real_pod_statuses_through_the_local_api() {
                 "kubelet_runtime_operations_total",
                 "kubelet_pleg_relist_duration_seconds",
                 "kubelet_pod_worker_duration_seconds",
+                "kubelet_running_pods",
+                "kubelet_running_containers{container_state=\"running\"}",
+                "kubelet_started_pods_total",
+                "kubelet_started_containers_total{container_type=\"container\"}",
+                "kubelet_started_containers_total{container_type=\"init_container\"}",
+                "kubelet_pod_start_duration_seconds",
+                "process_resident_memory_bytes",
+                "process_cpu_seconds_total",
+                "process_open_fds",
             ] {
                 assert!(metrics.contains(name), "{name} missing from /metrics");
             }
+            let started = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("kubelet_started_pods_total "))
+                .and_then(|v| v.parse::<f64>().ok());
+            assert!(started >= Some(5.0), "five pods started: {started:?}");
 
             // The backoff doubles: the second restart comes 10 s later and is followed by 20 s.
             let status = pod_status(port, &format!("crash-{node}"), "a second restart", |s| {

@@ -144,6 +144,18 @@ fn memory_capacity() -> i64 {
         .map_or(i64::MAX, |kib| kib * 1024)
 }
 
+/// The `container_type` label of upstream's container metrics.
+fn container_type(pod: &ApiPod, name: &str) -> &'static str {
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.init_containers.as_ref()).is_some_and(|c| c.iter().any(|c| c.name == name)) {
+        "init_container"
+    } else if spec.and_then(|s| s.ephemeral_containers.as_ref()).is_some_and(|c| c.iter().any(|c| c.name == name)) {
+        "ephemeral_container"
+    } else {
+        "container"
+    }
+}
+
 fn pod_meta(pod: &ApiPod) -> (&str, &str, &str) {
     (
         pod.metadata.name.as_deref().unwrap_or_default(),
@@ -472,9 +484,17 @@ impl CriRuntime {
             config: Some(config),
             sandbox_config: Some(sandbox_config.clone()),
         };
+        let container_type = container_type(pod, &spec.name);
+        metrics::counter!("kubelet_started_containers_total", "container_type" => container_type).increment(1);
+        let count_error = |status: &tonic::Status| {
+            let code = format!("{:?}", status.code());
+            metrics::counter!("kubelet_started_containers_errors_total", "container_type" => container_type, "code" => code)
+                .increment(1);
+        };
         let id = match self.client.runtime_service().create_container(request).await {
             Ok(response) => response.into_inner().container_id,
             Err(status) => {
+                count_error(&status);
                 let message = format!("failed to create container {}: {}", spec.name, status.message());
                 self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
                 return Err(SyncFailure::new(reasons::CREATE_CONTAINER_ERROR, message));
@@ -484,6 +504,7 @@ impl CriRuntime {
         if let Err(status) =
             self.client.runtime_service().start_container(pb::StartContainerRequest { container_id: id.clone() }).await
         {
+            count_error(&status);
             let message = format!("failed to start container {id:?}: {}", status.message());
             self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
             return Err(SyncFailure::new(reasons::RUN_CONTAINER_ERROR, message));
@@ -753,12 +774,14 @@ impl Runtime for CriRuntime {
             let config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &self.config.cgroup_root, &host_dns);
             let request =
                 pb::RunPodSandboxRequest { config: Some(config), runtime_handler: self.config.runtime_handler.clone() };
+            metrics::counter!("kubelet_started_pods_total").increment(1);
             match self.client.runtime_service().run_pod_sandbox(request).await {
                 Ok(response) => {
                     sandbox_id = response.into_inner().pod_sandbox_id;
                     result.push(SyncResult::ok(SyncAction::CreatePodSandbox, &full_name));
                 }
                 Err(status) => {
+                    metrics::counter!("kubelet_started_pods_errors_total").increment(1);
                     let message = format!("Failed to create pod sandbox: {}", status.message());
                     self.event(pod, EventType::Warning, "FailedCreatePodSandBox", message.clone());
                     result.push(SyncResult::failed(

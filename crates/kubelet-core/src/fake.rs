@@ -134,6 +134,7 @@ struct State {
     next_id: u64,
     latencies: HashMap<Method, Duration>,
     errors: HashMap<Method, VecDeque<FakeError>>,
+    failure_rates: HashMap<Method, f64>,
     exit_codes: HashMap<String, i32>,
     exec_results: HashMap<String, ExecResult>,
     status: Option<RuntimeStatus>,
@@ -203,6 +204,12 @@ impl FakeRuntime {
     /// Makes every call of `method` take `latency` (virtual time under paused tokio time).
     pub fn set_latency(&self, method: Method, latency: Duration) {
         lock(&self.state).latencies.insert(method, latency);
+    }
+
+    /// Makes each call of `method` fail at random with probability `rate` (0 to 1), after any
+    /// queued errors; for demos and scale tests of the agent.
+    pub fn set_failure_rate(&self, method: Method, rate: f64) {
+        lock(&self.state).failure_rates.insert(method, rate.clamp(0.0, 1.0));
     }
 
     /// Makes the next call of `method` fail with `error`; queued errors are used in order.
@@ -425,7 +432,12 @@ impl State {
     }
 
     fn take_error(&mut self, method: Method) -> Option<FakeError> {
-        self.errors.get_mut(&method)?.pop_front()
+        if let Some(error) = self.errors.get_mut(&method).and_then(VecDeque::pop_front) {
+            return Some(error);
+        }
+        let rate = self.failure_rates.get(&method).copied().unwrap_or(0.0);
+        (rate > 0.0 && fastrand::f64() < rate)
+            .then(|| FakeError::new(Code::Internal, format!("simulated failure of {method:?} (failure rate {rate})")))
     }
 
     fn pod_status(&self, uid: &PodUid, name: &str, namespace: &str) -> PodStatus {

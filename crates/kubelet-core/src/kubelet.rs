@@ -263,6 +263,21 @@ fn deadline_remaining(pod: &Pod, status: &ApiPodStatus) -> Option<Duration> {
     Some(allowed.saturating_sub(elapsed))
 }
 
+/// `kubelet_pod_start_duration_seconds`: from the moment the kubelet first saw the pod (its
+/// `config.seen` annotation) to its first Running status, as upstream records it in `SyncPod`.
+fn record_pod_start(pod: &Pod) {
+    let seen = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::types::annotations::CONFIG_SEEN))
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+    if let Some(seen) = seen {
+        let elapsed = wall_now().duration_since(seen).as_secs_f64().max(0.0);
+        metrics::histogram!("kubelet_pod_start_duration_seconds").record(elapsed);
+    }
+}
+
 impl<R: Runtime> PodSyncer for PodSync<R> {
     type Error = Error;
 
@@ -289,6 +304,10 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             ));
         }
         let phase = api_status.phase.clone().unwrap_or_default();
+        let was_running = self.statuses.get(&uid).and_then(|s| s.status.phase).as_deref() == Some(status::RUNNING);
+        if phase == status::RUNNING && !was_running {
+            record_pod_start(pod);
+        }
         self.statuses.set(pod, api_status);
         if phase == status::SUCCEEDED || phase == status::FAILED {
             return Ok(true);

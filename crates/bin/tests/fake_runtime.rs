@@ -1,0 +1,82 @@
+//! `kubelet-rs run --container-runtime-endpoint fake://`: the whole agent on the in-memory
+//! runtime, without root, driven and observed through the binary's own commands.
+
+// Reason: tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(dir: &Path, endpoint: &str) -> Agent {
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    std::fs::write(
+        dir.join("manifests/web.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - {name: app, image: busybox}\n",
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+        .args(["run", "--container-runtime-endpoint", endpoint, "--hostname-override", "fake", "--healthz-port", "0"])
+        .arg("--pod-manifest-path")
+        .arg(dir.join("manifests"))
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-logs-dir")
+        .arg(dir.join("logs"))
+        .arg("--container-logs-dir")
+        .arg(dir.join("containers"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Agent(child)
+}
+
+/// The `get pods` row of `web-fake` once it matches `done` (at most 20 s).
+async fn row_when(dir: &Path, done: impl Fn(&[&str]) -> bool) -> String {
+    let root = dir.join("root");
+    let mut last = String::new();
+    for _ in 0..200 {
+        let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+            .args(["get", "pods", "--root-dir"])
+            .arg(&root)
+            .output()
+            .unwrap();
+        last = String::from_utf8_lossy(&output.stdout).into_owned();
+        if let Some(row) = last.lines().find(|l| l.starts_with("web-fake")) {
+            let cells: Vec<&str> = row.split_whitespace().collect();
+            if done(&cells) {
+                return row.to_owned();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out; last table:\n{last}");
+}
+
+#[tokio::test]
+async fn pods_run_on_the_fake_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let _agent = start(dir.path(), "fake://?startLatency=100ms");
+    let row = row_when(dir.path(), |c| c[1] == "1/1" && c[2] == "Running").await;
+    assert!(row.contains("Running"), "{row}");
+}
+
+#[tokio::test]
+async fn a_failure_rate_of_one_fails_every_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let _agent = start(dir.path(), "fake://?failureRate=1");
+    let row = row_when(dir.path(), |c| c[2] == "RunContainerError" || c[2] == "CrashLoopBackOff").await;
+    assert!(row.contains("0/1"), "{row}");
+}
