@@ -1,11 +1,12 @@
 //! Project automation for kubelet-rs: `cargo xtask <command>`.
 //!
-//! Commands: `ci`, `setup`, `runtime start|stop|status`, `images`, `tidy`, `bench`.
+//! Commands: `demo`, `ci`, `setup`, `runtime start|stop|status`, `images`, `tidy`, `bench`.
 
 // Reason: xtask measures and waits for real processes; the paused-time rule is for the product crates.
 #![allow(clippy::disallowed_methods)]
 
 mod ci;
+mod demo;
 mod images;
 mod runtime;
 mod setup;
@@ -18,6 +19,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
+  demo [--runtime containerd|fake] [--duration 60s]
+                          the agent running the example pods, with a live table (root, or --runtime fake)
   ci                      everything CI runs: fmt, clippy, tests, doc, tidy, real-runtime tests
   setup                   (root) install Debian packages and build the test images
   runtime start|stop|status
@@ -31,6 +34,7 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
+        ["demo", rest @ ..] => demo::run_demo(rest),
         ["ci"] => ci::run_ci(),
         ["setup"] => setup::run_setup(),
         ["runtime", "start"] => runtime::start().map(drop),

@@ -368,6 +368,13 @@ pub(crate) fn stop() -> Result<()> {
     Ok(())
 }
 
+/// How many containers (sandboxes included) the test containerd holds.
+pub(crate) fn container_count() -> usize {
+    output(Command::new("ctr").arg("--address").arg(socket()).args(["-n", "k8s.io", "containers", "ls", "-q"]))
+        .map(|out| out.lines().filter(|l| !l.trim().is_empty()).count())
+        .unwrap_or(0)
+}
+
 /// Whether the test containerd we started is running.
 pub(crate) fn containerd_running() -> bool {
     CONTAINERD_DAEMON.running_pid().is_some()

@@ -90,6 +90,8 @@ impl FakeEndpoint {
         let runtime = FakeRuntime::new();
         runtime.set_latency(Method::SyncPod, self.start_latency);
         runtime.set_failure_rate(Method::StartContainer, self.failure_rate);
+        // Init containers complete, so pods get past them as real ones do.
+        runtime.set_init_exit_code(Some(0));
         runtime
     }
 }

@@ -23,7 +23,7 @@ fn start(dir: &Path, endpoint: &str) -> Agent {
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
     std::fs::write(
         dir.join("manifests/web.yaml"),
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - {name: app, image: busybox}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  initContainers:\n  - {name: setup, image: busybox}\n  containers:\n  - {name: app, image: busybox}\n",
     )
     .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
@@ -77,6 +77,6 @@ async fn pods_run_on_the_fake_runtime() {
 async fn a_failure_rate_of_one_fails_every_start() {
     let dir = tempfile::tempdir().unwrap();
     let _agent = start(dir.path(), "fake://?failureRate=1");
-    let row = row_when(dir.path(), |c| c[2] == "RunContainerError" || c[2] == "CrashLoopBackOff").await;
+    let row = row_when(dir.path(), |c| c[2].ends_with("RunContainerError") || c[2].ends_with("CrashLoopBackOff")).await;
     assert!(row.contains("0/1"), "{row}");
 }

@@ -136,6 +136,7 @@ struct State {
     errors: HashMap<Method, VecDeque<FakeError>>,
     failure_rates: HashMap<Method, f64>,
     exit_codes: HashMap<String, i32>,
+    init_exit_code: Option<i32>,
     exec_results: HashMap<String, ExecResult>,
     status: Option<RuntimeStatus>,
     pod_status_latency: HashMap<PodUid, Duration>,
@@ -204,6 +205,12 @@ impl FakeRuntime {
     /// Makes every call of `method` take `latency` (virtual time under paused tokio time).
     pub fn set_latency(&self, method: Method, latency: Duration) {
         lock(&self.state).latencies.insert(method, latency);
+    }
+
+    /// Init containers without a scripted exit code exit with `code` as soon as they start;
+    /// `None` (the default) lets them run until stopped, like regular containers.
+    pub fn set_init_exit_code(&self, code: Option<i32>) {
+        lock(&self.state).init_exit_code = code;
     }
 
     /// Makes each call of `method` fail at random with probability `rate` (0 to 1), after any
@@ -456,13 +463,19 @@ impl State {
     }
 
     /// Starts `spec` in the pod's ready sandbox, honouring scripted exit codes and start errors.
-    fn start_container(&mut self, uid: &PodUid, spec: &ApiContainer, restart_count: u32) -> Result<(), FakeError> {
+    fn start_container(
+        &mut self,
+        uid: &PodUid,
+        spec: &ApiContainer,
+        restart_count: u32,
+        init: bool,
+    ) -> Result<(), FakeError> {
         if let Some(err) = self.take_error(Method::StartContainer) {
             return Err(err);
         }
         let id = self.new_id("container");
         let at = self.now();
-        let exit_code = self.exit_codes.get(&spec.name).copied();
+        let exit_code = self.exit_codes.get(&spec.name).copied().or(if init { self.init_exit_code } else { None });
         let pod = self.pods.get_mut(uid).ok_or_else(|| FakeError::new(Code::NotFound, "pod sandbox not found"))?;
         let sandbox_id = pod.sandboxes.last().map(|s| s.id.clone()).unwrap_or_default();
         let image = spec.image.clone().unwrap_or_default();
@@ -840,7 +853,7 @@ fn start_one(
             backoff.next(&key, now);
         }
     }
-    match st.start_container(uid, spec, restart_count) {
+    match st.start_container(uid, spec, restart_count, action == SyncAction::InitContainer) {
         Ok(()) => result.push(SyncResult::ok(action, &spec.name)),
         Err(err) => result.push(SyncResult::failed(
             action,

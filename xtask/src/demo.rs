@@ -1,0 +1,267 @@
+//! `cargo xtask demo`: the agent running the example pods, in one command.
+//!
+//! As root it installs and starts what it needs (`setup`, `runtime start`), builds the release
+//! binary, runs it with `examples/manifests`, and shows a live `get pods` table until Ctrl-C or
+//! `--duration`. Then it removes the demo pods through the agent, stops the agent, and stops the
+//! runtime if it started it. `--runtime fake` needs no root: the pods are simulated.
+
+use std::{
+    fs,
+    io::IsTerminal as _,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    runtime, setup,
+    util::{is_root, output, project_root, run},
+};
+
+/// Where the demo keeps its files on the real runtime.
+const REAL_DIR: &str = "/var/lib/kubelet-rs-dev/demo";
+
+#[derive(Debug, PartialEq, Eq)]
+struct Options {
+    fake: bool,
+    duration: Option<Duration>,
+    /// Fail unless every pod ended Running and ready, or Completed (for CI).
+    check: bool,
+}
+
+fn parse(args: &[&str]) -> Result<Options> {
+    let mut options = Options { fake: false, duration: None, check: false };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match *arg {
+            "--runtime" => match args.next().copied() {
+                Some("fake") => options.fake = true,
+                Some("containerd") => options.fake = false,
+                other => bail!("--runtime takes containerd or fake, not {other:?}"),
+            },
+            "--duration" => {
+                let value = args.next().context("--duration takes a time such as 60s or 5m")?;
+                options.duration = Some(parse_duration(value)?);
+            }
+            "--check" => options.check = true,
+            other => bail!(
+                "unknown demo option {other:?}; usage: cargo xtask demo [--runtime containerd|fake] [--duration 60s] [--check]"
+            ),
+        }
+    }
+    Ok(options)
+}
+
+fn parse_duration(value: &str) -> Result<Duration> {
+    let (number, unit) = value.split_at(value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len()));
+    let number: u64 = number.parse().with_context(|| format!("--duration {value:?}: expected 60s, 5m or 1h"))?;
+    Ok(Duration::from_secs(match unit {
+        "" | "s" => number,
+        "m" => number * 60,
+        "h" => number * 3600,
+        _ => bail!("--duration {value:?}: expected 60s, 5m or 1h"),
+    }))
+}
+
+pub(crate) fn run_demo(args: &[&str]) -> Result<()> {
+    let options = parse(args)?;
+    if !options.fake && !is_root() {
+        bail!(
+            "the demo runs real pods on the project's own containerd, which needs root: run it with sudo,\n\
+             or try the simulated runtime without root: cargo xtask demo --runtime fake"
+        );
+    }
+    let root = project_root()?;
+    let mut started_runtime = false;
+    if !options.fake {
+        setup::run_setup()?;
+        started_runtime = runtime::start()?;
+    }
+    println!("building the release binary");
+    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())).current_dir(&root).args([
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "kubelet-rs",
+    ]))?;
+    let binary = root.join("target/release/kubelet-rs");
+    let dir = if options.fake {
+        std::env::temp_dir().join(format!("kubelet-rs-demo-{}", std::process::id()))
+    } else {
+        PathBuf::from(REAL_DIR)
+    };
+    let _ = fs::remove_dir_all(&dir);
+    let manifests = dir.join("manifests");
+    fs::create_dir_all(&manifests)?;
+    for entry in fs::read_dir(root.join("examples/manifests"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            fs::copy(&path, manifests.join(path.file_name().context("a file name")?))?;
+        }
+    }
+    let endpoint = if options.fake {
+        "fake://?startLatency=500ms".to_owned()
+    } else {
+        format!("unix://{}", runtime::socket().display())
+    };
+    let mut agent = start_agent(&binary, &dir, &endpoint)?;
+    let shown = show_pods(&binary, &dir, options.duration).and_then(|last| {
+        if options.check { check_table(&last, root.join("examples/manifests").as_path()) } else { Ok(()) }
+    });
+    println!("\nremoving the demo pods");
+    let cleaned = remove_pods(&binary, &dir, &manifests, !options.fake);
+    let _ = output(Command::new("kill").arg("-TERM").arg(agent.id().to_string()));
+    let _ = agent.wait();
+    if started_runtime {
+        runtime::stop()?;
+    }
+    if options.fake {
+        let _ = fs::remove_dir_all(&dir);
+    } else {
+        println!("agent log: {}", dir.join("agent.log").display());
+    }
+    shown.and(cleaned)
+}
+
+fn start_agent(binary: &Path, dir: &Path, endpoint: &str) -> Result<Child> {
+    let log = fs::File::create(dir.join("agent.log"))?;
+    let mut command = Command::new(binary);
+    command
+        .args(["run", "--container-runtime-endpoint", endpoint, "--healthz-port", "0"])
+        .arg("--pod-manifest-path")
+        .arg(dir.join("manifests"))
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-logs-dir")
+        .arg(dir.join("logs"))
+        .arg("--container-logs-dir")
+        .arg(dir.join("containers"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        // Its own process group: Ctrl-C in the terminal reaches the demo, which then stops the
+        // agent in order, after removing the pods.
+        .process_group(0);
+    command.spawn().with_context(|| format!("starting {}", binary.display()))
+}
+
+fn get_pods(binary: &Path, dir: &Path) -> String {
+    Command::new(binary)
+        .args(["get", "pods", "--root-dir"])
+        .arg(dir.join("root"))
+        .output()
+        .map(|o| if o.status.success() { String::from_utf8_lossy(&o.stdout).into_owned() } else { String::new() })
+        .unwrap_or_default()
+}
+
+/// The live table, refreshed every second, until Ctrl-C or the duration ends; returns the last.
+fn show_pods(binary: &Path, dir: &Path, duration: Option<Duration>) -> Result<String> {
+    let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let started = Instant::now();
+    let terminal = std::io::stdout().is_terminal();
+    tokio.block_on(async {
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        loop {
+            let table = get_pods(binary, dir);
+            if terminal {
+                print!("\x1b[2J\x1b[H");
+            }
+            let until =
+                duration.map_or_else(|| "Ctrl-C to stop".to_owned(), |d| format!("for {}s or Ctrl-C", d.as_secs()));
+            println!(
+                "kubelet-rs demo, {}s in ({until}); agent log: {}\n",
+                started.elapsed().as_secs(),
+                dir.join("agent.log").display()
+            );
+            print!("{}", if table.is_empty() { "(waiting for the agent)\n" } else { &table });
+            if duration.is_some_and(|d| started.elapsed() >= d) {
+                return Ok(table);
+            }
+            tokio::select! {
+                result = &mut ctrl_c => return result.context("waiting for Ctrl-C").map(|()| table),
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    })
+}
+
+/// Every example pod is in the table, Running with all containers ready, or Completed.
+fn check_table(table: &str, examples: &Path) -> Result<()> {
+    let expected = fs::read_dir(examples)?
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "yaml"))
+        .count();
+    let rows: Vec<Vec<&str>> = table.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    let good = |row: &Vec<&str>| {
+        let ready = row[1].split_once('/').is_some_and(|(a, b)| a == b);
+        (row[2] == "Running" && ready) || row[2] == "Completed"
+    };
+    if rows.len() != expected || !rows.iter().all(good) {
+        bail!("--check: expected {expected} pods Running and ready, or Completed; the table was:\n{table}");
+    }
+    println!("--check: all {expected} example pods Running and ready, or Completed");
+    Ok(())
+}
+
+/// Removes the manifests and waits (at most 60 s) until the agent has removed every pod and,
+/// on the real runtime, every container and sandbox of them.
+fn remove_pods(binary: &Path, dir: &Path, manifests: &Path, real: bool) -> Result<()> {
+    for entry in fs::read_dir(manifests)? {
+        fs::remove_file(entry?.path())?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let table = get_pods(binary, dir);
+        if table.lines().count() <= 1 && (!real || runtime::container_count() == 0) {
+            println!("all demo pods removed");
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("demo pods still present after 60 s:\n{table}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_wants_every_pod_running_or_completed() {
+        let examples = tempfile_dir(&["a.yaml", "b.yaml", "README.md"]);
+        let good = "NAME READY STATUS RESTARTS AGE IP\na-n 1/1 Running 0 5s 10.0.0.1\nb-n 0/1 Completed 0 5s <none>\n";
+        assert!(check_table(good, &examples).is_ok());
+        let pending =
+            "NAME READY STATUS RESTARTS AGE IP\na-n 0/1 Running 0 5s 10.0.0.1\nb-n 0/1 Completed 0 5s <none>\n";
+        assert!(check_table(pending, &examples).is_err());
+        let missing = "NAME READY STATUS RESTARTS AGE IP\na-n 1/1 Running 0 5s 10.0.0.1\n";
+        assert!(check_table(missing, &examples).is_err());
+        let _ = fs::remove_dir_all(&examples);
+    }
+
+    fn tempfile_dir(files: &[&str]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-demo-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        for file in files {
+            fs::write(dir.join(file), "").unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn options_parse() {
+        assert_eq!(parse(&[]).unwrap(), Options { fake: false, duration: None, check: false });
+        assert_eq!(
+            parse(&["--runtime", "fake", "--duration", "2m", "--check"]).unwrap(),
+            Options { fake: true, duration: Some(Duration::from_secs(120)), check: true }
+        );
+        assert!(parse(&["--runtime", "docker"]).is_err());
+        assert!(parse(&["--duration", "soon"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+    }
+}
