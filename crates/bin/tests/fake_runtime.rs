@@ -4,9 +4,11 @@
 // Reason: tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::Duration,
 };
 
@@ -26,20 +28,7 @@ fn start(dir: &Path, endpoint: &str) -> Agent {
         "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  initContainers:\n  - {name: setup, image: busybox}\n  containers:\n  - {name: app, image: busybox}\n",
     )
     .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
-        .args(["run", "--container-runtime-endpoint", endpoint, "--hostname-override", "fake", "--healthz-port", "0"])
-        .arg("--pod-manifest-path")
-        .arg(dir.join("manifests"))
-        .arg("--root-dir")
-        .arg(dir.join("root"))
-        .arg("--pod-logs-dir")
-        .arg(dir.join("logs"))
-        .arg("--container-logs-dir")
-        .arg(dir.join("containers"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = common::agent_command(endpoint, dir, "fake").args(["--healthz-port", "0"]).spawn().unwrap();
     Agent(child)
 }
 

@@ -8,6 +8,8 @@
 // Reason: test helpers outside `#[test]` functions may panic on broken invariants.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::{
     path::Path,
     process::{Child, Command, Stdio},
@@ -66,22 +68,7 @@ impl Drop for Agent {
 
 /// `kubelet-rs run` on the test runtime with the test's directories, logging to `agent.log`.
 fn agent_command(rt: &RealRuntime, dir: &Path, node: &str) -> Command {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"));
-    command
-        .args(["run", "--container-runtime-endpoint", &rt.endpoint, "--hostname-override", node])
-        .arg("--pod-manifest-path")
-        .arg(dir.join("manifests"))
-        .arg("--root-dir")
-        .arg(dir.join("root"))
-        .arg("--pod-logs-dir")
-        .arg(dir.join("pods"))
-        .arg("--container-logs-dir")
-        .arg(dir.join("containers"))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log);
-    command
+    common::agent_command(&rt.endpoint, dir, node)
 }
 
 fn manifest(node_pod: &str, image: &str, script: &str) -> String {
