@@ -215,6 +215,8 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         },
         metrics,
         pod_logs_dir: file.pod_logs_dir.clone(),
+        events: recorder.clone(),
+        runtime_state: runtime_state.clone(),
     });
     let mut servers = vec![
         crate::api::serve_unix(

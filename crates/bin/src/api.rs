@@ -38,6 +38,10 @@ pub(crate) struct ApiState<R> {
     pub(crate) metrics: Option<PrometheusHandle>,
     /// `podLogsDir`, where `/containerLogs` reads.
     pub(crate) pod_logs_dir: PathBuf,
+    /// The recent events, for `/events`.
+    pub(crate) events: Arc<kubelet_core::events::RingRecorder>,
+    /// The runtime's health from the status poll, for `/healthz`.
+    pub(crate) runtime_state: Arc<kubelet_core::state::RuntimeState>,
 }
 
 fn pod_list(items: Vec<Pod>) -> serde_json::Value {
@@ -51,6 +55,11 @@ async fn healthz<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response 
     }
     if let Err(err) = (state.pleg_health)() {
         return (StatusCode::INTERNAL_SERVER_ERROR, format!("[-]pleg failed: {err}\nhealthz check failed\n"))
+            .into_response();
+    }
+    // Not in upstream's /healthz: a runtime that is gone makes the node useless, so say so.
+    if let Some(err) = state.runtime_state.runtime_down() {
+        return (StatusCode::INTERNAL_SERVER_ERROR, format!("[-]runtime failed: {err}\nhealthz check failed\n"))
             .into_response();
     }
     (StatusCode::OK, "ok").into_response()
@@ -274,7 +283,33 @@ async fn follow(
     }
 }
 
-/// The router of the unix-socket API: the read-only API plus container logs.
+/// `/events/{namespace}/{pod}`: the events kept about a pod, oldest first, as an EventList.
+async fn pod_events<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name)): UrlPath<(String, String)>,
+) -> Response {
+    let Some(pod) = state.pods.pod_by_name(&namespace, &name) else {
+        return (StatusCode::NOT_FOUND, format!("pod {namespace}/{name} not found\n")).into_response();
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let items: Vec<serde_json::Value> = state
+        .events
+        .events_for(&uid)
+        .into_iter()
+        .map(|e| {
+            serde_json::json!({
+                "type": e.kind.to_string(),
+                "reason": e.reason,
+                "message": e.message,
+                "lastTimestamp": e.timestamp.to_string(),
+                "involvedObject": {"kind": e.object.kind, "namespace": e.object.namespace, "name": e.object.name, "uid": e.object.uid},
+            })
+        })
+        .collect();
+    Json(serde_json::json!({ "kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items })).into_response()
+}
+
+/// The router of the unix-socket API: the read-only API plus container logs and pod events.
 pub(crate) fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::<R>))
@@ -282,6 +317,7 @@ pub(crate) fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
         .route("/runningpods/", get(running_pods::<R>))
         .route("/metrics", get(metrics::<R>))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs::<R>))
+        .route("/events/{namespace}/{pod}", get(pod_events::<R>))
         .with_state(state)
 }
 

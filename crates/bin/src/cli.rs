@@ -1,5 +1,5 @@
 //! Operator commands that talk to a running agent over its unix socket:
-//! `kubelet-rs get pods` and `kubelet-rs logs`.
+//! `kubelet-rs get pods`, `kubelet-rs describe pod` and `kubelet-rs logs`.
 
 use std::{
     io::Write as _,
@@ -51,6 +51,32 @@ enum Output {
     Yaml,
 }
 
+/// `kubelet-rs describe`.
+#[derive(Debug, Args)]
+pub(crate) struct DescribeArgs {
+    #[command(subcommand)]
+    what: DescribeWhat,
+}
+
+#[derive(Debug, Subcommand)]
+enum DescribeWhat {
+    /// A pod: its spec in short, conditions, container states and recent events.
+    #[command(alias = "pods", alias = "po")]
+    Pod(DescribePodArgs),
+}
+
+#[derive(Debug, Args)]
+struct DescribePodArgs {
+    /// The pod's name.
+    name: String,
+    /// The pod's namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    namespace: String,
+    /// The agent's root directory (where its socket is).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    root_dir: PathBuf,
+}
+
 /// `kubelet-rs logs`.
 #[derive(Debug, Args)]
 pub(crate) struct LogsArgs {
@@ -83,6 +109,176 @@ pub(crate) fn get(args: GetArgs) -> Result<ExitCode> {
     let GetWhat::Pods(args) = args.what;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(get_pods(args))
+}
+
+pub(crate) fn describe(args: DescribeArgs) -> Result<ExitCode> {
+    let DescribeWhat::Pod(args) = args.what;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let socket = crate::api::socket_path(&args.root_dir);
+        let pod = find_pod(&socket, &args.namespace, &args.name).await?;
+        let (_, body) = request(&socket, &format!("/events/{}/{}", args.namespace, args.name)).await?;
+        let events: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        print!("{}", describe_pod(&pod, events["items"].as_array().map(Vec::as_slice).unwrap_or_default(), unix_now()));
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The pod named `name` in `namespace`, from the agent's `/pods`.
+async fn find_pod(socket: &Path, namespace: &str, name: &str) -> Result<Pod> {
+    let (status, body) = request(socket, "/pods").await?;
+    if status != 200 {
+        bail!("the agent answered {status}: {}", String::from_utf8_lossy(&body));
+    }
+    let list: serde_json::Value = serde_json::from_slice(&body).context("the agent's /pods is not JSON")?;
+    let pods: Vec<Pod> = serde_json::from_value(list["items"].clone()).context("the agent's pods")?;
+    pods.into_iter()
+        .find(|p| {
+            p.metadata.name.as_deref() == Some(name)
+                && p.metadata.namespace.as_deref().unwrap_or("default") == namespace
+        })
+        .with_context(|| format!("pod {namespace}/{name} not found"))
+}
+
+/// `kubectl describe pod`'s layout, for what a standalone node knows.
+fn describe_pod(pod: &Pod, events: &[serde_json::Value], now: i64) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let spec = pod.spec.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let meta = &pod.metadata;
+    let map = |m: &Option<std::collections::BTreeMap<String, String>>| -> String {
+        let pairs: Vec<String> = m.iter().flatten().map(|(k, v)| format!("{k}={v}")).collect();
+        if pairs.is_empty() { "<none>".to_owned() } else { pairs.join("\n              ") }
+    };
+    let _ = writeln!(out, "Name:         {}", meta.name.clone().unwrap_or_default());
+    let _ = writeln!(out, "Namespace:    {}", meta.namespace.clone().unwrap_or_default());
+    let _ = writeln!(out, "UID:          {}", meta.uid.clone().unwrap_or_default());
+    let _ = writeln!(out, "Node:         {}", spec.node_name.clone().unwrap_or_else(|| "<none>".to_owned()));
+    if let Some(start) = &status.start_time {
+        let _ = writeln!(out, "Start Time:   {}", start.0);
+    }
+    let _ = writeln!(out, "Labels:       {}", map(&meta.labels));
+    let _ = writeln!(out, "Annotations:  {}", map(&meta.annotations));
+    let _ = writeln!(out, "Status:       {}", pod_status_reason(pod));
+    if let Some(reason) = &status.reason {
+        let _ = writeln!(out, "Reason:       {reason}");
+    }
+    if let Some(message) = &status.message {
+        let _ = writeln!(out, "Message:      {message}");
+    }
+    let _ = writeln!(out, "IP:           {}", status.pod_ip.clone().unwrap_or_default());
+    let sections = [
+        ("Init Containers", spec.init_containers.clone().unwrap_or_default(), status.init_container_statuses.clone()),
+        ("Containers", spec.containers.clone(), status.container_statuses.clone()),
+    ];
+    for (title, containers, statuses) in sections {
+        if containers.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "{title}:");
+        for container in containers {
+            let found = statuses.iter().flatten().find(|s| s.name == container.name);
+            let _ = writeln!(out, "  {}:", container.name);
+            let _ = writeln!(out, "    Image:          {}", container.image.clone().unwrap_or_default());
+            let command: Vec<String> =
+                container.command.iter().flatten().chain(container.args.iter().flatten()).cloned().collect();
+            if !command.is_empty() {
+                let _ = writeln!(out, "    Command:        {}", command.join(" "));
+            }
+            let ports: Vec<String> = container
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| format!("{}/{}", p.container_port, p.protocol.clone().unwrap_or_else(|| "TCP".to_owned())))
+                .collect();
+            if !ports.is_empty() {
+                let _ = writeln!(out, "    Ports:          {}", ports.join(", "));
+            }
+            let state = found.and_then(|s| s.state.clone()).unwrap_or_default();
+            if let Some(running) = &state.running {
+                let _ = writeln!(out, "    State:          Running");
+                if let Some(at) = &running.started_at {
+                    let _ = writeln!(out, "      Started:      {}", at.0);
+                }
+            } else if let Some(waiting) = &state.waiting {
+                let _ = writeln!(out, "    State:          Waiting");
+                let _ = writeln!(out, "      Reason:       {}", waiting.reason.clone().unwrap_or_default());
+                if let Some(message) = &waiting.message {
+                    let _ = writeln!(out, "      Message:      {message}");
+                }
+            } else if let Some(terminated) = &state.terminated {
+                let _ = writeln!(out, "    State:          Terminated");
+                let _ = writeln!(out, "      Reason:       {}", terminated.reason.clone().unwrap_or_default());
+                let _ = writeln!(out, "      Exit Code:    {}", terminated.exit_code);
+            } else {
+                let _ = writeln!(out, "    State:          <unknown>");
+            }
+            if let Some(last) = found.and_then(|s| s.last_state.as_ref()).and_then(|s| s.terminated.as_ref()) {
+                let _ = writeln!(out, "    Last State:     Terminated");
+                let _ = writeln!(out, "      Reason:       {}", last.reason.clone().unwrap_or_default());
+                let _ = writeln!(out, "      Exit Code:    {}", last.exit_code);
+            }
+            let _ =
+                writeln!(out, "    Ready:          {}", if found.is_some_and(|s| s.ready) { "True" } else { "False" });
+            let _ = writeln!(out, "    Restart Count:  {}", found.map_or(0, |s| s.restart_count));
+            for (kind, list) in [
+                ("Limits", container.resources.as_ref().and_then(|r| r.limits.clone())),
+                ("Requests", container.resources.as_ref().and_then(|r| r.requests.clone())),
+            ] {
+                if let Some(list) = list.filter(|l| !l.is_empty()) {
+                    let _ = writeln!(out, "    {kind}:");
+                    for (resource, quantity) in list {
+                        let _ = writeln!(out, "      {resource}:  {}", quantity.0);
+                    }
+                }
+            }
+        }
+    }
+    let conditions = status.conditions.clone().unwrap_or_default();
+    if !conditions.is_empty() {
+        let _ = writeln!(out, "Conditions:");
+        let _ = writeln!(out, "  Type              Status");
+        for condition in conditions {
+            let _ = writeln!(out, "  {:<17} {}", condition.type_, condition.status);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "QoS Class:    {}",
+        status.qos_class.clone().unwrap_or_else(|| kubelet_core::resources::qos_class(pod).to_owned())
+    );
+    if events.is_empty() {
+        let _ = writeln!(out, "Events:       <none>");
+    } else {
+        let _ = writeln!(out, "Events:");
+        let rows: Vec<[String; 4]> = events
+            .iter()
+            .map(|e| {
+                let at = e["lastTimestamp"].as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+                let age = at.map_or_else(|| "<unknown>".to_owned(), |t| human_duration(now - t.as_second()));
+                let text = |key: &str| e[key].as_str().unwrap_or_default().to_owned();
+                [text("type"), text("reason"), age, text("message")]
+            })
+            .collect();
+        let header = [("Type", "----"), ("Reason", "------"), ("Age", "---"), ("Message", "-------")];
+        let width = |i: usize, title: &str| rows.iter().map(|r| r[i].len()).chain([title.len()]).max().unwrap_or(0);
+        let widths: Vec<usize> = header.iter().enumerate().map(|(i, (title, _))| width(i, title)).collect();
+        for line in [header.map(|(t, _)| t.to_owned()), header.map(|(_, d)| d.to_owned())].iter().chain(rows.iter()) {
+            let _ = writeln!(
+                out,
+                "  {:<w0$}  {:<w1$}  {:<w2$}  {}",
+                line[0],
+                line[1],
+                line[2],
+                line[3],
+                w0 = widths[0],
+                w1 = widths[1],
+                w2 = widths[2]
+            );
+        }
+    }
+    out
 }
 
 pub(crate) fn logs(args: LogsArgs) -> Result<ExitCode> {
@@ -127,16 +323,7 @@ async fn container_logs(args: LogsArgs) -> Result<ExitCode> {
     let container = match args.container {
         Some(container) => container,
         None => {
-            let (_, body) = request(&socket, "/pods").await?;
-            let list: serde_json::Value = serde_json::from_slice(&body).context("the agent's /pods is not JSON")?;
-            let pods: Vec<Pod> = serde_json::from_value(list["items"].clone())?;
-            let pod = pods
-                .iter()
-                .find(|p| {
-                    p.metadata.name.as_deref() == Some(&args.pod)
-                        && p.metadata.namespace.as_deref().unwrap_or("default") == args.namespace
-                })
-                .with_context(|| format!("pod {}/{} not found", args.namespace, args.pod))?;
+            let pod = find_pod(&socket, &args.namespace, &args.pod).await?;
             let names: Vec<&str> = pod.spec.iter().flat_map(|s| s.containers.iter()).map(|c| c.name.as_str()).collect();
             match names[..] {
                 [one] => one.to_owned(),
@@ -325,6 +512,41 @@ mod tests {
 
     fn pod(value: serde_json::Value) -> Pod {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn describe_shows_spec_states_conditions_and_events() {
+        let web = pod(json!({"metadata":{"name":"web-n","namespace":"default","uid":"u1","labels":{"app":"web"}},
+            "spec":{"nodeName":"n","containers":[{"name":"httpd","image":"busybox","command":["httpd","-f"],
+                "ports":[{"containerPort":8080}],"resources":{"requests":{"cpu":"50m"}}}]},
+            "status":{"phase":"Running","podIP":"10.85.0.7","qosClass":"Burstable",
+                "conditions":[{"type":"Ready","status":"True"}],
+                "containerStatuses":[{"name":"httpd","ready":true,"restartCount":1,"image":"busybox","imageID":"",
+                    "state":{"running":{"startedAt":"2026-11-22T10:00:00Z"}},
+                    "lastState":{"terminated":{"exitCode":137,"reason":"Error"}}}]}}));
+        let events = [
+            json!({"type":"Normal","reason":"Started","message":"Started container httpd","lastTimestamp":"2026-11-22T10:00:00Z"}),
+        ];
+        let text = describe_pod(&web, &events, 1_795_341_630);
+        for want in [
+            "Name:         web-n",
+            "Labels:       app=web",
+            "Status:       Running",
+            "IP:           10.85.0.7",
+            "  httpd:",
+            "    Command:        httpd -f",
+            "    Ports:          8080/TCP",
+            "    State:          Running",
+            "    Last State:     Terminated",
+            "      Exit Code:    137",
+            "    Restart Count:  1",
+            "      cpu:  50m",
+            "  Ready             True",
+            "QoS Class:    Burstable",
+            "  Normal  Started  30s  Started container httpd",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
     }
 
     #[test]

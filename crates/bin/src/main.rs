@@ -42,6 +42,8 @@ enum Command {
     Cni(cnitool::CniArgs),
     /// Show a running agent's pods (`get pods`), through its unix socket.
     Get(cli::GetArgs),
+    /// Show one of a running agent's pods in detail (`describe pod NAME`), through its unix socket.
+    Describe(cli::DescribeArgs),
     /// Print a container's logs from a running agent, through its unix socket.
     Logs(cli::LogsArgs),
 }
@@ -69,6 +71,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Cni(args) => cnitool::main(args),
         Command::Get(args) => cli::get(args),
+        Command::Describe(args) => cli::describe(args),
         Command::Logs(args) => cli::logs(args),
         Command::Run(args) => {
             init_logging(args.verbosity, args.logging_format);

@@ -60,6 +60,26 @@ async fn pods_run_on_the_fake_runtime() {
     let _agent = start(dir.path(), "fake://?startLatency=100ms");
     let row = row_when(dir.path(), |c| c[1] == "1/1" && c[2] == "Running").await;
     assert!(row.contains("Running"), "{row}");
+    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+        .args(["describe", "pod", "web-fake", "--root-dir"])
+        .arg(dir.path().join("root"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for want in [
+        "Name:         web-fake",
+        "Init Containers:",
+        "  setup:",
+        "      Reason:       Completed",
+        "Containers:",
+        "  app:",
+        "    State:          Running",
+        "Events:",
+        "Started",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from:\n{text}");
+    }
 }
 
 #[tokio::test]

@@ -569,6 +569,18 @@ async fn real_get_pods_and_logs_through_the_unix_socket() {
             assert!(ok && list["kind"] == "PodList" && list["items"][0]["metadata"]["name"] == pod.as_str(), "{json}");
             let (ok, yaml, _) = kubelet_rs(&["get", "pods", "-o", "yaml", "--root-dir", &root]);
             assert!(ok && yaml.contains("kind: PodList"), "{yaml}");
+            let (ok, described, err) = kubelet_rs(&["describe", "pod", &pod, "--root-dir", &root]);
+            assert!(ok, "describe: {err}");
+            for want in [
+                "Status:       Running",
+                "  app:",
+                "    State:          Running",
+                "Ready             True",
+                "Events:",
+                "Started container app",
+            ] {
+                assert!(described.contains(want), "{want:?} missing from:\n{described}");
+            }
 
             // logs: the long line comes back whole; --tail and --timestamps as kubectl's.
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -608,6 +620,76 @@ async fn real_get_pods_and_logs_through_the_unix_socket() {
             assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
             assert!(!socket.exists(), "the socket is removed at shutdown");
         }
+    };
+    run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
+}
+
+/// A unix socket that forwards to the runtime's, so a test can make "the runtime socket" vanish
+/// and come back without touching the runtime other tests use.
+struct SocketProxy {
+    path: std::path::PathBuf,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl SocketProxy {
+    fn start(path: &Path, upstream: &Path) -> SocketProxy {
+        let listener = tokio::net::UnixListener::bind(path).unwrap();
+        let mut tasks = tokio::task::JoinSet::new();
+        let upstream = upstream.to_owned();
+        tasks.spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                connections.spawn(async move {
+                    if let Ok(mut server) = tokio::net::UnixStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        SocketProxy { path: path.to_owned(), tasks }
+    }
+
+    /// Closes every connection and removes the socket file.
+    fn vanish(mut self) {
+        self.tasks.abort_all();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[tokio::test]
+async fn real_healthz_fails_while_the_runtime_socket_is_gone() {
+    let Some(rt) = RealRuntime::from_env("real_healthz_fails_while_the_runtime_socket_is_gone") else { return };
+    let (dir, node) = scratch(&rt, "agent-healthz", "healthz");
+    let upstream = rt.endpoint.trim_start_matches("unix://").to_owned();
+    let proxy_path = dir.join("cri.sock");
+    let proxy = SocketProxy::start(&proxy_path, Path::new(&upstream));
+    let port = free_port();
+    let endpoint = format!("unix://{}", proxy_path.display());
+    let mut agent =
+        Agent::spawn(common::agent_command(&endpoint, &dir, &node).args(["--read-only-port", &port.to_string()]));
+
+    let outcome = async move {
+        let healthz = |want: u16| async move {
+            for _ in 0..300 {
+                let (code, body) = get(port, "/healthz").await;
+                if code == want {
+                    return body;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("/healthz never answered {want}");
+        };
+        assert_eq!(healthz(200).await, "ok");
+        // The socket goes away (with every connection through it): 500, naming the runtime.
+        proxy.vanish();
+        let body = healthz(500).await;
+        assert!(body.contains("[-]runtime failed") && body.contains("healthz check failed"), "{body}");
+        // It comes back: 200 again, without restarting the agent.
+        let _proxy = SocketProxy::start(&proxy_path, Path::new(&upstream));
+        assert_eq!(healthz(200).await, "ok");
+        agent.signal(Signal::SIGTERM);
+        assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
     };
     run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
 }

@@ -168,6 +168,22 @@ impl RuntimeState {
         errors
     }
 
+    /// Why the runtime is down, once it has been checked at least once: the last status check
+    /// failed or said not ready, or no check succeeded within the threshold. `None` when it is
+    /// healthy and before the first check (start-up is not an outage).
+    pub fn runtime_down(&self) -> Option<String> {
+        let inner = lock(&self.inner);
+        if let Some(error) = &inner.runtime_error {
+            return Some(error.clone());
+        }
+        match inner.last_base_sync {
+            Some(at) if Instant::now().saturating_duration_since(at) > self.base_sync_threshold => {
+                Some("container runtime is down".to_owned())
+            }
+            _ => None,
+        }
+    }
+
     /// The network error, if any: pods without host networking cannot start while it is set.
     pub fn network_errors(&self) -> Vec<String> {
         lock(&self.inner).network_error.iter().cloned().collect()
@@ -262,6 +278,18 @@ mod tests {
         assert!(rs.runtime_errors().iter().any(|e| e.contains("connection refused")));
         rs.update_from_status(Ok::<_, String>(&status(true, true)), Instant::now());
         assert!(rs.runtime_errors().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn runtime_down_ignores_start_up_and_reports_failures_and_staleness() {
+        let rs = RuntimeState::default();
+        assert_eq!(rs.runtime_down(), None, "not checked yet is not down");
+        rs.update_from_status(Err("connect: no such file or directory"), Instant::now());
+        assert!(rs.runtime_down().is_some_and(|e| e.contains("no such file")));
+        rs.update_from_status(Ok::<_, String>(&status(true, true)), Instant::now());
+        assert_eq!(rs.runtime_down(), None);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        assert_eq!(rs.runtime_down().as_deref(), Some("container runtime is down"));
     }
 
     #[tokio::test(start_paused = true)]
