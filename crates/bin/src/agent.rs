@@ -14,6 +14,7 @@ use kubelet_core::{
     fake::{FakeRuntime, Method},
     kubelet::{self, Kubelet, PodSync, admission::NodeResources, status_store::StatusStore},
     runtime::RuntimeEvents,
+    startup::StartupTracker,
     state::{LoopHealth, RuntimeState},
     sync_loop::{self, Inputs, Shared},
 };
@@ -36,7 +37,7 @@ pub(crate) async fn run(
     if let Some(fake) = FakeEndpoint::parse(&file.container_runtime_endpoint)? {
         warn!(endpoint = %file.container_runtime_endpoint, "running on the in-memory fake runtime: no containers run");
         let runtime = Arc::new(fake.build());
-        return run_on(runtime, recorder, config, metrics, cancel).await;
+        return run_on(runtime, recorder, Arc::new(StartupTracker::new()), config, metrics, cancel).await;
     }
     let mut cri_config = CriConfig::new(&file.container_runtime_endpoint).request_timeout(file.runtime_request_timeout);
     if let Some(endpoint) = &file.image_service_endpoint {
@@ -50,8 +51,9 @@ pub(crate) async fn run(
         .cgroup_root(&config.pods_cgroup)
         .node_ip(&config.node_ip)
         .image_pull_limit(file.image_pull_limit());
-    let runtime = Arc::new(CriRuntime::new(client, runtime_config, recorder.clone()));
-    run_on(runtime, recorder, config, metrics, cancel).await
+    let startup = Arc::new(StartupTracker::new());
+    let runtime = Arc::new(CriRuntime::new(client, runtime_config, recorder.clone()).startup_tracker(startup.clone()));
+    run_on(runtime, recorder, startup, config, metrics, cancel).await
 }
 
 /// `fake://?startLatency=200ms&failureRate=0.1`: the in-memory runtime, each pod sync taking
@@ -100,6 +102,7 @@ impl FakeEndpoint {
 async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     runtime: Arc<R>,
     recorder: Arc<RingRecorder>,
+    startup: Arc<StartupTracker>,
     config: Settings,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     cancel: CancellationToken,
@@ -135,7 +138,8 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
                 let pleg = pleg.clone();
                 Arc::new(move || pleg.relist_now())
             })
-            .work_queue(work_queue.clone()),
+            .work_queue(work_queue.clone())
+            .startup_tracker(startup),
     );
     let (file_period, http_period, sync_period) = config.periods();
     let workers = Arc::new(podworkers::PodWorkers::new(

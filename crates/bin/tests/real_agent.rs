@@ -439,6 +439,7 @@ async fn real_pod_statuses_through_the_local_api() {
                 "kubelet_started_containers_total{container_type=\"container\"}",
                 "kubelet_started_containers_total{container_type=\"init_container\"}",
                 "kubelet_pod_start_duration_seconds",
+                "kubelet_pod_start_sli_duration_seconds",
                 "process_resident_memory_bytes",
                 "process_cpu_seconds_total",
                 "process_open_fds",

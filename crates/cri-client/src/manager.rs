@@ -127,6 +127,7 @@ pub struct CriRuntime {
     probes: Mutex<ProbeFailures>,
     memory_capacity: i64,
     image_pulls: Option<tokio::sync::Semaphore>,
+    startup: Option<Arc<kubelet_core::startup::StartupTracker>>,
 }
 
 impl std::fmt::Debug for CriRuntime {
@@ -239,8 +240,16 @@ impl CriRuntime {
             probes: Mutex::new(ProbeFailures::default()),
             memory_capacity: memory_capacity(),
             image_pulls: config.image_pull_limit.map(tokio::sync::Semaphore::new),
+            startup: None,
             config,
         }
+    }
+
+    /// Reports image pulls to `tracker`, which the kubelet shares, for the start-up SLI metric.
+    #[must_use]
+    pub fn startup_tracker(mut self, tracker: Arc<kubelet_core::startup::StartupTracker>) -> Self {
+        self.startup = Some(tracker);
+        self
     }
 
     /// The CRI client.
@@ -365,7 +374,15 @@ impl CriRuntime {
         }
         self.event(pod, EventType::Normal, "Pulling", format!("Pulling image {image:?}"));
         let started = Instant::now();
-        match self.pull_image(&image).await {
+        let uid = kubelet_core::PodUid::of(pod);
+        if let Some(tracker) = &self.startup {
+            tracker.pulling_started(&uid, started);
+        }
+        let pulled = self.pull_image(&image).await;
+        if let Some(tracker) = &self.startup {
+            tracker.pulling_finished(&uid, Instant::now());
+        }
+        match pulled {
             Ok(reference) => {
                 self.image_backoff.reset(&key);
                 self.event(

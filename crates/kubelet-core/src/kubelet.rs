@@ -125,6 +125,7 @@ pub struct PodSync<R> {
     config: Config,
     after_change: Option<Arc<dyn Fn() + Send + Sync>>,
     work_queue: Option<Arc<WorkQueue>>,
+    startup: Arc<crate::startup::StartupTracker>,
 }
 
 impl<R> std::fmt::Debug for PodSync<R> {
@@ -156,6 +157,7 @@ impl<R: Runtime> PodSync<R> {
             config,
             after_change: None,
             work_queue: None,
+            startup: Arc::new(crate::startup::StartupTracker::new()),
         }
     }
 
@@ -173,6 +175,14 @@ impl<R: Runtime> PodSync<R> {
     #[must_use]
     pub fn work_queue(mut self, queue: Arc<WorkQueue>) -> Self {
         self.work_queue = Some(queue);
+        self
+    }
+
+    /// Shares the start-up tracker with the runtime, which reports image pulls into it, so
+    /// `kubelet_pod_start_sli_duration_seconds` leaves them out.
+    #[must_use]
+    pub fn startup_tracker(mut self, tracker: Arc<crate::startup::StartupTracker>) -> Self {
+        self.startup = tracker;
         self
     }
 
@@ -246,6 +256,7 @@ impl<R: Runtime> PodSync<R> {
     pub fn forget(&self, uid: &PodUid) {
         lock(&self.failures).retain(|(u, _), _| u != uid);
         self.statuses.remove(uid);
+        self.startup.forget(uid);
     }
 
     fn pod_dir(&self, uid: &PodUid) -> PathBuf {
@@ -263,19 +274,15 @@ fn deadline_remaining(pod: &Pod, status: &ApiPodStatus) -> Option<Duration> {
     Some(allowed.saturating_sub(elapsed))
 }
 
-/// `kubelet_pod_start_duration_seconds`: from the moment the kubelet first saw the pod (its
-/// `config.seen` annotation) to its first Running status, as upstream records it in `SyncPod`.
-fn record_pod_start(pod: &Pod) {
+/// How long ago the kubelet first saw the pod (its `config.seen` annotation).
+fn since_first_seen(pod: &Pod) -> Option<Duration> {
     let seen = pod
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(crate::types::annotations::CONFIG_SEEN))
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
-    if let Some(seen) = seen {
-        let elapsed = wall_now().duration_since(seen).as_secs_f64().max(0.0);
-        metrics::histogram!("kubelet_pod_start_duration_seconds").record(elapsed);
-    }
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())?;
+    Some(Duration::try_from(wall_now().duration_since(seen)).unwrap_or(Duration::ZERO))
 }
 
 impl<R: Runtime> PodSyncer for PodSync<R> {
@@ -306,7 +313,10 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         let phase = api_status.phase.clone().unwrap_or_default();
         let was_running = self.statuses.get(&uid).and_then(|s| s.status.phase).as_deref() == Some(status::RUNNING);
         if phase == status::RUNNING && !was_running {
-            record_pod_start(pod);
+            // Upstream records the start-up metrics in `SyncPod` on the first Running status.
+            if let Some(since) = since_first_seen(pod) {
+                self.startup.running(&uid, since);
+            }
         }
         self.statuses.set(pod, api_status);
         if phase == status::SUCCEEDED || phase == status::FAILED {

@@ -105,6 +105,7 @@ pub mod podmanager;
 pub mod queue;
 pub mod resources;
 pub mod runtime;
+pub mod startup;
 pub mod state;
 pub mod status;
 pub mod sync_loop;
