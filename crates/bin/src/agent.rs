@@ -98,6 +98,22 @@ impl FakeEndpoint {
     }
 }
 
+/// A static pod path that exists but cannot be read stops the agent with a clear error; one
+/// that does not exist yet is watched for, as upstream does.
+fn check_manifest_path(path: Option<&std::path::Path>) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let readable = match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            warn!(path = %path.display(), "the static pod path does not exist (yet); watching for it");
+            return Ok(());
+        }
+        Err(e) => Err(e),
+        Ok(meta) if meta.is_dir() => std::fs::read_dir(path).map(drop),
+        Ok(_) => std::fs::File::open(path).map(drop),
+    };
+    readable.with_context(|| format!("cannot read the static pod path {}", path.display()))
+}
+
 /// The agent on any runtime.
 async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     runtime: Arc<R>,
@@ -113,6 +129,15 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         .await
         .with_context(|| format!("cannot reach the container runtime at {}", file.container_runtime_endpoint))?;
     info!(runtime = %version.runtime_name, version = %version.runtime_version, api = %version.runtime_api_version, "connected to the container runtime");
+    // Upstream speaks only CRI v1 since 1.26; v1alpha2 runtimes are refused.
+    if version.runtime_api_version != "v1" && !version.runtime_api_version.starts_with("v1.") {
+        anyhow::bail!(
+            "the container runtime at {} speaks CRI {:?}; kubelet-rs needs CRI v1",
+            file.container_runtime_endpoint,
+            version.runtime_api_version
+        );
+    }
+    check_manifest_path(file.static_pod_path.as_deref())?;
 
     let cache = Arc::new(Cache::new());
     let (pleg, pleg_events) = pleg::EventedPleg::new(runtime.clone(), cache.clone(), pleg::EventedConfig::default());

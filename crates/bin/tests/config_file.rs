@@ -47,3 +47,38 @@ fn a_good_config_file_gets_past_parsing() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("cannot reach the container runtime"), "{stderr}");
 }
+
+#[test]
+fn json_logs_are_one_object_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+        .args(["run", "--logging-format", "json", "--container-runtime-endpoint", "unix:///nonexistent/cri.sock"])
+        .args(["--healthz-port", "0", "--root-dir"])
+        .arg(dir.path().join("root"))
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let logs: Vec<serde_json::Value> =
+        stderr.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(logs.iter().any(|l| l["fields"]["message"] == "starting kubelet-rs"), "{stderr}");
+}
+
+#[test]
+fn an_unreadable_manifest_path_is_a_clear_error() {
+    // Root reads everything, so an unreadable path is made with a file where a directory's
+    // entry is expected: `<file>/x` fails with "not a directory".
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, "").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+        .args(["run", "--container-runtime-endpoint", "fake://", "--healthz-port", "0", "--pod-manifest-path"])
+        .arg(file.join("manifests"))
+        .arg("--root-dir")
+        .arg(dir.path().join("root"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot read the static pod path"), "{stderr}");
+}
