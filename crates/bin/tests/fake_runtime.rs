@@ -89,3 +89,39 @@ async fn a_failure_rate_of_one_fails_every_start() {
     let row = row_when(dir.path(), |c| c[2].ends_with("RunContainerError") || c[2].ends_with("CrashLoopBackOff")).await;
     assert!(row.contains("0/1"), "{row}");
 }
+
+#[tokio::test]
+async fn get_pods_watch_prints_the_table_again_when_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let _agent = start(dir.path(), "fake://");
+    row_when(dir.path(), |c| c[2] == "Running").await;
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+        .args(["get", "pods", "--watch", "--root-dir"])
+        .arg(dir.path().join("root"))
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().unwrap()));
+    assert!(next_line(&mut lines).await.starts_with("NAME"));
+    assert!(next_line(&mut lines).await.starts_with("web-fake"));
+    // A second pod: the table comes again, with both.
+    std::fs::write(
+        dir.path().join("manifests/db.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: db}\nspec:\n  containers:\n  - {name: app, image: busybox}\n",
+    )
+    .unwrap();
+    let mut seen_db = false;
+    for _ in 0..20 {
+        if next_line(&mut lines).await.starts_with("db-fake") {
+            seen_db = true;
+            break;
+        }
+    }
+    assert!(seen_db, "the watch printed the new pod");
+    watch.kill().await.unwrap();
+}
+
+async fn next_line(lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>) -> String {
+    tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap()
+}
