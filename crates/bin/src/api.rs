@@ -311,14 +311,11 @@ async fn pod_events<R: Runtime>(
 
 /// The router of the unix-socket API: the read-only API plus container logs and pod events.
 pub(crate) fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz::<R>))
-        .route("/pods", get(pods::<R>))
-        .route("/runningpods/", get(running_pods::<R>))
-        .route("/metrics", get(metrics::<R>))
+    let extra = Router::new()
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs::<R>))
         .route("/events/{namespace}/{pod}", get(pod_events::<R>))
-        .with_state(state)
+        .with_state(state.clone());
+    router(state).merge(extra)
 }
 
 /// The unix socket of the local API under the root directory.
