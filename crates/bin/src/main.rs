@@ -1,7 +1,8 @@
 //! The kubelet-rs reference node binary: parses flags, sets up logging, builds the agent from the
 //! library crates, and runs it until SIGTERM or SIGINT.
 //!
-//! `kubelet-rs run` is the agent; `version` and `check-runtime` are small helpers.
+//! `kubelet-rs run` is the agent; `get`, `describe` and `logs` talk to a running agent over its
+//! unix socket; `cni` is cnitool; `version` and `check-runtime` are small helpers.
 
 mod agent;
 mod api;
