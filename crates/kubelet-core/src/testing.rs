@@ -83,3 +83,26 @@ impl RealRuntime {
         }
     }
 }
+
+/// A pod for unit tests: name and UID `uid` in `default`, a 30 s grace period, and one busybox
+/// container per name in `containers`.
+pub fn pod(uid: &str, containers: &[&str]) -> Pod {
+    use k8s_openapi::{api::core::v1::PodSpec, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+    Pod {
+        metadata: ObjectMeta {
+            uid: Some(uid.into()),
+            name: Some(uid.into()),
+            namespace: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            termination_grace_period_seconds: Some(30),
+            containers: containers
+                .iter()
+                .map(|n| Container { name: (*n).into(), image: Some("busybox".into()), ..Container::default() })
+                .collect(),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}

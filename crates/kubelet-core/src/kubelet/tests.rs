@@ -4,8 +4,8 @@
 use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 
 use k8s_openapi::{
-    api::core::v1::{Container, ContainerPort, PodSpec, ResourceRequirements},
-    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
+    api::core::v1::{ContainerPort, ResourceRequirements},
+    apimachinery::pkg::api::resource::Quantity,
 };
 
 use super::*;
@@ -18,24 +18,11 @@ use crate::{
 };
 
 fn pod(uid: &str, policy: &str, containers: &[&str]) -> Arc<Pod> {
-    Arc::new(Pod {
-        metadata: ObjectMeta {
-            uid: Some(uid.into()),
-            name: Some(uid.into()),
-            namespace: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            restart_policy: Some(policy.into()),
-            termination_grace_period_seconds: Some(30),
-            containers: containers
-                .iter()
-                .map(|n| Container { name: (*n).into(), image: Some("busybox".into()), ..Container::default() })
-                .collect(),
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    })
+    let mut pod = crate::testing::pod(uid, containers);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.restart_policy = Some(policy.into());
+    }
+    Arc::new(pod)
 }
 
 struct Fixture {

@@ -1,9 +1,6 @@
 //! Generic PLEG tests with the fake runtime and paused time.
 
-use k8s_openapi::{
-    api::core::v1::{Container, Pod as ApiPod, PodSpec},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-};
+use k8s_openapi::api::core::v1::Pod as ApiPod;
 use kubelet_core::{
     Backoff,
     fake::{Code, FakeError, FakeRuntime, Method},
@@ -13,22 +10,7 @@ use kubelet_core::{
 use super::*;
 
 fn api_pod(uid: &str, containers: &[&str]) -> ApiPod {
-    ApiPod {
-        metadata: ObjectMeta {
-            uid: Some(uid.into()),
-            name: Some(uid.into()),
-            namespace: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: containers
-                .iter()
-                .map(|n| Container { name: (*n).into(), image: Some("busybox".into()), ..Container::default() })
-                .collect(),
-            ..PodSpec::default()
-        }),
-        ..ApiPod::default()
-    }
+    kubelet_core::testing::pod(uid, containers)
 }
 
 struct Harness {

@@ -9,7 +9,6 @@ use std::{
     },
 };
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubelet_core::{
     PodWorkers as _, SyncPodType,
     runtime::{self, PodStatus},
@@ -158,19 +157,7 @@ fn harness() -> Harness {
 }
 
 fn pod(uid: &str) -> Arc<Pod> {
-    Arc::new(Pod {
-        metadata: ObjectMeta {
-            uid: Some(uid.into()),
-            name: Some(uid.into()),
-            namespace: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(k8s_openapi::api::core::v1::PodSpec {
-            termination_grace_period_seconds: Some(30),
-            ..Default::default()
-        }),
-        ..Pod::default()
-    })
+    Arc::new(kubelet_core::testing::pod(uid, &[]))
 }
 
 fn kill(uid: &str, grace: Option<i64>) -> UpdatePodOptions {
