@@ -4,6 +4,7 @@
 //! - internal dependencies: the root pins them with path and exact version, members use
 //!   `workspace = true`, kubelet-core depends on no sibling, siblings not on each other, and
 //!   only `crates/bin` may name concrete implementations;
+//! - kubelet-core depends only on crates that do no IO, and enables none of tokio's IO features;
 //! - only `crates/bin` selects a k8s-openapi version feature in `[dependencies]`, and the version
 //!   agrees between `crates/bin`, the dev-dependencies and `.cargo/config.toml`;
 //! - every `#[ignore]` carries a reason.
@@ -19,15 +20,24 @@ use anyhow::{Result, bail};
 
 use crate::util::project_root;
 
-/// Library crates and the internal crates each may depend on.
-const LIBRARIES: [(&str, &[&str]); 5] = [
+/// Library crates and the internal crates each may depend on: core at the bottom, every other
+/// library on core alone, so a pod's path visits no crate twice.
+const LIBRARIES: [(&str, &[&str]); 7] = [
     ("crates/kubelet-core", &[]),
     ("crates/pleg", &["kubelet-core"]),
     ("crates/podworkers", &["kubelet-core"]),
     ("crates/cri-client", &["kubelet-core"]),
     ("crates/cni", &["kubelet-core"]),
+    ("crates/config", &["kubelet-core"]),
+    ("crates/kubelet", &["kubelet-core"]),
 ];
-const INTERNAL: [&str; 5] = ["kubelet-core", "pleg", "podworkers", "cri-client", "cni"];
+const INTERNAL: [&str; 7] = ["kubelet-core", "pleg", "podworkers", "cri-client", "cni", "config", "kubelet"];
+
+/// The only third-party crates kubelet-core may depend on: none of them does IO.
+const CORE_DEPENDENCIES: [&str; 7] =
+    ["k8s-openapi", "tokio", "tokio-util", "tracing", "thiserror", "metrics", "fastrand"];
+/// tokio features that do IO, which kubelet-core must not enable.
+const TOKIO_IO_FEATURES: [&str; 6] = ["\"fs\"", "\"net\"", "\"process\"", "\"io-util\"", "\"signal\"", "\"full\""];
 
 pub(crate) fn run_tidy() -> Result<()> {
     let root = project_root()?;
@@ -141,6 +151,20 @@ fn check_manifests(root: &Path, problems: &mut Vec<String>) -> Result<()> {
         }
     }
 
+    let core = fs::read_to_string(root.join("crates/kubelet-core/Cargo.toml"))?;
+    for (name, line) in dependencies(&core) {
+        if !INTERNAL.contains(&name.as_str()) && !CORE_DEPENDENCIES.contains(&name.as_str()) {
+            problems.push(format!(
+                "crates/kubelet-core/Cargo.toml: `{name}` is not one of the IO-free crates core may use ({})",
+                CORE_DEPENDENCIES.join(", ")
+            ));
+        }
+        if name == "tokio" && TOKIO_IO_FEATURES.iter().any(|f| line.contains(f)) {
+            problems
+                .push(format!("crates/kubelet-core/Cargo.toml: core must not enable tokio's IO features: `{line}`"));
+        }
+    }
+
     let config = fs::read_to_string(root.join(".cargo/config.toml"))?;
     let env_version = config
         .lines()
@@ -148,7 +172,7 @@ fn check_manifests(root: &Path, problems: &mut Vec<String>) -> Result<()> {
         .map(|v| v.trim_matches('"').replace('.', "_"))
         .unwrap_or_default();
     let feature = format!("\"v{env_version}\"");
-    for dir in ["crates/bin", "crates/kubelet-core"] {
+    for dir in LIBRARIES.iter().map(|(dir, _)| *dir).chain(["crates/bin"]) {
         let manifest = fs::read_to_string(root.join(dir).join("Cargo.toml"))?;
         let uses = manifest.lines().filter(|l| l.starts_with("k8s-openapi") && l.contains("v1_"));
         for line in uses {

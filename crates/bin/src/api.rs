@@ -23,7 +23,8 @@ use k8s_openapi::{
     api::core::v1::{Container, Pod, PodSpec},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
-use kubelet_core::{PodManager, PodUid, Runtime, kubelet::status_store::StatusStore, state::LoopHealth};
+use kubelet::StatusStore;
+use kubelet_core::{PodManager, PodUid, Runtime, state::LoopHealth};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span};
@@ -196,7 +197,7 @@ async fn container_logs<R: Runtime>(
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let dir = cri_client::sandbox::pod_log_dir(&state.pod_logs_dir, &namespace, &name, &uid).join(&container);
-    let files = match kubelet_core::logs::files_for(&dir, query.previous) {
+    let files = match crate::logs::files_for(&dir, query.previous) {
         Ok(files) => files,
         Err(e) => {
             let known = pod.spec.as_ref().is_some_and(|s| {
@@ -214,7 +215,7 @@ async fn container_logs<R: Runtime>(
         text.push_str(&content);
     }
     let first: String =
-        kubelet_core::logs::lines(&text, query.tail_lines).iter().map(|l| l.render(query.timestamps)).collect();
+        crate::logs::lines(&text, query.tail_lines).iter().map(|l| l.render(query.timestamps)).collect();
     if !query.follow || query.previous {
         return ([(header::CONTENT_TYPE, "text/plain")], first).into_response();
     }
@@ -237,7 +238,7 @@ async fn follow(
 ) {
     use std::os::unix::fs::MetadataExt;
     use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut reassembler = kubelet_core::logs::Reassembler::default();
+    let mut reassembler = crate::logs::Reassembler::default();
     let mut pending = String::new();
     let mut inode = std::fs::metadata(&live).map(|m| m.ino()).ok();
     let mut tick = tokio::time::interval(FOLLOW_PERIOD);
@@ -274,8 +275,7 @@ async fn follow(
             }
         }
         // A newer instance of the container: this one's output is complete.
-        let newer =
-            live.parent().and_then(|dir| kubelet_core::logs::instances(dir).ok()).and_then(|i| i.last().copied());
+        let newer = live.parent().and_then(|dir| crate::logs::instances(dir).ok()).and_then(|i| i.last().copied());
         let this = live.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse::<u32>().ok());
         if newer.is_some() && newer != this {
             return;

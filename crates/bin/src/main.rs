@@ -8,6 +8,7 @@ mod agent;
 mod api;
 mod cli;
 mod cnitool;
+mod logs;
 mod settings;
 
 use std::{process::ExitCode, time::Duration};

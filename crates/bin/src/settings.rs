@@ -4,7 +4,7 @@
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, ValueEnum};
-use kubelet_core::node_config::KubeletConfiguration;
+use config::KubeletConfiguration;
 
 /// Flags of `run`, with upstream's names. Unset flags fall back to the file, then the defaults.
 #[derive(Debug, Args)]

@@ -1,4 +1,4 @@
-//! An in-memory, recording, scriptable [`Runtime`] (feature `test-util`).
+//! An in-memory, recording, scriptable [`Runtime`] (feature `fake-runtime`).
 //!
 //! `FakeRuntime` keeps sandboxes and containers in memory and follows the kubelet's rules closely
 //! enough for unit tests of the layers above the runtime and for benchmarks at scale:

@@ -13,8 +13,9 @@
 //!   [`WorkQueue`], keyed exponential [`Backoff`], the runtime and source state, and the
 //!   [`sync_loop`] itself.
 //!
-//! Implementations live in sibling crates (`kubelet-cri-client`, `kubelet-pleg`,
-//! `kubelet-podworkers`); the `kubelet-rs` binary wires them together.
+//! It does no IO: implementations live in sibling crates (`kubelet-node` for the kubelet and the
+//! `Agent` builder, `kubelet-config` for the pod config sources, `kubelet-cri-client`,
+//! `kubelet-pleg`, `kubelet-podworkers`); the `kubelet-rs` binary picks them.
 //! Pods are `k8s_openapi::api::core::v1::Pod`; this crate selects no k8s-openapi version feature,
 //! so the final binary picks one.
 //!
@@ -82,11 +83,10 @@
 //!
 //! # Feature flags
 //!
-//! - `file-source`: `config::file`, the static pod file source (inotify through `notify`).
-//! - `http-source`: `config::http`, the static pod HTTP source (a hyper client).
-//! - `test-util`: `fake::FakeRuntime`, an in-memory, recording, scriptable runtime for unit
-//!   tests, benchmarks and downstream users; and `testing::RealRuntime`, which finds the real
-//!   runtime `cargo xtask ci` starts for `real_*` tests.
+//! - `fake-runtime`: `fake::FakeRuntime`, an in-memory, recording, scriptable runtime for unit
+//!   tests, benchmarks, demos and downstream users.
+//! - `test-util`: `testing::RealRuntime`, which finds the real runtime `cargo xtask ci` starts
+//!   for `real_*` tests, and test pod builders.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
@@ -94,12 +94,9 @@
 pub mod backoff;
 pub mod cache;
 pub mod clock;
-pub mod config;
+mod error;
 pub mod events;
 pub mod handler;
-pub mod kubelet;
-pub mod logs;
-pub mod node_config;
 pub mod pleg;
 pub mod podmanager;
 pub mod queue;
@@ -107,13 +104,12 @@ pub mod resources;
 pub mod runtime;
 pub mod startup;
 pub mod state;
-pub mod status;
 pub mod sync_loop;
 pub mod types;
 pub mod workers;
 
-#[cfg(feature = "test-util")]
-#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+#[cfg(feature = "fake-runtime")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fake-runtime")))]
 pub mod fake;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
@@ -125,6 +121,7 @@ mod util;
 pub use crate::{
     backoff::Backoff,
     cache::Cache,
+    error::ErrorChain,
     handler::{ProbeResult, SyncHandler},
     pleg::{Pleg, PodLifecycleEvent, PodLifecycleEventKind},
     podmanager::PodManager,

@@ -43,6 +43,15 @@ impl fmt::Debug for KillPodOptions {
     }
 }
 
+impl KillPodOptions {
+    /// Kills with at most `seconds` of grace, whatever the pod's own grace period.
+    #[must_use]
+    pub fn grace_period_override(mut self, seconds: i64) -> Self {
+        self.grace_period_override = Some(seconds);
+        self
+    }
+}
+
 /// One request to a pod worker (upstream `UpdatePodOptions`).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -172,6 +181,12 @@ pub trait PodWorkers: Send + Sync + 'static {
 
     /// Whether the pod's content (volumes, directories) may be removed.
     fn should_pod_content_be_removed(&self, uid: &PodUid) -> bool;
+
+    /// Waits until every worker task has stopped, once the workers' cancellation token fired.
+    /// The default returns at once, for workers without tasks of their own.
+    fn wait(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// The message by which a sync error says the pod network is not ready (upstream

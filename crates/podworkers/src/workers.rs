@@ -272,6 +272,10 @@ impl<S: PodSyncer> kubelet_core::PodWorkers for PodWorkers<S> {
     fn should_pod_content_be_removed(&self, uid: &PodUid) -> bool {
         self.shared.lock().core.should_pod_content_be_removed(uid)
     }
+
+    async fn wait(&self) {
+        PodWorkers::wait(self).await;
+    }
 }
 
 fn operation(work: &Work) -> &'static str {
@@ -386,7 +390,7 @@ async fn run_sync<S: PodSyncer>(shared: &Shared<S>, uid: &PodUid, work: &Work, l
     match result {
         Ok(terminal) => Outcome::Synced { terminal },
         Err(err) => {
-            warn!(error = %err, work = ?work.kind, "error syncing pod");
+            warn!(error = %kubelet_core::ErrorChain(&err), work = ?work.kind, "error syncing pod");
             Outcome::Failed { network_not_ready: S::is_network_not_ready(&err) }
         }
     }

@@ -12,7 +12,7 @@ use k8s_openapi::{
 };
 
 use super::*;
-use crate::types::annotations;
+use kubelet_core::types::annotations;
 
 fn c(name: &str) -> Container {
     Container { name: name.into(), ..Container::default() }
@@ -242,7 +242,7 @@ mod api {
     use k8s_openapi::api::core::v1::PodStatus as ApiPodStatus;
 
     use super::*;
-    use crate::{
+    use kubelet_core::{
         PodUid,
         runtime::{self, ContainerState as Rt, SandboxState, SandboxStatus},
     };

@@ -1,6 +1,6 @@
 //! Config benchmark: decode + default + validate and merge cost for 1,000 static pod manifests.
 //!
-//! Run with `cargo bench -p kubelet-core` (or `cargo xtask bench`); criterion prints the time per
+//! Run with `cargo bench -p kubelet-config` (or `cargo xtask bench`); criterion prints the time per
 //! 1,000 pods, and this prints the cost per pod.
 
 // Reason: a benchmark may panic on broken setup.
@@ -10,15 +10,11 @@
 use std::{sync::Arc, time::Duration};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use kubelet_core::{
-    Operation, Source,
-    config::{
-        Merger,
-        manifest::{Origin, static_pods},
-    },
-    events::RingRecorder,
-    k8s_openapi::jiff::Timestamp,
+use kubelet_config::{
+    Merger,
+    manifest::{Origin, static_pods},
 };
+use kubelet_core::{Operation, Source, events::RingRecorder, k8s_openapi::jiff::Timestamp};
 
 fn manifest(i: usize) -> String {
     format!(

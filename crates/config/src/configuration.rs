@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::resources::parse_quantity;
+use kubelet_core::resources::parse_quantity;
 
 /// The only `apiVersion` accepted.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";

@@ -12,7 +12,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
 };
 
-use crate::{
+use kubelet_core::{
     runtime::{self, ContainerState as RuntimeState, SandboxState},
     types::is_static_pod,
 };
@@ -631,7 +631,7 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         pod_ip: ips.first().cloned(),
         pod_ips: (!ips.is_empty()).then(|| ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
         start_time: old.start_time.clone().or_else(|| Some(input.now.clone())),
-        qos_class: Some(crate::resources::qos_class(pod).to_owned()),
+        qos_class: Some(kubelet_core::resources::qos_class(pod).to_owned()),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
         ..old

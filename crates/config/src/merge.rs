@@ -15,7 +15,7 @@ use std::{
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 
-use crate::{
+use kubelet_core::{
     Operation, PodUid, PodUpdate, Source,
     events::{Event, EventRecorder, EventType, ObjectRef},
     types::{annotations, pod_full_name},
@@ -107,8 +107,10 @@ impl Merger {
                 removed.sort_by(|a, b| a.0.cmp(&b.0));
                 changes.removes.extend(removed.into_iter().map(|(_, pod)| pod));
             }
-            Operation::Reconcile => {
-                tracing::warn!(%source, "sources send snapshots and increments, not RECONCILE; ignored");
+            // Sources send snapshots and increments; RECONCILE (and any operation this merger does
+            // not know) is the merger's own output.
+            op => {
+                tracing::warn!(%source, ?op, "sources send snapshots and increments only; ignored");
             }
         }
         self.pods.insert(source, stored);

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus, Probe, Tole
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::types::annotations;
+use kubelet_core::types::annotations;
 
 /// The largest manifest accepted (upstream's `maxConfigLength`).
 pub const MAX_MANIFEST_BYTES: usize = 10 * 1024 * 1024;

@@ -1,20 +1,11 @@
-//! The kubelet itself (upstream `pkg/kubelet/kubelet.go` and `kubelet_pods.go`): [`Kubelet`]
-//! implements [`SyncHandler`] for the sync loop, and [`PodSync`] implements [`PodSyncer`] for
-//! the pod workers. Both are generic over the [`Runtime`].
-//!
-//! They are two types because the pod workers own their syncer while the kubelet dispatches to
-//! the workers: `Kubelet<R, W>` holds the workers `W`, and `W` holds `PodSync<R>`.
-
-pub mod admission;
-pub mod status_store;
+//! [`PodSync`], what the pod workers call (upstream `SyncPod`, `SyncTerminatingPod`,
+//! `SyncTerminatingRuntimePod` and `SyncTerminatedPod` in `pkg/kubelet/kubelet.go`), and the
+//! kubelet's [`Config`] and [`Error`].
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     path::PathBuf,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -22,24 +13,23 @@ use k8s_openapi::{
     api::core::v1::{Pod, PodStatus as ApiPodStatus},
     apimachinery::pkg::apis::meta::v1::Time,
 };
-use tokio::time::Instant;
-use tracing::{debug, info, warn};
-
-use self::{
-    admission::{NodeResources, admit},
-    status_store::StatusStore,
-};
-use crate::{
-    Backoff, PodManager, PodSyncer, PodUid, PodWorkers, Runtime, SourcesReady, SyncHandler, SyncPodType,
-    UpdatePodOptions, WorkQueue,
+use kubelet_core::{
+    Backoff, PodSyncer, PodUid, SyncPodType, WorkQueue,
     clock::wall_now,
     events::{Event, EventRecorder, EventType, ObjectRef},
-    runtime::{self, ContainerState, PodStatus, SyncAction},
+    runtime::{self, ContainerState, PodStatus, Runtime, SyncAction},
+    startup::StartupTracker,
     state::RuntimeState,
+    types::pod_full_name,
+    workers::PodStatusFn,
+};
+use tracing::{debug, info};
+
+use crate::{
+    admission::NodeResources,
+    lock,
     status::{self, StartFailure, StatusInput},
-    types::{is_mirror_pod, pod_full_name},
-    util::lock,
-    workers::{KillPodOptions, NETWORK_NOT_READY_MESSAGE, PodStatusFn},
+    status_store::StatusStore,
 };
 
 /// How the kubelet runs on this node.
@@ -92,16 +82,30 @@ impl Config {
     }
 }
 
+/// A runtime's error, kept whole as the source of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a sync failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The runtime failed a call.
-    #[error("runtime: {0}")]
-    Runtime(String),
-    /// The runtime sync left failures behind (other than backoffs).
-    #[error("sync failed: {0}")]
-    Sync(String),
+    /// A runtime call failed; the runtime's own error is the source.
+    #[error("runtime call {operation} failed")]
+    Runtime {
+        /// The [`Runtime`] method that failed (`kill_pod`).
+        operation: &'static str,
+        /// The runtime's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The runtime sync left a failure behind (other than a backoff), with upstream's reason.
+    #[error("sync failed: {reason}: {message}")]
+    Sync {
+        /// Upstream's reason (`CreateContainerError`).
+        reason: String,
+        /// What the runtime said.
+        message: String,
+    },
     /// The pod network is not ready; the worker retries soon.
     #[error("network is not ready: {0}")]
     NetworkNotReady(String),
@@ -109,23 +113,33 @@ pub enum Error {
     #[error("detected running containers after a successful KillPod, CRI violation: {0}")]
     StillRunning(String),
     /// A pod directory could not be made.
-    #[error("cannot make pod directories: {0}")]
+    #[error("cannot make pod directories")]
     Io(#[from] std::io::Error),
 }
+
+impl Error {
+    /// Wraps the runtime's error from `operation`.
+    pub(crate) fn runtime(operation: &'static str, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Runtime { operation, source: Box::new(source) }
+    }
+}
+
+/// The kubelet's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What the pod workers call: upstream's `SyncPod`, `SyncTerminatingPod`,
 /// `SyncTerminatingRuntimePod` and `SyncTerminatedPod`.
 pub struct PodSync<R> {
-    runtime: Arc<R>,
-    runtime_state: Arc<RuntimeState>,
-    statuses: Arc<StatusStore>,
-    recorder: Arc<dyn EventRecorder>,
-    backoff: Backoff,
+    pub(crate) runtime: Arc<R>,
+    pub(crate) runtime_state: Arc<RuntimeState>,
+    pub(crate) statuses: Arc<StatusStore>,
+    pub(crate) recorder: Arc<dyn EventRecorder>,
+    pub(crate) backoff: Backoff,
     failures: Mutex<HashMap<(PodUid, String), StartFailure>>,
-    config: Config,
+    pub(crate) config: Config,
     after_change: Option<Arc<dyn Fn() + Send + Sync>>,
     work_queue: Option<Arc<WorkQueue>>,
-    startup: Arc<crate::startup::StartupTracker>,
+    startup: Arc<StartupTracker>,
 }
 
 impl<R> std::fmt::Debug for PodSync<R> {
@@ -157,7 +171,7 @@ impl<R: Runtime> PodSync<R> {
             config,
             after_change: None,
             work_queue: None,
-            startup: Arc::new(crate::startup::StartupTracker::new()),
+            startup: Arc::new(StartupTracker::new()),
         }
     }
 
@@ -181,7 +195,7 @@ impl<R: Runtime> PodSync<R> {
     /// Shares the start-up tracker with the runtime, which reports image pulls into it, so
     /// `kubelet_pod_start_sli_duration_seconds` leaves them out.
     #[must_use]
-    pub fn startup_tracker(mut self, tracker: Arc<crate::startup::StartupTracker>) -> Self {
+    pub fn startup_tracker(mut self, tracker: Arc<StartupTracker>) -> Self {
         self.startup = tracker;
         self
     }
@@ -280,7 +294,7 @@ fn since_first_seen(pod: &Pod) -> Option<Duration> {
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(crate::types::annotations::CONFIG_SEEN))
+        .and_then(|a| a.get(kubelet_core::types::annotations::CONFIG_SEEN))
         .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())?;
     Some(Duration::try_from(wall_now().duration_since(seen)).unwrap_or(Duration::ZERO))
 }
@@ -348,7 +362,7 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             self.changed();
         }
         if let Some(err) = result.errors().next() {
-            return Err(Error::Sync(format!("{}: {}", err.reason, err.message)));
+            return Err(Error::Sync { reason: err.reason.clone(), message: err.message.clone() });
         }
         Ok(false)
     }
@@ -378,13 +392,13 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         self.runtime
             .kill_pod(Some(pod), &running, Some(grace_period))
             .await
-            .map_err(|e| Error::Runtime(e.to_string()))?;
+            .map_err(|e| Error::runtime("kill_pod", e))?;
         self.changed();
         let after = self
             .runtime
             .get_pod_status(&uid, &runtime_status.name, &runtime_status.namespace)
             .await
-            .map_err(|e| Error::Runtime(e.to_string()))?;
+            .map_err(|e| Error::runtime("get_pod_status", e))?;
         let still: Vec<&str> = after
             .container_statuses
             .iter()
@@ -405,11 +419,11 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
 
     async fn sync_terminating_runtime_pod(&self, running: &runtime::Pod) -> Result<(), Error> {
         info!(pod.uid = %running.uid, pod.name = %running.name, "killing an orphaned pod that exists only in the runtime");
-        self.runtime.kill_pod(None, running, Some(1)).await.map_err(|e| Error::Runtime(e.to_string()))?;
+        self.runtime.kill_pod(None, running, Some(1)).await.map_err(|e| Error::runtime("kill_pod", e))?;
         // Nobody wants it back: its containers, sandboxes and logs go now, not at the next GC.
         let removed = self.runtime.remove_pod_content(&running.uid).await;
         self.changed();
-        removed.map_err(|e| Error::Runtime(e.to_string()))
+        removed.map_err(|e| Error::runtime("remove_pod_content", e))
     }
 
     async fn sync_terminated_pod(&self, pod: &Arc<Pod>, runtime_status: &PodStatus) -> Result<(), Error> {
@@ -420,202 +434,6 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
     }
 
     fn is_network_not_ready(error: &Error) -> bool {
-        matches!(error, Error::NetworkNotReady(_)) || error.to_string().contains(NETWORK_NOT_READY_MESSAGE)
+        matches!(error, Error::NetworkNotReady(_))
     }
 }
-
-/// What the sync loop calls: upstream's `SyncHandler` on top of the pod workers.
-pub struct Kubelet<R, W> {
-    sync: Arc<PodSync<R>>,
-    workers: Arc<W>,
-    pods: Arc<PodManager>,
-    sources: Arc<SourcesReady>,
-    housekeepings: AtomicU64,
-}
-
-impl<R, W> std::fmt::Debug for Kubelet<R, W> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kubelet").finish_non_exhaustive()
-    }
-}
-
-/// Housekeeping runs runtime garbage collection every this many rounds (about a minute at 2 s).
-const GC_EVERY: u64 = 30;
-
-impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
-    /// A kubelet over `sync` (the same one `workers` call) and `workers`.
-    pub fn new(sync: Arc<PodSync<R>>, workers: Arc<W>, pods: Arc<PodManager>, sources: Arc<SourcesReady>) -> Self {
-        Kubelet { sync, workers, pods, sources, housekeepings: AtomicU64::new(0) }
-    }
-
-    fn dispatch(&self, pod: Arc<Pod>, kind: SyncPodType) {
-        let mirror = self.pods.mirror_pod_of(&pod);
-        self.workers
-            .update_pod(UpdatePodOptions::new(kind, pod).with_mirror_pod(mirror).with_start_time(Instant::now()));
-    }
-
-    fn is_terminal(&self, pod: &Pod) -> bool {
-        let stored = self.sync.statuses.get(&PodUid::of(pod)).and_then(|s| s.status.phase);
-        let phase = stored.or_else(|| pod.status.as_ref().and_then(|s| s.phase.clone()));
-        matches!(phase.as_deref(), Some(status::SUCCEEDED | status::FAILED))
-    }
-
-    /// Pods that count against the node's capacity: known, not terminal, not terminated.
-    fn active_pods(&self, except: &PodUid) -> Vec<Arc<Pod>> {
-        self.pods
-            .pods()
-            .into_iter()
-            .filter(|p| {
-                PodUid::of(p) != *except
-                    && !self.is_terminal(p)
-                    && !self.workers.is_pod_known_terminated(&PodUid::of(p))
-            })
-            .collect()
-    }
-
-    fn reject(&self, pod: &Pod, reason: &str, message: &str) {
-        self.sync.recorder.record(Event::new(EventType::Warning, reason, message, ObjectRef::pod(pod)));
-        let status = ApiPodStatus {
-            phase: Some(status::FAILED.to_owned()),
-            reason: Some(reason.to_owned()),
-            message: Some(format!("Pod was rejected: {message}")),
-            qos_class: Some(crate::resources::qos_class(pod).to_owned()),
-            ..ApiPodStatus::default()
-        };
-        self.sync.statuses.set(pod, status);
-    }
-}
-
-impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
-    type Error = Error;
-
-    async fn handle_pod_additions(&self, mut pods: Vec<Arc<Pod>>) {
-        pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
-        for pod in pods {
-            self.pods.add_pod(pod.clone());
-            if is_mirror_pod(&pod) {
-                continue;
-            }
-            let uid = PodUid::of(&pod);
-            if !self.is_terminal(&pod) && !self.workers.is_pod_termination_requested(&uid) {
-                let active = self.active_pods(&uid);
-                let active: Vec<&Pod> = active.iter().map(AsRef::as_ref).collect();
-                if let Err(rejection) = admit(&pod, &active, &self.sync.config.node) {
-                    warn!(pod = %pod_full_name(&pod), reason = %rejection.reason, "pod rejected");
-                    self.reject(&pod, &rejection.reason, &rejection.message);
-                    continue;
-                }
-            }
-            self.dispatch(pod, SyncPodType::Create);
-        }
-    }
-
-    async fn handle_pod_updates(&self, pods: Vec<Arc<Pod>>) {
-        for pod in pods {
-            self.pods.update_pod(pod.clone());
-            if !is_mirror_pod(&pod) {
-                self.dispatch(pod, SyncPodType::Update);
-            }
-        }
-    }
-
-    async fn handle_pod_removes(&self, pods: Vec<Arc<Pod>>) {
-        for pod in pods {
-            self.pods.remove_pod(&pod);
-            if is_mirror_pod(&pod) {
-                continue;
-            }
-            // Until every source has spoken, a removal may be an artefact: housekeeping retries.
-            if !self.sources.all_ready() {
-                debug!(pod = %pod_full_name(&pod), "sources not ready; leaving the removal to housekeeping");
-                continue;
-            }
-            self.workers.update_pod(UpdatePodOptions::new(SyncPodType::Kill, pod).with_kill(KillPodOptions::default()));
-        }
-    }
-
-    async fn handle_pod_reconcile(&self, pods: Vec<Arc<Pod>>) {
-        for pod in pods {
-            self.pods.update_pod(pod.clone());
-            let evicted = pod.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Evicted");
-            if evicted {
-                // Its dead containers go at once.
-                let uid = PodUid::of(&pod);
-                if let Ok(status) = self.sync.runtime.get_pod_status(&uid, "", "").await {
-                    for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
-                        let _ = self.sync.runtime.delete_container(&c.id).await;
-                    }
-                }
-            }
-        }
-    }
-
-    async fn handle_pod_syncs(&self, pods: Vec<Arc<Pod>>) {
-        for pod in pods {
-            // The newest config of the pod, if it changed meanwhile.
-            let pod = self.pods.pod_by_uid(&PodUid::of(&pod)).unwrap_or(pod);
-            self.dispatch(pod, SyncPodType::Sync);
-        }
-    }
-
-    async fn handle_pod_cleanups(&self) -> Result<(), Error> {
-        let desired = self.pods.pods();
-        let desired_uids: HashSet<PodUid> = desired.iter().map(|p| PodUid::of(p)).collect();
-        let workers = self.workers.sync_known_pods(&desired);
-        // Pods in the runtime that nobody wants and no worker knows: running ones are orphans,
-        // killed with a 1 s grace; what is left of stopped ones is removed.
-        let in_runtime = self.sync.runtime.get_pods(true).await.map_err(|e| Error::Runtime(e.to_string()))?;
-        for pod in in_runtime {
-            if workers.contains_key(&pod.uid) || desired_uids.contains(&pod.uid) {
-                continue;
-            }
-            let runs = pod.containers.iter().any(|c| c.state == ContainerState::Running)
-                || pod.sandboxes.iter().any(|s| s.state == runtime::SandboxState::Ready);
-            if runs {
-                let kill = KillPodOptions { grace_period_override: Some(1), ..KillPodOptions::default() };
-                self.workers.update_pod(UpdatePodOptions::kill_orphan(pod, kill));
-            } else if let Err(err) = self.sync.runtime.remove_pod_content(&pod.uid).await {
-                warn!(pod.uid = %pod.uid, pod.name = %pod.name, error = %err, "cannot remove a pod that is gone");
-            }
-        }
-        // What is kept about pods that are gone.
-        for uid in self.sync.statuses.uids() {
-            if !desired_uids.contains(&uid) && !workers.contains_key(&uid) {
-                self.sync.forget(&uid);
-            }
-        }
-        if let Ok(mut entries) = tokio::fs::read_dir(self.sync.config.root_dir.join("pods")).await {
-            while let Ok(Some(entry)) = entries.next_entry().await {
-                let uid = PodUid::new(entry.file_name().to_string_lossy());
-                if !desired_uids.contains(&uid)
-                    && !workers.contains_key(&uid)
-                    && let Err(err) = tokio::fs::remove_dir_all(entry.path()).await
-                {
-                    warn!(error = %err, dir = %entry.path().display(), "cannot remove an orphaned pod directory");
-                }
-            }
-        }
-        self.sync.backoff.gc(Instant::now());
-        if self.housekeepings.fetch_add(1, Ordering::Relaxed).is_multiple_of(GC_EVERY) {
-            let policy = runtime::GcPolicy::default();
-            if let Err(err) = self.sync.runtime.garbage_collect(&policy, self.sources.all_ready(), false).await {
-                warn!(error = %err, "container garbage collection failed");
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle_container_died(&self, uid: &PodUid, _container_id: &str) {
-        // Keep the newest dead instance of each container; older ones go.
-        let Ok(status) = self.sync.runtime.get_pod_status(uid, "", "").await else { return };
-        let mut seen = HashSet::new();
-        for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
-            if !seen.insert(c.name.clone()) {
-                let _ = self.sync.runtime.delete_container(&c.id).await;
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests;

@@ -1,28 +1,14 @@
-//! Pod config sources and the merger (upstream `pkg/kubelet/config`).
-//!
-//! Sources produce snapshots of the pods they want: [`file`](mod@file) (feature `file-source`) watches
-//! `staticPodPath`, [`http`] (feature `http-source`) polls `staticPodURL`, and later the API
-//! server. Each sends its snapshots through a [`SourceSender`] to the [`PodConfig`], whose
-//! [`Merger`] turns them into the ADD, UPDATE, DELETE, REMOVE and RECONCILE updates the sync loop
-//! reads. Decoding, defaulting and validation of manifests are in [`manifest`].
-
-#[cfg(feature = "file-source")]
-#[cfg_attr(docsrs, doc(cfg(feature = "file-source")))]
-pub mod file;
-#[cfg(feature = "http-source")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http-source")))]
-pub mod http;
-pub mod manifest;
-mod merge;
+//! [`PodConfig`], the merger behind a channel: each source sends through its [`SourceSender`], the
+//! sync loop reads the merged updates.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{Mutex, mpsc};
 
-#[doc(inline)]
-pub use self::merge::{Merger, differ_semantically};
-use crate::{Operation, PodUpdate, Source, events::EventRecorder, util::wall_now};
+use kubelet_core::{Operation, PodUpdate, Source, clock::wall_now, events::EventRecorder};
+
+use crate::Merger;
 
 /// Capacity of the channel from the merger to the sync loop (upstream's 50).
 pub const UPDATE_CHANNEL_CAPACITY: usize = 50;

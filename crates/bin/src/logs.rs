@@ -13,7 +13,7 @@ use std::{
 /// One line of a container's output, its partial pieces joined.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct LogLine {
+pub(crate) struct LogLine {
     /// The time the runtime stamped on its last piece, as written (RFC 3339 with nanoseconds).
     pub timestamp: String,
     /// `stdout` or `stderr`.
@@ -24,13 +24,13 @@ pub struct LogLine {
 
 impl LogLine {
     /// The line as `kubectl logs` prints it, with the timestamp first when asked.
-    pub fn render(&self, timestamps: bool) -> String {
+    pub(crate) fn render(&self, timestamps: bool) -> String {
         if timestamps { format!("{} {}\n", self.timestamp, self.content) } else { format!("{}\n", self.content) }
     }
 }
 
 /// One raw line of a CRI log file, split; `None` when it is not in the CRI format.
-pub fn parse_raw(line: &str) -> Option<(&str, &str, bool, &str)> {
+pub(crate) fn parse_raw(line: &str) -> Option<(&str, &str, bool, &str)> {
     let mut parts = line.splitn(4, ' ');
     let timestamp = parts.next()?;
     let stream = parts.next()?;
@@ -50,7 +50,7 @@ pub fn parse_raw(line: &str) -> Option<(&str, &str, bool, &str)> {
 
 /// Joins partial pieces into whole lines, per stream.
 #[derive(Debug, Default, Clone)]
-pub struct Reassembler {
+pub(crate) struct Reassembler {
     stdout: String,
     stderr: String,
 }
@@ -58,7 +58,7 @@ pub struct Reassembler {
 impl Reassembler {
     /// Feeds one raw line; returns the whole line it completes, if any. Lines not in the CRI
     /// format are passed through as they are (stdout, no timestamp).
-    pub fn push(&mut self, raw: &str) -> Option<LogLine> {
+    pub(crate) fn push(&mut self, raw: &str) -> Option<LogLine> {
         let Some((timestamp, stream, partial, content)) = parse_raw(raw) else {
             return Some(LogLine { timestamp: String::new(), stream: "stdout".to_owned(), content: raw.to_owned() });
         };
@@ -72,7 +72,7 @@ impl Reassembler {
 }
 
 /// Whole lines of a log text, the last `tail` of them when given.
-pub fn lines(text: &str, tail: Option<usize>) -> Vec<LogLine> {
+pub(crate) fn lines(text: &str, tail: Option<usize>) -> Vec<LogLine> {
     let mut reassembler = Reassembler::default();
     let all: Vec<LogLine> = text.lines().filter(|l| !l.is_empty()).filter_map(|l| reassembler.push(l)).collect();
     match tail {
@@ -82,7 +82,7 @@ pub fn lines(text: &str, tail: Option<usize>) -> Vec<LogLine> {
 }
 
 /// The restart numbers with a log file in a container's log directory, ascending.
-pub fn instances(container_dir: &Path) -> io::Result<Vec<u32>> {
+pub(crate) fn instances(container_dir: &Path) -> io::Result<Vec<u32>> {
     let mut found: Vec<u32> = std::fs::read_dir(container_dir)?
         .filter_map(Result::ok)
         .filter_map(|e| {
@@ -98,7 +98,7 @@ pub fn instances(container_dir: &Path) -> io::Result<Vec<u32>> {
 
 /// The files of one container instance, oldest first: rotated files (`N.log.<stamp>`, except
 /// compressed ones) in name order, then the live `N.log`.
-pub fn instance_files(container_dir: &Path, restart: u32) -> io::Result<Vec<PathBuf>> {
+pub(crate) fn instance_files(container_dir: &Path, restart: u32) -> io::Result<Vec<PathBuf>> {
     let live = format!("{restart}.log");
     let rotated_prefix = format!("{live}.");
     let mut rotated: Vec<PathBuf> = std::fs::read_dir(container_dir)?
@@ -117,7 +117,7 @@ pub fn instance_files(container_dir: &Path, restart: u32) -> io::Result<Vec<Path
 
 /// The files to read for `kubectl logs`: the newest instance's, or with `previous` the one
 /// before it. An error names what is missing.
-pub fn files_for(container_dir: &Path, previous: bool) -> io::Result<Vec<PathBuf>> {
+pub(crate) fn files_for(container_dir: &Path, previous: bool) -> io::Result<Vec<PathBuf>> {
     let instances = instances(container_dir)?;
     let pick = if previous { instances.iter().rev().nth(1) } else { instances.last() };
     match pick {

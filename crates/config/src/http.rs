@@ -18,11 +18,11 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::{
+use crate::{
     SourceSender,
     manifest::{MAX_MANIFEST_BYTES, ManifestError, Origin, static_pods},
 };
-use crate::events::{Event, EventRecorder, EventType, ObjectRef};
+use kubelet_core::events::{Event, EventRecorder, EventType, ObjectRef};
 
 /// How the HTTP source runs.
 #[derive(Clone, Debug, PartialEq, Eq)]

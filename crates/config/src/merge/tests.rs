@@ -10,7 +10,7 @@ use k8s_openapi::{
 use proptest::prelude::*;
 
 use super::*;
-use crate::events::RingRecorder;
+use kubelet_core::events::RingRecorder;
 
 fn pod(uid: &str, name: &str, image: &str) -> Pod {
     Pod {
@@ -196,7 +196,7 @@ fn apply(view: &mut BTreeMap<(Source, String), Arc<Pod>>, updates: &[PodUpdate])
                     assert!(view.insert(key, pod.clone()).is_some(), "{:?} of an unknown pod", update.op);
                 }
                 Operation::Remove => assert!(view.remove(&key).is_some(), "REMOVE of an unknown pod"),
-                Operation::Set => panic!("the merger never emits SET"),
+                op => panic!("the merger never emits {op:?}"),
             }
         }
     }
@@ -225,7 +225,7 @@ proptest! {
             let mut names = std::collections::HashSet::new();
             let mut want: BTreeMap<String, _> = BTreeMap::new();
             for pod in pods {
-                if names.insert(crate::types::pod_full_name(&pod)) {
+                if names.insert(kubelet_core::types::pod_full_name(&pod)) {
                     want.insert(PodUid::of(&pod).to_string(), essence(&pod));
                 }
             }

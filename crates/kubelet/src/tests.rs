@@ -1,24 +1,38 @@
 //! Kubelet tests with the fake runtime: the sync trio, status, admission, handlers and
 //! housekeeping.
 
-use std::{collections::BTreeMap, sync::Mutex, time::Duration};
-
-use k8s_openapi::{
-    api::core::v1::{ContainerPort, ResourceRequirements},
-    apimachinery::pkg::api::resource::Quantity,
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::Duration,
 };
 
-use super::*;
-use crate::{
-    Source,
+use k8s_openapi::{
+    api::core::v1::{ContainerPort, Pod, PodStatus as ApiPodStatus, ResourceRequirements},
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Time},
+};
+use kubelet_core::{
+    PodManager, PodSyncer, PodUid, PodWorkers, Source, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
+    WorkQueue,
+    clock::wall_now,
     events::RingRecorder,
-    fake::FakeRuntime,
-    runtime::{NETWORK_READY, RUNTIME_READY, RuntimeCondition, RuntimeStatus},
-    workers::WorkerSync,
+    fake::{self, FakeRuntime},
+    runtime::{self, NETWORK_READY, PodStatus, RUNTIME_READY, Runtime, RuntimeCondition, RuntimeStatus},
+    state::RuntimeState,
+    testing,
+    workers::{self, PodStatusFn, WorkerSync},
+};
+use tokio::time::Instant;
+
+use crate::{
+    Config, Error, Kubelet, PodSync,
+    admission::{NodeResources, admit},
+    lock,
+    status_store::StatusStore,
 };
 
 fn pod(uid: &str, policy: &str, containers: &[&str]) -> Arc<Pod> {
-    let mut pod = crate::testing::pod(uid, containers);
+    let mut pod = testing::pod(uid, containers);
     if let Some(spec) = pod.spec.as_mut() {
         spec.restart_policy = Some(policy.into());
     }
@@ -203,7 +217,7 @@ async fn terminating_kills_with_the_grace_and_records_the_final_status() {
     let status = f.runtime_status(&p).await;
     let evicted: PodStatusFn = Arc::new(|s: &mut ApiPodStatus| s.reason = Some("Evicted".into()));
     f.sync.sync_terminating_pod(&p, &status, 7, Some(&evicted)).await.unwrap();
-    assert_eq!(f.runtime.calls_of(crate::fake::Method::KillPod).len(), 1);
+    assert_eq!(f.runtime.calls_of(fake::Method::KillPod).len(), 1);
     assert!(!f.runtime_status(&p).await.is_running());
     let stored = f.stored(&p);
     assert_eq!(stored.reason.as_deref(), Some("Evicted"));
@@ -348,8 +362,7 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
     let kept = pod("kept", "Always", &["c"]);
     k.handle_pod_additions(vec![kept.clone()]).await;
     f.sync(&kept).await.unwrap();
-    lock(&w.known)
-        .insert(PodUid::new("kept"), WorkerSync::new(crate::workers::WorkerState::Syncing, false, true, false));
+    lock(&w.known).insert(PodUid::new("kept"), WorkerSync::new(workers::WorkerState::Syncing, false, true, false));
     updates(&w);
     assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_some());
     k.handle_pod_cleanups().await.unwrap();

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::resources::{container_resource, milli, units};
+use kubelet_core::resources::{container_resource, milli, units};
 
 /// What the node offers to pods.
 #[derive(Clone, Debug, PartialEq, Eq)]

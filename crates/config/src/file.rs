@@ -22,11 +22,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{
+use crate::{
     SourceSender,
     manifest::{MAX_MANIFEST_BYTES, ManifestError, Origin, static_pods},
 };
-use crate::events::{Event, EventRecorder, EventType, ObjectRef};
+use kubelet_core::events::{Event, EventRecorder, EventType, ObjectRef};
 
 /// How the file source runs.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,7 +5,9 @@ use std::{collections::HashMap, sync::Mutex};
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus as ApiPodStatus};
 
-use crate::{PodUid, util::lock};
+use kubelet_core::PodUid;
+
+use crate::lock;
 
 /// Where changed statuses go (an API sink arrives with the API server source).
 pub trait StatusSink: Send + Sync {

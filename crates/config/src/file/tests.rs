@@ -6,7 +6,9 @@ use std::{fs, path::Path, time::Duration};
 use tokio::{sync::mpsc, task::JoinHandle};
 
 use super::*;
-use crate::{Operation, PodUpdate, Source, config::PodConfig, events::RingRecorder};
+use kubelet_core::{Operation, PodUpdate, Source, events::RingRecorder};
+
+use crate::PodConfig;
 
 const NODE: &str = "Node-A";
 

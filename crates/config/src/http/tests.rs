@@ -10,7 +10,9 @@ use axum::{Router, extract::State, http::HeaderMap, response::IntoResponse, rout
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::{Operation, PodUpdate, Source, config::PodConfig, events::RingRecorder};
+use kubelet_core::{Operation, PodUpdate, Source, events::RingRecorder};
+
+use crate::PodConfig;
 
 #[derive(Clone)]
 struct Reply {

@@ -1,0 +1,220 @@
+//! [`Kubelet`], what the sync loop calls: upstream's `SyncHandler` methods (`HandlePodAdditions`
+//! and the rest, and `HandlePodCleanups`) on top of the pod workers.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
+use kubelet_core::{
+    PodManager, PodUid, PodWorkers, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
+    events::{Event, EventType, ObjectRef},
+    runtime::{self, ContainerState, Runtime},
+    types::{is_mirror_pod, pod_full_name},
+    workers::KillPodOptions,
+};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::{
+    admission::admit,
+    pod_sync::{Error, PodSync},
+    status,
+};
+
+/// What the sync loop calls: upstream's `SyncHandler` on top of the pod workers.
+pub struct Kubelet<R, W> {
+    sync: Arc<PodSync<R>>,
+    workers: Arc<W>,
+    pods: Arc<PodManager>,
+    sources: Arc<SourcesReady>,
+    housekeepings: AtomicU64,
+}
+
+impl<R, W> std::fmt::Debug for Kubelet<R, W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kubelet").finish_non_exhaustive()
+    }
+}
+
+/// Housekeeping runs runtime garbage collection every this many rounds (about a minute at 2 s).
+const GC_EVERY: u64 = 30;
+
+impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
+    /// A kubelet over `sync` (the same one `workers` call) and `workers`.
+    pub fn new(sync: Arc<PodSync<R>>, workers: Arc<W>, pods: Arc<PodManager>, sources: Arc<SourcesReady>) -> Self {
+        Kubelet { sync, workers, pods, sources, housekeepings: AtomicU64::new(0) }
+    }
+
+    fn dispatch(&self, pod: Arc<Pod>, kind: SyncPodType) {
+        let mirror = self.pods.mirror_pod_of(&pod);
+        self.workers
+            .update_pod(UpdatePodOptions::new(kind, pod).with_mirror_pod(mirror).with_start_time(Instant::now()));
+    }
+
+    fn is_terminal(&self, pod: &Pod) -> bool {
+        let stored = self.sync.statuses.get(&PodUid::of(pod)).and_then(|s| s.status.phase);
+        let phase = stored.or_else(|| pod.status.as_ref().and_then(|s| s.phase.clone()));
+        matches!(phase.as_deref(), Some(status::SUCCEEDED | status::FAILED))
+    }
+
+    /// Pods that count against the node's capacity: known, not terminal, not terminated.
+    fn active_pods(&self, except: &PodUid) -> Vec<Arc<Pod>> {
+        self.pods
+            .pods()
+            .into_iter()
+            .filter(|p| {
+                PodUid::of(p) != *except
+                    && !self.is_terminal(p)
+                    && !self.workers.is_pod_known_terminated(&PodUid::of(p))
+            })
+            .collect()
+    }
+
+    fn reject(&self, pod: &Pod, reason: &str, message: &str) {
+        self.sync.recorder.record(Event::new(EventType::Warning, reason, message, ObjectRef::pod(pod)));
+        let status = ApiPodStatus {
+            phase: Some(status::FAILED.to_owned()),
+            reason: Some(reason.to_owned()),
+            message: Some(format!("Pod was rejected: {message}")),
+            qos_class: Some(kubelet_core::resources::qos_class(pod).to_owned()),
+            ..ApiPodStatus::default()
+        };
+        self.sync.statuses.set(pod, status);
+    }
+}
+
+impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
+    type Error = Error;
+
+    async fn handle_pod_additions(&self, mut pods: Vec<Arc<Pod>>) {
+        pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+        for pod in pods {
+            self.pods.add_pod(pod.clone());
+            if is_mirror_pod(&pod) {
+                continue;
+            }
+            let uid = PodUid::of(&pod);
+            if !self.is_terminal(&pod) && !self.workers.is_pod_termination_requested(&uid) {
+                let active = self.active_pods(&uid);
+                let active: Vec<&Pod> = active.iter().map(AsRef::as_ref).collect();
+                if let Err(rejection) = admit(&pod, &active, &self.sync.config.node) {
+                    warn!(pod = %pod_full_name(&pod), reason = %rejection.reason, "pod rejected");
+                    self.reject(&pod, &rejection.reason, &rejection.message);
+                    continue;
+                }
+            }
+            self.dispatch(pod, SyncPodType::Create);
+        }
+    }
+
+    async fn handle_pod_updates(&self, pods: Vec<Arc<Pod>>) {
+        for pod in pods {
+            self.pods.update_pod(pod.clone());
+            if !is_mirror_pod(&pod) {
+                self.dispatch(pod, SyncPodType::Update);
+            }
+        }
+    }
+
+    async fn handle_pod_removes(&self, pods: Vec<Arc<Pod>>) {
+        for pod in pods {
+            self.pods.remove_pod(&pod);
+            if is_mirror_pod(&pod) {
+                continue;
+            }
+            // Until every source has spoken, a removal may be an artefact: housekeeping retries.
+            if !self.sources.all_ready() {
+                debug!(pod = %pod_full_name(&pod), "sources not ready; leaving the removal to housekeeping");
+                continue;
+            }
+            self.workers.update_pod(UpdatePodOptions::new(SyncPodType::Kill, pod).with_kill(KillPodOptions::default()));
+        }
+    }
+
+    async fn handle_pod_reconcile(&self, pods: Vec<Arc<Pod>>) {
+        for pod in pods {
+            self.pods.update_pod(pod.clone());
+            let evicted = pod.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Evicted");
+            if evicted {
+                // Its dead containers go at once.
+                let uid = PodUid::of(&pod);
+                if let Ok(status) = self.sync.runtime.get_pod_status(&uid, "", "").await {
+                    for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
+                        let _ = self.sync.runtime.delete_container(&c.id).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle_pod_syncs(&self, pods: Vec<Arc<Pod>>) {
+        for pod in pods {
+            // The newest config of the pod, if it changed meanwhile.
+            let pod = self.pods.pod_by_uid(&PodUid::of(&pod)).unwrap_or(pod);
+            self.dispatch(pod, SyncPodType::Sync);
+        }
+    }
+
+    async fn handle_pod_cleanups(&self) -> Result<(), Error> {
+        let desired = self.pods.pods();
+        let desired_uids: HashSet<PodUid> = desired.iter().map(|p| PodUid::of(p)).collect();
+        let workers = self.workers.sync_known_pods(&desired);
+        // Pods in the runtime that nobody wants and no worker knows: running ones are orphans,
+        // killed with a 1 s grace; what is left of stopped ones is removed.
+        let in_runtime = self.sync.runtime.get_pods(true).await.map_err(|e| Error::runtime("get_pods", e))?;
+        for pod in in_runtime {
+            if workers.contains_key(&pod.uid) || desired_uids.contains(&pod.uid) {
+                continue;
+            }
+            let runs = pod.containers.iter().any(|c| c.state == ContainerState::Running)
+                || pod.sandboxes.iter().any(|s| s.state == runtime::SandboxState::Ready);
+            if runs {
+                let kill = KillPodOptions::default().grace_period_override(1);
+                self.workers.update_pod(UpdatePodOptions::kill_orphan(pod, kill));
+            } else if let Err(err) = self.sync.runtime.remove_pod_content(&pod.uid).await {
+                warn!(pod.uid = %pod.uid, pod.name = %pod.name, error = %err, "cannot remove a pod that is gone");
+            }
+        }
+        // What is kept about pods that are gone.
+        for uid in self.sync.statuses.uids() {
+            if !desired_uids.contains(&uid) && !workers.contains_key(&uid) {
+                self.sync.forget(&uid);
+            }
+        }
+        if let Ok(mut entries) = tokio::fs::read_dir(self.sync.config.root_dir.join("pods")).await {
+            while let Ok(Some(entry)) = entries.next_entry().await {
+                let uid = PodUid::new(entry.file_name().to_string_lossy());
+                if !desired_uids.contains(&uid)
+                    && !workers.contains_key(&uid)
+                    && let Err(err) = tokio::fs::remove_dir_all(entry.path()).await
+                {
+                    warn!(error = %err, dir = %entry.path().display(), "cannot remove an orphaned pod directory");
+                }
+            }
+        }
+        self.sync.backoff.gc(Instant::now());
+        if self.housekeepings.fetch_add(1, Ordering::Relaxed).is_multiple_of(GC_EVERY) {
+            let policy = runtime::GcPolicy::default();
+            if let Err(err) = self.sync.runtime.garbage_collect(&policy, self.sources.all_ready(), false).await {
+                warn!(error = %err, "container garbage collection failed");
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_container_died(&self, uid: &PodUid, _container_id: &str) {
+        // Keep the newest dead instance of each container; older ones go.
+        let Ok(status) = self.sync.runtime.get_pod_status(uid, "", "").await else { return };
+        let mut seen = HashSet::new();
+        for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
+            if !seen.insert(c.name.clone()) {
+                let _ = self.sync.runtime.delete_container(&c.id).await;
+            }
+        }
+    }
+}
