@@ -1,0 +1,136 @@
+//! Removal: what is left of pods that are gone, single containers, and garbage collection
+//! (upstream `kuberuntime_gc.go`).
+
+use super::*;
+
+impl CriRuntime {
+    /// Removes a pod's cgroup and log directory once nothing of it remains in the runtime.
+    pub(super) async fn cleanup_pod(&self, uid: &str, name: &str, namespace: &str, qos_parents: &[String]) {
+        for parent in qos_parents {
+            if let Err(err) = cgroups::remove_pod_cgroup(&self.config.cgroup_mount, parent) {
+                debug!(error = %err, parent, "pod cgroup not removed");
+            }
+        }
+        let dir = sandbox::pod_log_dir(&self.config.pod_logs_dir, namespace, name, uid);
+        if dir.exists()
+            && let Err(err) = tokio::fs::remove_dir_all(&dir).await
+        {
+            warn!(error = %err, dir = %dir.display(), "cannot remove the pod log directory");
+        }
+    }
+}
+
+pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<(), Error> {
+    let pods = rt.get_pods(true).await?;
+    let Some(pod) = pods.into_iter().find(|p| p.uid == *uid) else { return Ok(()) };
+    if pod.containers.iter().any(|c| c.state == ContainerState::Running)
+        || pod.sandboxes.iter().any(|s| s.state == SandboxState::Ready)
+    {
+        return Err(Error::PodStillRuns { uid: uid.to_string() });
+    }
+    let api = ApiPod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(pod.name),
+            namespace: Some(pod.namespace),
+            uid: Some(uid.to_string()),
+            ..Default::default()
+        },
+        ..ApiPod::default()
+    };
+    rt.remove_pod(&api).await
+}
+
+pub(super) async fn delete_container(rt: &CriRuntime, container_id: &str) -> Result<(), Error> {
+    let request = pb::RemoveContainerRequest { container_id: container_id.to_owned() };
+    match rt.client.runtime_service().remove_container(request).await {
+        Ok(_) => {}
+        Err(status) if status.code() == tonic::Code::NotFound => {}
+        Err(status) => return Err(Error::status("RemoveContainer", status)),
+    }
+    // Its legacy log symlink goes with it.
+    if let Ok(mut entries) = tokio::fs::read_dir(&rt.config.container_logs_dir).await {
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            if entry.file_name().to_string_lossy().ends_with(&format!("-{container_id}.log")) {
+                let _ = tokio::fs::remove_file(entry.path()).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn garbage_collect(
+    rt: &CriRuntime,
+    policy: &GcPolicy,
+    _all_sources_ready: bool,
+    _evict_non_deleted_pods: bool,
+) -> Result<(), Error> {
+    let pods = rt.get_pods(true).await?;
+    let now = k8s_openapi::jiff::Timestamp::from_second(
+        i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs())
+            .unwrap_or(0),
+    )
+    .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let min_age = i64::try_from(policy.min_age.as_secs()).unwrap_or(i64::MAX);
+    let old_enough = |created: Option<k8s_openapi::jiff::Timestamp>| {
+        created.is_none_or(|c| now.as_second() - c.as_second() >= min_age)
+    };
+    for pod in &pods {
+        // Dead containers: keep the newest `max_per_pod_container` per name.
+        let mut dead_seen: HashMap<&str, i32> = HashMap::new();
+        for c in &pod.containers {
+            if c.state == ContainerState::Running || !old_enough(c.created_at) {
+                continue;
+            }
+            let seen = dead_seen.entry(c.name.as_str()).or_default();
+            *seen += 1;
+            if policy.max_per_pod_container >= 0 && *seen > policy.max_per_pod_container {
+                rt.delete_container(&c.id).await?;
+            }
+        }
+        // Dead sandboxes, except the newest of the pod (it holds the pod's last IP and logs).
+        for s in pod.sandboxes.iter().skip(1).filter(|s| s.state == SandboxState::NotReady) {
+            let request = pb::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() };
+            rt.client
+                .runtime_service()
+                .remove_pod_sandbox(request)
+                .await
+                .map_err(|st| Error::status("RemovePodSandbox", st))?;
+        }
+    }
+    Ok(())
+}
+
+impl CriRuntime {
+    /// Removes everything of a pod that is gone: its containers and sandboxes, its pod cgroup and
+    /// its log directory (upstream leaves these to GC and housekeeping; this does all at once).
+    pub async fn remove_pod(&self, pod: &ApiPod) -> Result<(), Error> {
+        let (name, namespace, uid) = pod_meta(pod);
+        let uid_key = PodUid::new(uid);
+        let status = self.get_pod_status(&uid_key, name, namespace).await?;
+        let running = Self::running_pod_of(&status);
+        self.kill_pod(Some(pod), &running, Some(0)).await?;
+        for c in &status.container_statuses {
+            self.delete_container(&c.id).await?;
+        }
+        for s in &status.sandbox_statuses {
+            let request = pb::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() };
+            self.client
+                .runtime_service()
+                .remove_pod_sandbox(request)
+                .await
+                .map_err(|st| Error::status("RemovePodSandbox", st))?;
+        }
+        let parents: Vec<String> = ["", "burstable/", "besteffort/"]
+            .iter()
+            .map(|qos| format!("{}/{qos}pod{uid}", self.config.cgroup_root.trim_end_matches('/')))
+            .collect();
+        self.cleanup_pod(uid, name, namespace, &parents).await;
+        let pod_dir = self.config.pods_dir.join(uid);
+        if pod_dir.exists()
+            && let Err(err) = tokio::fs::remove_dir_all(&pod_dir).await
+        {
+            warn!(error = %err, dir = %pod_dir.display(), "cannot remove the pod directory");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! Images: the pull policy and pull backoff of a container's image, pulls bounded by
+//! `maxParallelImagePulls`, and the image service calls.
+
+use super::*;
+
+impl CriRuntime {
+    pub(super) async fn ensure_image(&self, pod: &ApiPod, container: &ApiContainer) -> Result<String, SyncFailure> {
+        let image = container.image.clone().unwrap_or_default();
+        if image.trim().is_empty() {
+            return Err(SyncFailure::new(
+                reasons::INVALID_IMAGE_NAME,
+                format!("container {} has no image", container.name),
+            ));
+        }
+        let policy = container.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
+        let present = self
+            .image_ref(&image)
+            .await
+            .map_err(|e| SyncFailure::new("ImageInspectError", format!("Failed to inspect image {image:?}: {e}")))?;
+        if let Some(reference) = present.as_ref().filter(|_| policy != "Always") {
+            self.event(
+                pod,
+                EventType::Normal,
+                "Pulled",
+                format!("Container image {image:?} already present on machine"),
+            );
+            return Ok(reference.clone());
+        }
+        if policy == "Never" {
+            let message = format!("Container image {image:?} is not present with pull policy of Never");
+            self.event(pod, EventType::Warning, reasons::ERR_IMAGE_NEVER_PULL, message.clone());
+            return Err(SyncFailure::new(reasons::ERR_IMAGE_NEVER_PULL, message));
+        }
+        let key = format!("{}_{image}", pod_meta(pod).2);
+        if self.image_backoff.is_in_backoff_since_update(&key, Instant::now()) {
+            let message = format!("Back-off pulling image {image:?}");
+            self.event(pod, EventType::Normal, "BackOff", message.clone());
+            return Err(SyncFailure::new(reasons::IMAGE_PULL_BACK_OFF, message));
+        }
+        self.event(pod, EventType::Normal, "Pulling", format!("Pulling image {image:?}"));
+        let started = Instant::now();
+        let uid = kubelet_core::PodUid::of(pod);
+        if let Some(tracker) = &self.startup {
+            tracker.pulling_started(&uid, started);
+        }
+        let pulled = self.pull_image(&image).await;
+        if let Some(tracker) = &self.startup {
+            tracker.pulling_finished(&uid, Instant::now());
+        }
+        match pulled {
+            Ok(reference) => {
+                self.image_backoff.reset(&key);
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    "Pulled",
+                    format!("Successfully pulled image {image:?} in {:?}", started.elapsed()),
+                );
+                Ok(reference)
+            }
+            Err(err) => {
+                self.image_backoff.next(&key, Instant::now());
+                let message = format!("Failed to pull image {image:?}: {err}");
+                self.event(pod, EventType::Warning, "Failed", message.clone());
+                Err(SyncFailure::new(reasons::ERR_IMAGE_PULL, message))
+            }
+        }
+    }
+
+    pub(super) async fn image_user(&self, image_ref: &str) -> container::ImageUser {
+        let request = pb::ImageStatusRequest {
+            image: Some(pb::ImageSpec { image: image_ref.to_owned(), ..Default::default() }),
+            verbose: false,
+        };
+        let image = match self.client.image_service().image_status(request).await {
+            Ok(response) => response.into_inner().image,
+            Err(_) => None,
+        };
+        let Some(image) = image else { return container::ImageUser::default() };
+        container::ImageUser { uid: image.uid.map(|u| u.value), username: image.username }
+    }
+}
+
+pub(super) async fn pull_image(rt: &CriRuntime, image: &str) -> Result<String, Error> {
+    // The semaphore is never closed, so `acquire` only fails if it were; then pull unlimited.
+    let _permit = match &rt.image_pulls {
+        Some(pulls) => pulls.acquire().await.ok(),
+        None => None,
+    };
+    let request = pb::PullImageRequest {
+        image: Some(pb::ImageSpec { image: image.to_owned(), ..Default::default() }),
+        ..Default::default()
+    };
+    Ok(rt
+        .client
+        .image_service()
+        .pull_image(request)
+        .await
+        .map_err(|s| Error::status("PullImage", s))?
+        .into_inner()
+        .image_ref)
+}
+
+pub(super) async fn image_ref(rt: &CriRuntime, image: &str) -> Result<Option<String>, Error> {
+    let request = pb::ImageStatusRequest {
+        image: Some(pb::ImageSpec { image: image.to_owned(), ..Default::default() }),
+        verbose: false,
+    };
+    let response =
+        rt.client.image_service().image_status(request).await.map_err(|s| Error::status("ImageStatus", s))?;
+    Ok(response.into_inner().image.map(|i| i.id))
+}
+
+pub(super) async fn list_images(rt: &CriRuntime) -> Result<Vec<Image>, Error> {
+    let response = rt
+        .client
+        .image_service()
+        .list_images(pb::ListImagesRequest { filter: None })
+        .await
+        .map_err(|s| Error::status("ListImages", s))?;
+    Ok(response
+        .into_inner()
+        .images
+        .into_iter()
+        .map(|i| {
+            let mut image = Image::default();
+            image.id = i.id;
+            image.repo_tags = i.repo_tags;
+            image.repo_digests = i.repo_digests;
+            image.size = i.size;
+            image.pinned = i.pinned;
+            image
+        })
+        .collect())
+}
+
+pub(super) async fn remove_image(rt: &CriRuntime, image: &str) -> Result<(), Error> {
+    let request =
+        pb::RemoveImageRequest { image: Some(pb::ImageSpec { image: image.to_owned(), ..Default::default() }) };
+    rt.client.image_service().remove_image(request).await.map_err(|s| Error::status("RemoveImage", s))?;
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! Pod status: the runtime's pods and one pod's status (upstream `GetPods`, `GetPodStatus`),
+//! with termination messages and restart counts read back from the node.
+
+use super::*;
+
+/// Upstream's limits on termination messages: the file, and the log tail used as fallback.
+pub(super) const MAX_MESSAGE_BYTES: usize = 4096;
+pub(super) const MAX_LOG_TAIL_LINES: usize = 80;
+pub(super) const MAX_LOG_TAIL_BYTES: usize = 2048;
+
+/// The message content of CRI log lines (`<time> <stream> <P|F> <message>`).
+pub(super) fn log_message(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(4, ' ');
+        let (_, _, tag, message) = (parts.next(), parts.next(), parts.next(), parts.next().unwrap_or_default());
+        out.push_str(message);
+        if tag != Some("P") {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The last lines of a container's log, within upstream's limits.
+pub(super) fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(MAX_LOG_TAIL_LINES)..].join("\n");
+    let message = log_message(&tail);
+    let start = message.len().saturating_sub(MAX_LOG_TAIL_BYTES);
+    let start = (start..message.len()).find(|i| message.is_char_boundary(*i)).unwrap_or(message.len());
+    message[start..].to_owned()
+}
+
+/// A dead container's termination message: its termination file, or with
+/// `FallbackToLogsOnError` and a failure, the tail of its log.
+pub(super) fn termination_message(status: &pb::ContainerStatus) -> String {
+    let path = status.annotations.get(labels::TERMINATION_MESSAGE_PATH);
+    let file = status.mounts.iter().find(|m| Some(&m.container_path) == path).map(|m| m.host_path.clone());
+    let mut message = String::new();
+    if let Some(file) = file
+        && let Ok(bytes) = std::fs::read(&file)
+    {
+        message = String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_MESSAGE_BYTES)]).into_owned();
+    }
+    let fallback =
+        status.annotations.get(labels::TERMINATION_MESSAGE_POLICY).is_some_and(|p| p == "FallbackToLogsOnError");
+    if message.is_empty() && fallback && status.exit_code != 0 && !status.log_path.is_empty() {
+        message = log_tail(Path::new(&status.log_path));
+    }
+    message
+}
+
+impl CriRuntime {
+    pub(super) fn running_pod_of(status: &PodStatus) -> runtime::Pod {
+        let mut pod = runtime::Pod::new(status.uid.clone(), &status.name, &status.namespace);
+        pod.containers = status
+            .container_statuses
+            .iter()
+            .map(|c| {
+                let mut container = runtime::Container::new(&c.id, &c.name, c.state);
+                container.hash = c.hash;
+                container
+            })
+            .collect();
+        pod.sandboxes =
+            status.sandbox_statuses.iter().map(|s| runtime::Sandbox::new(&s.id, s.attempt, s.state)).collect();
+        pod
+    }
+}
+
+pub(super) async fn get_pods(rt: &CriRuntime, all: bool) -> Result<Vec<runtime::Pod>, Error> {
+    let sandbox_filter = (!all).then(|| pb::PodSandboxFilter {
+        state: Some(pb::PodSandboxStateValue { state: pb::PodSandboxState::SandboxReady as i32 }),
+        ..Default::default()
+    });
+    let container_filter = (!all).then(|| pb::ContainerFilter {
+        state: Some(pb::ContainerStateValue { state: pb::ContainerState::ContainerRunning as i32 }),
+        ..Default::default()
+    });
+    let (sandboxes, containers) =
+        futures::try_join!(rt.list_sandboxes(sandbox_filter), rt.list_containers(container_filter))?;
+    let mut pods: BTreeMap<PodUid, runtime::Pod> = BTreeMap::new();
+    let mut created: HashMap<String, i64> = HashMap::new();
+    for s in &sandboxes {
+        let Some(uid) = convert::pod_uid(&s.labels) else { continue };
+        let entry = pods.entry(uid.clone()).or_insert_with(|| {
+            let name = s.labels.get(labels::POD_NAME).cloned().unwrap_or_default();
+            let namespace = s.labels.get(labels::POD_NAMESPACE).cloned().unwrap_or_default();
+            runtime::Pod::new(uid, name, namespace)
+        });
+        created.insert(s.id.clone(), s.created_at);
+        entry.sandboxes.push(convert::sandbox(s));
+    }
+    for c in &containers {
+        let Some(uid) = convert::pod_uid(&c.labels) else { continue };
+        let entry = pods.entry(uid.clone()).or_insert_with(|| {
+            let name = c.labels.get(labels::POD_NAME).cloned().unwrap_or_default();
+            let namespace = c.labels.get(labels::POD_NAMESPACE).cloned().unwrap_or_default();
+            runtime::Pod::new(uid, name, namespace)
+        });
+        created.insert(c.id.clone(), c.created_at);
+        entry.containers.push(convert::container(c));
+    }
+    for pod in pods.values_mut() {
+        pod.sandboxes.sort_by_key(|s| std::cmp::Reverse(created.get(&s.id).copied().unwrap_or(0)));
+        pod.containers.sort_by_key(|c| std::cmp::Reverse(created.get(&c.id).copied().unwrap_or(0)));
+    }
+    Ok(pods.into_values().collect())
+}
+
+pub(super) async fn get_pod_status(
+    rt: &CriRuntime,
+    uid: &PodUid,
+    name: &str,
+    namespace: &str,
+) -> Result<PodStatus, Error> {
+    let selector = CriRuntime::uid_selector(uid);
+    let sandboxes = rt
+        .list_sandboxes(Some(pb::PodSandboxFilter { label_selector: selector.clone(), ..Default::default() }))
+        .await?;
+    let mut sandboxes: Vec<_> = sandboxes.into_iter().collect();
+    sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+    let mut status = PodStatus::new(uid.clone(), name, namespace);
+    for (i, s) in sandboxes.iter().enumerate() {
+        let request = pb::PodSandboxStatusRequest { pod_sandbox_id: s.id.clone(), verbose: false };
+        let response = match rt.client.runtime_service().pod_sandbox_status(request).await {
+            Ok(response) => response.into_inner(),
+            Err(e) if e.code() == tonic::Code::NotFound => continue,
+            Err(e) => return Err(Error::status("PodSandboxStatus", e)),
+        };
+        let Some(sandbox_status) = response.status else { continue };
+        let converted = convert::sandbox_status(&sandbox_status);
+        if i == 0 && converted.state == SandboxState::Ready {
+            status.ips.clone_from(&converted.ips);
+        }
+        if status.name.is_empty()
+            && let Some(meta) = &sandbox_status.metadata
+        {
+            status.name.clone_from(&meta.name);
+            status.namespace.clone_from(&meta.namespace);
+        }
+        status.sandbox_statuses.push(converted);
+    }
+    let containers =
+        rt.list_containers(Some(pb::ContainerFilter { label_selector: selector, ..Default::default() })).await?;
+    let mut statuses = Vec::new();
+    for c in containers {
+        let request = pb::ContainerStatusRequest { container_id: c.id.clone(), verbose: false };
+        match rt.client.runtime_service().container_status(request).await {
+            Ok(response) => {
+                if let Some(s) = response.into_inner().status {
+                    let mut converted = convert::container_status(&s);
+                    if converted.state == ContainerState::Exited {
+                        let message = termination_message(&s);
+                        if !message.is_empty() {
+                            converted.message = message;
+                        }
+                    }
+                    statuses.push((s.created_at, converted));
+                }
+            }
+            // Removed between the listing and the inspection.
+            Err(e) if e.code() == tonic::Code::NotFound => {}
+            Err(e) => return Err(Error::status("ContainerStatus", e)),
+        }
+    }
+    statuses.sort_by_key(|(created, _)| std::cmp::Reverse(*created));
+    status.container_statuses = statuses.into_iter().map(|(_, s)| s).collect();
+    Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_messages_and_tails() {
+        let text = "2026-11-22T07:41:24.897821647Z stdout F hello\n2026-11-22T07:41:24.9Z stderr P part\n2026-11-22T07:41:24.9Z stderr F ial\n";
+        assert_eq!(log_message(text), "hello\npartial\n");
+        let dir = std::env::temp_dir().join(format!("tail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("0.log");
+        let lines: String = (0..200).map(|i| format!("2026-11-22T07:41:24Z stdout F line {i}\n")).collect();
+        std::fs::write(&log, lines).unwrap();
+        let tail = log_tail(&log);
+        assert!(tail.ends_with("line 199\n") && !tail.contains("line 119\n"), "80 lines at most");
+        std::fs::write(&log, format!("2026-11-22T07:41:24Z stdout F {}\n", "x".repeat(5000))).unwrap();
+        assert_eq!(log_tail(&log).len(), MAX_LOG_TAIL_BYTES, "2 KiB at most");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,344 @@
+//! `SyncPod` in upstream's order: kill what must go, prune init containers, make the sandbox,
+//! then start ephemeral, init and regular containers, each behind the crash-loop backoff.
+
+use super::*;
+
+/// The `container_type` label of upstream's container metrics.
+pub(super) fn container_type(pod: &ApiPod, name: &str) -> &'static str {
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.init_containers.as_ref()).is_some_and(|c| c.iter().any(|c| c.name == name)) {
+        "init_container"
+    } else if spec.and_then(|s| s.ephemeral_containers.as_ref()).is_some_and(|c| c.iter().any(|c| c.name == name)) {
+        "ephemeral_container"
+    } else {
+        "container"
+    }
+}
+
+/// The crash-loop backoff key (upstream `getStableKey`).
+pub(super) fn backoff_key(pod: &ApiPod, container: &ApiContainer) -> String {
+    let (name, namespace, uid) = pod_meta(pod);
+    format!("{name}_{namespace}_{uid}_{}_{:x}", container.name, actions::hash(container))
+}
+
+/// The highest `N` of `N.log` files in a container's log directory, plus one (0 when none).
+pub(super) fn restart_count_from_logs(dir: &Path) -> u32 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|name| name.split('.').next().and_then(|n| n.parse::<u32>().ok()).filter(|_| name.contains(".log")))
+        .max()
+        .map_or(0, |n| n + 1)
+}
+
+impl CriRuntime {
+    /// Starts one container (upstream `startContainer`, after `doBackOff`).
+    #[allow(clippy::too_many_arguments)] // Reason: the steps of one start, as upstream threads them.
+    pub(super) async fn start_container(
+        &self,
+        pod: &ApiPod,
+        status: &PodStatus,
+        spec: &ApiContainer,
+        sandbox_id: &str,
+        sandbox_config: &pb::PodSandboxConfig,
+        pod_ips: &[String],
+        backoff: &Backoff,
+    ) -> Result<(), SyncFailure> {
+        let previous = status.container_status(&spec.name);
+        // Crash-loop backoff: the newest dead instance decides.
+        if let Some(dead) = previous.filter(|c| c.state == ContainerState::Exited)
+            && let Some(finished) = dead.finished_at
+        {
+            let key = backoff_key(pod, spec);
+            let now = Instant::now();
+            let finished = kubelet_core::clock::instant_of(finished);
+            if backoff.is_in_backoff_since(&key, finished, now) {
+                let (name, namespace, uid) = pod_meta(pod);
+                let message = format!(
+                    "back-off {:?} restarting failed container={} pod={name}_{namespace}({uid})",
+                    backoff.get(&key),
+                    spec.name
+                );
+                self.event(
+                    pod,
+                    EventType::Warning,
+                    "BackOff",
+                    format!("Back-off restarting failed container {} in pod {name}_{namespace}({uid})", spec.name),
+                );
+                let remaining = backoff.get(&key).saturating_sub(now.saturating_duration_since(finished));
+                return Err(SyncFailure::new(reasons::CRASH_LOOP_BACK_OFF, message).with_retry_after(remaining));
+            }
+            backoff.next(&key, now);
+        }
+        let image_ref = self.ensure_image(pod, spec).await?;
+        let log_dir = self.pod_log_dir(pod);
+        let restart_count = match previous {
+            Some(p) => p.restart_count + 1,
+            None => restart_count_from_logs(&log_dir.join(&spec.name)),
+        };
+        let image_user = self.image_user(&image_ref).await;
+        let input = container::ConfigInput {
+            pod,
+            container: spec,
+            restart_count,
+            image_ref: &image_ref,
+            image_user: &image_user,
+            downward: container::Downward { pod_ips, node_name: &self.config.node_name, host_ip: &self.config.node_ip },
+            memory_capacity: self.memory_capacity,
+        };
+        let mut config = container::container_config(&input).map_err(|message| {
+            self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
+            SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
+        })?;
+        // The termination message file: a host file mounted at `terminationMessagePath`.
+        if let Some(path) = spec.termination_message_path.as_deref().filter(|p| !p.is_empty()) {
+            let dir = self.config.pods_dir.join(pod_meta(pod).2).join("containers").join(&spec.name);
+            let file = dir.join(format!("{restart_count}-termination-log"));
+            let created = async {
+                tokio::fs::create_dir_all(&dir).await?;
+                tokio::fs::write(&file, b"").await?;
+                use std::os::unix::fs::PermissionsExt;
+                tokio::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).await
+            };
+            if let Err(err) = created.await {
+                let message = format!("cannot create the termination message file: {err}");
+                return Err(SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message));
+            }
+            config.mounts.push(pb::Mount {
+                container_path: path.to_owned(),
+                host_path: file.display().to_string(),
+                ..pb::Mount::default()
+            });
+        }
+        if let Err(err) = tokio::fs::create_dir_all(log_dir.join(&spec.name)).await {
+            warn!(error = %err, "cannot create the container log directory");
+        }
+        let request = pb::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_owned(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config.clone()),
+        };
+        let container_type = container_type(pod, &spec.name);
+        metrics::counter!("kubelet_started_containers_total", "container_type" => container_type).increment(1);
+        let count_error = |status: &tonic::Status| {
+            let code = format!("{:?}", status.code());
+            metrics::counter!("kubelet_started_containers_errors_total", "container_type" => container_type, "code" => code)
+                .increment(1);
+        };
+        let id = match self.client.runtime_service().create_container(request).await {
+            Ok(response) => response.into_inner().container_id,
+            Err(status) => {
+                count_error(&status);
+                let message = format!("failed to create container {}: {}", spec.name, status.message());
+                self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
+                return Err(SyncFailure::new(reasons::CREATE_CONTAINER_ERROR, message));
+            }
+        };
+        self.event(pod, EventType::Normal, "Created", format!("Created container {}", spec.name));
+        if let Err(status) =
+            self.client.runtime_service().start_container(pb::StartContainerRequest { container_id: id.clone() }).await
+        {
+            count_error(&status);
+            let message = format!("failed to start container {id:?}: {}", status.message());
+            self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
+            return Err(SyncFailure::new(reasons::RUN_CONTAINER_ERROR, message));
+        }
+        self.event(pod, EventType::Normal, "Started", format!("Started container {}", spec.name));
+        // The legacy symlink, created only when its target exists.
+        let target = log_dir.join(&spec.name).join(format!("{restart_count}.log"));
+        if target.exists() {
+            let (name, namespace, _) = pod_meta(pod);
+            let mut link_name = format!("{name}_{namespace}_{}-{id}.log", spec.name);
+            link_name.truncate(255);
+            let link = self.config.container_logs_dir.join(link_name);
+            let _ = tokio::fs::create_dir_all(&self.config.container_logs_dir).await;
+            if let Err(err) = tokio::fs::symlink(&target, &link).await
+                && err.kind() != std::io::ErrorKind::AlreadyExists
+            {
+                warn!(error = %err, link = %link.display(), "cannot create the container log symlink");
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes every exited instance of each init container but the newest
+    /// (upstream `pruneInitContainersBeforeStart`), or all of them when `all`.
+    pub(super) async fn prune_init_containers(&self, pod: &ApiPod, status: &PodStatus, all: bool) {
+        let init: HashSet<&str> = pod
+            .spec
+            .as_ref()
+            .map(|s| s.init_containers.iter().flatten().map(|c| c.name.as_str()).collect())
+            .unwrap_or_default();
+        let mut seen = HashSet::new();
+        for c in &status.container_statuses {
+            if !init.contains(c.name.as_str()) || c.state != ContainerState::Exited {
+                continue;
+            }
+            if !all && seen.insert(c.name.as_str()) {
+                continue;
+            }
+            if let Err(err) = self.delete_container(&c.id).await {
+                warn!(error = %err, container.id = %c.id, "cannot remove an old init container");
+            }
+        }
+    }
+
+    pub(super) async fn host_dns(&self) -> ResolvConf {
+        sandbox::parse_resolv_conf(&tokio::fs::read_to_string(&self.config.resolv_conf).await.unwrap_or_default())
+    }
+}
+
+pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, backoff: &Backoff) -> PodSyncResult {
+    let mut result = PodSyncResult::default();
+    let full_name = kubelet_core::types::pod_full_name(pod);
+    let probes = rt.probes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let actions = compute_pod_actions(pod, status, &probes);
+    debug!(pod = %full_name, ?actions, "computed pod actions");
+    let Some(spec) = pod.spec.as_ref() else {
+        result.failure = Some(SyncFailure::new(reasons::CONFIG_POD_SANDBOX_ERROR, "pod has no spec"));
+        return result;
+    };
+
+    // Step 1: kill the pod, or the containers that must go.
+    if actions.kill_pod {
+        if actions.create_sandbox {
+            rt.event(
+                pod,
+                EventType::Normal,
+                "SandboxChanged",
+                "Pod sandbox changed, it will be killed and re-created.".to_owned(),
+            );
+        }
+        let running = CriRuntime::running_pod_of(status);
+        if let Err(err) = rt.kill_pod(Some(pod), &running, None).await {
+            result.push(SyncResult::failed(
+                SyncAction::KillPodSandbox,
+                &full_name,
+                SyncFailure::new(reasons::KILL_POD_SANDBOX_ERROR, err.to_string()),
+            ));
+            return result;
+        }
+        if actions.create_sandbox {
+            rt.prune_init_containers(pod, status, true).await;
+        }
+    } else {
+        for kill in &actions.containers_to_kill {
+            match rt.kill_container(Some(pod), &kill.id, &kill.name, None, None, &kill.message).await {
+                Ok(()) => result.push(SyncResult::ok(SyncAction::KillContainer, &kill.name)),
+                Err(err) => {
+                    result.push(SyncResult::failed(
+                        SyncAction::KillContainer,
+                        &kill.name,
+                        SyncFailure::new(reasons::KILL_CONTAINER_ERROR, err.to_string()),
+                    ));
+                    return result;
+                }
+            }
+        }
+    }
+
+    // Step 2: keep only the newest dead instance of each init container.
+    if actions.next_init_container.is_some() && !actions.create_sandbox {
+        rt.prune_init_containers(pod, status, false).await;
+    }
+
+    // Step 3: a new sandbox, if needed.
+    let host_dns = rt.host_dns().await;
+    let log_dir = rt.pod_log_dir(pod);
+    let mut sandbox_id = actions.sandbox_id.clone();
+    let mut pod_ips = status.ips.clone();
+    if actions.create_sandbox {
+        if let Err(err) = tokio::fs::create_dir_all(&log_dir).await {
+            result.push(SyncResult::failed(
+                SyncAction::CreatePodSandbox,
+                &full_name,
+                SyncFailure::new(
+                    reasons::CREATE_POD_SANDBOX_ERROR,
+                    format!("cannot create the pod log directory: {err}"),
+                ),
+            ));
+            return result;
+        }
+        let config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &host_dns);
+        let request =
+            pb::RunPodSandboxRequest { config: Some(config), runtime_handler: rt.config.runtime_handler.clone() };
+        metrics::counter!("kubelet_started_pods_total").increment(1);
+        match rt.client.runtime_service().run_pod_sandbox(request).await {
+            Ok(response) => {
+                sandbox_id = response.into_inner().pod_sandbox_id;
+                result.push(SyncResult::ok(SyncAction::CreatePodSandbox, &full_name));
+            }
+            Err(status) => {
+                metrics::counter!("kubelet_started_pods_errors_total").increment(1);
+                let message = format!("Failed to create pod sandbox: {}", status.message());
+                rt.event(pod, EventType::Warning, "FailedCreatePodSandBox", message.clone());
+                result.push(SyncResult::failed(
+                    SyncAction::CreatePodSandbox,
+                    &full_name,
+                    SyncFailure::new(reasons::CREATE_POD_SANDBOX_ERROR, message),
+                ));
+                return result;
+            }
+        }
+        let request = pb::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.clone(), verbose: false };
+        match rt.client.runtime_service().pod_sandbox_status(request).await {
+            Ok(response) => {
+                pod_ips = response.into_inner().status.map(|s| convert::sandbox_status(&s).ips).unwrap_or_default();
+            }
+            Err(status) => {
+                result.failure = Some(SyncFailure::new(
+                    reasons::CREATE_POD_SANDBOX_ERROR,
+                    format!("cannot read the new sandbox: {}", status.message()),
+                ));
+                return result;
+            }
+        }
+    }
+    let sandbox_config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &host_dns);
+
+    // Step 4: ephemeral, then the next init container, then regular containers.
+    for &i in &actions.ephemeral_containers_to_start {
+        let Some(ephemeral) = spec.ephemeral_containers.as_ref().and_then(|e| e.get(i)) else { continue };
+        let as_container = ApiContainer {
+            name: ephemeral.name.clone(),
+            image: ephemeral.image.clone(),
+            command: ephemeral.command.clone(),
+            args: ephemeral.args.clone(),
+            env: ephemeral.env.clone(),
+            working_dir: ephemeral.working_dir.clone(),
+            image_pull_policy: ephemeral.image_pull_policy.clone(),
+            security_context: ephemeral.security_context.clone(),
+            stdin: ephemeral.stdin,
+            tty: ephemeral.tty,
+            ..ApiContainer::default()
+        };
+        let outcome =
+            rt.start_container(pod, status, &as_container, &sandbox_id, &sandbox_config, &pod_ips, backoff).await;
+        result.push(match outcome {
+            Ok(()) => SyncResult::ok(SyncAction::StartContainer, &as_container.name),
+            Err(failure) => SyncResult::failed(SyncAction::StartContainer, &as_container.name, failure),
+        });
+    }
+    if let Some(i) = actions.next_init_container
+        && let Some(init) = spec.init_containers.as_ref().and_then(|c| c.get(i))
+    {
+        let outcome = rt.start_container(pod, status, init, &sandbox_id, &sandbox_config, &pod_ips, backoff).await;
+        let failed = outcome.is_err();
+        result.push(match outcome {
+            Ok(()) => SyncResult::ok(SyncAction::InitContainer, &init.name),
+            Err(failure) => SyncResult::failed(SyncAction::InitContainer, &init.name, failure),
+        });
+        if failed {
+            return result;
+        }
+    }
+    for &i in &actions.containers_to_start {
+        let Some(c) = spec.containers.get(i) else { continue };
+        let outcome = rt.start_container(pod, status, c, &sandbox_id, &sandbox_config, &pod_ips, backoff).await;
+        result.push(match outcome {
+            Ok(()) => SyncResult::ok(SyncAction::StartContainer, &c.name),
+            Err(failure) => SyncResult::failed(SyncAction::StartContainer, &c.name, failure),
+        });
+    }
+    result
+}
