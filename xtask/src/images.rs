@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 
 use crate::{
-    runtime::{REGISTRY, STATE_DIR},
+    layout::{REGISTRY, STATE_DIR},
     util::{output, project_root, run, sha256},
 };
 

@@ -8,6 +8,7 @@
 mod ci;
 mod demo;
 mod images;
+mod layout;
 mod runtime;
 mod setup;
 mod tidy;

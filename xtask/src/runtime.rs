@@ -23,17 +23,10 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     images,
+    layout::{REGISTRY, REGISTRY_PORT, RUN_DIR, STATE_DIR},
     util::{have, is_root, output},
 };
 
-/// Persistent state: containerd root, registry storage, images, logs.
-pub(crate) const STATE_DIR: &str = "/var/lib/kubelet-rs-dev";
-/// Runtime state: sockets, PID files, runc state.
-pub(crate) const RUN_DIR: &str = "/run/kubelet-rs-dev";
-/// The local registry's address.
-pub(crate) const REGISTRY: &str = "127.0.0.1:5000";
-/// The local registry's port (the port of [`REGISTRY`]).
-const REGISTRY_PORT: u16 = 5000;
 /// The CNI bridge of test pods.
 const BRIDGE: &str = "kubeletrs0";
 /// The pod subnet: no route on the machine may cover it.

@@ -37,7 +37,7 @@ fn installed(package: &str) -> bool {
 
 pub(crate) fn run_setup() -> Result<()> {
     if !is_root() {
-        bail!("setup installs Debian packages and builds images under {}; run it as root", runtime::STATE_DIR);
+        bail!("setup installs Debian packages and builds images under {}; run it as root", crate::layout::STATE_DIR);
     }
     if !have("apt-get") || !have("dpkg-query") {
         bail!("setup needs a Debian machine (apt-get and dpkg-query)");

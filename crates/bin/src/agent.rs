@@ -8,14 +8,13 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use config::{PodConfig, file, http};
-use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig};
+use cri_client::{Client, Config as CriConfig, CriRuntime, manager};
 use kubelet::{Agent, admission::NodeResources, agent};
 use kubelet_core::{
-    Pleg, Runtime, Source,
+    Pleg, Runtime, Source, StartupTracker,
     events::RingRecorder,
     fake::{FakeRuntime, Method},
     runtime::RuntimeEvents,
-    startup::StartupTracker,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, info, info_span, warn};
@@ -42,7 +41,7 @@ pub(crate) async fn run(
         cri_config = cri_config.image_endpoint(endpoint);
     }
     let client = Client::connect(&cri_config).context("invalid containerRuntimeEndpoint")?;
-    let runtime_config = RuntimeConfig::new(&settings.node_name)
+    let runtime_config = manager::Config::new(&settings.node_name)
         .pod_logs_dir(&file.pod_logs_dir)
         .container_logs_dir(&settings.container_logs_dir)
         .pods_dir(settings.root_dir.join("pods"))
@@ -159,7 +158,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         .startup_tracker(startup)
         .cancel(cancel.clone())
         .build(
-            |runtime, cache| pleg::EventedPleg::new(runtime, cache, pleg::EventedConfig::default()),
+            |runtime, cache| pleg::EventedPleg::new(runtime, cache, pleg::evented::Config::default()),
             |parts| {
                 // `syncFrequency`: how soon a synced pod is synced again (upstream's resync interval).
                 let config = podworkers::Config::default().resync_interval(sync_period);

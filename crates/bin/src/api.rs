@@ -24,7 +24,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kubelet::StatusStore;
-use kubelet_core::{PodManager, PodUid, Runtime, state::LoopHealth};
+use kubelet_core::{LoopHealth, PodManager, PodUid, Runtime};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span};
@@ -42,7 +42,7 @@ pub(crate) struct ApiState<R> {
     /// The recent events, for `/events`.
     pub(crate) events: Arc<kubelet_core::events::RingRecorder>,
     /// The runtime's health from the status poll, for `/healthz`.
-    pub(crate) runtime_state: Arc<kubelet_core::state::RuntimeState>,
+    pub(crate) runtime_state: Arc<kubelet_core::RuntimeState>,
 }
 
 fn pod_list(items: Vec<Pod>) -> serde_json::Value {

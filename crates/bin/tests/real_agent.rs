@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use cri_client::{Client, Config, CriRuntime, RuntimeConfig, pb};
+use cri_client::{Client, Config, CriRuntime, manager, pb};
 use kubelet_core::{Runtime, events::RingRecorder, runtime::ContainerState, testing::RealRuntime};
 use nix::{
     sys::signal::{Signal, kill},
@@ -294,7 +294,7 @@ fn test_runtime(rt: &RealRuntime, dir: &Path, node: &str) -> CriRuntime {
     let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
     CriRuntime::new(
         client,
-        RuntimeConfig::new(node)
+        manager::Config::new(node)
             .pod_logs_dir(dir.join("pods"))
             .container_logs_dir(dir.join("containers"))
             .pods_dir(dir.join("root/pods")),

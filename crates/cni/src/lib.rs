@@ -36,6 +36,9 @@ pub use api::{Cni, DEFAULT_TIMEOUT, GcAttachment, RuntimeConf};
 pub use cache::{Cache, CacheEntry};
 pub use config::{ConfDir, NetworkList, PluginConf};
 pub use error::{ConfigError, Error, PluginError};
+
+/// Results of CNI operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub use exec::{Command, DEFAULT_PATH, Exec, Exit, Invocation, Output, RawExec};
 pub use result::AddResult;
 pub use version::{ParseVersionError, Version, VersionInfo};

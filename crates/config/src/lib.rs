@@ -57,6 +57,9 @@ pub mod manifest;
 mod merge;
 mod pod_config;
 
+/// Results of decoding manifests.
+pub type Result<T, E = manifest::ManifestError> = std::result::Result<T, E>;
+
 #[doc(inline)]
 pub use crate::{
     configuration::KubeletConfiguration,

@@ -36,7 +36,7 @@ pub mod container;
 mod convert;
 mod instrument;
 pub mod labels;
-mod manager;
+pub mod manager;
 pub mod sandbox;
 
 /// The generated CRI `runtime.v1` types, clients and servers (from the `k8s-cri` crate).
@@ -45,13 +45,16 @@ pub mod pb {
 }
 
 #[doc(inline)]
-pub use crate::manager::{Config as RuntimeConfig, CriRuntime, MIN_GRACE_PERIOD_SECONDS};
+pub use crate::manager::{CriRuntime, MIN_GRACE_PERIOD_SECONDS};
 
 /// Re-exported so callers build requests and fake servers with the same tonic.
 pub use tonic;
 
 /// Largest gRPC message accepted: list responses of busy nodes exceed tonic's 4 MiB default.
 pub const MAX_MESSAGE_SIZE: usize = 16 << 20;
+
+/// Results of the CRI client and the runtime manager.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Errors of the CRI client.
 #[derive(Debug, thiserror::Error)]

@@ -133,7 +133,7 @@ pub struct CriRuntime {
     probes: Mutex<ProbeFailures>,
     memory_capacity: i64,
     image_pulls: Option<tokio::sync::Semaphore>,
-    startup: Option<Arc<kubelet_core::startup::StartupTracker>>,
+    startup: Option<Arc<kubelet_core::StartupTracker>>,
 }
 
 impl std::fmt::Debug for CriRuntime {
@@ -176,7 +176,7 @@ impl CriRuntime {
 
     /// Reports image pulls to `tracker`, which the kubelet shares, for the start-up SLI metric.
     #[must_use]
-    pub fn startup_tracker(mut self, tracker: Arc<kubelet_core::startup::StartupTracker>) -> Self {
+    pub fn startup_tracker(mut self, tracker: Arc<kubelet_core::StartupTracker>) -> Self {
         self.startup = Some(tracker);
         self
     }

@@ -24,7 +24,7 @@ use kubelet_core::{
     runtime::{self, ContainerState, PodStatus, SandboxState, reasons},
 };
 use kubelet_cri_client::{
-    Client, Config, CriRuntime, RuntimeConfig,
+    Client, Config, CriRuntime, manager,
     pb::{self, runtime_service_server::RuntimeServiceServer},
 };
 use tokio::net::UnixListener;
@@ -202,7 +202,7 @@ async fn not_found_on_stop_counts_as_stopped() {
     f.fake.fail("stop_container", Status::not_found("container gone"));
     f.fake.fail("stop_pod_sandbox", Status::not_found("sandbox gone"));
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let runtime = CriRuntime::new(client, RuntimeConfig::new("n"), Arc::new(RingRecorder::default()));
+    let runtime = CriRuntime::new(client, manager::Config::new("n"), Arc::new(RingRecorder::default()));
     let mut running = runtime::Pod::new(PodUid::new("u"), "p", "ns");
     running.containers.push(runtime::Container::new("c1", "app", ContainerState::Running));
     running.sandboxes.push(runtime::Sandbox::new("s1", 0, SandboxState::Ready));
@@ -263,7 +263,7 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
         Status::internal("failed to setup network for sandbox: plugin type=\"bridge\" failed (add): boom"),
     );
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let config = RuntimeConfig::new("n")
+    let config = manager::Config::new("n")
         .pod_logs_dir(logs.path().join("pods"))
         .container_logs_dir(logs.path().join("containers"));
     let runtime = CriRuntime::new(client, config, Arc::new(RingRecorder::default()));
@@ -323,7 +323,7 @@ async fn container_events_stream_as_runtime_events() {
         event("c1", pb::ContainerEventType::ContainerStoppedEvent, pb::ContainerState::ContainerExited),
     ]);
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let runtime = CriRuntime::new(client.clone(), RuntimeConfig::new("n"), Arc::new(RingRecorder::default()));
+    let runtime = CriRuntime::new(client.clone(), manager::Config::new("n"), Arc::new(RingRecorder::default()));
     let (tx, mut rx) = tokio::sync::mpsc::channel(8);
     let ended = runtime.stream_events(tx).await;
     assert_eq!(ended, Err(EventStreamError::Failed("the runtime closed the container event stream".into())));

@@ -18,8 +18,9 @@ use kubelet_core::{
     testing::RealRuntime,
 };
 use kubelet_cri_client::{
-    Client, Config, CriRuntime, RuntimeConfig,
+    Client, Config, CriRuntime,
     actions::{ProbeFailures, compute_pod_actions},
+    manager,
 };
 
 struct Env {
@@ -31,7 +32,7 @@ struct Env {
 fn manager(rt: &RealRuntime, logs: &std::path::Path) -> CriRuntime {
     let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
     let config =
-        RuntimeConfig::new("test-node").pod_logs_dir(logs.join("pods")).container_logs_dir(logs.join("containers"));
+        manager::Config::new("test-node").pod_logs_dir(logs.join("pods")).container_logs_dir(logs.join("containers"));
     CriRuntime::new(client, config, Arc::new(RingRecorder::default()))
 }
 

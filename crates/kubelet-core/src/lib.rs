@@ -28,9 +28,8 @@
 //!
 //! use k8s_openapi::api::core::v1::Pod;
 //! use kubelet_core::{
-//!     Backoff, PodManager, Runtime, Source, SourcesReady, SyncHandler, WorkQueue,
+//!     Backoff, LoopHealth, PodManager, Runtime, RuntimeState, Source, SourcesReady, SyncHandler, WorkQueue,
 //!     fake::FakeRuntime,
-//!     state::{LoopHealth, RuntimeState},
 //!     sync_loop::{self, Inputs, Shared},
 //! };
 //! use tokio::sync::mpsc;
@@ -91,22 +90,22 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
 
-pub mod backoff;
-pub mod cache;
+mod backoff;
+mod cache;
 pub mod clock;
 mod error;
 pub mod events;
-pub mod handler;
-pub mod pleg;
-pub mod podmanager;
-pub mod queue;
+mod handler;
+mod pleg;
+mod podmanager;
+mod queue;
 pub mod resources;
 pub mod runtime;
-pub mod startup;
-pub mod state;
+mod startup;
+mod state;
 pub mod sync_loop;
 pub mod types;
-pub mod workers;
+mod workers;
 
 #[cfg(feature = "fake-runtime")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fake-runtime")))]
@@ -119,17 +118,21 @@ mod util;
 
 #[doc(inline)]
 pub use crate::{
-    backoff::Backoff,
-    cache::Cache,
+    backoff::{Backoff, DEFAULT_INITIAL as BACKOFF_INITIAL, DEFAULT_MAX as BACKOFF_MAX},
+    cache::{Cache, CachedStatus, StatusError},
     error::ErrorChain,
-    handler::{ProbeResult, SyncHandler},
+    handler::{ProbeKind, ProbeOutcome, ProbeResult, SyncHandler},
     pleg::{Pleg, PodLifecycleEvent, PodLifecycleEventKind},
     podmanager::PodManager,
     queue::WorkQueue,
     runtime::Runtime,
-    state::{RuntimeState, SourcesReady},
+    startup::{StartupDurations, StartupTracker},
+    state::{HealthCheck, HealthError, LoopHealth, RuntimeState, SourcesReady},
     types::{Operation, PodUid, PodUpdate, Source, SyncPodType},
-    workers::{PodSyncer, PodWorkers, UpdatePodOptions},
+    workers::{
+        CompletionFn, KillPodOptions, NETWORK_NOT_READY_MESSAGE, PodStatusFn, PodSyncer, PodWorkers, UpdatePodOptions,
+        WorkerState, WorkerSync,
+    },
 };
 
 /// Re-exported so downstream code names the same k8s-openapi as this crate.

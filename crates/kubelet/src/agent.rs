@@ -10,11 +10,9 @@
 use std::{sync::Arc, time::Duration};
 
 use kubelet_core::{
-    Cache, Pleg, PodLifecycleEvent, PodManager, PodUpdate, PodWorkers, ProbeResult, Runtime, Source, SourcesReady,
-    WorkQueue,
+    Cache, LoopHealth, Pleg, PodLifecycleEvent, PodManager, PodUpdate, PodWorkers, ProbeResult, Runtime, RuntimeState,
+    Source, SourcesReady, StartupTracker, WorkQueue,
     events::{EventRecorder, RingRecorder},
-    startup::StartupTracker,
-    state::{LoopHealth, RuntimeState},
     sync_loop::{self, Inputs, Shared},
 };
 use tokio::{sync::mpsc, time::Instant};

@@ -11,11 +11,10 @@ use std::{
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
 use kubelet_core::{
-    PodManager, PodUid, PodWorkers, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
+    KillPodOptions, PodManager, PodUid, PodWorkers, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
     events::{Event, EventType, ObjectRef},
     runtime::{self, ContainerState, Runtime},
     types::{is_mirror_pod, pod_full_name},
-    workers::KillPodOptions,
 };
 use tokio::time::Instant;
 use tracing::{debug, warn};

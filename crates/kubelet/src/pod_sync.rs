@@ -14,14 +14,11 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
 };
 use kubelet_core::{
-    Backoff, PodSyncer, PodUid, SyncPodType, WorkQueue,
+    Backoff, PodStatusFn, PodSyncer, PodUid, RuntimeState, StartupTracker, SyncPodType, WorkQueue,
     clock::wall_now,
     events::{Event, EventRecorder, EventType, ObjectRef},
     runtime::{self, ContainerState, PodStatus, Runtime, SyncAction},
-    startup::StartupTracker,
-    state::RuntimeState,
     types::pod_full_name,
-    workers::PodStatusFn,
 };
 use tracing::{debug, info};
 

@@ -12,15 +12,13 @@ use k8s_openapi::{
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Time},
 };
 use kubelet_core::{
-    PodManager, PodSyncer, PodUid, PodWorkers, Source, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
-    WorkQueue,
+    PodManager, PodStatusFn, PodSyncer, PodUid, PodWorkers, RuntimeState, Source, SourcesReady, SyncHandler,
+    SyncPodType, UpdatePodOptions, WorkQueue, WorkerSync,
     clock::wall_now,
     events::RingRecorder,
     fake::{self, FakeRuntime},
     runtime::{self, NETWORK_READY, PodStatus, RUNTIME_READY, Runtime, RuntimeCondition, RuntimeStatus},
-    state::RuntimeState,
     testing,
-    workers::{self, PodStatusFn, WorkerSync},
 };
 use tokio::time::Instant;
 
@@ -362,7 +360,7 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
     let kept = pod("kept", "Always", &["c"]);
     k.handle_pod_additions(vec![kept.clone()]).await;
     f.sync(&kept).await.unwrap();
-    lock(&w.known).insert(PodUid::new("kept"), WorkerSync::new(workers::WorkerState::Syncing, false, true, false));
+    lock(&w.known).insert(PodUid::new("kept"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
     updates(&w);
     assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_some());
     k.handle_pod_cleanups().await.unwrap();

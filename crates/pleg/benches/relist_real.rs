@@ -7,7 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig};
+use cri_client::{Client, Config as CriConfig, CriRuntime, manager};
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::{Backoff, Cache, PodUid, Runtime, events::RingRecorder, testing::RealRuntime};
 use kubelet_pleg::{Config, GenericPleg};
@@ -23,7 +23,7 @@ fn main() {
     tokio.block_on(async {
         let logs = rt.scratch_dir.join("bench");
         let client = Client::connect(&CriConfig::new(&rt.endpoint)).unwrap();
-        let config = RuntimeConfig::new("bench").pod_logs_dir(logs.join("pods")).container_logs_dir(logs.join("containers")).pods_dir(logs.join("kubelet-pods"));
+        let config = manager::Config::new("bench").pod_logs_dir(logs.join("pods")).container_logs_dir(logs.join("containers")).pods_dir(logs.join("kubelet-pods"));
         let runtime = Arc::new(CriRuntime::new(client, config, Arc::new(RingRecorder::default())));
         let pods: Vec<Pod> = (0..50)
             .map(|i| {

@@ -5,22 +5,21 @@
 use std::{sync::Arc, time::Duration};
 
 use kubelet_core::{
-    Cache, Pleg, PodLifecycleEvent, PodLifecycleEventKind,
+    Cache, HealthError, Pleg, PodLifecycleEvent, PodLifecycleEventKind,
     clock::wall_now,
     k8s_openapi::jiff::Timestamp,
     runtime::{ContainerEvent, ContainerEventKind, EventStreamError, RuntimeEvents},
-    state::HealthError,
 };
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::generic::{Config, GenericPleg, preserve_ips};
+use crate::generic::{self, GenericPleg, preserve_ips};
 
 /// Timing of the evented PLEG; defaults are upstream's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct EventedConfig {
+pub struct Config {
     /// The safety-net relist period while events flow (300 s).
     pub relist_period: Duration,
     /// The health threshold while events flow (10 min).
@@ -31,17 +30,17 @@ pub struct EventedConfig {
     /// waiting on the cache barrier never wait for a relist.
     pub cache_bump_period: Duration,
     /// The relisting PLEG used for the safety net and after a fallback (1 s / 3 min).
-    pub fallback: Config,
+    pub fallback: generic::Config,
 }
 
-impl Default for EventedConfig {
+impl Default for Config {
     fn default() -> Self {
-        EventedConfig {
+        Config {
             relist_period: Duration::from_secs(300),
             relist_threshold: Duration::from_secs(600),
             max_failures: 5,
             cache_bump_period: Duration::from_secs(5),
-            fallback: Config::default(),
+            fallback: generic::Config::default(),
         }
     }
 }
@@ -50,7 +49,7 @@ impl Default for EventedConfig {
 pub struct EventedPleg<R> {
     runtime: Arc<R>,
     generic: GenericPleg<R>,
-    config: EventedConfig,
+    config: Config,
     /// One wall-clock time and its tokio instant: event times map onto the tokio clock through
     /// this single anchor, so events keep their order however late they are handled.
     anchor: (Timestamp, Instant),
@@ -64,7 +63,7 @@ impl<R> std::fmt::Debug for EventedPleg<R> {
 
 impl<R: RuntimeEvents> EventedPleg<R> {
     /// An evented PLEG over `runtime`, writing `cache`; its events arrive on the returned receiver.
-    pub fn new(runtime: Arc<R>, cache: Arc<Cache>, config: EventedConfig) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
+    pub fn new(runtime: Arc<R>, cache: Arc<Cache>, config: Config) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
         let (events, rx) = mpsc::channel(config.fallback.channel_capacity);
         let slow =
             config.fallback.clone().relist_period(config.relist_period).relist_threshold(config.relist_threshold);

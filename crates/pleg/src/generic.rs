@@ -11,10 +11,8 @@ use std::{
 
 use futures::{StreamExt, stream};
 use kubelet_core::{
-    Cache, Pleg, PodLifecycleEvent, PodLifecycleEventKind, PodUid, Runtime,
-    cache::StatusError,
+    Cache, HealthError, Pleg, PodLifecycleEvent, PodLifecycleEventKind, PodUid, Runtime, StatusError,
     runtime::{self, PodStatus, SandboxState},
-    state::HealthError,
 };
 use tokio::{
     sync::{Notify, mpsc},

@@ -45,13 +45,13 @@
 //! }
 //! ```
 
-mod evented;
+pub mod evented;
 mod events;
 mod generic;
 mod metrics;
 
 #[doc(inline)]
 pub use crate::{
-    evented::{EventedConfig, EventedPleg},
+    evented::EventedPleg,
     generic::{Config, GenericPleg},
 };

@@ -7,18 +7,18 @@
 
 use std::{sync::Arc, time::Duration};
 
-use cri_client::{Client, Config as CriConfig, CriRuntime, RuntimeConfig, pb};
+use cri_client::{Client, Config as CriConfig, CriRuntime, manager, pb};
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::{
     Backoff, Cache, Pleg, PodLifecycleEventKind, PodUid, Runtime, events::RingRecorder, runtime::ContainerState,
     testing::RealRuntime, tokio_util::sync::CancellationToken,
 };
-use kubelet_pleg::{Config, EventedConfig, EventedPleg, GenericPleg};
+use kubelet_pleg::{Config, EventedPleg, GenericPleg, evented};
 
 fn setup(rt: &RealRuntime, name: &str) -> (Client, Arc<CriRuntime>, Pod) {
     let logs = rt.scratch_dir.join(name);
     let client = Client::connect(&CriConfig::new(&rt.endpoint)).unwrap();
-    let config = RuntimeConfig::new("test-node")
+    let config = manager::Config::new("test-node")
         .pod_logs_dir(logs.join("pods"))
         .container_logs_dir(logs.join("containers"))
         .pods_dir(logs.join("kubelet-pods"));
@@ -96,7 +96,7 @@ async fn real_evented_pleg_falls_back_to_relisting_on_containerd_1_6() {
     let (_client, runtime, pod) = setup(&rt, "evented");
     let uid = PodUid::of(&pod);
     let cache = Arc::new(Cache::new());
-    let (pleg, mut events) = EventedPleg::new(runtime.clone(), cache.clone(), EventedConfig::default());
+    let (pleg, mut events) = EventedPleg::new(runtime.clone(), cache.clone(), evented::Config::default());
     let pleg = Arc::new(pleg);
     let cancel = CancellationToken::new();
     let task = tokio::spawn({

@@ -22,9 +22,8 @@ use std::{
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kubelet_core::{
-    Cache, PodSyncer, PodUid, PodWorkers as _, SyncPodType, UpdatePodOptions, WorkQueue,
+    Cache, PodStatusFn, PodSyncer, PodUid, PodWorkers as _, SyncPodType, UpdatePodOptions, WorkQueue,
     runtime::{self, PodStatus},
-    workers::PodStatusFn,
 };
 use kubelet_podworkers::{Config, PodWorkers};
 use tokio::{sync::Notify, time::Instant};

@@ -14,9 +14,8 @@ use std::{
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kubelet_core::{
-    PodUid, SyncPodType, UpdatePodOptions,
+    CompletionFn, KillPodOptions, PodStatusFn, PodUid, SyncPodType, UpdatePodOptions, WorkerState, WorkerSync,
     types::{is_static_pod, pod_full_name},
-    workers::{CompletionFn, KillPodOptions, PodStatusFn, WorkerState, WorkerSync},
 };
 use tokio::time::Instant;
 

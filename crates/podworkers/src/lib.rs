@@ -34,7 +34,7 @@
 //!     Cache, PodSyncer, PodWorkers as _, SyncPodType, UpdatePodOptions, WorkQueue,
 //!     runtime::{self, PodStatus},
 //!     tokio_util::sync::CancellationToken,
-//!     workers::PodStatusFn,
+//!     PodStatusFn,
 //! };
 //! use kubelet_podworkers::{Config, PodWorkers};
 //!

@@ -8,9 +8,8 @@ use std::{
 
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::{
-    Cache, PodSyncer, PodUid, UpdatePodOptions, WorkQueue,
+    Cache, PodSyncer, PodUid, UpdatePodOptions, WorkQueue, WorkerState, WorkerSync,
     runtime::{ContainerState, PodStatus, SandboxState},
-    workers::{WorkerState, WorkerSync},
 };
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};

@@ -23,7 +23,7 @@ struct Harness {
 fn start(runtime: FakeRuntime) -> Harness {
     let runtime = Arc::new(runtime);
     let cache = Arc::new(Cache::new());
-    let (pleg, events) = EventedPleg::new(runtime.clone(), cache.clone(), EventedConfig::default());
+    let (pleg, events) = EventedPleg::new(runtime.clone(), cache.clone(), Config::default());
     let pleg = Arc::new(pleg);
     let cancel = CancellationToken::new();
     let task = tokio::spawn({

@@ -6,7 +6,7 @@ use k8s_openapi::{
     api::core::v1::{PodSpec, PodStatus as ApiPodStatus},
     apimachinery::pkg::apis::meta::v1::Time,
 };
-use kubelet_core::{runtime, types::annotations, workers::CompletionFn};
+use kubelet_core::{CompletionFn, runtime, types::annotations};
 
 use super::*;
 

@@ -10,9 +10,8 @@ use std::{
 };
 
 use kubelet_core::{
-    PodWorkers as _, SyncPodType,
+    KillPodOptions, NETWORK_NOT_READY_MESSAGE, PodStatusFn, PodWorkers as _, SyncPodType,
     runtime::{self, PodStatus},
-    workers::{KillPodOptions, NETWORK_NOT_READY_MESSAGE, PodStatusFn},
 };
 
 use super::*;
