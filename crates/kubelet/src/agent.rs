@@ -39,7 +39,7 @@ pub struct Config {
 }
 
 impl Config {
-    /// The defaults for node `node_name`, fed by `sources`.
+    /// Upstream's periods for a kubelet run with `kubelet`, fed by `sources`.
     pub fn new(kubelet: crate::Config, sources: impl IntoIterator<Item = Source>) -> Self {
         Config {
             kubelet,
