@@ -26,7 +26,10 @@ use crate::{
     SourceSender,
     manifest::{MAX_MANIFEST_BYTES, ManifestError, Origin, static_pods},
 };
-use kubelet_core::events::{Event, EventRecorder, EventType, ObjectRef};
+use kubelet_core::{
+    ErrorChain,
+    events::{Event, EventRecorder, EventType, ObjectRef},
+};
 
 /// How the file source runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -211,9 +214,9 @@ impl FileSource {
                     continue;
                 }
             };
-            let errors: HashSet<String> = scan.errors.iter().map(ToString::to_string).collect();
+            let errors: HashSet<String> = scan.errors.iter().map(|err| ErrorChain(err).to_string()).collect();
             for err in &scan.errors {
-                let message = err.to_string();
+                let message = ErrorChain(err).to_string();
                 // Each distinct error is reported once, not on every rescan.
                 if !reported.contains(&message) {
                     let object = ObjectRef::other("File", err.origin().to_string());

@@ -22,7 +22,10 @@ use crate::{
     SourceSender,
     manifest::{MAX_MANIFEST_BYTES, ManifestError, Origin, static_pods},
 };
-use kubelet_core::events::{Event, EventRecorder, EventType, ObjectRef};
+use kubelet_core::{
+    ErrorChain,
+    events::{Event, EventRecorder, EventType, ObjectRef},
+};
 
 /// How the HTTP source runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,15 +87,19 @@ pub enum FetchError {
         /// The URL.
         url: String,
         /// What is wrong.
-        message: String,
+        message: &'static str,
+        /// The parser's error, when one failed.
+        #[source]
+        source: Option<hyper::http::Error>,
     },
     /// The server could not be reached, or the connection failed.
-    #[error("{url}: {message}")]
+    #[error("{url}: request failed")]
     Transport {
         /// The URL.
         url: String,
-        /// The transport error.
-        message: String,
+        /// The client's error.
+        #[source]
+        source: hyper_util::client::legacy::Error,
     },
     /// No complete answer within the timeout.
     #[error("{url}: no answer within {timeout:?}")]
@@ -111,12 +118,13 @@ pub enum FetchError {
         status: StatusCode,
     },
     /// The body was larger than 10 MB, or failed to arrive.
-    #[error("{url}: reading the body failed: {message}")]
+    #[error("{url}: reading the body failed")]
     Body {
         /// The URL.
         url: String,
-        /// What failed.
-        message: String,
+        /// What failed: the connection, or the 10 MB limit.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The body did not hold valid pods.
     #[error(transparent)]
@@ -148,27 +156,31 @@ impl HttpSource {
     /// Fetches the URL once: `Ok(Some(pods))` is a new snapshot, `Ok(None)` an unchanged body.
     pub async fn fetch(&mut self) -> Result<Option<Vec<Pod>>, FetchError> {
         let url = self.config.url.clone();
-        let invalid = |message: String| FetchError::InvalidRequest { url: url.clone(), message };
-        let uri: Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| invalid(e.to_string()))?;
+        let invalid = |message: &'static str, source: Option<hyper::http::Error>| FetchError::InvalidRequest {
+            url: url.clone(),
+            message,
+            source,
+        };
+        let uri: Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| invalid("not a URL", Some(e.into())))?;
         if uri.scheme_str() != Some("http") {
-            return Err(invalid("only http:// URLs are supported".to_owned()));
+            return Err(invalid("only http:// URLs are supported", None));
         }
         let mut request = Request::get(uri);
         for (name, value) in &self.config.headers {
             request = request.header(name.as_str(), value.as_str());
         }
-        let request = request.body(Empty::new()).map_err(|e| invalid(e.to_string()))?;
+        let request = request.body(Empty::new()).map_err(|e| invalid("a header is not valid", Some(e)))?;
         let fetch = async {
             let response = self
                 .client
                 .request(request)
                 .await
-                .map_err(|e| FetchError::Transport { url: url.clone(), message: e.to_string() })?;
+                .map_err(|source| FetchError::Transport { url: url.clone(), source })?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_MANIFEST_BYTES)
                 .collect()
                 .await
-                .map_err(|e| FetchError::Body { url: url.clone(), message: e.to_string() })?
+                .map_err(|source| FetchError::Body { url: url.clone(), source })?
                 .to_bytes();
             if status != StatusCode::OK {
                 return Err(FetchError::Status { url: url.clone(), status });
@@ -213,7 +225,7 @@ impl HttpSource {
                 }
                 Ok(None) => {}
                 Err(err) => {
-                    let message = err.to_string();
+                    let message = ErrorChain(&err).to_string();
                     warn!(error = %message, "static pod URL failed; keeping the last good pods");
                     if last_error.as_ref() != Some(&message) {
                         let object = ObjectRef::other("URL", self.config.url.clone());

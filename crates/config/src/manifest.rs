@@ -49,8 +49,12 @@ pub enum ManifestError {
     Decode {
         /// Where it came from.
         origin: Origin,
-        /// The decoder's message, with line and column.
-        message: String,
+        /// What is wrong, in a few words (`invalid YAML`); the decoder's error, with line and
+        /// column, is the source.
+        message: &'static str,
+        /// The decoder's error, when one failed.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The manifest holds another kind of object.
     #[error("{origin}: expected kind Pod{}, got {kind:?}", if *.list_allowed { " or PodList" } else { "" })]
@@ -63,7 +67,7 @@ pub enum ManifestError {
         list_allowed: bool,
     },
     /// The manifest could not be read.
-    #[error("{origin}: cannot read: {source}")]
+    #[error("{origin}: cannot read")]
     Read {
         /// Where it came from.
         origin: Origin,
@@ -128,12 +132,14 @@ fn is_json(bytes: &[u8]) -> bool {
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], origin: &Origin) -> Result<T, ManifestError> {
-    let decode_error = |message: String| ManifestError::Decode { origin: origin.clone(), message };
+    let decode_error = |message: &'static str, source: Box<dyn std::error::Error + Send + Sync>| {
+        ManifestError::Decode { origin: origin.clone(), message, source: Some(source) }
+    };
     if is_json(bytes) {
-        return serde_json::from_slice(bytes).map_err(|e| decode_error(e.to_string()));
+        return serde_json::from_slice(bytes).map_err(|e| decode_error("invalid JSON", e.into()));
     }
-    let text = std::str::from_utf8(bytes).map_err(|e| decode_error(format!("not UTF-8: {e}")))?;
-    serde_saphyr::from_str(text).map_err(|e| decode_error(e.to_string()))
+    let text = std::str::from_utf8(bytes).map_err(|e| decode_error("not UTF-8", e.into()))?;
+    serde_saphyr::from_str(text).map_err(|e| decode_error("invalid YAML", e.into()))
 }
 
 /// Decodes one Pod, or when `allow_list` also a PodList, from YAML or JSON.
@@ -142,7 +148,7 @@ pub fn decode(bytes: &[u8], origin: &Origin, allow_list: bool) -> Result<Vec<Pod
         return Err(ManifestError::TooLarge { origin: origin.clone(), size: bytes.len() });
     }
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ManifestError::Decode { origin: origin.clone(), message: "empty manifest".to_owned() });
+        return Err(ManifestError::Decode { origin: origin.clone(), message: "empty manifest", source: None });
     }
     // Decoding is the expensive part (a YAML parse), so the common case, one Pod, parses once;
     // only when that fails is the kind looked at, to tell a list or a wrong kind from a bad pod.

@@ -332,7 +332,7 @@ impl kubelet_core::runtime::RuntimeEvents for CriRuntime {
         let mut stream = match self.client.runtime_service().get_container_events(pb::GetEventsRequest {}).await {
             Ok(response) => response.into_inner(),
             Err(status) if status.code() == tonic::Code::Unimplemented => return Err(EventStreamError::Unimplemented),
-            Err(status) => return Err(EventStreamError::Failed(status.to_string())),
+            Err(status) => return Err(EventStreamError::Failed(Box::new(status))),
         };
         loop {
             match stream.message().await {
@@ -346,9 +346,9 @@ impl kubelet_core::runtime::RuntimeEvents for CriRuntime {
                     }
                 }
                 Ok(None) => {
-                    return Err(EventStreamError::Failed("the runtime closed the container event stream".to_owned()));
+                    return Err(EventStreamError::Closed);
                 }
-                Err(status) => return Err(EventStreamError::Failed(status.to_string())),
+                Err(status) => return Err(EventStreamError::Failed(Box::new(status))),
             }
         }
     }

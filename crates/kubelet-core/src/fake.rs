@@ -872,14 +872,14 @@ impl RuntimeEvents for FakeRuntime {
             return Err(if err.code == Code::Unimplemented {
                 EventStreamError::Unimplemented
             } else {
-                EventStreamError::Failed(err.message)
+                EventStreamError::Failed(Box::new(err))
             });
         }
         let broken = std::sync::Arc::new(tokio::sync::Notify::new());
         lock(&self.state).event_streams.push((events.clone(), broken.clone()));
         tokio::select! {
             () = events.closed() => Ok(()),
-            () = broken.notified() => Err(EventStreamError::Failed("event stream broken".to_owned())),
+            () = broken.notified() => Err(EventStreamError::Closed),
         }
     }
 }

@@ -564,15 +564,18 @@ impl ContainerEvent {
 }
 
 /// Why a runtime's event stream ended.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EventStreamError {
     /// The runtime has no event stream (containerd 1.6 answers `Unimplemented`).
     #[error("the runtime does not implement container events")]
     Unimplemented,
-    /// The stream failed or ended.
-    #[error("container event stream failed: {0}")]
-    Failed(String),
+    /// The runtime ended the stream.
+    #[error("the runtime closed the container event stream")]
+    Closed,
+    /// The stream failed; the runtime's error is the source.
+    #[error("container event stream failed")]
+    Failed(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// A runtime that can stream container events (CRI `GetContainerEvents`), for the evented PLEG.

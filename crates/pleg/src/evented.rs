@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use kubelet_core::{
-    Cache, HealthError, Pleg, PodLifecycleEvent, PodLifecycleEventKind,
+    Cache, ErrorChain, HealthError, Pleg, PodLifecycleEvent, PodLifecycleEventKind,
     clock::wall_now,
     k8s_openapi::jiff::Timestamp,
     runtime::{ContainerEvent, ContainerEventKind, EventStreamError, RuntimeEvents},
@@ -140,7 +140,7 @@ impl<R: RuntimeEvents> EventedPleg<R> {
                 }
                 Err(err) => {
                     failures += 1;
-                    warn!(error = %err, failures, "container event stream failed");
+                    warn!(error = %ErrorChain(&err), failures, "container event stream failed");
                     metrics::counter!("kubelet_evented_pleg_connection_error_count").increment(1);
                 }
                 Ok(()) => return,

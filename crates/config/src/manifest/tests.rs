@@ -4,6 +4,8 @@ use std::path::Path;
 
 use proptest::prelude::*;
 
+use kubelet_core::ErrorChain;
+
 use super::*;
 
 const WEB: &str = "\
@@ -61,8 +63,8 @@ fn decodes_yaml_and_json_pods_and_pod_lists() {
 fn decode_errors_name_the_origin_and_the_line() {
     let bad = "metadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    image: i\n    ports:\n    - containerPort: eighty\n";
     let err = decode(bad.as_bytes(), &file("web.yaml"), false).unwrap_err();
-    let message = err.to_string();
-    assert!(message.starts_with("/etc/kubernetes/manifests/web.yaml: cannot decode"), "{message}");
+    let message = ErrorChain(&err).to_string();
+    assert!(message.starts_with("/etc/kubernetes/manifests/web.yaml: cannot decode: invalid YAML: "), "{message}");
     assert!(message.contains("line 8"), "{message}");
     for bytes in [&b""[..], b"   \n", b"\xff\xfe", b"- just\n- a list\n", b"{\"metadata\": "] {
         assert!(matches!(decode(bytes, &file("x"), false), Err(ManifestError::Decode { .. })), "{bytes:?}");
