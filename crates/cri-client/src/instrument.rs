@@ -5,6 +5,9 @@
 //! call site can forget to be measured: `kubelet_runtime_operations_total`,
 //! `kubelet_runtime_operations_errors_total` and `kubelet_runtime_operations_duration_seconds`,
 //! labelled by `operation_type` (the CRI method in snake case, e.g. `list_pod_sandbox`).
+//! It also applies the per-call timeout (`runtimeRequestTimeout`), except to the calls upstream
+//! leaves unbounded: `PullImage` (containerd has its own progress deadline) and the
+//! `GetContainerEvents` stream.
 
 use std::{
     collections::BTreeSet,
@@ -12,6 +15,7 @@ use std::{
     pin::Pin,
     sync::{Arc, Mutex},
     task::{Context, Poll},
+    time::Duration,
 };
 
 use tokio::time::Instant;
@@ -42,16 +46,20 @@ pub(crate) fn operation(path: &str) -> String {
 /// Methods the runtime answered `Unimplemented`, shared by a client and its clones.
 pub(crate) type Unimplemented = Arc<Mutex<BTreeSet<String>>>;
 
-/// The channel, measured.
+/// The calls that get no timeout, as upstream's CRI client gives them none.
+const UNBOUNDED: [&str; 2] = ["pull_image", "get_container_events"];
+
+/// The channel, measured, with the per-call timeout.
 #[derive(Clone, Debug)]
 pub struct Instrumented {
     inner: Channel,
     unimplemented: Unimplemented,
+    timeout: Option<Duration>,
 }
 
 impl Instrumented {
-    pub(crate) fn new(inner: Channel, unimplemented: Unimplemented) -> Self {
-        Instrumented { inner, unimplemented }
+    pub(crate) fn new(inner: Channel, unimplemented: Unimplemented, timeout: Option<Duration>) -> Self {
+        Instrumented { inner, unimplemented, timeout }
     }
 }
 
@@ -67,25 +75,37 @@ fn header_status(response: &Response<Body>) -> Option<i32> {
 
 impl tower::Service<Request<Body>> for Instrumented {
     type Response = Response<Body>;
-    type Error = tonic::transport::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, tonic::transport::Error>> + Send>>;
+    /// A transport error, or a [`tonic::Status`] `DeadlineExceeded` when the call timed out
+    /// (the generated clients turn both into a `Status`).
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        tower::Service::poll_ready(&mut self.inner, cx)
+        tower::Service::poll_ready(&mut self.inner, cx).map_err(Into::into)
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let operation = operation(request.uri().path());
         let unimplemented = self.unimplemented.clone();
+        let timeout = self.timeout.filter(|_| !UNBOUNDED.contains(&operation.as_str()));
         let call = tower::Service::call(&mut self.inner, request);
         Box::pin(async move {
             let started = Instant::now();
-            let result = call.await;
+            let result: Result<Response<Body>, Self::Error> = match timeout {
+                None => call.await.map_err(Into::into),
+                Some(timeout) => match tokio::time::timeout(timeout, call).await {
+                    Ok(result) => result.map_err(Into::into),
+                    Err(_) => Err(Box::new(tonic::Status::deadline_exceeded(format!(
+                        "no answer within the request timeout ({timeout:?})"
+                    )))),
+                },
+            };
             let label = operation.clone();
             metrics::counter!("kubelet_runtime_operations_total", "operation_type" => label.clone()).increment(1);
             metrics::histogram!("kubelet_runtime_operations_duration_seconds", "operation_type" => label.clone())
                 .record(started.elapsed().as_secs_f64());
             let code = match &result {
+                Err(err) if err.is::<tonic::Status>() => Some(tonic::Code::DeadlineExceeded as i32),
                 Err(_) => Some(tonic::Code::Unavailable as i32),
                 Ok(response) => header_status(response),
             };

@@ -143,7 +143,8 @@ pub struct Config {
     pub endpoint: String,
     /// A separate image service endpoint; the runtime endpoint when `None`.
     pub image_endpoint: Option<String>,
-    /// Timeout of each call (`runtimeRequestTimeout`, default 2 min).
+    /// Timeout of each call (`runtimeRequestTimeout`, default 2 min), except `PullImage` and
+    /// the container event stream, which upstream leaves unbounded.
     pub request_timeout: Duration,
     /// Timeout of establishing the connection (2 s).
     pub connect_timeout: Duration,
@@ -195,7 +196,6 @@ fn unix_channel(endpoint: &str, config: &Config) -> Result<Channel, Error> {
     // The URI is required by tonic but never used: the connector dials the socket.
     let channel = Endpoint::from_static("http://[::]:50051")
         .connect_timeout(config.connect_timeout)
-        .timeout(config.request_timeout)
         .connect_with_connector_lazy(service_fn(move |_: Uri| {
             let path = path.clone();
             async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
@@ -224,22 +224,29 @@ impl Client {
             Some(endpoint) => unix_channel(endpoint, config)?,
             None => runtime_channel.clone(),
         };
-        Ok(Client::from_channels(runtime_channel, image_channel))
+        Ok(Client::with_timeout(runtime_channel, image_channel, Some(config.request_timeout)))
     }
 
-    /// Creates a client over existing channels (for example to an in-process fake server).
+    /// Creates a client over existing channels (for example to an in-process fake server),
+    /// with no per-call timeout.
     pub fn from_channels(runtime: Channel, image: Channel) -> Self {
+        Client::with_timeout(runtime, image, None)
+    }
+
+    fn with_timeout(runtime: Channel, image: Channel, timeout: Option<std::time::Duration>) -> Self {
         let unimplemented = instrument::Unimplemented::default();
         Client {
             runtime: pb::runtime_service_client::RuntimeServiceClient::new(instrument::Instrumented::new(
                 runtime,
                 unimplemented.clone(),
+                timeout,
             ))
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE),
             image: pb::image_service_client::ImageServiceClient::new(instrument::Instrumented::new(
                 image,
                 unimplemented.clone(),
+                timeout,
             ))
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE),

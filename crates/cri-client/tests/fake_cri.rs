@@ -166,11 +166,27 @@ impl pb::runtime_service_server::RuntimeService for FakeCri {
     }
 }
 
+#[tonic::async_trait]
+impl pb::image_service_server::ImageService for FakeCri {
+    async fn pull_image(&self, _: Request<pb::PullImageRequest>) -> Result<Response<pb::PullImageResponse>, Status> {
+        self.enter("pull_image").await?;
+        Ok(Response::new(pb::PullImageResponse { image_ref: "sha256:pulled".into() }))
+    }
+
+    unimplemented_rpcs! {
+        list_images: pb::ListImagesRequest => pb::ListImagesResponse,
+        image_status: pb::ImageStatusRequest => pb::ImageStatusResponse,
+        remove_image: pb::RemoveImageRequest => pb::RemoveImageResponse,
+        image_fs_info: pb::ImageFsInfoRequest => pb::ImageFsInfoResponse,
+    }
+}
+
 fn serve(fake: FakeCri, socket: &Path) -> tokio::task::JoinHandle<()> {
     let listener = UnixListener::bind(socket).unwrap();
     tokio::spawn(async move {
         tonic::transport::Server::builder()
-            .add_service(RuntimeServiceServer::new(fake))
+            .add_service(RuntimeServiceServer::new(fake.clone()))
+            .add_service(pb::image_service_server::ImageServiceServer::new(fake))
             .serve_with_incoming(UnixListenerStream::new(listener))
             .await
             .unwrap();
@@ -242,6 +258,23 @@ async fn a_slow_runtime_gives_deadline_exceeded() {
 }
 
 #[tokio::test]
+async fn image_pulls_have_no_call_timeout() {
+    let f = start();
+    *f.fake.delay.lock().unwrap() = Duration::from_millis(600);
+    let client =
+        Client::connect(&Config::new(endpoint(&f.socket)).request_timeout(Duration::from_millis(200))).unwrap();
+    let request = pb::PullImageRequest {
+        image: Some(pb::ImageSpec { image: "slow/image".into(), ..Default::default() }),
+        ..Default::default()
+    };
+    let pulled = client.image_service().pull_image(request).await.expect("a slow pull is not cut short");
+    assert_eq!(pulled.into_inner().image_ref, "sha256:pulled");
+    let err = client.image_service().list_images(pb::ListImagesRequest::default()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "other image calls keep the timeout: {err:?}");
+    f.server.abort();
+}
+
+#[tokio::test]
 async fn unimplemented_methods_are_classified_not_fatal() {
     let f = start();
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
@@ -266,7 +299,8 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
     let config = manager::Config::new("n")
         .pod_logs_dir(logs.path().join("pods"))
         .container_logs_dir(logs.path().join("containers"));
-    let runtime = CriRuntime::new(client, config, Arc::new(RingRecorder::default()));
+    let recorder = Arc::new(RingRecorder::default());
+    let runtime = CriRuntime::new(client, config, recorder.clone());
     let pod = Pod {
         metadata: ObjectMeta {
             uid: Some("u".into()),
@@ -285,6 +319,14 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
     assert_eq!(failure.reason, reasons::CREATE_POD_SANDBOX_ERROR);
     assert!(failure.message.contains("plugin type=\"bridge\" failed"), "{}", failure.message);
     assert!(runtime.status().await.unwrap().runtime_ready(), "the runtime still answers");
+    let reasons_of = |recorder: &RingRecorder| recorder.events().into_iter().map(|e| e.reason).collect::<Vec<_>>();
+    assert!(!reasons_of(&recorder).contains(&"SandboxChanged".to_owned()), "a new pod has no old sandbox");
+
+    // A stopped sandbox is replaced: now the event says so.
+    let mut status = PodStatus::new(PodUid::new("u"), "p", "ns");
+    status.sandbox_statuses.push(runtime::SandboxStatus::new("sb-0", 0, SandboxState::NotReady));
+    let _ = runtime.sync_pod(&pod, &status, &Backoff::default()).await;
+    assert!(reasons_of(&recorder).contains(&"SandboxChanged".to_owned()), "{:?}", reasons_of(&recorder));
     f.server.abort();
 }
 

@@ -22,32 +22,58 @@ pub(super) fn log_message(text: &str) -> String {
     out
 }
 
-/// The last lines of a container's log, within upstream's limits.
-pub(super) fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = lines[lines.len().saturating_sub(MAX_LOG_TAIL_LINES)..].join("\n");
-    let message = log_message(&tail);
-    let start = message.len().saturating_sub(MAX_LOG_TAIL_BYTES);
-    let start = (start..message.len()).find(|i| message.is_char_boundary(*i)).unwrap_or(message.len());
-    message[start..].to_owned()
+/// How much of a log file's end is read for the fallback message: more than 80 lines of
+/// containerd's longest (16 KiB) plus the 2 KiB kept, so the window always holds a whole line.
+const LOG_TAIL_WINDOW: u64 = 32 * 1024;
+
+/// The last `max` bytes of a file (upstream `tail.ReadAtMost`), and whether that is all of it.
+async fn read_at_most(path: &Path, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut file = tokio::fs::File::open(path).await?;
+    let len = file.metadata().await?.len();
+    let start = len.saturating_sub(max);
+    file.seek(std::io::SeekFrom::Start(start)).await?;
+    let mut bytes = Vec::with_capacity(usize::try_from(len - start).unwrap_or_default());
+    file.take(max).read_to_end(&mut bytes).await?;
+    Ok((bytes, start == 0))
 }
 
-/// A dead container's termination message: its termination file, or with
-/// `FallbackToLogsOnError` and a failure, the tail of its log.
-pub(super) fn termination_message(status: &pb::ContainerStatus) -> String {
+/// The end of `text`, at most `max` bytes, starting on a character boundary.
+fn last_chars(text: &str, max: usize) -> &str {
+    let start = text.len().saturating_sub(max);
+    let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(text.len());
+    &text[start..]
+}
+
+/// The last lines of a container's log, within upstream's limits; only the file's end is read.
+pub(super) async fn log_tail(path: &Path) -> String {
+    let Ok((bytes, whole)) = read_at_most(path, LOG_TAIL_WINDOW).await else { return String::new() };
+    let text = String::from_utf8_lossy(&bytes);
+    // A window that starts mid-file starts mid-line: drop that partial line.
+    let text = if whole { &text[..] } else { text.split_once('\n').map_or("", |(_, rest)| rest) };
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(MAX_LOG_TAIL_LINES)..].join("\n");
+    last_chars(&log_message(&tail), MAX_LOG_TAIL_BYTES).to_owned()
+}
+
+/// A dead container's termination message (upstream `getTerminationMessage`): the last 4096
+/// bytes of its termination file, or with `FallbackToLogsOnError` and a failure, the tail of
+/// its log.
+pub(super) async fn termination_message(status: &pb::ContainerStatus) -> String {
     let path = status.annotations.get(labels::TERMINATION_MESSAGE_PATH);
     let file = status.mounts.iter().find(|m| Some(&m.container_path) == path).map(|m| m.host_path.clone());
     let mut message = String::new();
-    if let Some(file) = file
-        && let Ok(bytes) = std::fs::read(&file)
-    {
-        message = String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_MESSAGE_BYTES)]).into_owned();
+    if let Some(file) = file {
+        match read_at_most(Path::new(&file), MAX_MESSAGE_BYTES as u64).await {
+            Ok((bytes, _)) => message = String::from_utf8_lossy(&bytes).into_owned(),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return format!("Error on reading termination log {file}: {err}"),
+        }
     }
     let fallback =
         status.annotations.get(labels::TERMINATION_MESSAGE_POLICY).is_some_and(|p| p == "FallbackToLogsOnError");
     if message.is_empty() && fallback && status.exit_code != 0 && !status.log_path.is_empty() {
-        message = log_tail(Path::new(&status.log_path));
+        message = log_tail(Path::new(&status.log_path)).await;
     }
     message
 }
@@ -153,7 +179,7 @@ pub(super) async fn get_pod_status(
                 if let Some(s) = response.into_inner().status {
                     let mut converted = convert::container_status(&s);
                     if converted.state == ContainerState::Exited {
-                        let message = termination_message(&s);
+                        let message = termination_message(&s).await;
                         if !message.is_empty() {
                             converted.message = message;
                         }
@@ -175,19 +201,59 @@ pub(super) async fn get_pod_status(
 mod tests {
     use super::*;
 
-    #[test]
-    fn log_messages_and_tails() {
+    #[tokio::test]
+    async fn log_messages_and_tails() {
         let text = "2026-11-22T07:41:24.897821647Z stdout F hello\n2026-11-22T07:41:24.9Z stderr P part\n2026-11-22T07:41:24.9Z stderr F ial\n";
         assert_eq!(log_message(text), "hello\npartial\n");
-        let dir = std::env::temp_dir().join(format!("tail-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join("0.log");
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
         let lines: String = (0..200).map(|i| format!("2026-11-22T07:41:24Z stdout F line {i}\n")).collect();
         std::fs::write(&log, lines).unwrap();
-        let tail = log_tail(&log);
+        let tail = log_tail(&log).await;
         assert!(tail.ends_with("line 199\n") && !tail.contains("line 119\n"), "80 lines at most");
         std::fs::write(&log, format!("2026-11-22T07:41:24Z stdout F {}\n", "x".repeat(5000))).unwrap();
-        assert_eq!(log_tail(&log).len(), MAX_LOG_TAIL_BYTES, "2 KiB at most");
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(log_tail(&log).await.len(), MAX_LOG_TAIL_BYTES, "2 KiB at most");
+        // A long log: only its end is read, and the partial first line of the window is dropped.
+        let long: String = (0..20_000).map(|i| format!("2026-11-22T07:41:24Z stdout F entry {i}\n")).collect();
+        std::fs::write(&log, long).unwrap();
+        let tail = log_tail(&log).await;
+        assert!(tail.ends_with("entry 19999\n") && tail.starts_with("entry "), "{tail:?}");
+    }
+
+    fn exited(file: &Path, policy: &str, log: &Path) -> pb::ContainerStatus {
+        pb::ContainerStatus {
+            exit_code: 1,
+            log_path: log.display().to_string(),
+            mounts: vec![pb::Mount {
+                container_path: "/dev/termination-log".into(),
+                host_path: file.display().to_string(),
+                ..Default::default()
+            }],
+            annotations: [
+                (labels::TERMINATION_MESSAGE_PATH.to_owned(), "/dev/termination-log".to_owned()),
+                (labels::TERMINATION_MESSAGE_POLICY.to_owned(), policy.to_owned()),
+            ]
+            .into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn termination_messages_keep_the_last_4096_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, log) = (dir.path().join("termination-log"), dir.path().join("0.log"));
+        let body: String = (0..1000).map(|i| format!("{i:04}\n")).collect();
+        std::fs::write(&file, &body).unwrap();
+        let message = termination_message(&exited(&file, "File", &log)).await;
+        assert_eq!(message.len(), MAX_MESSAGE_BYTES);
+        assert!(message.ends_with("0999\n"), "the end of the file, as upstream keeps");
+
+        // An empty file falls back to the log only with FallbackToLogsOnError.
+        std::fs::write(&file, "").unwrap();
+        std::fs::write(&log, "2026-11-22T07:41:24Z stderr F panic: boom\n").unwrap();
+        assert_eq!(termination_message(&exited(&file, "File", &log)).await, "");
+        assert_eq!(termination_message(&exited(&file, "FallbackToLogsOnError", &log)).await, "panic: boom\n");
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(termination_message(&exited(&file, "FallbackToLogsOnError", &log)).await, "panic: boom\n");
     }
 }

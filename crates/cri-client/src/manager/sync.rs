@@ -201,13 +201,16 @@ pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, 
 
     // Step 1: kill the pod, or the containers that must go.
     if actions.kill_pod {
-        if actions.create_sandbox {
+        // Upstream records SandboxChanged only when there is an old sandbox to replace.
+        if actions.create_sandbox && !actions.sandbox_id.is_empty() {
             rt.event(
                 pod,
                 EventType::Normal,
                 "SandboxChanged",
                 "Pod sandbox changed, it will be killed and re-created.".to_owned(),
             );
+        } else if actions.create_sandbox {
+            debug!(pod = %full_name, "SyncPod received new pod, will create a sandbox for it");
         }
         let running = CriRuntime::running_pod_of(status);
         if let Err(err) = rt.kill_pod(Some(pod), &running, None).await {
