@@ -22,7 +22,7 @@ use tracing::{debug, warn};
 use crate::{
     admission::admit,
     pod_sync::{Error, PodSync},
-    status,
+    status, unsupported,
 };
 
 /// What the sync loop calls: upstream's `SyncHandler` on top of the pod workers.
@@ -101,6 +101,12 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             if !self.is_terminal(&pod) && !self.workers.is_pod_termination_requested(&uid) {
                 let active = self.active_pods(&uid);
                 let active: Vec<&Pod> = active.iter().map(AsRef::as_ref).collect();
+                let unsupported = unsupported::unsupported_fields(&pod);
+                if !unsupported.is_empty() {
+                    warn!(pod = %pod_full_name(&pod), fields = ?unsupported, "pod refused: it uses fields this agent does not implement");
+                    self.reject(&pod, unsupported::REASON, &unsupported::message(&unsupported));
+                    continue;
+                }
                 if let Err(rejection) = admit(&pod, &active, &self.sync.config.node) {
                     warn!(pod = %pod_full_name(&pod), reason = %rejection.reason, "pod rejected");
                     self.reject(&pod, &rejection.reason, &rejection.message);

@@ -54,6 +54,7 @@ mod handler;
 mod pod_sync;
 pub mod status;
 pub mod status_store;
+pub mod unsupported;
 
 #[cfg(test)]
 mod tests;

@@ -300,6 +300,26 @@ async fn additions_are_admitted_or_rejected_with_upstream_reasons() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn pods_using_unimplemented_fields_are_refused_never_run_without_them() {
+    let f = fixture();
+    let (k, w, _) = kubelet(&f, 10);
+    let mut probed = (*pod("p", "Always", &["app"])).clone();
+    probed.spec.as_mut().unwrap().containers[0].readiness_probe = Some(k8s_openapi::api::core::v1::Probe::default());
+    let probed = Arc::new(probed);
+    k.handle_pod_additions(vec![probed.clone()]).await;
+    assert!(updates(&w).is_empty(), "a refused pod is not started");
+    let status = f.stored(&probed);
+    assert_eq!((status.phase.as_deref(), status.reason.as_deref()), (Some("Failed"), Some("UnsupportedPodSpec")));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("Pod was rejected: this node agent does not implement spec.containers[0].readinessProbe")
+    );
+    let event = f.events.events().into_iter().find(|e| e.reason == "UnsupportedPodSpec").expect("a warning event");
+    assert_eq!(event.kind, kubelet_core::events::EventType::Warning);
+    assert!(event.message.contains("spec.containers[0].readinessProbe"), "{}", event.message);
+}
+
+#[tokio::test(start_paused = true)]
 async fn admission_checks_cpu_memory_selector_and_host_ports() {
     let node = NodeResources::new(1000, 1 << 30);
     let with = |cpu: &str, mem: &str, port: Option<i32>| {

@@ -1,0 +1,306 @@
+//! The pod fields this agent does not implement yet.
+//!
+//! A pod that uses one is refused at admission (phase `Failed`, reason `UnsupportedPodSpec`, a
+//! Warning event naming the field), never run without it: a pod without its volume mounts,
+//! readiness probe or hooks looks healthy until data is lost.
+//! The change that implements a field removes it from [`FIELDS`].
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext};
+
+/// Upstream-style reason of the rejection.
+pub const REASON: &str = "UnsupportedPodSpec";
+
+/// The pod fields this agent does not implement, as path patterns (`[*]` is any index, and
+/// `containers` stands for init, regular and ephemeral containers alike).
+pub const FIELDS: &[&str] = &[
+    "spec.volumes[*]",
+    "spec.runtimeClassName",
+    "spec.hostAliases",
+    "spec.readinessGates",
+    "spec.setHostnameAsFQDN",
+    "spec.hostUsers",
+    "spec.resourceClaims",
+    "spec.securityContext.fsGroup",
+    "spec.securityContext.seLinuxOptions",
+    "spec.securityContext.appArmorProfile",
+    "spec.securityContext.supplementalGroupsPolicy",
+    "spec.containers[*].volumeMounts",
+    "spec.containers[*].volumeDevices",
+    "spec.containers[*].livenessProbe",
+    "spec.containers[*].readinessProbe",
+    "spec.containers[*].startupProbe",
+    "spec.containers[*].lifecycle",
+    "spec.containers[*].resources.claims",
+    "spec.containers[*].securityContext.seLinuxOptions",
+    "spec.containers[*].securityContext.appArmorProfile",
+    "spec.containers[*].securityContext.procMount",
+];
+
+/// The fields of `pod` this agent does not implement, as concrete paths
+/// (`spec.volumes[0].configMap`, `spec.containers[1].readinessProbe`), in spec order.
+pub fn unsupported_fields(pod: &Pod) -> Vec<String> {
+    let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
+    let mut found = pod_fields(spec);
+    for (path, container) in containers(spec) {
+        container_fields(&path, &container, &mut found);
+    }
+    found
+}
+
+/// The rejection message: every unsupported field the pod uses.
+pub fn message(fields: &[String]) -> String {
+    format!("this node agent does not implement {}", fields.join(", "))
+}
+
+fn pod_fields(spec: &PodSpec) -> Vec<String> {
+    let mut found = Vec::new();
+    for (i, volume) in spec.volumes.iter().flatten().enumerate() {
+        found.push(format!("spec.volumes[{i}]{}", volume_source(volume)));
+    }
+    let mut check = |used: bool, field: &str| {
+        if used {
+            found.push(field.to_owned());
+        }
+    };
+    check(spec.runtime_class_name.as_ref().is_some_and(|s| !s.is_empty()), "spec.runtimeClassName");
+    check(spec.host_aliases.as_ref().is_some_and(|a| !a.is_empty()), "spec.hostAliases");
+    check(spec.readiness_gates.as_ref().is_some_and(|g| !g.is_empty()), "spec.readinessGates");
+    check(spec.set_hostname_as_fqdn == Some(true), "spec.setHostnameAsFQDN");
+    check(spec.host_users == Some(false), "spec.hostUsers");
+    check(spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()), "spec.resourceClaims");
+    if let Some(sc) = &spec.security_context {
+        check(sc.fs_group.is_some(), "spec.securityContext.fsGroup");
+        check(sc.se_linux_options.is_some(), "spec.securityContext.seLinuxOptions");
+        check(sc.app_armor_profile.is_some(), "spec.securityContext.appArmorProfile");
+        check(
+            sc.supplemental_groups_policy.as_deref().is_some_and(|p| p != "Merge"),
+            "spec.securityContext.supplementalGroupsPolicy",
+        );
+    }
+    found
+}
+
+/// `.configMap` for a configMap volume: the name of the source field that is set.
+fn volume_source(volume: &k8s_openapi::api::core::v1::Volume) -> String {
+    match serde_json::to_value(volume) {
+        Ok(serde_json::Value::Object(fields)) => {
+            fields.keys().find(|k| *k != "name").map(|k| format!(".{k}")).unwrap_or_default()
+        }
+        _ => String::new(),
+    }
+}
+
+/// Every container with its path: init, regular, then ephemeral (ephemeral containers share
+/// the fields that matter here).
+fn containers(spec: &PodSpec) -> Vec<(String, Container)> {
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c.clone()));
+    let regular = spec.containers.iter().enumerate().map(|(i, c)| (format!("spec.containers[{i}]"), c.clone()));
+    let ephemeral = spec.ephemeral_containers.iter().flatten().enumerate().map(|(i, e)| {
+        let as_container = Container {
+            name: e.name.clone(),
+            volume_mounts: e.volume_mounts.clone(),
+            volume_devices: e.volume_devices.clone(),
+            liveness_probe: e.liveness_probe.clone(),
+            readiness_probe: e.readiness_probe.clone(),
+            startup_probe: e.startup_probe.clone(),
+            lifecycle: e.lifecycle.clone(),
+            resources: e.resources.clone(),
+            security_context: e.security_context.clone(),
+            ..Container::default()
+        };
+        (format!("spec.ephemeralContainers[{i}]"), as_container)
+    });
+    init.chain(regular).chain(ephemeral).collect()
+}
+
+fn container_fields(path: &str, c: &Container, found: &mut Vec<String>) {
+    let mut check = |used: bool, field: &str| {
+        if used {
+            found.push(format!("{path}.{field}"));
+        }
+    };
+    check(c.volume_mounts.as_ref().is_some_and(|m| !m.is_empty()), "volumeMounts");
+    check(c.volume_devices.as_ref().is_some_and(|d| !d.is_empty()), "volumeDevices");
+    check(c.liveness_probe.is_some(), "livenessProbe");
+    check(c.readiness_probe.is_some(), "readinessProbe");
+    check(c.startup_probe.is_some(), "startupProbe");
+    check(c.lifecycle.is_some(), "lifecycle");
+    check(c.resources.as_ref().and_then(|r| r.claims.as_ref()).is_some_and(|c| !c.is_empty()), "resources.claims");
+    let sc: Option<&SecurityContext> = c.security_context.as_ref();
+    check(sc.is_some_and(|s| s.se_linux_options.is_some()), "securityContext.seLinuxOptions");
+    check(sc.is_some_and(|s| s.app_armor_profile.is_some()), "securityContext.appArmorProfile");
+    check(sc.and_then(|s| s.proc_mount.as_deref()).is_some_and(|m| m != "Default"), "securityContext.procMount");
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        AppArmorProfile, ConfigMapVolumeSource, EmptyDirVolumeSource, EphemeralContainer, HostAlias, Lifecycle,
+        PodReadinessGate, PodResourceClaim, PodSecurityContext, Probe, ResourceClaim, ResourceRequirements,
+        SELinuxOptions, Volume, VolumeDevice, VolumeMount,
+    };
+
+    use super::*;
+
+    fn pod() -> Pod {
+        kubelet_core::testing::pod("u", &["web"])
+    }
+
+    /// A pod that uses `field` and nothing else unsupported, for every entry of [`FIELDS`].
+    fn using(field: &str) -> Pod {
+        let mut pod = pod();
+        let spec = pod.spec.as_mut().unwrap();
+        let c = &mut spec.containers[0];
+        let selinux = || Some(SELinuxOptions { level: Some("s0:c1".into()), ..SELinuxOptions::default() });
+        let apparmor = || Some(AppArmorProfile { type_: "RuntimeDefault".into(), ..AppArmorProfile::default() });
+        match field {
+            "spec.volumes[*]" => {
+                spec.volumes = Some(vec![Volume {
+                    name: "v".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Volume::default()
+                }]);
+            }
+            "spec.runtimeClassName" => spec.runtime_class_name = Some("gvisor".into()),
+            "spec.hostAliases" => {
+                spec.host_aliases = Some(vec![HostAlias { ip: "10.0.0.1".into(), ..HostAlias::default() }])
+            }
+            "spec.readinessGates" => {
+                spec.readiness_gates = Some(vec![PodReadinessGate { condition_type: "x".into() }]);
+            }
+            "spec.setHostnameAsFQDN" => spec.set_hostname_as_fqdn = Some(true),
+            "spec.hostUsers" => spec.host_users = Some(false),
+            "spec.resourceClaims" => {
+                spec.resource_claims =
+                    Some(vec![PodResourceClaim { name: "gpu".into(), ..PodResourceClaim::default() }]);
+            }
+            "spec.securityContext.fsGroup" => {
+                spec.security_context =
+                    Some(PodSecurityContext { fs_group: Some(2000), ..PodSecurityContext::default() });
+            }
+            "spec.securityContext.seLinuxOptions" => {
+                spec.security_context =
+                    Some(PodSecurityContext { se_linux_options: selinux(), ..PodSecurityContext::default() });
+            }
+            "spec.securityContext.appArmorProfile" => {
+                spec.security_context =
+                    Some(PodSecurityContext { app_armor_profile: apparmor(), ..PodSecurityContext::default() });
+            }
+            "spec.securityContext.supplementalGroupsPolicy" => {
+                spec.security_context = Some(PodSecurityContext {
+                    supplemental_groups_policy: Some("Strict".into()),
+                    ..PodSecurityContext::default()
+                });
+            }
+            "spec.containers[*].volumeMounts" => {
+                c.volume_mounts =
+                    Some(vec![VolumeMount { name: "v".into(), mount_path: "/v".into(), ..VolumeMount::default() }]);
+            }
+            "spec.containers[*].volumeDevices" => {
+                c.volume_devices = Some(vec![VolumeDevice { name: "d".into(), device_path: "/dev/d".into() }]);
+            }
+            "spec.containers[*].livenessProbe" => c.liveness_probe = Some(Probe::default()),
+            "spec.containers[*].readinessProbe" => c.readiness_probe = Some(Probe::default()),
+            "spec.containers[*].startupProbe" => c.startup_probe = Some(Probe::default()),
+            "spec.containers[*].lifecycle" => c.lifecycle = Some(Lifecycle::default()),
+            "spec.containers[*].resources.claims" => {
+                c.resources = Some(ResourceRequirements {
+                    claims: Some(vec![ResourceClaim { name: "gpu".into(), ..ResourceClaim::default() }]),
+                    ..ResourceRequirements::default()
+                });
+            }
+            "spec.containers[*].securityContext.seLinuxOptions" => {
+                c.security_context =
+                    Some(SecurityContext { se_linux_options: selinux(), ..SecurityContext::default() });
+            }
+            "spec.containers[*].securityContext.appArmorProfile" => {
+                c.security_context =
+                    Some(SecurityContext { app_armor_profile: apparmor(), ..SecurityContext::default() });
+            }
+            "spec.containers[*].securityContext.procMount" => {
+                c.security_context =
+                    Some(SecurityContext { proc_mount: Some("Unmasked".into()), ..SecurityContext::default() });
+            }
+            other => panic!("FIELDS lists {other} but this test has no pod using it: add one"),
+        }
+        pod
+    }
+
+    /// `spec.containers[*].lifecycle` matches `spec.containers[0].lifecycle`.
+    fn matches(pattern: &str, path: &str) -> bool {
+        let mut rest = path;
+        for (i, part) in pattern.split("[*]").enumerate() {
+            if i > 0 {
+                let Some(after) = rest.strip_prefix('[').and_then(|r| r.split_once(']')) else { return false };
+                rest = after.1;
+            }
+            let Some(after) = rest.strip_prefix(part) else { return false };
+            rest = after;
+        }
+        rest.is_empty() || rest.starts_with('.')
+    }
+
+    #[test]
+    fn every_listed_field_is_found_and_named() {
+        assert!(unsupported_fields(&pod()).is_empty(), "a plain pod uses nothing unsupported");
+        for field in FIELDS {
+            let found = unsupported_fields(&using(field));
+            assert_eq!(found.len(), 1, "{field}: {found:?}");
+            assert!(matches(field, &found[0]), "{field} found as {}", found[0]);
+        }
+    }
+
+    #[test]
+    fn paths_name_the_volume_source_and_every_kind_of_container() {
+        let mut pod = pod();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.volumes = Some(vec![
+            Volume { name: "a".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
+            Volume { name: "b".into(), config_map: Some(ConfigMapVolumeSource::default()), ..Volume::default() },
+        ]);
+        let mut init = spec.containers[0].clone();
+        init.name = "init".into();
+        init.startup_probe = Some(Probe::default());
+        spec.init_containers = Some(vec![init]);
+        spec.ephemeral_containers = Some(vec![EphemeralContainer {
+            name: "debug".into(),
+            lifecycle: Some(Lifecycle::default()),
+            ..EphemeralContainer::default()
+        }]);
+        let found = unsupported_fields(&pod);
+        assert_eq!(
+            found,
+            [
+                "spec.volumes[0].emptyDir",
+                "spec.volumes[1].configMap",
+                "spec.initContainers[0].startupProbe",
+                "spec.ephemeralContainers[0].lifecycle",
+            ]
+        );
+        assert_eq!(
+            message(&found[2..]),
+            "this node agent does not implement spec.initContainers[0].startupProbe, spec.ephemeralContainers[0].lifecycle"
+        );
+    }
+
+    #[test]
+    fn defaults_that_change_nothing_are_accepted() {
+        let mut pod = pod();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.host_users = Some(true);
+        spec.set_hostname_as_fqdn = Some(false);
+        spec.security_context = Some(PodSecurityContext {
+            supplemental_groups_policy: Some("Merge".into()),
+            run_as_user: Some(1000),
+            ..PodSecurityContext::default()
+        });
+        spec.containers[0].security_context =
+            Some(SecurityContext { proc_mount: Some("Default".into()), ..SecurityContext::default() });
+        assert!(unsupported_fields(&pod).is_empty());
+    }
+}
