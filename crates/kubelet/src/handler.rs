@@ -17,7 +17,7 @@ use kubelet_core::{
     types::{is_mirror_pod, pod_full_name},
 };
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     admission::admit,
@@ -62,12 +62,12 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
     }
 
     /// Pods that count against the node's capacity: known, not terminal, not terminated.
-    fn active_pods(&self, except: &PodUid) -> Vec<Arc<Pod>> {
+    fn active_pods(&self, except: Option<&PodUid>) -> Vec<Arc<Pod>> {
         self.pods
             .pods()
             .into_iter()
             .filter(|p| {
-                PodUid::of(p) != *except
+                Some(&PodUid::of(p)) != except
                     && !self.is_terminal(p)
                     && !self.workers.is_pod_known_terminated(&PodUid::of(p))
             })
@@ -99,7 +99,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             }
             let uid = PodUid::of(&pod);
             if !self.is_terminal(&pod) && !self.workers.is_pod_termination_requested(&uid) {
-                let active = self.active_pods(&uid);
+                let active = self.active_pods(Some(&uid));
                 let active: Vec<&Pod> = active.iter().map(AsRef::as_ref).collect();
                 let unsupported = unsupported::unsupported_fields(&pod);
                 if !unsupported.is_empty() {
@@ -169,6 +169,15 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         let desired = self.pods.pods();
         let desired_uids: HashSet<PodUid> = desired.iter().map(|p| PodUid::of(p)).collect();
         let workers = self.workers.sync_known_pods(&desired);
+        // Upstream rule B.3: an active pod the workers do not know was re-added with the same UID
+        // while it terminated (static pods have fixed UIDs); once its worker is gone, start it again.
+        for pod in self.active_pods(None) {
+            let uid = PodUid::of(&pod);
+            if !workers.contains_key(&uid) && !is_mirror_pod(&pod) {
+                info!(pod = %pod_full_name(&pod), pod.uid = %uid, "pod will be restarted: it is desired and not known to the pod workers (likely a reused UID)");
+                self.dispatch(pod, SyncPodType::Create);
+            }
+        }
         // Pods in the runtime that nobody wants and no worker knows: running ones are orphans,
         // killed with a 1 s grace; what is left of stopped ones is removed.
         let in_runtime = self.sync.runtime.get_pods(true).await.map_err(|e| Error::runtime("get_pods", e))?;

@@ -391,6 +391,30 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn housekeeping_restarts_a_desired_pod_its_workers_forgot() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    // A static pod re-added with its fixed UID while it terminated: the workers ignored the
+    // create, then forgot the UID once its termination finished.
+    let reused = pod("reused", "Always", &["c"]);
+    k.handle_pod_additions(vec![reused.clone()]).await;
+    // A rejected pod is desired too, but never runs.
+    let mut refused = (*pod("refused", "Always", &["c"])).clone();
+    refused.spec.as_mut().unwrap().host_aliases = Some(vec![k8s_openapi::api::core::v1::HostAlias::default()]);
+    k.handle_pod_additions(vec![Arc::new(refused)]).await;
+    lock(&w.known)
+        .insert(PodUid::new("running"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
+    updates(&w);
+    k.handle_pod_cleanups().await.unwrap();
+    assert_eq!(updates(&w), [(SyncPodType::Create, "reused".to_owned())], "started again, once");
+    lock(&w.known)
+        .insert(PodUid::new("reused"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
+    k.handle_pod_cleanups().await.unwrap();
+    assert!(updates(&w).is_empty(), "a pod its workers know is left to them");
+}
+
+#[tokio::test(start_paused = true)]
 async fn what_is_left_of_pods_that_are_gone_is_removed() {
     let f = fixture();
     let (k, w, sources) = kubelet(&f, 110);

@@ -64,6 +64,9 @@ pub(crate) struct PodSyncStatus {
     deleted: bool,
     /// The pod is known only from the runtime (no config was ever seen for this UID).
     runtime_only: bool,
+    /// When the work queue will next offer the pod after a failed sync; housekeeping retries an
+    /// idle termination from then on.
+    retry_at: Option<Instant>,
 }
 
 impl PodSyncStatus {
@@ -195,6 +198,9 @@ pub(crate) struct Core {
     waiting_static: HashMap<String, VecDeque<PodUid>>,
     started_static: HashMap<String, PodUid>,
     pods_synced: bool,
+    /// Idle workers that have work again (a static pod whose full name was released, a
+    /// termination to retry): the caller wakes them.
+    wakeups: Vec<PodUid>,
 }
 
 /// The effective grace period of a terminating pod, and whether it shrank (upstream
@@ -493,9 +499,36 @@ impl Core {
         true
     }
 
+    /// Releases `full_name` if `uid` holds it, and wakes the first static pod waiting for it,
+    /// so an edited manifest starts as soon as the old pod is gone (upstream waits for a resync).
     fn forget_started_static(&mut self, full_name: &str, uid: &PodUid) {
-        if self.started_static.get(full_name) == Some(uid) {
-            self.started_static.remove(full_name);
+        if self.started_static.get(full_name) != Some(uid) {
+            return;
+        }
+        self.started_static.remove(full_name);
+        let statuses = &mut self.statuses;
+        let next =
+            self.waiting_static.get(full_name).into_iter().flatten().find(|waiter| {
+                statuses.get(*waiter).is_some_and(|s| s.pending.is_some() && !s.is_termination_requested())
+            });
+        if let Some(next) = next.cloned()
+            && let Some(status) = statuses.get_mut(&next)
+            && !status.working
+        {
+            status.working = true;
+            self.wakeups.push(next);
+        }
+    }
+
+    /// The workers to wake, gathered since the last call.
+    pub(crate) fn take_wakeups(&mut self) -> Vec<PodUid> {
+        std::mem::take(&mut self.wakeups)
+    }
+
+    /// Records when the work queue offers the pod again, after a sync that asked for a requeue.
+    pub(crate) fn note_retry(&mut self, uid: &PodUid, at: Instant) {
+        if let Some(status) = self.statuses.get_mut(uid) {
+            status.retry_at = Some(at);
         }
     }
 
@@ -592,6 +625,18 @@ impl Core {
                     }
                 }
                 continue;
+            }
+            // A termination that failed is retried once its backoff has passed, whether or not
+            // the pod is still in config: the work queue alone never offers a pod that left it.
+            if status.is_termination_requested()
+                && !status.is_finished()
+                && !status.working
+                && status.retry_at.is_none_or(|at| at <= now)
+            {
+                requeue_last_update(status);
+                if status.working {
+                    self.wakeups.push(uid.clone());
+                }
             }
             if orphan {
                 // Every orphan counts as deleted; its worker drives it to completion.

@@ -170,30 +170,37 @@ impl<S: PodSyncer> PodWorkers<S> {
         let (statuses, waiting_static, started_static) = inner.core.sizes();
         Stats { statuses, workers: inner.handles.len(), waiting_static, started_static }
     }
+}
 
-    fn apply(&self, inner: &mut Inner, uid: PodUid, effect: UpdateEffect) {
-        let UpdateEffect::Queued { spawn, cancel } = effect else {
-            if let UpdateEffect::Ignored(reason) = effect {
-                debug!(pod.uid = %uid, reason, "pod update ignored");
-            }
-            return;
-        };
-        if spawn || !inner.handles.contains_key(&uid) {
-            let handle = Handle { notify: Arc::new(Notify::new()), token: self.shared.cancel.child_token() };
-            // `pod.name` is recorded once the worker knows the pod's full name.
-            let span = info_span!("pod_worker", pod.uid = %uid, pod.name = tracing::field::Empty);
-            self.shared
-                .tracker
-                .spawn(worker_loop(self.shared.clone(), uid.clone(), handle.notify.clone()).instrument(span));
-            inner.handles.insert(uid.clone(), handle);
+/// Carries out an update's effect: spawn or wake the pod's worker, cancel its sync in flight.
+fn apply<S: PodSyncer>(shared: &Arc<Shared<S>>, inner: &mut Inner, uid: PodUid, effect: UpdateEffect) {
+    let UpdateEffect::Queued { spawn, cancel } = effect else {
+        if let UpdateEffect::Ignored(reason) = effect {
+            debug!(pod.uid = %uid, reason, "pod update ignored");
         }
-        if let Some(handle) = inner.handles.get(&uid) {
-            handle.notify.notify_one();
-            if cancel {
-                debug!(pod.uid = %uid, "cancelling the sync in flight");
-                handle.token.cancel();
-            }
+        return;
+    };
+    if spawn || !inner.handles.contains_key(&uid) {
+        let handle = Handle { notify: Arc::new(Notify::new()), token: shared.cancel.child_token() };
+        // `pod.name` is recorded once the worker knows the pod's full name.
+        let span = info_span!("pod_worker", pod.uid = %uid, pod.name = tracing::field::Empty);
+        shared.tracker.spawn(worker_loop(shared.clone(), uid.clone(), handle.notify.clone()).instrument(span));
+        inner.handles.insert(uid.clone(), handle);
+    }
+    if let Some(handle) = inner.handles.get(&uid) {
+        handle.notify.notify_one();
+        if cancel {
+            debug!(pod.uid = %uid, "cancelling the sync in flight");
+            handle.token.cancel();
         }
+    }
+}
+
+/// Wakes the workers the core says have work again.
+fn wake<S: PodSyncer>(shared: &Arc<Shared<S>>, inner: &mut Inner) {
+    for uid in inner.core.take_wakeups() {
+        debug!(pod.uid = %uid, "waking an idle pod worker");
+        apply(shared, inner, uid, UpdateEffect::Queued { spawn: false, cancel: false });
     }
 }
 
@@ -208,7 +215,7 @@ impl<S: PodSyncer> kubelet_core::PodWorkers for PodWorkers<S> {
         let cache = &self.shared.cache;
         let mut inner = self.shared.lock();
         let effect = inner.core.update_pod(options, Instant::now(), || runtime_terminal(&cache.get(&uid).status));
-        self.apply(&mut inner, uid, effect);
+        apply(&self.shared, &mut inner, uid, effect);
     }
 
     fn sync_known_pods(&self, desired: &[Arc<Pod>]) -> HashMap<PodUid, WorkerSync> {
@@ -216,8 +223,9 @@ impl<S: PodSyncer> kubelet_core::PodWorkers for PodWorkers<S> {
         let mut inner = self.shared.lock();
         let (report, effects) = inner.core.sync_known_pods(&desired, Instant::now());
         for (uid, effect) in effects {
-            self.apply(&mut inner, uid, effect);
+            apply(&self.shared, &mut inner, uid, effect);
         }
+        wake(&self.shared, &mut inner);
         drop(inner);
         let mut counts: HashMap<(&'static str, &'static str, bool), usize> = HashMap::new();
         for sync in report.values() {
@@ -339,17 +347,21 @@ async fn worker_loop<S: PodSyncer>(shared: Arc<Shared<S>>, uid: PodUid, notify: 
 
         let completion = {
             let mut inner = shared.lock();
-            let completion = inner.core.complete(&uid, &work, outcome, Instant::now());
+            let now = Instant::now();
+            let completion = inner.core.complete(&uid, &work, outcome, now);
             if completion.exit {
                 inner.handles.remove(&uid);
             }
+            if let Some(requeue) = completion.requeue {
+                let delay = shared.config.delay(requeue);
+                shared.queue.enqueue(uid.clone(), delay);
+                inner.core.note_retry(&uid, now + delay);
+            }
+            wake(&shared, &mut inner);
             completion
         };
         if let Some(start) = work.options.start_time {
             metrics::observe_worker_duration(operation(&work), start.elapsed());
-        }
-        if let Some(requeue) = completion.requeue {
-            shared.queue.enqueue(uid.clone(), shared.config.delay(requeue));
         }
         if completion.exit {
             return;

@@ -1,6 +1,6 @@
 //! Table tests of the pod worker state machine: every transition rule, without IO.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::{
     api::core::v1::{PodSpec, PodStatus as ApiPodStatus},
@@ -413,6 +413,50 @@ fn failed_terminating_sync_is_retried_until_it_succeeds() {
 }
 
 #[test]
+fn housekeeping_retries_a_failed_termination_of_a_pod_that_left_the_config() {
+    let mut core = Core::default();
+    let a = uid("a");
+    let p = pod("a");
+    let start = Instant::now();
+    core.update_pod(upd(SyncPodType::Create, &p), start, || false);
+    let work = run(&mut core, "a");
+    core.complete(&a, &work, OK, start);
+    // The pod leaves the config; its kill fails (StopContainer error, containers still running,
+    // or no status to act on: all are a failed sync).
+    core.update_pod(kill(&p, None, false), start, || false);
+    let work = run(&mut core, "a");
+    assert_eq!(work.kind, WorkType::Terminating);
+    core.complete(&a, &work, Outcome::Failed { network_not_ready: false }, start);
+    core.note_retry(&a, start + Duration::from_secs(10));
+
+    // The work queue never offers a UID the config no longer has; housekeeping does, once the
+    // backoff has passed, and again after every failure until the kill succeeds.
+    core.sync_known_pods(&HashSet::new(), start + Duration::from_secs(2));
+    assert!(core.take_wakeups().is_empty(), "not before the backoff ends");
+    for attempt in 1..=3 {
+        let now = start + Duration::from_secs(10 * attempt);
+        core.sync_known_pods(&HashSet::new(), now);
+        assert_eq!(core.take_wakeups(), std::slice::from_ref(&a), "attempt {attempt}");
+        let work = run(&mut core, "a");
+        assert_eq!(work.kind, WorkType::Terminating);
+        if attempt < 3 {
+            core.complete(&a, &work, Outcome::Failed { network_not_ready: false }, now);
+            core.note_retry(&a, now + Duration::from_secs(10));
+            core.sync_known_pods(&HashSet::new(), now);
+            assert!(core.take_wakeups().is_empty(), "a running or backing-off worker is left alone");
+        } else {
+            core.complete(&a, &work, OK, now);
+        }
+    }
+    let work = run(&mut core, "a");
+    assert_eq!(work.kind, WorkType::Terminated);
+    core.complete(&a, &work, OK, start + Duration::from_secs(31));
+    core.sync_known_pods(&HashSet::new(), start + Duration::from_secs(40));
+    assert!(core.take_wakeups().is_empty());
+    assert!(!core.is_pod_known(&a), "finished and forgotten");
+}
+
+#[test]
 fn create_for_a_terminating_uid_is_remembered_and_replayed_after_forget() {
     let mut core = Core::default();
     let a = uid("a");
@@ -512,9 +556,11 @@ fn static_pods_with_one_full_name_start_one_at_a_time_in_fifo_order() {
     core.complete(&uid("a"), &work, OK, Instant::now());
     core.update_pod(upd(SyncPodType::Sync, &c), Instant::now(), || false);
     assert!(matches!(core.start_pod_sync(&uid("c"), Instant::now()), Start::Wait), "a is terminated but not finished");
+    assert!(core.take_wakeups().is_empty(), "nothing released yet");
     let work = run(&mut core, "a");
     core.complete(&uid("a"), &work, OK, Instant::now());
-    core.update_pod(upd(SyncPodType::Sync, &c), Instant::now(), || false);
+    // a is gone: c is woken at once, without waiting for a resync.
+    assert_eq!(core.take_wakeups(), [uid("c")]);
     assert_eq!(run(&mut core, "c").kind, WorkType::Sync);
 
     let (report, _) = core.sync_known_pods(&HashSet::from([uid("c"), uid("x")]), Instant::now());

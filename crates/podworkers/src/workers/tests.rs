@@ -45,6 +45,8 @@ struct Recorder {
     sync_time: Mutex<Duration>,
     /// Whether `sync_terminating_pod` takes its whole grace period.
     slow_stop: Mutex<bool>,
+    /// Per pod: how many more `sync_terminating_pod` calls fail.
+    stop_failures: Mutex<HashMap<String, usize>>,
     running: Mutex<HashMap<String, usize>>,
     max_concurrent: AtomicUsize,
     started: Mutex<Option<Instant>>,
@@ -122,7 +124,13 @@ impl PodSyncer for Recorder {
         }
         guard.done = true;
         self.record(&uid, Call::Terminating(grace));
-        Ok(())
+        match self.stop_failures.lock().unwrap().get_mut(&uid) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                Err(TestError("StopContainer failed".to_owned()))
+            }
+            _ => Ok(()),
+        }
     }
 
     async fn sync_terminating_runtime_pod(&self, running: &runtime::Pod) -> Result<(), TestError> {
@@ -323,6 +331,51 @@ async fn housekeeping_kills_undesired_pods_and_orphans_run_terminating_runtime_p
     assert!(!h.workers.is_pod_known(&PodUid::new("ghost")), "runtime-only pods are forgotten once stopped");
     h.workers.sync_known_pods(&[]);
     assert_eq!(h.workers.stats(), Stats::default());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_kill_of_a_pod_that_left_the_config_is_retried_by_housekeeping_until_done() {
+    let h = harness();
+    h.rec.stop_failures.lock().unwrap().insert("a".to_owned(), 2);
+    h.workers.update_pod(UpdatePodOptions::new(SyncPodType::Create, pod("a")));
+    relist(&h.cache).await;
+    h.workers.update_pod(kill("a", Some(1)));
+    relist(&h.cache).await;
+    assert_eq!(h.rec.calls("a"), [Call::Sync(SyncPodType::Create), Call::Terminating(1)]);
+    // Housekeeping every 2 s, as the sync loop runs it; the pod manager no longer has the pod,
+    // so nothing else would offer it again.
+    for _ in 0..30 {
+        tokio::time::advance(Duration::from_secs(2)).await;
+        h.workers.sync_known_pods(&[]);
+        relist(&h.cache).await;
+        if h.rec.calls("a").last() == Some(&Call::Terminated) {
+            break;
+        }
+    }
+    assert_eq!(
+        h.rec.calls("a"),
+        [
+            Call::Sync(SyncPodType::Create),
+            Call::Terminating(1),
+            Call::Terminating(1),
+            Call::Terminating(1),
+            Call::Terminated
+        ]
+    );
+    let retries: Vec<Duration> = h
+        .rec
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, call)| *call == Call::Terminating(1))
+        .map(|(at, _, _)| *at)
+        .collect();
+    for pair in retries.windows(2) {
+        assert!(pair[1] - pair[0] >= Duration::from_secs(10), "retries respect the backoff: {retries:?}");
+    }
+    h.workers.sync_known_pods(&[]);
+    assert!(!h.workers.is_pod_known(&PodUid::new("a")));
 }
 
 #[tokio::test(start_paused = true)]
