@@ -30,7 +30,8 @@ fn nextest() -> bool {
     cargo().args(["nextest", "--version"]).output().is_ok_and(|o| o.status.success())
 }
 
-pub(crate) fn run_ci() -> Result<()> {
+/// Every step; the real-runtime tests run `repeat` times in a row.
+pub(crate) fn run_ci(repeat: u32) -> Result<()> {
     let mut timings: Vec<(&str, Duration)> = Vec::new();
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
         println!("\n==> {name}");
@@ -66,7 +67,7 @@ pub(crate) fn run_ci() -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings"))
     })?;
     step("tidy", &mut tidy::run_tidy)?;
-    step("real-runtime", &mut real_runtime_tests)?;
+    step("real-runtime", &mut || real_runtime_tests(repeat))?;
 
     println!("\nci: all steps passed");
     for (name, took) in timings {
@@ -75,7 +76,7 @@ pub(crate) fn run_ci() -> Result<()> {
     Ok(())
 }
 
-fn real_runtime_tests() -> Result<()> {
+fn real_runtime_tests(repeat: u32) -> Result<()> {
     if let Some(why) = runtime::missing_prerequisites() {
         if in_ci() {
             bail!("real-runtime tests cannot run: {why}");
@@ -105,7 +106,16 @@ fn real_runtime_tests() -> Result<()> {
     for (key, value) in runtime::test_env() {
         cmd.env(key, value);
     }
-    let result = run(&mut cmd);
+    let mut result = Ok(());
+    for round in 1..=repeat {
+        if repeat > 1 {
+            println!("\n--> real-runtime run {round} of {repeat}");
+        }
+        result = run(&mut cmd).with_context(|| format!("real-runtime run {round} of {repeat} failed"));
+        if result.is_err() {
+            break;
+        }
+    }
     if started {
         runtime::stop()?;
     }

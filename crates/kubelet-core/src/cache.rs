@@ -47,6 +47,7 @@ struct Inner {
 #[derive(Default)]
 pub struct Cache {
     inner: Mutex<Inner>,
+    refresh: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Cache {
@@ -117,6 +118,18 @@ impl Cache {
         for uid in uids {
             inner.notify(&uid, timestamp);
         }
+    }
+
+    /// Asks whoever fills the cache (the PLEG) for a fresh look at the runtime now, rather than
+    /// at its next period: a pod worker about to wait for a newer status calls it when the
+    /// runtime has just changed (a pod was stopped).
+    pub fn request_refresh(&self) {
+        self.refresh.notify_one();
+    }
+
+    /// Completes once a refresh was requested since the last call (for the PLEG's loop).
+    pub async fn refresh_requested(&self) {
+        self.refresh.notified().await;
     }
 
     /// The global timestamp, if set.

@@ -340,6 +340,7 @@ impl<R: Runtime> Pleg for GenericPleg<R> {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(self.timing().0) => {}
                 () = self.wake.notified() => {}
+                () = self.cache.refresh_requested() => {}
             }
         }
     }

@@ -379,6 +379,11 @@ async fn run_sync<S: PodSyncer>(shared: &Shared<S>, uid: &PodUid, work: &Work, l
         // A runtime-only pod is killed from what the runtime listed; no status is needed.
         Arc::new(PodStatus::new(uid.clone(), "", ""))
     } else {
+        if work.kind == WorkType::Terminated {
+            // The pod was just stopped: ask for a relist now instead of waiting out the PLEG's
+            // period, so its final status (and a static pod waiting for its name) comes at once.
+            shared.cache.request_refresh();
+        }
         let cached = shared.cache.get_newer_than(uid, last_sync).await;
         if let Some(err) = cached.error {
             warn!(error = %err, "error determining pod status");

@@ -235,6 +235,9 @@ async fn run_relists_every_period_and_at_once_when_asked() {
     h.pleg.relist_now();
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert_eq!(h.runtime.calls_of(Method::GetPods).len(), 3, "relist_now does not wait for the period");
+    h.pleg.cache().request_refresh();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), 4, "nor does a pod worker's request through the cache");
     cancel.cancel();
     task.await.unwrap();
 }
