@@ -209,6 +209,25 @@ async fn real_failing_container_restarts_with_backoff_and_numbered_logs() {
 }
 
 #[tokio::test]
+async fn real_missing_image_is_retried_when_its_pull_backoff_ends() {
+    let Some(env) = env("real_missing_image_is_retried_when_its_pull_backoff_ends") else { return };
+    let missing = env.rt.busybox_image.replace("busybox", "no-such-image");
+    let p = pod("nopull", "Always", vec![], vec![container("app", &missing, "true")]);
+    let backoff = Backoff::default();
+    let failure = |result: &kubelet_core::runtime::PodSyncResult| {
+        result.results.iter().find_map(|r| r.failure.clone()).expect("a failed pull")
+    };
+    let first = failure(&env.sync(&p, &backoff).await);
+    assert_eq!(first.reason, reasons::ERR_IMAGE_PULL);
+    assert_eq!(first.retry_after, Some(Duration::from_secs(10)), "retried when the 10 s back-off ends");
+    let held = failure(&env.sync(&p, &backoff).await);
+    assert_eq!(held.reason, reasons::IMAGE_PULL_BACK_OFF);
+    let remaining = held.retry_after.expect("a sync held by the back-off is queued for its end");
+    assert!(remaining > Duration::from_secs(8) && remaining <= Duration::from_secs(10), "{remaining:?}");
+    env.cleanup(&p).await;
+}
+
+#[tokio::test]
 async fn real_changed_image_restarts_only_that_container_and_kill_honours_grace() {
     let Some(env) = env("real_changed_image_restarts_only_that_container_and_kill_honours_grace") else { return };
     let image = env.rt.busybox_image.clone();

@@ -88,6 +88,17 @@ impl Backoff {
         now.saturating_duration_since(entry.last_update) < entry.backoff
     }
 
+    /// How long `key` stays in the backoff counted from its last update (zero when it is not in
+    /// one): when a sync held back by it should run again.
+    pub fn remaining_since_update(&self, key: &str, now: Instant) -> Duration {
+        let entries = lock(&self.entries);
+        let Some(entry) = entries.get(key) else { return Duration::ZERO };
+        if self.has_expired(now, entry.last_update) {
+            return Duration::ZERO;
+        }
+        entry.backoff.saturating_sub(now.saturating_duration_since(entry.last_update))
+    }
+
     /// Removes every entry idle for more than twice the maximum.
     pub fn gc(&self, now: Instant) {
         lock(&self.entries).retain(|_, e| !self.has_expired(now, e.last_update));
@@ -154,10 +165,14 @@ mod tests {
         let b = Backoff::default();
         b.next("k", Instant::now());
         b.next("k", Instant::now());
+        assert_eq!(b.remaining_since_update("k", Instant::now()), S(20));
         tokio::time::advance(S(19)).await;
         assert!(b.is_in_backoff_since_update("k", Instant::now()));
+        assert_eq!(b.remaining_since_update("k", Instant::now()), S(1));
         tokio::time::advance(S(2)).await;
         assert!(!b.is_in_backoff_since_update("k", Instant::now()));
+        assert_eq!(b.remaining_since_update("k", Instant::now()), Duration::ZERO);
+        assert_eq!(b.remaining_since_update("unknown", Instant::now()), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

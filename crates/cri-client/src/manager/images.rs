@@ -32,10 +32,13 @@ impl CriRuntime {
             return Err(SyncFailure::new(reasons::ERR_IMAGE_NEVER_PULL, message));
         }
         let key = format!("{}_{image}", pod_meta(pod).2);
-        if self.image_backoff.is_in_backoff_since_update(&key, Instant::now()) {
+        let now = Instant::now();
+        if self.image_backoff.is_in_backoff_since_update(&key, now) {
             let message = format!("Back-off pulling image {image:?}");
             self.event(pod, EventType::Normal, "BackOff", message.clone());
-            return Err(SyncFailure::new(reasons::IMAGE_PULL_BACK_OFF, message));
+            // The pod is synced again the moment the back-off ends, not at the next resync.
+            let remaining = self.image_backoff.remaining_since_update(&key, now);
+            return Err(SyncFailure::new(reasons::IMAGE_PULL_BACK_OFF, message).with_retry_after(remaining));
         }
         self.event(pod, EventType::Normal, "Pulling", format!("Pulling image {image:?}"));
         let started = Instant::now();
@@ -62,7 +65,9 @@ impl CriRuntime {
                 self.image_backoff.next(&key, Instant::now());
                 let message = format!("Failed to pull image {image:?}: {err}");
                 self.event(pod, EventType::Warning, "Failed", message.clone());
-                Err(SyncFailure::new(reasons::ERR_IMAGE_PULL, message))
+                // Retried when the back-off just started ends: about 10 s, 20 s, 40 s, ...
+                let retry = self.image_backoff.get(&key);
+                Err(SyncFailure::new(reasons::ERR_IMAGE_PULL, message).with_retry_after(retry))
             }
         }
     }
