@@ -275,6 +275,10 @@ impl<R: Runtime, P: Pleg, W: PodWorkers> Agent<R, P, W> {
             )
             .instrument(info_span!("runtime_status")),
         );
+        tracker.spawn({
+            let (cleanups, cancel) = (kubelet.cleanups().clone(), cancel.child_token());
+            async move { cleanups.run(cancel).await }.instrument(info_span!("cleanups"))
+        });
         sync_loop::run(&kubelet, Inputs::new(updates, pleg_events, probes), &shared, &config.sync_loop, cancel.clone())
             .await;
         drop(probe_tx);

@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     admission::admit,
+    cleanup::{Cleanups, Job},
     pod_sync::{Error, PodSync},
     status, unsupported,
 };
@@ -28,6 +29,7 @@ use crate::{
 /// What the sync loop calls: upstream's `SyncHandler` on top of the pod workers.
 pub struct Kubelet<R, W> {
     sync: Arc<PodSync<R>>,
+    cleanups: Cleanups<R>,
     workers: Arc<W>,
     pods: Arc<PodManager>,
     sources: Arc<SourcesReady>,
@@ -46,7 +48,15 @@ const GC_EVERY: u64 = 30;
 impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
     /// A kubelet over `sync` (the same one `workers` call) and `workers`.
     pub fn new(sync: Arc<PodSync<R>>, workers: Arc<W>, pods: Arc<PodManager>, sources: Arc<SourcesReady>) -> Self {
-        Kubelet { sync, workers, pods, sources, housekeepings: AtomicU64::new(0) }
+        let cleanups = Cleanups::new(sync.clone());
+        Kubelet { sync, cleanups, workers, pods, sources, housekeepings: AtomicU64::new(0) }
+    }
+
+    /// The removals the kubelet queues (dead containers, what is left of pods that are gone,
+    /// orphaned pod directories, garbage collection); whoever runs the kubelet runs
+    /// [`Cleanups::run`] beside the sync loop, as [`Agent`](crate::Agent) does.
+    pub fn cleanups(&self) -> &Cleanups<R> {
+        &self.cleanups
     }
 
     fn dispatch(&self, pod: Arc<Pod>, kind: SyncPodType) {
@@ -147,12 +157,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             let evicted = pod.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Evicted");
             if evicted {
                 // Its dead containers go at once.
-                let uid = PodUid::of(&pod);
-                if let Ok(status) = self.sync.runtime.get_pod_status(&uid, "", "").await {
-                    for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
-                        let _ = self.sync.runtime.delete_container(&c.id).await;
-                    }
-                }
+                self.cleanups.push(Job::RemoveDeadContainers(PodUid::of(&pod)));
             }
         }
     }
@@ -190,8 +195,8 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             if runs {
                 let kill = KillPodOptions::default().grace_period_override(1);
                 self.workers.update_pod(UpdatePodOptions::kill_orphan(pod, kill));
-            } else if let Err(err) = self.sync.runtime.remove_pod_content(&pod.uid).await {
-                warn!(pod.uid = %pod.uid, pod.name = %pod.name, error = %err, "cannot remove a pod that is gone");
+            } else {
+                self.cleanups.push(Job::RemovePodContent(pod.uid));
             }
         }
         // What is kept about pods that are gone.
@@ -200,35 +205,16 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                 self.sync.forget(&uid);
             }
         }
-        if let Ok(mut entries) = tokio::fs::read_dir(self.sync.config.root_dir.join("pods")).await {
-            while let Ok(Some(entry)) = entries.next_entry().await {
-                let uid = PodUid::new(entry.file_name().to_string_lossy());
-                if !desired_uids.contains(&uid)
-                    && !workers.contains_key(&uid)
-                    && let Err(err) = tokio::fs::remove_dir_all(entry.path()).await
-                {
-                    warn!(error = %err, dir = %entry.path().display(), "cannot remove an orphaned pod directory");
-                }
-            }
-        }
+        let keep = desired_uids.into_iter().chain(workers.into_keys()).collect();
+        self.cleanups.push(Job::RemoveOrphanedPodDirs { keep });
         self.sync.backoff.gc(Instant::now());
         if self.housekeepings.fetch_add(1, Ordering::Relaxed).is_multiple_of(GC_EVERY) {
-            let policy = runtime::GcPolicy::default();
-            if let Err(err) = self.sync.runtime.garbage_collect(&policy, self.sources.all_ready(), false).await {
-                warn!(error = %err, "container garbage collection failed");
-            }
+            self.cleanups.push(Job::CollectGarbage { all_sources_ready: self.sources.all_ready() });
         }
         Ok(())
     }
 
     async fn handle_container_died(&self, uid: &PodUid, _container_id: &str) {
-        // Keep the newest dead instance of each container; older ones go.
-        let Ok(status) = self.sync.runtime.get_pod_status(uid, "", "").await else { return };
-        let mut seen = HashSet::new();
-        for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
-            if !seen.insert(c.name.clone()) {
-                let _ = self.sync.runtime.delete_container(&c.id).await;
-            }
-        }
+        self.cleanups.push(Job::ContainerDied(uid.clone()));
     }
 }

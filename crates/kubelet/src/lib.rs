@@ -50,6 +50,7 @@
 
 pub mod admission;
 pub mod agent;
+pub mod cleanup;
 mod handler;
 mod pod_sync;
 pub mod status;

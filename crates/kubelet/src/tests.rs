@@ -384,6 +384,7 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
     updates(&w);
     assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_some());
     k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
     assert_eq!(updates(&w), [(SyncPodType::Kill, "ghost".to_owned())]);
     assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_none(), "its status is forgotten");
     assert!(!f.root.path().join("pods/ghost").exists(), "its directory is removed");
@@ -437,6 +438,7 @@ async fn what_is_left_of_pods_that_are_gone_is_removed() {
     f.sync.sync_terminating_pod(&done, &status, 0, None).await.unwrap();
     updates(&w);
     k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
     assert!(updates(&w).is_empty(), "nothing runs, so nothing is killed");
     assert!(!in_runtime("stopped").await, "removed");
     assert!(in_runtime("done").await, "kept");
@@ -447,4 +449,69 @@ async fn what_is_left_of_pods_that_are_gone_is_removed() {
     let running = f.runtime.get_pods(false).await.unwrap().into_iter().find(|p| p.name == "ghost").unwrap();
     f.sync.sync_terminating_runtime_pod(&running).await.unwrap();
     assert!(!in_runtime("ghost").await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_removal_never_delays_another_pods_sync() {
+    let f = fixture();
+    let (k, w, _) = kubelet(&f, 110);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let cleaner = tokio::spawn({
+        let (cleanups, cancel) = (k.cleanups().clone(), cancel.clone());
+        async move { cleanups.run(cancel).await }
+    });
+    // An evicted pod whose dead container the runtime takes 30 s to remove.
+    let evicted = pod("evicted", "Never", &["c"]);
+    f.sync(&evicted).await.unwrap();
+    let id = f.runtime_status(&evicted).await.container_statuses[0].id.clone();
+    f.runtime.stop_container(&id, 1).unwrap();
+    f.runtime.set_latency(fake::Method::DeleteContainer, Duration::from_secs(30));
+    let mut with_status = (*evicted).clone();
+    with_status.status = Some(ApiPodStatus { reason: Some("Evicted".into()), ..ApiPodStatus::default() });
+    updates(&w);
+
+    // The loop's handlers return at once (paused time would run a 30 s wait out past the 1 ms).
+    let quick = Duration::from_millis(1);
+    tokio::time::timeout(quick, k.handle_pod_reconcile(vec![Arc::new(with_status)])).await.expect("queued, not run");
+    tokio::time::timeout(quick, k.handle_container_died(&PodUid::new("evicted"), &id)).await.expect("queued");
+    tokio::task::yield_now().await;
+    assert_eq!(f.runtime.calls_of(fake::Method::DeleteContainer).len(), 1, "the removal runs in the background");
+    tokio::time::timeout(quick, k.handle_pod_syncs(vec![pod("other", "Always", &["c"])])).await.expect("not delayed");
+    assert_eq!(updates(&w), [(SyncPodType::Sync, "other".to_owned())]);
+
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert!(f.runtime_status(&evicted).await.container_statuses.is_empty(), "removed in the end");
+    cancel.cancel();
+    cleaner.await.unwrap();
+}
+
+/// Mounts a tmpfs (root only): a real mount, as a volume would be.
+#[tokio::test]
+async fn real_an_orphaned_pod_directory_with_a_tmpfs_below_survives() {
+    let f = fixture();
+    let (k, _, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    let pods = f.root.path().join("pods");
+    std::fs::create_dir_all(pods.join("plain/volumes")).unwrap();
+    let mounted = pods.join("mounted/volumes/kubernetes.io~empty-dir/data");
+    std::fs::create_dir_all(&mounted).unwrap();
+    let mount = std::process::Command::new("mount").args(["-t", "tmpfs", "kubelet-rs-test"]).arg(&mounted).output();
+    if !mount.as_ref().is_ok_and(|o| o.status.success()) {
+        let why = format!("mounting a tmpfs failed (it needs root): {mount:?}");
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("SKIPPED real_an_orphaned_pod_directory_with_a_tmpfs_below_survives: {why}");
+        return;
+    }
+    std::fs::write(mounted.join("keep.txt"), "data").unwrap();
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    let kept = std::fs::read_to_string(mounted.join("keep.txt"));
+    let events = f.events.events();
+    let unmounted = std::process::Command::new("umount").arg(&mounted).status();
+    assert_eq!(kept.ok().as_deref(), Some("data"), "the mounted data survives");
+    assert!(pods.join("mounted").exists());
+    assert!(!pods.join("plain").exists(), "an orphan's directory with nothing mounted goes");
+    let warning = events.iter().find(|e| e.reason == "OrphanedPodMounted").expect("a warning event");
+    assert!(warning.message.contains("mounted below"), "{}", warning.message);
+    assert!(unmounted.is_ok_and(|s| s.success()));
 }

@@ -74,6 +74,13 @@ pub(super) async fn garbage_collect(
     let old_enough = |created: Option<k8s_openapi::jiff::Timestamp>| {
         created.is_none_or(|c| now.as_second() - c.as_second() >= min_age)
     };
+    // One failed removal does not stop the collection: the rest goes on, the first error is
+    // returned and every one is logged.
+    let mut first_error: Option<Error> = None;
+    let mut failed = |err: Error| {
+        warn!(error = %err, "garbage collection: a removal failed; going on");
+        first_error.get_or_insert(err);
+    };
     for pod in &pods {
         // Dead containers: keep the newest `max_per_pod_container` per name.
         let mut dead_seen: HashMap<&str, i32> = HashMap::new();
@@ -83,21 +90,24 @@ pub(super) async fn garbage_collect(
             }
             let seen = dead_seen.entry(c.name.as_str()).or_default();
             *seen += 1;
-            if policy.max_per_pod_container >= 0 && *seen > policy.max_per_pod_container {
-                rt.delete_container(&c.id).await?;
+            if policy.max_per_pod_container >= 0
+                && *seen > policy.max_per_pod_container
+                && let Err(err) = rt.delete_container(&c.id).await
+            {
+                failed(err);
             }
         }
         // Dead sandboxes, except the newest of the pod (it holds the pod's last IP and logs).
         for s in pod.sandboxes.iter().skip(1).filter(|s| s.state == SandboxState::NotReady) {
             let request = pb::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() };
-            rt.client
-                .runtime_service()
-                .remove_pod_sandbox(request)
-                .await
-                .map_err(|st| Error::status("RemovePodSandbox", st))?;
+            if let Err(status) = rt.client.runtime_service().remove_pod_sandbox(request).await
+                && status.code() != tonic::Code::NotFound
+            {
+                failed(Error::status("RemovePodSandbox", status));
+            }
         }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 impl CriRuntime {

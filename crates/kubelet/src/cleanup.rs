@@ -1,0 +1,239 @@
+//! [`Cleanups`]: the kubelet's background removals (upstream's container deletor and garbage
+//! collection goroutines, and the removals of `HandlePodCleanups`).
+//!
+//! The sync loop only queues them; one task runs them, so a runtime call that hangs delays other
+//! removals, never another pod's sync.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    mem::discriminant,
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use kubelet_core::{
+    ErrorChain, PodUid,
+    events::{Event, EventType, ObjectRef},
+    runtime::{self, ContainerState, Runtime},
+};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::{lock, pod_sync::PodSync};
+
+/// One removal the sync loop asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Job {
+    /// A container of the pod died: all but the newest dead instance of each container go.
+    ContainerDied(PodUid),
+    /// The pod was evicted: its dead containers go at once.
+    RemoveDeadContainers(PodUid),
+    /// Nothing of the pod runs and nobody wants it: its containers, sandboxes, cgroups and logs go.
+    RemovePodContent(PodUid),
+    /// Pod directories of pods other than these go, unless something is mounted below them.
+    RemoveOrphanedPodDirs { keep: HashSet<PodUid> },
+    /// Container garbage collection.
+    CollectGarbage { all_sources_ready: bool },
+}
+
+/// The kubelet's queue of removals and the task that runs them.
+///
+/// Cloning is cheap; clones share the queue.
+pub struct Cleanups<R> {
+    sync: Arc<PodSync<R>>,
+    queue: Arc<Queue>,
+}
+
+impl<R> Clone for Cleanups<R> {
+    fn clone(&self) -> Self {
+        Cleanups { sync: self.sync.clone(), queue: self.queue.clone() }
+    }
+}
+
+impl<R> std::fmt::Debug for Cleanups<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cleanups").field("queued", &lock(&self.queue.jobs).len()).finish()
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<VecDeque<Job>>,
+    notify: Notify,
+}
+
+impl<R: Runtime> Cleanups<R> {
+    pub(crate) fn new(sync: Arc<PodSync<R>>) -> Self {
+        Cleanups { sync, queue: Arc::default() }
+    }
+
+    /// Queues `job` unless the same one is already queued; a newer orphaned-directory sweep or
+    /// garbage collection replaces a queued one.
+    pub(crate) fn push(&self, job: Job) {
+        let mut jobs = lock(&self.queue.jobs);
+        if matches!(job, Job::RemoveOrphanedPodDirs { .. } | Job::CollectGarbage { .. }) {
+            jobs.retain(|queued| discriminant(queued) != discriminant(&job));
+        }
+        if !jobs.contains(&job) {
+            jobs.push_back(job);
+        }
+        drop(jobs);
+        self.queue.notify.notify_one();
+    }
+
+    /// Runs queued removals as they come, until `cancel` fires.
+    pub async fn run(&self, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = self.queue.notify.notified() => {}
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = self.run_queued() => {}
+            }
+        }
+    }
+
+    /// Runs every removal queued so far, one after another (what [`Cleanups::run`] does each
+    /// time it wakes; tests call it directly).
+    pub async fn run_queued(&self) {
+        loop {
+            let Some(job) = lock(&self.queue.jobs).pop_front() else { return };
+            self.execute(job).await;
+        }
+    }
+
+    async fn execute(&self, job: Job) {
+        let runtime = &self.sync.runtime;
+        match job {
+            Job::ContainerDied(uid) => {
+                // Keep the newest dead instance of each container; older ones go.
+                let Ok(status) = runtime.get_pod_status(&uid, "", "").await else { return };
+                let mut seen = HashSet::new();
+                for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
+                    if !seen.insert(c.name.clone()) {
+                        self.delete_container(&uid, &c.id).await;
+                    }
+                }
+            }
+            Job::RemoveDeadContainers(uid) => {
+                let Ok(status) = runtime.get_pod_status(&uid, "", "").await else { return };
+                for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
+                    self.delete_container(&uid, &c.id).await;
+                }
+            }
+            Job::RemovePodContent(uid) => {
+                if let Err(err) = runtime.remove_pod_content(&uid).await {
+                    warn!(pod.uid = %uid, error = %ErrorChain(&err), "cannot remove a pod that is gone");
+                }
+            }
+            Job::RemoveOrphanedPodDirs { keep } => self.remove_orphaned_pod_dirs(&keep).await,
+            Job::CollectGarbage { all_sources_ready } => {
+                let policy = runtime::GcPolicy::default();
+                if let Err(err) = runtime.garbage_collect(&policy, all_sources_ready, false).await {
+                    warn!(error = %ErrorChain(&err), "container garbage collection failed");
+                }
+            }
+        }
+    }
+
+    async fn delete_container(&self, uid: &PodUid, id: &str) {
+        if let Err(err) = self.sync.runtime.delete_container(id).await {
+            warn!(pod.uid = %uid, container.id = %id, error = %ErrorChain(&err), "cannot remove a dead container");
+        }
+    }
+
+    /// Upstream's orphaned pod directory cleanup: a directory with anything mounted below it is
+    /// left alone (removing it would delete the mounted data), with a warning.
+    async fn remove_orphaned_pod_dirs(&self, keep: &HashSet<PodUid>) {
+        let root = self.sync.config.root_dir.join("pods");
+        let Ok(mut entries) = tokio::fs::read_dir(&root).await else { return };
+        let mut orphans = Vec::new();
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            let uid = PodUid::new(entry.file_name().to_string_lossy());
+            if !keep.contains(&uid) {
+                orphans.push((uid, entry.path()));
+            }
+        }
+        if orphans.is_empty() {
+            return;
+        }
+        let mountinfo = match tokio::fs::read_to_string("/proc/self/mountinfo").await {
+            Ok(text) => text,
+            Err(err) => {
+                warn!(error = %err, "cannot read /proc/self/mountinfo; leaving orphaned pod directories alone");
+                return;
+            }
+        };
+        for (uid, dir) in orphans {
+            if let Some(mount) = mount_below(&mountinfo, &dir) {
+                let message = format!(
+                    "orphaned pod {uid} found, but {mount} is still mounted below {}; leaving its directory",
+                    dir.display()
+                );
+                warn!(pod.uid = %uid, mount = %mount, "{message}");
+                let object = ObjectRef::other("Node", self.sync.config.node_name.clone());
+                self.sync.recorder.record(Event::new(EventType::Warning, "OrphanedPodMounted", message, object));
+                continue;
+            }
+            debug!(pod.uid = %uid, dir = %dir.display(), "removing an orphaned pod directory");
+            if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
+                warn!(error = %err, dir = %dir.display(), "cannot remove an orphaned pod directory");
+            }
+        }
+    }
+}
+
+/// The first mount point at or below `dir` in `mountinfo` (`/proc/self/mountinfo`'s format:
+/// the fifth field is the mount point, with spaces and the like escaped as octal).
+pub(crate) fn mount_below(mountinfo: &str, dir: &Path) -> Option<String> {
+    mountinfo.lines().find_map(|line| {
+        let point = unescape(line.split(' ').nth(4)?);
+        Path::new(&point).starts_with(dir).then_some(point)
+    })
+}
+
+/// Undoes mountinfo's octal escapes (`\040` is a space).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(octal) = field.get(i + 1..i + 4)
+            && let Ok(byte) = u8::from_str_radix(octal, 8)
+        {
+            out.push(byte);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+98 22 0:45 / /var/lib/kubelet/pods/abc/volumes/kubernetes.io~empty-dir/cache rw - tmpfs tmpfs rw
+99 22 0:46 / /var/lib/kubelet/pods/with\\040space/x rw - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn mounts_below_a_directory_are_found_and_unescaped() {
+        let pods = Path::new("/var/lib/kubelet/pods");
+        assert_eq!(
+            mount_below(MOUNTINFO, &pods.join("abc")).as_deref(),
+            Some("/var/lib/kubelet/pods/abc/volumes/kubernetes.io~empty-dir/cache")
+        );
+        assert_eq!(mount_below(MOUNTINFO, &pods.join("ab")), None, "a path prefix is not a parent");
+        assert_eq!(mount_below(MOUNTINFO, &pods.join("def")), None);
+        assert!(mount_below(MOUNTINFO, &pods.join("with space")).is_some());
+    }
+}
