@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kubelet_core::runtime::{ContainerState, ContainerStatus, NetworkMode, PodStatus, SandboxState, container_hash};
+use kubelet_core::runtime::{ContainerState, NetworkMode, PodStatus, SandboxState, container_hash};
 
 /// Why a running container is killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,8 +49,9 @@ pub struct PodActions {
     pub sandbox_id: String,
     /// The attempt number of the sandbox to create.
     pub attempt: u32,
-    /// The init container to start next (index into `spec.initContainers`).
-    pub next_init_container: Option<usize>,
+    /// Init containers to start, in spec order (indexes into `spec.initContainers`): the next
+    /// regular init container, and sidecars (`restartPolicy: Always`) that must run.
+    pub init_containers_to_start: Vec<usize>,
     /// Regular containers to start (indexes into `spec.containers`).
     pub containers_to_start: Vec<usize>,
     /// Running containers to kill.
@@ -122,43 +123,116 @@ pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &
     }
 }
 
-fn is_init_failed(status: &ContainerStatus) -> bool {
-    (status.state == ContainerState::Exited && status.exit_code != 0) || status.state == ContainerState::Unknown
+/// Whether `container` is a sidecar: an init container with `restartPolicy: Always` (KEP-753).
+pub fn is_sidecar(container: &Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
 }
 
-/// Upstream `findNextInitContainerToRun`: the status of the last failed init container if any,
-/// the next init container to run, and whether initialization is done.
-pub fn next_init_container<'a>(pod: &Pod, status: &'a PodStatus) -> (Option<&'a ContainerStatus>, Option<usize>, bool) {
-    let Some(spec) = pod.spec.as_ref() else { return (None, None, true) };
+/// What the init containers need (upstream `computeInitContainerActions`, without probes, which
+/// this agent refuses): the init containers to start, the ones to kill first, whether the pod
+/// must be killed (a failed init container under `restartPolicy: Never`), and whether
+/// initialization is done.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct InitActions {
+    to_start: Vec<usize>,
+    to_kill: Vec<ContainerToKill>,
+    kill_pod: bool,
+    initialized: bool,
+}
+
+fn init_actions(pod: &Pod, status: &PodStatus) -> InitActions {
+    let mut actions = InitActions::default();
+    let Some(spec) = pod.spec.as_ref() else {
+        actions.initialized = true;
+        return actions;
+    };
     let init = spec.init_containers.as_deref().unwrap_or_default();
     if init.is_empty() {
-        return (None, None, true);
+        actions.initialized = true;
+        return actions;
     }
-    // A running regular container means initialization happened, even if the runtime forgot it.
-    if spec
-        .containers
-        .iter()
-        .any(|c| status.container_status(&c.name).is_some_and(|s| s.state == ContainerState::Running))
-    {
-        return (None, None, true);
-    }
-    for (i, c) in init.iter().enumerate().rev() {
-        if let Some(s) = status.container_status(&c.name)
-            && is_init_failed(s)
-        {
-            return (Some(s), Some(i), false);
+    // A regular container that ran means initialization happened, even if the runtime forgot
+    // the init containers since.
+    let mut initialized = spec.containers.iter().any(|c| {
+        status
+            .container_status(&c.name)
+            .is_some_and(|s| matches!(s.state, ContainerState::Running | ContainerState::Exited))
+    });
+    let mut previously_initialized = initialized;
+    let restart_on_failure = should_restart_on_failure(pod);
+    // Backwards: the last init container with a status says how far initialization got, as
+    // finished ones may have been removed since.
+    for (i, container) in init.iter().enumerate().rev() {
+        let sidecar = is_sidecar(container);
+        let Some(current) = status.container_status(&container.name) else {
+            // Gone after initialization: only a sidecar needs to run again.
+            if previously_initialized && sidecar {
+                actions.to_start.push(i);
+            }
+            continue;
+        };
+        if previously_initialized && !sidecar {
+            continue;
         }
-    }
-    for (i, c) in init.iter().enumerate().rev() {
-        let Some(s) = status.container_status(&c.name) else { continue };
-        match s.state {
-            ContainerState::Running => return (None, None, false),
-            ContainerState::Exited if i == init.len() - 1 => return (None, None, true),
-            ContainerState::Exited => return (None, Some(i + 1), false),
-            _ => {}
+        match current.state {
+            ContainerState::Created => actions.to_start.push(i),
+            ContainerState::Running if sidecar => {
+                // A started sidecar counts as done: the next init container may start.
+                if i == init.len() - 1 {
+                    initialized = true;
+                } else if !previously_initialized {
+                    actions.to_start.push(i + 1);
+                }
+                if current.hash != hash(container) {
+                    actions.to_kill.push(ContainerToKill {
+                        id: current.id.clone(),
+                        name: container.name.clone(),
+                        reason: KillReason::DefinitionChanged,
+                        message: format!("Init container {} definition changed, will be restarted", container.name),
+                    });
+                    actions.to_start.push(i);
+                }
+            }
+            ContainerState::Running => {}
+            ContainerState::Exited if current.exit_code == 0 || sidecar => {
+                if sidecar {
+                    // A sidecar that exited restarts whatever the pod's policy (with back-off).
+                    actions.to_start.push(i);
+                } else if i == init.len() - 1 {
+                    initialized = true;
+                } else {
+                    actions.to_start.push(i + 1);
+                }
+            }
+            ContainerState::Exited => {
+                if !restart_on_failure {
+                    actions.kill_pod = true;
+                    actions.to_start.clear();
+                    actions.initialized = false;
+                    return actions;
+                }
+                actions.to_start.push(i);
+            }
+            ContainerState::Unknown => {
+                actions.to_kill.push(ContainerToKill {
+                    id: current.id.clone(),
+                    name: container.name.clone(),
+                    reason: KillReason::Unknown,
+                    message: "Init container is in \"unknown\" state, try killing it before restart".to_owned(),
+                });
+                actions.to_start.push(i);
+            }
         }
+        previously_initialized = true;
     }
-    (None, Some(0), false)
+    if !previously_initialized {
+        // Nothing started yet: the first one.
+        actions.to_start.push(0);
+    }
+    actions.to_start.reverse();
+    actions.to_start.dedup();
+    actions.initialized = initialized;
+    actions
 }
 
 fn succeeded(container: &Container, status: &PodStatus) -> bool {
@@ -185,13 +259,13 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeFailures
             .filter(|(_, c)| !(restart_policy(pod) == "OnFailure" && succeeded(c, status)))
             .map(|(i, _)| i)
             .collect();
-        if to_start.is_empty() && next_init_container(pod, status).2 {
+        if to_start.is_empty() && init_actions(pod, status).initialized {
             actions.create_sandbox = false;
             return actions;
         }
         if spec.init_containers.as_ref().is_some_and(|i| !i.is_empty()) {
             // A new sandbox runs initialization again from the first init container.
-            actions.next_init_container = Some(0);
+            actions.init_containers_to_start = vec![0];
             return actions;
         }
         actions.containers_to_start = to_start;
@@ -205,23 +279,14 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeFailures
         }
     }
 
-    let (last_init, next_init, init_done) = next_init_container(pod, status);
-    if !init_done {
-        if let Some(next) = next_init {
-            if last_init.is_some_and(is_init_failed) && !should_restart_on_failure(pod) {
-                actions.kill_pod = true;
-            } else {
-                if let Some(last) = last_init.filter(|s| s.state == ContainerState::Unknown) {
-                    actions.containers_to_kill.push(ContainerToKill {
-                        id: last.id.clone(),
-                        name: last.name.clone(),
-                        reason: KillReason::Unknown,
-                        message: "Init container is in \"unknown\" state, try killing it before restart".to_owned(),
-                    });
-                }
-                actions.next_init_container = Some(next);
-            }
-        }
+    let init = init_actions(pod, status);
+    if init.kill_pod {
+        actions.kill_pod = true;
+        return actions;
+    }
+    actions.containers_to_kill = init.to_kill;
+    actions.init_containers_to_start = init.to_start;
+    if !init.initialized {
         return actions;
     }
 
@@ -268,8 +333,10 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeFailures
             message,
         });
     }
+    // Nothing left to run (sidecars do not count): the pod is done.
     if keep == 0 && actions.containers_to_start.is_empty() {
         actions.kill_pod = true;
+        actions.init_containers_to_start.clear();
     }
     actions
 }

@@ -180,6 +180,52 @@ async fn real_init_container_runs_before_the_app() {
 }
 
 #[tokio::test]
+async fn real_sidecar_serves_the_app_and_stops_after_it() {
+    let Some(env) = env("real_sidecar_serves_the_app_and_stops_after_it") else { return };
+    let image = env.rt.busybox_image.clone();
+    // The sidecar writes a heartbeat file every second and serves it; the app reads it.
+    let mut sidecar = container(
+        "beat",
+        &image,
+        "mkdir -p /www; (while true; do date +%s > /www/beat; sleep 1; done) & exec httpd -f -p 8080 -h /www",
+    );
+    sidecar.restart_policy = Some("Always".into());
+    let app =
+        container("app", &image, "while true; do echo \"beat $(wget -qO- http://127.0.0.1:8080/beat)\"; sleep 1; done");
+    let p = pod("sidecar", "Always", vec![sidecar], vec![app]);
+    let backoff = Backoff::default();
+    let first = env.sync(&p, &backoff).await;
+    assert!(!first.is_err(), "{first:?}");
+    assert_eq!(state(&env.status(&p).await, "app"), None, "the app waits for the sidecar");
+    env.wait_for(&p, "the sidecar to run", |s| state(s, "beat") == Some(ContainerState::Running)).await;
+    let second = env.sync(&p, &backoff).await;
+    assert!(!second.is_err(), "{second:?}");
+    let status = env.wait_for(&p, "the app to run", |s| state(s, "app") == Some(ContainerState::Running)).await;
+    assert_eq!(state(&status, "beat"), Some(ContainerState::Running), "a started sidecar keeps running");
+
+    let log = env.logs.join("pods").join(format!("kubelet-rs-test_sidecar_{}", p.metadata.uid.as_deref().unwrap()));
+    let mut read = String::new();
+    for _ in 0..100 {
+        read = std::fs::read_to_string(log.join("app/0.log")).unwrap_or_default();
+        if read.lines().any(|l| l.split("beat ").nth(1).is_some_and(|v| v.trim().parse::<u64>().is_ok())) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(read.lines().any(|l| l.split("beat ").nth(1).is_some_and(|v| v.trim().parse::<u64>().is_ok())), "{read}");
+    let resync = env.sync(&p, &backoff).await;
+    assert!(resync.results.is_empty(), "nothing to do while both run: {resync:?}");
+
+    // On termination the sidecar stops after the app.
+    let running = env.runtime.get_pods(false).await.unwrap().into_iter().find(|r| r.uid == PodUid::of(&p)).unwrap();
+    env.runtime.kill_pod(Some(&p), &running, Some(2)).await.unwrap();
+    let status = env.status(&p).await;
+    let finished = |name: &str| status.container_status(name).and_then(|c| c.finished_at).unwrap();
+    assert!(finished("app") <= finished("beat"), "app stopped {}, sidecar {}", finished("app"), finished("beat"));
+    env.cleanup(&p).await;
+}
+
+#[tokio::test]
 async fn real_failing_container_restarts_with_backoff_and_numbered_logs() {
     let Some(env) = env("real_failing_container_restarts_with_backoff_and_numbered_logs") else { return };
     let image = env.rt.busybox_image.clone();

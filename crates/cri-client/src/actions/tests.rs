@@ -141,7 +141,7 @@ fn a_new_sandbox_restarts_initialization_from_the_first_init_container() {
     status.sandbox_statuses[0].state = SandboxState::NotReady;
     let a = compute_pod_actions(&pod("Always", &["init", "init2"], &["a"]), &status, &none());
     assert!(a.create_sandbox);
-    assert_eq!(a.next_init_container, Some(0));
+    assert_eq!(a.init_containers_to_start, [0]);
     assert!(a.containers_to_start.is_empty());
 }
 
@@ -149,18 +149,18 @@ fn a_new_sandbox_restarts_initialization_from_the_first_init_container() {
 fn init_containers_run_strictly_one_at_a_time() {
     let p = pod("Always", &["i1", "i2"], &["a"]);
     let a = compute_pod_actions(&p, &ready(0), &none());
-    assert_eq!((a.next_init_container, a.containers_to_start.len()), (Some(0), 0));
+    assert_eq!((a.init_containers_to_start.clone(), a.containers_to_start.len()), (vec![0], 0));
     let status = with(ready(0), "i1", ContainerState::Running, 0);
     let a = compute_pod_actions(&p, &status, &none());
-    assert_eq!(a.next_init_container, None, "wait while one runs");
+    assert!(a.init_containers_to_start.is_empty(), "wait while one runs");
     assert!(!a.kill_pod);
     let status = with(ready(0), "i1", ContainerState::Exited, 0);
-    assert_eq!(compute_pod_actions(&p, &status, &none()).next_init_container, Some(1));
+    assert_eq!(compute_pod_actions(&p, &status, &none()).init_containers_to_start, [1]);
     let status = with(status, "i2", ContainerState::Exited, 0);
     let a = compute_pod_actions(&p, &status, &none());
     assert_eq!(
-        (a.next_init_container, a.containers_to_start.clone()),
-        (None, vec![0]),
+        (a.init_containers_to_start.clone(), a.containers_to_start.clone()),
+        (vec![], vec![0]),
         "regular containers once init is done"
     );
 }
@@ -170,7 +170,7 @@ fn a_failed_init_container_under_never_kills_the_pod() {
     let a =
         compute_pod_actions(&pod("Never", &["i1"], &["a"]), &with(ready(0), "i1", ContainerState::Exited, 1), &none());
     assert!(a.kill_pod);
-    assert_eq!(a.next_init_container, None);
+    assert!(a.init_containers_to_start.is_empty());
 }
 
 #[test]
@@ -181,7 +181,7 @@ fn a_failed_init_container_under_on_failure_is_restarted() {
         &none(),
     );
     assert!(!a.kill_pod);
-    assert_eq!(a.next_init_container, Some(0));
+    assert_eq!(a.init_containers_to_start, [0]);
 }
 
 #[test]
@@ -192,7 +192,7 @@ fn an_unknown_init_container_is_killed_before_its_restart() {
         &none(),
     );
     assert_eq!(killed(&a), [("i1", KillReason::Unknown)]);
-    assert_eq!(a.next_init_container, Some(0));
+    assert_eq!(a.init_containers_to_start, [0]);
 }
 
 #[test]
@@ -200,7 +200,7 @@ fn a_running_regular_container_means_initialization_happened() {
     // The init containers were garbage collected, but the app runs: do not re-run init.
     let a =
         compute_pod_actions(&pod("Always", &["i1"], &["a"]), &with(ready(0), "a", ContainerState::Running, 0), &none());
-    assert_eq!(a.next_init_container, None);
+    assert!(a.init_containers_to_start.is_empty());
     assert!(a.containers_to_start.is_empty() && !a.kill_pod);
 }
 
@@ -321,4 +321,60 @@ fn the_newest_instance_of_a_container_decides() {
     let status = with(with(ready(0), "a", ContainerState::Exited, 1), "a", ContainerState::Running, 0);
     let a = compute_pod_actions(&pod("Always", &[], &["a"]), &status, &none());
     assert!(a.containers_to_start.is_empty() && !a.kill_pod);
+}
+
+/// A pod whose init container `sc` is a sidecar (`restartPolicy: Always`), before `i2`.
+fn with_sidecar(policy: &str) -> Pod {
+    let mut p = pod(policy, &["sc", "i2"], &["a"]);
+    p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy = Some("Always".into());
+    p
+}
+
+#[test]
+fn a_started_sidecar_counts_as_done_for_the_init_sequence() {
+    let p = with_sidecar("Always");
+    assert_eq!(compute_pod_actions(&p, &ready(0), &none()).init_containers_to_start, [0]);
+    let status = with(ready(0), "sc", ContainerState::Running, 0);
+    let a = compute_pod_actions(&p, &status, &none());
+    assert_eq!((a.init_containers_to_start.clone(), a.containers_to_start.len()), (vec![1], 0), "the next one starts");
+    let status = with(status, "i2", ContainerState::Exited, 0);
+    let a = compute_pod_actions(&p, &status, &none());
+    assert!(a.init_containers_to_start.is_empty() && !a.kill_pod, "the running sidecar is left alone: {a:?}");
+    assert_eq!(a.containers_to_start, [0], "initialization is done while the sidecar runs");
+}
+
+#[test]
+fn a_sidecar_restarts_whatever_the_pods_policy() {
+    for policy in ["Never", "OnFailure", "Always"] {
+        let p = with_sidecar(policy);
+        let status = with(with(ready(0), "i2", ContainerState::Exited, 0), "sc", ContainerState::Exited, 1);
+        let status = with(status, "a", ContainerState::Running, 0);
+        let a = compute_pod_actions(&p, &status, &none());
+        assert_eq!(a.init_containers_to_start, [0], "{policy}");
+        assert!(!a.kill_pod, "{policy}");
+    }
+    // Gone from the runtime after initialization: started again too.
+    let status = with(ready(0), "a", ContainerState::Running, 0);
+    assert_eq!(compute_pod_actions(&with_sidecar("Always"), &status, &none()).init_containers_to_start, [0]);
+}
+
+#[test]
+fn a_pod_whose_regular_containers_finished_is_done_though_its_sidecar_runs() {
+    let p = with_sidecar("OnFailure");
+    let status = with(with(ready(0), "sc", ContainerState::Running, 0), "i2", ContainerState::Exited, 0);
+    let status = with(status, "a", ContainerState::Exited, 0);
+    let a = compute_pod_actions(&p, &status, &none());
+    assert!(a.kill_pod, "{a:?}");
+    assert!(a.init_containers_to_start.is_empty() && a.containers_to_start.is_empty());
+}
+
+#[test]
+fn a_changed_sidecar_is_restarted() {
+    let mut p = with_sidecar("Always");
+    let status = with(with(ready(0), "sc", ContainerState::Running, 0), "i2", ContainerState::Exited, 0);
+    let status = with(status, "a", ContainerState::Running, 0);
+    p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].image = Some("busybox:2".into());
+    let a = compute_pod_actions(&p, &status, &none());
+    assert_eq!(killed(&a), [("sc", KillReason::DefinitionChanged)]);
+    assert_eq!(a.init_containers_to_start, [0]);
 }

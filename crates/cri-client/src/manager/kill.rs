@@ -22,14 +22,7 @@ impl CriRuntime {
         grace_override: Option<i64>,
         message: &str,
     ) -> Result<(), Error> {
-        let mut grace = pod
-            .and_then(|p| {
-                p.metadata
-                    .deletion_grace_period_seconds
-                    .or_else(|| p.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
-            })
-            .or(annotations_grace)
-            .unwrap_or(30);
+        let mut grace = pod_grace(pod).or(annotations_grace).unwrap_or(30);
         if let Some(pod) = pod {
             let message = if message.is_empty() { format!("Stopping container {name}") } else { message.to_owned() };
             self.event(pod, EventType::Normal, "Killing", message);
@@ -50,14 +43,36 @@ pub(super) async fn kill_pod(
     running: &runtime::Pod,
     grace_override: Option<i64>,
 ) -> Result<(), Error> {
-    // Every container at once, each with its own grace period.
-    let kills = running.containers.iter().filter(|c| c.state != ContainerState::Exited).map(|c| async move {
+    // Sidecars (KEP-753) stop after the regular containers, in reverse spec order, within what
+    // is left of the pod's grace period; everything else stops at once.
+    let sidecars: Vec<&str> = pod
+        .and_then(|p| p.spec.as_ref())
+        .map(|s| {
+            s.init_containers
+                .iter()
+                .flatten()
+                .filter(|c| crate::actions::is_sidecar(c))
+                .map(|c| c.name.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let live = || running.containers.iter().filter(|c| c.state != ContainerState::Exited);
+    let started = Instant::now();
+    let kills = live().filter(|c| !sidecars.contains(&c.name.as_str())).map(|c| async move {
         let annotations_grace = None;
         rt.kill_container(pod, &c.id, &c.name, annotations_grace, grace_override, "").await
     });
     let results = futures::future::join_all(kills).await;
     if let Some(err) = results.into_iter().find_map(Result::err) {
         return Err(err);
+    }
+    let budget = grace_override.or_else(|| pod_grace(pod));
+    for name in sidecars.iter().rev() {
+        for c in live().filter(|c| c.name == *name) {
+            let spent = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
+            let left = budget.map(|b| b.saturating_sub(spent).max(MIN_GRACE_PERIOD_SECONDS));
+            rt.kill_container(pod, &c.id, &c.name, None, left, "").await?;
+        }
     }
     for sandbox in &running.sandboxes {
         let request = pb::StopPodSandboxRequest { pod_sandbox_id: sandbox.id.clone() };
@@ -68,4 +83,12 @@ pub(super) async fn kill_pod(
         }
     }
     Ok(())
+}
+
+/// The pod's own grace period: the deletion's, else the spec's.
+fn pod_grace(pod: Option<&ApiPod>) -> Option<i64> {
+    let pod = pod?;
+    pod.metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
 }

@@ -241,7 +241,7 @@ pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, 
     }
 
     // Step 2: keep only the newest dead instance of each init container.
-    if actions.next_init_container.is_some() && !actions.create_sandbox {
+    if !actions.init_containers_to_start.is_empty() && !actions.create_sandbox {
         rt.prune_init_containers(pod, status, false).await;
     }
 
@@ -322,16 +322,17 @@ pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, 
             Err(failure) => SyncResult::failed(SyncAction::StartContainer, &as_container.name, failure),
         });
     }
-    if let Some(i) = actions.next_init_container
-        && let Some(init) = spec.init_containers.as_ref().and_then(|c| c.get(i))
-    {
+    for &i in &actions.init_containers_to_start {
+        let Some(init) = spec.init_containers.as_ref().and_then(|c| c.get(i)) else { continue };
         let outcome = rt.start_container(pod, status, init, &sandbox_id, &sandbox_config, &pod_ips, backoff).await;
         let failed = outcome.is_err();
         result.push(match outcome {
             Ok(()) => SyncResult::ok(SyncAction::InitContainer, &init.name),
             Err(failure) => SyncResult::failed(SyncAction::InitContainer, &init.name, failure),
         });
-        if failed {
+        // A sidecar that cannot start yet (a back-off) holds back nothing after it; a regular
+        // init container does.
+        if failed && !crate::actions::is_sidecar(init) {
             return result;
         }
     }
