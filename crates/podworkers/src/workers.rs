@@ -53,6 +53,13 @@ impl Config {
         self
     }
 
+    /// Sets the retry period after a failed sync.
+    #[must_use]
+    pub fn backoff_period(mut self, period: Duration) -> Self {
+        self.backoff_period = period;
+        self
+    }
+
     /// Sets the jitter factor (0 disables jitter).
     #[must_use]
     pub fn jitter_factor(mut self, factor: f64) -> Self {
