@@ -515,3 +515,22 @@ async fn real_an_orphaned_pod_directory_with_a_tmpfs_below_survives() {
     assert!(warning.message.contains("mounted below"), "{}", warning.message);
     assert!(unmounted.is_ok_and(|s| s.success()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn containers_still_running_after_a_successful_kill_fail_the_termination() {
+    let f = fixture();
+    let p = pod("stubborn", "Always", &["c"]);
+    f.sync(&p).await.unwrap();
+    let status = f.runtime_status(&p).await;
+    let id = status.container_statuses[0].id.clone();
+    // The runtime reports success, yet the container runs again before the kubelet looks.
+    f.runtime.set_pod_status_latency(&PodUid::of(&p), Duration::from_secs(1));
+    let terminating = tokio::spawn({
+        let (sync, p) = (f.sync.clone(), p.clone());
+        async move { sync.sync_terminating_pod(&p, &status, 1, None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    f.runtime.set_container_state(&id, runtime::ContainerState::Running).unwrap();
+    let result = terminating.await.unwrap();
+    assert!(matches!(result, Err(Error::StillRunning(ref names)) if names == "c"), "{result:?}");
+}

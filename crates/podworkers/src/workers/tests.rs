@@ -379,6 +379,29 @@ async fn a_failed_kill_of_a_pod_that_left_the_config_is_retried_by_housekeeping_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_kill_without_a_status_to_act_on_is_retried_once_the_runtime_answers() {
+    let h = harness();
+    h.workers.update_pod(UpdatePodOptions::new(SyncPodType::Create, pod("a")));
+    relist(&h.cache).await;
+    // The PLEG cannot inspect the pod: the kill has no status to act on and fails.
+    let failed: kubelet_core::StatusError = Arc::new(std::io::Error::other("inspect timed out"));
+    tokio::time::advance(Duration::from_millis(10)).await;
+    h.cache.set(&PodUid::new("a"), PodStatus::new(PodUid::new("a"), "a", "default"), Some(failed), Instant::now());
+    h.workers.update_pod(kill("a", Some(1)));
+    settle().await;
+    assert_eq!(h.rec.calls("a"), [Call::Sync(SyncPodType::Create)], "no kill without a status");
+    // The runtime answers again; housekeeping retries once the backoff has passed.
+    tokio::time::advance(Duration::from_millis(10)).await;
+    h.cache.set(&PodUid::new("a"), PodStatus::new(PodUid::new("a"), "a", "default"), None, Instant::now());
+    for _ in 0..15 {
+        tokio::time::advance(Duration::from_secs(2)).await;
+        h.workers.sync_known_pods(&[]);
+        relist(&h.cache).await;
+    }
+    assert_eq!(h.rec.calls("a"), [Call::Sync(SyncPodType::Create), Call::Terminating(1), Call::Terminated]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn shutdown_stops_every_worker() {
     let h = harness();
     *h.rec.sync_time.lock().unwrap() = Duration::from_secs(3600);
