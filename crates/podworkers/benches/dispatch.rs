@@ -3,7 +3,10 @@
 //!   started: dispatch throughput, and latency under that burst;
 //! - paced: single updates to random pods among N idle workers, one at a time: the latency from
 //!   update to sync start of one update;
-//! - resident memory per idle worker.
+//! - resident memory per idle worker;
+//! - static pod handover: an edited static pod (a new UID, the same full name) waits for the old
+//!   one; the time from the old one's kill to the new one's first sync (upstream: a resync,
+//!   10 s or more).
 //!
 //! A background task bumps the status cache's timestamp every millisecond, as a PLEG's relist
 //! would, so the workers' cache barrier opens as it does in the agent.
@@ -170,6 +173,45 @@ impl Setup {
     }
 }
 
+fn static_pod(uid: &str, name: &str) -> Arc<Pod> {
+    let annotations = [(kubelet_core::types::annotations::CONFIG_SOURCE.to_owned(), "file".to_owned())];
+    Arc::new(Pod {
+        metadata: ObjectMeta {
+            uid: Some(uid.into()),
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            annotations: Some(annotations.into()),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    })
+}
+
+/// Kills an old static pod while its edited successor waits for the name; returns the time
+/// from the kill to the successor's first sync, for `rounds` edits.
+async fn static_handover(rounds: usize) -> Vec<Duration> {
+    let setup = Setup::new(0).await;
+    let mut handovers = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let name = format!("static-{round}");
+        let (old, new) = (static_pod(&format!("{name}-old"), &name), static_pod(&format!("{name}-new"), &name));
+        *setup.probe.remaining.lock().unwrap() = 1;
+        setup.probe.sent.lock().unwrap().insert(PodUid::of(&old), Instant::now());
+        setup.workers.update_pod(UpdatePodOptions::new(SyncPodType::Create, old.clone()));
+        setup.probe.done.notified().await;
+        setup.workers.update_pod(UpdatePodOptions::new(SyncPodType::Create, new.clone()));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        *setup.probe.remaining.lock().unwrap() = 1;
+        setup.probe.sent.lock().unwrap().insert(PodUid::of(&new), Instant::now());
+        setup.workers.update_pod(UpdatePodOptions::new(SyncPodType::Kill, old));
+        tokio::time::timeout(Duration::from_secs(30), setup.probe.done.notified()).await.unwrap();
+        handovers.extend(setup.probe.latencies.lock().unwrap().pop());
+        setup.probe.latencies.lock().unwrap().clear();
+    }
+    handovers.sort();
+    handovers
+}
+
 fn resident_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     statm.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 4096
@@ -198,6 +240,14 @@ fn dispatch(c: &mut Criterion) {
         setup.report("paced", n);
     }
     group.finish();
+
+    let handover = rt.block_on(static_handover(50));
+    println!(
+        "podworkers static pod handover: kill of the old pod to the edited pod's first sync p50 {:?} max {:?} over {} edits",
+        handover[handover.len() / 2],
+        handover.last().unwrap(),
+        handover.len()
+    );
 
     let before = resident_bytes();
     let idle = rt.block_on(Setup::new(10_000));
