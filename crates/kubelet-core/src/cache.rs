@@ -105,6 +105,12 @@ impl Cache {
         true
     }
 
+    /// Every cached pod with its status: what the runtime held at the last look (for
+    /// housekeeping, which finds orphans here rather than asking the runtime).
+    pub fn pods(&self) -> Vec<(PodUid, CachedStatus)> {
+        lock(&self.inner).pods.iter().map(|(uid, entry)| (uid.clone(), entry.cached.clone())).collect()
+    }
+
     /// Forgets `uid`.
     pub fn delete(&self, uid: &PodUid) {
         lock(&self.inner).pods.remove(uid);

@@ -330,6 +330,23 @@ impl PodStatus {
         self.container_statuses.iter().any(|c| c.state == ContainerState::Running)
             || self.sandbox_statuses.iter().any(|s| s.state == SandboxState::Ready)
     }
+
+    /// The pod as [`Runtime::get_pods`] lists it: its containers (with their hashes) and
+    /// sandboxes, for a kill.
+    pub fn to_running_pod(&self) -> Pod {
+        let mut pod = Pod::new(self.uid.clone(), &self.name, &self.namespace);
+        pod.containers = self
+            .container_statuses
+            .iter()
+            .map(|c| {
+                let mut container = Container::new(&c.id, &c.name, c.state);
+                container.hash = c.hash;
+                container
+            })
+            .collect();
+        pod.sandboxes = self.sandbox_statuses.iter().map(|s| Sandbox::new(&s.id, s.attempt, s.state)).collect();
+        pod
+    }
 }
 
 /// A step of `SyncPod` (upstream `SyncAction`).

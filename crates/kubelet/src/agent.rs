@@ -149,13 +149,13 @@ impl<R: Runtime> Builder<R> {
         );
         let workers = Arc::new(workers(WorkerParts {
             syncer: syncer.clone(),
-            cache,
+            cache: cache.clone(),
             work_queue: work_queue.clone(),
             cancel: cancel.child_token(),
         }));
         let pods = Arc::new(PodManager::new());
         let sources = Arc::new(SourcesReady::new(config.sources.iter().copied()));
-        let kubelet = Kubelet::new(syncer, workers.clone(), pods.clone(), sources.clone());
+        let kubelet = Kubelet::new(syncer, workers.clone(), pods.clone(), sources.clone(), cache);
         let health = Arc::new(LoopHealth::new(config.loop_health_threshold));
         let shared = Shared::new(pods, work_queue, sources, runtime_state, health);
         let (probe_tx, probes) = mpsc::channel(64);

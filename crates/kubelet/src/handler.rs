@@ -11,9 +11,9 @@ use std::{
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
 use kubelet_core::{
-    KillPodOptions, PodManager, PodUid, PodWorkers, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
+    Cache, KillPodOptions, PodManager, PodUid, PodWorkers, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
     events::{Event, EventType, ObjectRef},
-    runtime::{self, ContainerState, Runtime},
+    runtime::Runtime,
     types::{is_mirror_pod, pod_full_name},
 };
 use tokio::time::Instant;
@@ -29,6 +29,7 @@ use crate::{
 /// What the sync loop calls: upstream's `SyncHandler` on top of the pod workers.
 pub struct Kubelet<R, W> {
     sync: Arc<PodSync<R>>,
+    cache: Arc<Cache>,
     cleanups: Cleanups<R>,
     workers: Arc<W>,
     pods: Arc<PodManager>,
@@ -46,10 +47,17 @@ impl<R, W> std::fmt::Debug for Kubelet<R, W> {
 const GC_EVERY: u64 = 30;
 
 impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
-    /// A kubelet over `sync` (the same one `workers` call) and `workers`.
-    pub fn new(sync: Arc<PodSync<R>>, workers: Arc<W>, pods: Arc<PodManager>, sources: Arc<SourcesReady>) -> Self {
+    /// A kubelet over `sync` (the same one `workers` call) and `workers`; `cache` is the PLEG's
+    /// status cache, where housekeeping finds the pods the runtime holds.
+    pub fn new(
+        sync: Arc<PodSync<R>>,
+        workers: Arc<W>,
+        pods: Arc<PodManager>,
+        sources: Arc<SourcesReady>,
+        cache: Arc<Cache>,
+    ) -> Self {
         let cleanups = Cleanups::new(sync.clone());
-        Kubelet { sync, cleanups, workers, pods, sources, housekeepings: AtomicU64::new(0) }
+        Kubelet { sync, cache, cleanups, workers, pods, sources, housekeepings: AtomicU64::new(0) }
     }
 
     /// The removals the kubelet queues (dead containers, what is left of pods that are gone,
@@ -184,19 +192,21 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             }
         }
         // Pods in the runtime that nobody wants and no worker knows: running ones are orphans,
-        // killed with a 1 s grace; what is left of stopped ones is removed.
-        let in_runtime = self.sync.runtime.get_pods(true).await.map_err(|e| Error::runtime("get_pods", e))?;
-        for pod in in_runtime {
-            if workers.contains_key(&pod.uid) || desired_uids.contains(&pod.uid) {
+        // killed with a 1 s grace; what is left of stopped ones is removed. The PLEG's cache says
+        // what the runtime held at its last relist, so housekeeping asks the runtime nothing.
+        for (uid, cached) in self.cache.pods() {
+            if workers.contains_key(&uid) || desired_uids.contains(&uid) {
                 continue;
             }
-            let runs = pod.containers.iter().any(|c| c.state == ContainerState::Running)
-                || pod.sandboxes.iter().any(|s| s.state == runtime::SandboxState::Ready);
-            if runs {
+            if let Some(err) = &cached.error {
+                debug!(pod.uid = %uid, error = %err, "not inspected at the last relist; housekeeping waits");
+                continue;
+            }
+            if cached.status.is_running() {
                 let kill = KillPodOptions::default().grace_period_override(1);
-                self.workers.update_pod(UpdatePodOptions::kill_orphan(pod, kill));
+                self.workers.update_pod(UpdatePodOptions::kill_orphan(cached.status.to_running_pod(), kill));
             } else {
-                self.cleanups.push(Job::RemovePodContent(pod.uid));
+                self.cleanups.push(Job::RemovePodContent(uid));
             }
         }
         // What is kept about pods that are gone.

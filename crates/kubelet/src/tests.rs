@@ -39,6 +39,8 @@ fn pod(uid: &str, policy: &str, containers: &[&str]) -> Arc<Pod> {
 
 struct Fixture {
     runtime: Arc<FakeRuntime>,
+    /// The PLEG's cache, which housekeeping reads; [`Fixture::relist`] fills it.
+    cache: Arc<kubelet_core::Cache>,
     state: Arc<RuntimeState>,
     sync: Arc<PodSync<FakeRuntime>>,
     events: Arc<RingRecorder>,
@@ -55,7 +57,7 @@ fn fixture() -> Fixture {
         Config::new("node-1").root_dir(root.path()).node(NodeResources::new(4000, 8 << 30)).node_ip("192.0.2.2");
     let sync =
         Arc::new(PodSync::new(runtime.clone(), state.clone(), Arc::new(StatusStore::new()), events.clone(), config));
-    Fixture { runtime, state, sync, events, root }
+    Fixture { runtime, cache: Arc::new(kubelet_core::Cache::new()), state, sync, events, root }
 }
 
 fn ready_status(network: bool) -> RuntimeStatus {
@@ -66,6 +68,22 @@ fn ready_status(network: bool) -> RuntimeStatus {
 }
 
 impl Fixture {
+    /// What a PLEG relist does to the cache: every pod of the runtime, inspected now.
+    async fn relist(&self) {
+        let now = Instant::now();
+        let listed = self.runtime.get_pods(true).await.unwrap();
+        for (uid, _) in self.cache.pods() {
+            if !listed.iter().any(|p| p.uid == uid) {
+                self.cache.delete(&uid);
+            }
+        }
+        for pod in listed {
+            let status = self.runtime.get_pod_status(&pod.uid, &pod.name, &pod.namespace).await.unwrap();
+            self.cache.set(&pod.uid, status, None, now);
+        }
+        self.cache.update_time(now);
+    }
+
     async fn runtime_status(&self, p: &Pod) -> PodStatus {
         self.runtime.get_pod_status(&PodUid::of(p), "", "").await.unwrap()
     }
@@ -276,7 +294,8 @@ fn kubelet(f: &Fixture, max_pods: usize) -> (Kubelet<FakeRuntime, Recorded>, Arc
     let config = Config::new("node-1").root_dir(f.root.path()).node(node);
     let sync =
         Arc::new(PodSync::new(f.runtime.clone(), f.state.clone(), f.sync.statuses().clone(), f.events.clone(), config));
-    (Kubelet::new(sync, workers.clone(), Arc::new(PodManager::new()), sources.clone()), workers, sources)
+    let kubelet = Kubelet::new(sync, workers.clone(), Arc::new(PodManager::new()), sources.clone(), f.cache.clone());
+    (kubelet, workers, sources)
 }
 
 fn updates(w: &Recorded) -> Vec<(SyncPodType, String)> {
@@ -383,7 +402,10 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
     lock(&w.known).insert(PodUid::new("kept"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
     updates(&w);
     assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_some());
+    f.relist().await;
+    f.runtime.clear_calls();
     k.handle_pod_cleanups().await.unwrap();
+    assert!(f.runtime.calls().is_empty(), "housekeeping asks the runtime nothing: {:?}", f.runtime.calls());
     k.cleanups().run_queued().await;
     assert_eq!(updates(&w), [(SyncPodType::Kill, "ghost".to_owned())]);
     assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_none(), "its status is forgotten");
@@ -437,6 +459,7 @@ async fn what_is_left_of_pods_that_are_gone_is_removed() {
     let status = f.runtime_status(&done).await;
     f.sync.sync_terminating_pod(&done, &status, 0, None).await.unwrap();
     updates(&w);
+    f.relist().await;
     k.handle_pod_cleanups().await.unwrap();
     k.cleanups().run_queued().await;
     assert!(updates(&w).is_empty(), "nothing runs, so nothing is killed");

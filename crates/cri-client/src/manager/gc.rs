@@ -117,7 +117,7 @@ impl CriRuntime {
         let (name, namespace, uid) = pod_meta(pod);
         let uid_key = PodUid::new(uid);
         let status = self.get_pod_status(&uid_key, name, namespace).await?;
-        let running = Self::running_pod_of(&status);
+        let running = status.to_running_pod();
         self.kill_pod(Some(pod), &running, Some(0)).await?;
         for c in &status.container_statuses {
             self.delete_container(&c.id).await?;

@@ -78,24 +78,6 @@ pub(super) async fn termination_message(status: &pb::ContainerStatus) -> String 
     message
 }
 
-impl CriRuntime {
-    pub(super) fn running_pod_of(status: &PodStatus) -> runtime::Pod {
-        let mut pod = runtime::Pod::new(status.uid.clone(), &status.name, &status.namespace);
-        pod.containers = status
-            .container_statuses
-            .iter()
-            .map(|c| {
-                let mut container = runtime::Container::new(&c.id, &c.name, c.state);
-                container.hash = c.hash;
-                container
-            })
-            .collect();
-        pod.sandboxes =
-            status.sandbox_statuses.iter().map(|s| runtime::Sandbox::new(&s.id, s.attempt, s.state)).collect();
-        pod
-    }
-}
-
 pub(super) async fn get_pods(rt: &CriRuntime, all: bool) -> Result<Vec<runtime::Pod>, Error> {
     let sandbox_filter = (!all).then(|| pb::PodSandboxFilter {
         state: Some(pb::PodSandboxStateValue { state: pb::PodSandboxState::SandboxReady as i32 }),

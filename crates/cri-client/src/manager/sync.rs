@@ -212,7 +212,7 @@ pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, 
         } else if actions.create_sandbox {
             debug!(pod = %full_name, "SyncPod received new pod, will create a sandbox for it");
         }
-        let running = CriRuntime::running_pod_of(status);
+        let running = status.to_running_pod();
         if let Err(err) = rt.kill_pod(Some(pod), &running, None).await {
             result.push(SyncResult::failed(
                 SyncAction::KillPodSandbox,
