@@ -38,6 +38,8 @@ struct FakeCri {
     errors: Arc<Mutex<HashMap<&'static str, VecDeque<Status>>>>,
     delay: Arc<Mutex<Duration>>,
     calls: Arc<Mutex<Vec<&'static str>>>,
+    /// What `ListContainers` answers; `RemoveContainer` removes from it.
+    containers: Arc<Mutex<Vec<pb::Container>>>,
 }
 
 impl FakeCri {
@@ -121,6 +123,32 @@ impl pb::runtime_service_server::RuntimeService for FakeCri {
         Ok(Response::new(pb::RunPodSandboxResponse { pod_sandbox_id: "sb-1".into() }))
     }
 
+    async fn list_pod_sandbox(
+        &self,
+        _: Request<pb::ListPodSandboxRequest>,
+    ) -> Result<Response<pb::ListPodSandboxResponse>, Status> {
+        self.enter("list_pod_sandbox").await?;
+        Ok(Response::new(pb::ListPodSandboxResponse { items: vec![] }))
+    }
+
+    async fn list_containers(
+        &self,
+        _: Request<pb::ListContainersRequest>,
+    ) -> Result<Response<pb::ListContainersResponse>, Status> {
+        self.enter("list_containers").await?;
+        Ok(Response::new(pb::ListContainersResponse { containers: self.containers.lock().unwrap().clone() }))
+    }
+
+    async fn remove_container(
+        &self,
+        request: Request<pb::RemoveContainerRequest>,
+    ) -> Result<Response<pb::RemoveContainerResponse>, Status> {
+        self.enter("remove_container").await?;
+        let id = request.into_inner().container_id;
+        self.containers.lock().unwrap().retain(|c| c.id != id);
+        Ok(Response::new(pb::RemoveContainerResponse {}))
+    }
+
     fn get_container_events<'life0, 'async_trait>(
         &'life0 self,
         _request: Request<pb::GetEventsRequest>,
@@ -142,11 +170,8 @@ impl pb::runtime_service_server::RuntimeService for FakeCri {
     unimplemented_rpcs! {
         remove_pod_sandbox: pb::RemovePodSandboxRequest => pb::RemovePodSandboxResponse,
         pod_sandbox_status: pb::PodSandboxStatusRequest => pb::PodSandboxStatusResponse,
-        list_pod_sandbox: pb::ListPodSandboxRequest => pb::ListPodSandboxResponse,
         create_container: pb::CreateContainerRequest => pb::CreateContainerResponse,
         start_container: pb::StartContainerRequest => pb::StartContainerResponse,
-        remove_container: pb::RemoveContainerRequest => pb::RemoveContainerResponse,
-        list_containers: pb::ListContainersRequest => pb::ListContainersResponse,
         container_status: pb::ContainerStatusRequest => pb::ContainerStatusResponse,
         update_container_resources: pb::UpdateContainerResourcesRequest => pb::UpdateContainerResourcesResponse,
         reopen_container_log: pb::ReopenContainerLogRequest => pb::ReopenContainerLogResponse,
@@ -271,6 +296,46 @@ async fn image_pulls_have_no_call_timeout() {
     assert_eq!(pulled.into_inner().image_ref, "sha256:pulled");
     let err = client.image_service().list_images(pb::ListImagesRequest::default()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "other image calls keep the timeout: {err:?}");
+    f.server.abort();
+}
+
+#[tokio::test]
+async fn garbage_collection_goes_on_past_a_failed_removal() {
+    let f = start();
+    let dead = |id: &str, name: &str, created_at: i64| pb::Container {
+        id: id.into(),
+        metadata: Some(pb::ContainerMetadata { name: name.into(), attempt: 0 }),
+        state: pb::ContainerState::ContainerExited as i32,
+        created_at,
+        labels: [
+            ("io.kubernetes.pod.uid".to_owned(), "u".to_owned()),
+            ("io.kubernetes.pod.name".to_owned(), "p".to_owned()),
+            ("io.kubernetes.pod.namespace".to_owned(), "ns".to_owned()),
+            ("io.kubernetes.container.name".to_owned(), name.to_owned()),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    // Three dead instances of each of two containers: GC keeps the newest of each.
+    *f.fake.containers.lock().unwrap() = vec![
+        dead("c1", "c", 1),
+        dead("c2", "c", 2),
+        dead("c3", "c", 3),
+        dead("d1", "d", 1),
+        dead("d2", "d", 2),
+        dead("d3", "d", 3),
+    ];
+    f.fake.fail("remove_container", Status::internal("device or resource busy"));
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let runtime = CriRuntime::new(client, manager::Config::new("n"), Arc::new(RingRecorder::default()));
+    let err = runtime.garbage_collect(&runtime::GcPolicy::default(), true, false).await.unwrap_err();
+    assert!(err.to_string().contains("RemoveContainer"), "the first failure is reported: {err}");
+    let removals = f.fake.calls.lock().unwrap().iter().filter(|c| **c == "remove_container").count();
+    assert_eq!(removals, 4, "every old container was tried");
+    let mut left: Vec<String> = f.fake.containers.lock().unwrap().iter().map(|c| c.id.clone()).collect();
+    left.sort();
+    assert_eq!(left.len(), 3, "only the one whose removal failed stays besides the newest: {left:?}");
+    assert!(left.contains(&"c3".to_owned()) && left.contains(&"d3".to_owned()));
     f.server.abort();
 }
 
