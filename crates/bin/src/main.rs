@@ -85,12 +85,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
             };
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            // Sized for a node agent, not a server: at most 4 workers and 8 blocking threads
+            // (file IO), so the agent stays within 16 threads however many pods run.
+            let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(AGENT_WORKER_THREADS));
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers)
+                .max_blocking_threads(AGENT_BLOCKING_THREADS)
+                .enable_all()
+                .build()?;
             runtime.block_on(run_agent(settings))?;
             Ok(ExitCode::SUCCESS)
         }
     }
 }
+
+/// The agent's tokio worker threads, at most.
+const AGENT_WORKER_THREADS: usize = 4;
+/// The agent's threads for blocking file IO, at most.
+const AGENT_BLOCKING_THREADS: usize = 8;
 
 /// Logs to stderr: `RUST_LOG` when set, else the level `--v` names.
 fn init_logging(verbosity: u8, format: LogFormat) {

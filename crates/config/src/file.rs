@@ -7,10 +7,15 @@
 //! A missing path is an empty snapshot, so the source still counts as seen.
 //! Changes are picked up at once through inotify (the `notify` crate) and by a periodic rescan
 //! (`fileCheckFrequency`, 20 s) as a safety net; each scan sends the whole snapshot.
+//! Only events that may change content wake the source (create, write, delete, moves): opening
+//! or reading a file does not, so the source's own reads never wake it.
+//! A scan decodes only the files whose identity (device, inode, size, modification time)
+//! changed since they were last decoded; an idle directory costs one `stat` per file per rescan.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     io::Read,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -67,7 +72,42 @@ pub struct Scan {
     pub errors: Vec<ManifestError>,
 }
 
-fn read_manifest(path: &Path, node_name: &str, scan: &mut Scan) {
+/// A file as it was when last decoded: its identity, to tell whether it changed since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl FileId {
+    fn of(metadata: &std::fs::Metadata) -> Self {
+        FileId {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+            len: metadata.len(),
+            mtime: (metadata.mtime(), metadata.mtime_nsec()),
+        }
+    }
+}
+
+/// The pods of every manifest decoded so far, by path, with the identity of the file decoded.
+/// Files that failed are not kept: they are read again at the next scan.
+#[derive(Debug, Default)]
+struct Decoded {
+    files: HashMap<PathBuf, (FileId, Vec<Pod>)>,
+}
+
+fn read_manifest(path: &Path, node_name: &str, scan: &mut Scan, decoded: &mut Option<&mut Decoded>) {
+    let id = std::fs::metadata(path).ok().map(|m| FileId::of(&m));
+    if let (Some(id), Some(decoded)) = (id, decoded.as_deref())
+        && let Some((known, pods)) = decoded.files.get(path)
+        && *known == id
+    {
+        scan.pods.extend(pods.iter().cloned());
+        return;
+    }
     let origin = Origin::File(path.to_path_buf());
     let read = || -> Result<Vec<u8>, ManifestError> {
         let file =
@@ -80,34 +120,62 @@ fn read_manifest(path: &Path, node_name: &str, scan: &mut Scan) {
         Ok(bytes)
     };
     match read().and_then(|bytes| static_pods(&bytes, &origin, node_name, false)) {
-        Ok(pods) => scan.pods.extend(pods),
-        Err(err) => scan.errors.push(err),
+        Ok(pods) => {
+            if let (Some(id), Some(decoded)) = (id, decoded.as_deref_mut()) {
+                decoded.files.insert(path.to_path_buf(), (id, pods.clone()));
+            }
+            scan.pods.extend(pods);
+        }
+        Err(err) => {
+            if let Some(decoded) = decoded.as_deref_mut() {
+                decoded.files.remove(path);
+            }
+            scan.errors.push(err);
+        }
     }
 }
 
 /// Reads every manifest under `path` (blocking IO).
 pub fn scan(path: &Path, node_name: &str) -> Scan {
+    scan_with(path, node_name, None)
+}
+
+/// Reads the manifests under `path`, decoding only those that changed since `decoded` saw them
+/// (blocking IO); `decoded` then holds exactly the files of this scan.
+fn scan_with(path: &Path, node_name: &str, mut decoded: Option<&mut Decoded>) -> Scan {
+    let scan = scan_files(path, node_name, &mut decoded);
+    if let Some(decoded) = decoded {
+        let seen: HashSet<&Path> = scan.1.iter().map(PathBuf::as_path).collect();
+        decoded.files.retain(|file, _| seen.contains(file.as_path()));
+    }
+    scan.0
+}
+
+/// A scan, and every manifest file it looked at.
+fn scan_files(path: &Path, node_name: &str, decoded: &mut Option<&mut Decoded>) -> (Scan, Vec<PathBuf>) {
     let mut scan = Scan::default();
+    let mut looked_at = Vec::new();
     let metadata = match std::fs::metadata(path) {
         Ok(metadata) => metadata,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             debug!(path = %path.display(), "static pod path does not exist");
-            return scan;
+            return (scan, looked_at);
         }
         Err(source) => {
             scan.errors.push(ManifestError::Read { origin: Origin::File(path.to_path_buf()), source });
-            return scan;
+            return (scan, looked_at);
         }
     };
     if !metadata.is_dir() {
-        read_manifest(path, node_name, &mut scan);
-        return scan;
+        read_manifest(path, node_name, &mut scan, decoded);
+        looked_at.push(path.to_path_buf());
+        return (scan, looked_at);
     }
     let entries = match std::fs::read_dir(path) {
         Ok(entries) => entries,
         Err(source) => {
             scan.errors.push(ManifestError::Read { origin: Origin::File(path.to_path_buf()), source });
-            return scan;
+            return (scan, looked_at);
         }
     };
     let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -119,14 +187,29 @@ pub fn scan(path: &Path, node_name: &str) -> Scan {
         }
         match std::fs::metadata(&file) {
             Ok(m) if m.is_dir() => info!(path = %file.display(), "not recursing into manifest subdirectory"),
-            Ok(m) if m.is_file() => read_manifest(&file, node_name, &mut scan),
+            Ok(m) if m.is_file() => {
+                read_manifest(&file, node_name, &mut scan, decoded);
+                looked_at.push(file);
+            }
             Ok(_) => debug!(path = %file.display(), "skipping non-regular file"),
             // The file vanished between listing and reading: the next event rescans.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => scan.errors.push(ManifestError::Read { origin: Origin::File(file), source }),
         }
     }
-    scan
+    (scan, looked_at)
+}
+
+/// Whether a watch event may change what the manifests say: creation, writes, deletion and
+/// moves do; opening, reading and attribute changes do not (the source's own reads would
+/// otherwise wake it forever).
+fn changes_content(event: &notify::Event) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+    match event.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) | EventKind::Modify(ModifyKind::Metadata(_)) | EventKind::Other => false,
+        EventKind::Any | EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) => true,
+    }
 }
 
 /// What to watch for `path`: the directory itself, a file's directory, or the parent of a path
@@ -171,7 +254,7 @@ impl FileSource {
         }
         let tx = tx.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok() {
+            if event.is_ok_and(|e| changes_content(&e)) {
                 // The receiver is gone only when the source stopped.
                 let _ = tx.send(());
             }
@@ -195,6 +278,7 @@ impl FileSource {
         let mut rescan = tokio::time::interval(self.config.check_frequency);
         rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reported: HashSet<String> = HashSet::new();
+        let mut decoded = Decoded::default();
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
@@ -207,8 +291,17 @@ impl FileSource {
             }
             watch = self.watch(watch, &tx);
             let (path, node) = (self.config.path.clone(), self.config.node_name.clone());
-            let scan = match tokio::task::spawn_blocking(move || scan(&path, &node)).await {
-                Ok(scan) => scan,
+            let mut owned = std::mem::take(&mut decoded);
+            let scan = match tokio::task::spawn_blocking(move || {
+                let scan = scan_with(&path, &node, Some(&mut owned));
+                (scan, owned)
+            })
+            .await
+            {
+                Ok((scan, kept)) => {
+                    decoded = kept;
+                    scan
+                }
                 Err(err) => {
                     warn!(error = %err, "static pod scan failed");
                     continue;

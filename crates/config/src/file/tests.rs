@@ -1,7 +1,7 @@
 //! File source tests on a real temporary directory, with inotify: every change must be seen
 //! within 1 s, long before the (one hour) rescan.
 
-use std::{fs, path::Path, time::Duration};
+use std::{collections::HashMap, fs, path::Path, time::Duration};
 
 use tokio::{sync::mpsc, task::JoinHandle};
 
@@ -231,4 +231,75 @@ fn scan_reports_the_pods_and_errors_of_a_directory() {
     assert_eq!(names, ["a-n", "b-n"], "lexical order");
     assert_eq!(scan.errors.len(), 1);
     assert!(scan.errors[0].to_string().contains("empty.yaml: cannot decode: empty manifest"));
+}
+
+#[test]
+fn only_events_that_may_change_content_wake_the_source() {
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, DataChange, EventKind, MetadataKind, ModifyKind, RemoveKind, RenameMode,
+    };
+    let wakes = |kind| changes_content(&notify::Event::new(kind));
+    for kind in [
+        EventKind::Create(CreateKind::File),
+        EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+        EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+        EventKind::Modify(ModifyKind::Name(RenameMode::From)),
+        EventKind::Remove(RemoveKind::File),
+        EventKind::Access(AccessKind::Close(AccessMode::Write)),
+    ] {
+        assert!(wakes(kind), "{kind:?}");
+    }
+    for kind in [
+        EventKind::Access(AccessKind::Open(AccessMode::Any)),
+        EventKind::Access(AccessKind::Read),
+        EventKind::Access(AccessKind::Close(AccessMode::Read)),
+        EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any)),
+    ] {
+        assert!(!wakes(kind), "{kind:?}");
+    }
+}
+
+/// Counts the opens of each file in `dir` (inotify), as another reader would see the source.
+fn count_opens(dir: &Path) -> (notify::RecommendedWatcher, Arc<std::sync::Mutex<HashMap<PathBuf, usize>>>) {
+    use notify::event::{AccessKind, EventKind};
+    let opens: Arc<std::sync::Mutex<HashMap<PathBuf, usize>>> = Arc::default();
+    let counted = opens.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(event) = event
+            && matches!(event.kind, EventKind::Access(AccessKind::Open(_)))
+        {
+            for path in event.paths {
+                *counted.lock().unwrap().entry(path).or_default() += 1;
+            }
+        }
+    })
+    .unwrap();
+    watcher.watch(dir, RecursiveMode::NonRecursive).unwrap();
+    (watcher, opens)
+}
+
+#[tokio::test]
+async fn an_idle_directory_is_not_read_again_and_a_change_reads_only_the_changed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..50 {
+        fs::write(dir.path().join(format!("pod-{i:02}.yaml")), manifest(&format!("pod-{i:02}"), "busybox:1")).unwrap();
+    }
+    // A broken manifest is read again at every scan: a scan woken by its own reads would loop.
+    fs::write(dir.path().join("broken.yaml"), "kind: [").unwrap();
+    let path = dir.path().to_path_buf();
+    let mut f = Fixture::start_at(dir, path);
+    assert_eq!(f.next().await.1.len(), 50);
+    let (_watcher, opens) = count_opens(f.dir.path());
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(opens.lock().unwrap().is_empty(), "idle, yet files were opened: {:?}", opens.lock().unwrap());
+
+    // A new manifest: the scan reads it (and the broken one), not the 50 unchanged ones.
+    write_atomic(&f.path("pod-new.yaml"), &manifest("pod-new", "busybox:1"));
+    assert_eq!(f.next().await, add(&["pod-new-node-a"]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let opened: Vec<PathBuf> = opens.lock().unwrap().keys().cloned().collect();
+    assert!(opened.iter().all(|p| !p.file_name().unwrap().to_string_lossy().starts_with("pod-0")), "{opened:?}");
+    assert!(opened.contains(&f.path("pod-new.yaml")), "{opened:?}");
+    f.stop().await;
 }
