@@ -34,6 +34,8 @@ pub const FIELDS: &[&str] = &[
     "spec.containers[*].securityContext.seLinuxOptions",
     "spec.containers[*].securityContext.appArmorProfile",
     "spec.containers[*].securityContext.procMount",
+    "spec.containers[*].restartPolicy",
+    "spec.containers[*].restartPolicyRules",
 ];
 
 /// The fields of `pod` this agent does not implement, as concrete paths
@@ -111,6 +113,8 @@ fn containers(spec: &PodSpec) -> Vec<(String, Container)> {
             lifecycle: e.lifecycle.clone(),
             resources: e.resources.clone(),
             security_context: e.security_context.clone(),
+            restart_policy: e.restart_policy.clone(),
+            restart_policy_rules: e.restart_policy_rules.clone(),
             ..Container::default()
         };
         (format!("spec.ephemeralContainers[{i}]"), as_container)
@@ -135,14 +139,19 @@ fn container_fields(path: &str, c: &Container, found: &mut Vec<String>) {
     check(sc.is_some_and(|s| s.se_linux_options.is_some()), "securityContext.seLinuxOptions");
     check(sc.is_some_and(|s| s.app_armor_profile.is_some()), "securityContext.appArmorProfile");
     check(sc.and_then(|s| s.proc_mount.as_deref()).is_some_and(|m| m != "Default"), "securityContext.procMount");
+    // A container's own restart policy is honoured only as a sidecar's: `Always` on an init
+    // container. Elsewhere (upstream's container restart rules) it would be ignored.
+    let sidecar = path.starts_with("spec.initContainers") && c.restart_policy.as_deref() == Some("Always");
+    check(c.restart_policy.is_some() && !sidecar, "restartPolicy");
+    check(c.restart_policy_rules.as_ref().is_some_and(|r| !r.is_empty()), "restartPolicyRules");
 }
 
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{
-        AppArmorProfile, ConfigMapVolumeSource, EmptyDirVolumeSource, EphemeralContainer, HostAlias, Lifecycle,
-        PodReadinessGate, PodResourceClaim, PodSecurityContext, Probe, ResourceClaim, ResourceRequirements,
-        SELinuxOptions, Volume, VolumeDevice, VolumeMount,
+        AppArmorProfile, ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
+        EphemeralContainer, HostAlias, Lifecycle, PodReadinessGate, PodResourceClaim, PodSecurityContext, Probe,
+        ResourceClaim, ResourceRequirements, SELinuxOptions, Volume, VolumeDevice, VolumeMount,
     };
 
     use super::*;
@@ -226,6 +235,10 @@ mod tests {
                 c.security_context =
                     Some(SecurityContext { proc_mount: Some("Unmasked".into()), ..SecurityContext::default() });
             }
+            "spec.containers[*].restartPolicy" => c.restart_policy = Some("Never".into()),
+            "spec.containers[*].restartPolicyRules" => {
+                c.restart_policy_rules = Some(vec![ContainerRestartRule::default()]);
+            }
             other => panic!("FIELDS lists {other} but this test has no pod using it: add one"),
         }
         pod
@@ -286,6 +299,19 @@ mod tests {
             message(&found[2..]),
             "this node agent does not implement spec.initContainers[0].startupProbe, spec.ephemeralContainers[0].lifecycle"
         );
+    }
+
+    #[test]
+    fn a_sidecar_restart_policy_is_honoured_any_other_is_refused() {
+        let mut pod = pod();
+        let spec = pod.spec.as_mut().unwrap();
+        let init = |name: &str, policy: &str| ApiContainer {
+            name: name.into(),
+            restart_policy: Some(policy.into()),
+            ..ApiContainer::default()
+        };
+        spec.init_containers = Some(vec![init("sidecar", "Always"), init("once", "Never")]);
+        assert_eq!(unsupported_fields(&pod), ["spec.initContainers[1].restartPolicy"]);
     }
 
     #[test]
