@@ -99,13 +99,22 @@ struct Decoded {
     files: HashMap<PathBuf, (FileId, Vec<Pod>)>,
 }
 
-fn read_manifest(path: &Path, node_name: &str, scan: &mut Scan, decoded: &mut Option<&mut Decoded>) {
-    let id = std::fs::metadata(path).ok().map(|m| FileId::of(&m));
-    if let (Some(id), Some(decoded)) = (id, decoded.as_deref())
-        && let Some((known, pods)) = decoded.files.get(path)
+/// Adds the pods of the manifest at `path` to `scan`: the ones `previous` decoded when the file
+/// is unchanged, else read and decoded now; `next` keeps them for the next scan.
+fn read_manifest(
+    path: &Path,
+    metadata: &std::fs::Metadata,
+    node_name: &str,
+    scan: &mut Scan,
+    previous: &Decoded,
+    next: &mut Decoded,
+) {
+    let id = FileId::of(metadata);
+    if let Some((known, pods)) = previous.files.get(path)
         && *known == id
     {
         scan.pods.extend(pods.iter().cloned());
+        next.files.insert(path.to_path_buf(), (id, pods.clone()));
         return;
     }
     let origin = Origin::File(path.to_path_buf());
@@ -121,61 +130,43 @@ fn read_manifest(path: &Path, node_name: &str, scan: &mut Scan, decoded: &mut Op
     };
     match read().and_then(|bytes| static_pods(&bytes, &origin, node_name, false)) {
         Ok(pods) => {
-            if let (Some(id), Some(decoded)) = (id, decoded.as_deref_mut()) {
-                decoded.files.insert(path.to_path_buf(), (id, pods.clone()));
-            }
+            next.files.insert(path.to_path_buf(), (id, pods.clone()));
             scan.pods.extend(pods);
         }
-        Err(err) => {
-            if let Some(decoded) = decoded.as_deref_mut() {
-                decoded.files.remove(path);
-            }
-            scan.errors.push(err);
-        }
+        Err(err) => scan.errors.push(err),
     }
 }
 
 /// Reads every manifest under `path` (blocking IO).
 pub fn scan(path: &Path, node_name: &str) -> Scan {
-    scan_with(path, node_name, None)
+    scan_with(path, node_name, &mut Decoded::default())
 }
 
 /// Reads the manifests under `path`, decoding only those that changed since `decoded` saw them
-/// (blocking IO); `decoded` then holds exactly the files of this scan.
-fn scan_with(path: &Path, node_name: &str, mut decoded: Option<&mut Decoded>) -> Scan {
-    let scan = scan_files(path, node_name, &mut decoded);
-    if let Some(decoded) = decoded {
-        let seen: HashSet<&Path> = scan.1.iter().map(PathBuf::as_path).collect();
-        decoded.files.retain(|file, _| seen.contains(file.as_path()));
-    }
-    scan.0
-}
-
-/// A scan, and every manifest file it looked at.
-fn scan_files(path: &Path, node_name: &str, decoded: &mut Option<&mut Decoded>) -> (Scan, Vec<PathBuf>) {
+/// (blocking IO); `decoded` then holds exactly the good files of this scan.
+fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded) -> Scan {
+    let previous = std::mem::take(decoded);
     let mut scan = Scan::default();
-    let mut looked_at = Vec::new();
     let metadata = match std::fs::metadata(path) {
         Ok(metadata) => metadata,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             debug!(path = %path.display(), "static pod path does not exist");
-            return (scan, looked_at);
+            return scan;
         }
         Err(source) => {
             scan.errors.push(ManifestError::Read { origin: Origin::File(path.to_path_buf()), source });
-            return (scan, looked_at);
+            return scan;
         }
     };
     if !metadata.is_dir() {
-        read_manifest(path, node_name, &mut scan, decoded);
-        looked_at.push(path.to_path_buf());
-        return (scan, looked_at);
+        read_manifest(path, &metadata, node_name, &mut scan, &previous, decoded);
+        return scan;
     }
     let entries = match std::fs::read_dir(path) {
         Ok(entries) => entries,
         Err(source) => {
             scan.errors.push(ManifestError::Read { origin: Origin::File(path.to_path_buf()), source });
-            return (scan, looked_at);
+            return scan;
         }
     };
     let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -187,17 +178,14 @@ fn scan_files(path: &Path, node_name: &str, decoded: &mut Option<&mut Decoded>) 
         }
         match std::fs::metadata(&file) {
             Ok(m) if m.is_dir() => info!(path = %file.display(), "not recursing into manifest subdirectory"),
-            Ok(m) if m.is_file() => {
-                read_manifest(&file, node_name, &mut scan, decoded);
-                looked_at.push(file);
-            }
+            Ok(m) if m.is_file() => read_manifest(&file, &m, node_name, &mut scan, &previous, decoded),
             Ok(_) => debug!(path = %file.display(), "skipping non-regular file"),
             // The file vanished between listing and reading: the next event rescans.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => scan.errors.push(ManifestError::Read { origin: Origin::File(file), source }),
         }
     }
-    (scan, looked_at)
+    scan
 }
 
 /// Whether a watch event may change what the manifests say: creation, writes, deletion and
@@ -293,7 +281,7 @@ impl FileSource {
             let (path, node) = (self.config.path.clone(), self.config.node_name.clone());
             let mut owned = std::mem::take(&mut decoded);
             let scan = match tokio::task::spawn_blocking(move || {
-                let scan = scan_with(&path, &node, Some(&mut owned));
+                let scan = scan_with(&path, &node, &mut owned);
                 (scan, owned)
             })
             .await

@@ -7,7 +7,10 @@
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kubelet_core::runtime::{ContainerState, NetworkMode, PodStatus, SandboxState, container_hash};
+use kubelet_core::{
+    runtime::{ContainerState, NetworkMode, PodStatus, SandboxState, container_hash},
+    types::is_sidecar,
+};
 
 /// Why a running container is killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,11 +124,6 @@ pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &
             _ => true,
         },
     }
-}
-
-/// Whether `container` is a sidecar: an init container with `restartPolicy: Always` (KEP-753).
-pub fn is_sidecar(container: &Container) -> bool {
-    container.restart_policy.as_deref() == Some("Always")
 }
 
 /// What the init containers need (upstream `computeInitContainerActions`, without probes, which

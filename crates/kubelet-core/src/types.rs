@@ -184,6 +184,12 @@ pub fn is_mirror_pod(pod: &Pod) -> bool {
     annotation(pod, annotations::CONFIG_MIRROR).is_some()
 }
 
+/// Whether `container`, an init container, is a sidecar: `restartPolicy: Always` (KEP-753; upstream
+/// `IsRestartableInitContainer`).
+pub fn is_sidecar(container: &k8s_openapi::api::core::v1::Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
+}
+
 /// The hash a mirror pod records of its static pod, or a static pod's own hash.
 pub fn config_hash(pod: &Pod) -> Option<&str> {
     annotation(pod, annotations::CONFIG_MIRROR).or_else(|| annotation(pod, annotations::CONFIG_HASH))

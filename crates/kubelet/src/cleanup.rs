@@ -108,22 +108,9 @@ impl<R: Runtime> Cleanups<R> {
     async fn execute(&self, job: Job) {
         let runtime = &self.sync.runtime;
         match job {
-            Job::ContainerDied(uid) => {
-                // Keep the newest dead instance of each container; older ones go.
-                let Ok(status) = runtime.get_pod_status(&uid, "", "").await else { return };
-                let mut seen = HashSet::new();
-                for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
-                    if !seen.insert(c.name.clone()) {
-                        self.delete_container(&uid, &c.id).await;
-                    }
-                }
-            }
-            Job::RemoveDeadContainers(uid) => {
-                let Ok(status) = runtime.get_pod_status(&uid, "", "").await else { return };
-                for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
-                    self.delete_container(&uid, &c.id).await;
-                }
-            }
+            // Keep the newest dead instance of each container; older ones go.
+            Job::ContainerDied(uid) => self.remove_dead_containers(&uid, true).await,
+            Job::RemoveDeadContainers(uid) => self.remove_dead_containers(&uid, false).await,
             Job::RemovePodContent(uid) => {
                 if let Err(err) = runtime.remove_pod_content(&uid).await {
                     warn!(pod.uid = %uid, error = %ErrorChain(&err), "cannot remove a pod that is gone");
@@ -139,9 +126,18 @@ impl<R: Runtime> Cleanups<R> {
         }
     }
 
-    async fn delete_container(&self, uid: &PodUid, id: &str) {
-        if let Err(err) = self.sync.runtime.delete_container(id).await {
-            warn!(pod.uid = %uid, container.id = %id, error = %ErrorChain(&err), "cannot remove a dead container");
+    /// Removes the pod's dead containers, all of them or all but the newest of each name.
+    async fn remove_dead_containers(&self, uid: &PodUid, keep_newest: bool) {
+        let Ok(status) = self.sync.runtime.get_pod_status(uid, "", "").await else { return };
+        let mut seen = HashSet::new();
+        // Statuses come newest first.
+        for c in status.container_statuses.iter().filter(|c| c.state == ContainerState::Exited) {
+            if keep_newest && seen.insert(c.name.as_str()) {
+                continue;
+            }
+            if let Err(err) = self.sync.runtime.delete_container(&c.id).await {
+                warn!(pod.uid = %uid, container.id = %c.id, error = %ErrorChain(&err), "cannot remove a dead container");
+            }
         }
     }
 

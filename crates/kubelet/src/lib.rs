@@ -9,7 +9,8 @@
 //!   `SyncTerminatingRuntimePod`, `SyncTerminatedPod`): the active deadline, the network gate,
 //!   pod directories, the reason cache, and the CRI-violation check after a kill.
 //! - [`Kubelet`] is what the sync loop calls: admission ([`admission`]), dispatch to the pod
-//!   workers, and housekeeping that kills orphans and removes what is left of pods that are gone.
+//!   workers, and housekeeping that kills orphans found in the PLEG's cache and has
+//!   [`cleanup::Cleanups`] remove what is left of pods that are gone, in the background.
 //! - [`status`] holds the status rules as pure functions (`getPhase`, the kubelet-owned
 //!   conditions, container statuses); [`StatusStore`] keeps the versioned statuses.
 //! - [`Agent`] builds the rest around them: cache, work queue, pod manager, runtime state, a

@@ -14,7 +14,7 @@ use k8s_openapi::{
 
 use kubelet_core::{
     runtime::{self, ContainerState as RuntimeState, SandboxState},
-    types::is_static_pod,
+    types::{is_sidecar, is_static_pod},
 };
 
 /// Phase `Pending`.
@@ -25,10 +25,6 @@ pub const RUNNING: &str = "Running";
 pub const SUCCEEDED: &str = "Succeeded";
 /// Phase `Failed`.
 pub const FAILED: &str = "Failed";
-
-fn is_restartable_init(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
-}
 
 fn status_of<'a>(statuses: &'a [ContainerStatus], name: &str) -> Option<&'a ContainerStatus> {
     statuses.iter().find(|s| s.name == name)
@@ -63,7 +59,7 @@ pub fn pod_phase(
     let Some(spec) = pod.spec.as_ref() else { return PENDING };
     let init = spec.init_containers.as_deref().unwrap_or_default();
     let (mut pending_init, mut pending_restartable, mut failed_init) = (0, 0, 0);
-    for c in init.iter().filter(|c| !is_restartable_init(c)) {
+    for c in init.iter().filter(|c| !is_sidecar(c)) {
         let Some(s) = status_of(statuses, &c.name) else {
             pending_init += 1;
             continue;
@@ -85,7 +81,7 @@ pub fn pod_phase(
         }
     }
     let (mut unknown, mut running_n, mut waiting_n, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
-    for c in init.iter().filter(|c| is_restartable_init(c)) {
+    for c in init.iter().filter(|c| is_sidecar(c)) {
         let Some(s) = status_of(statuses, &c.name) else {
             unknown += 1;
             continue;
@@ -191,8 +187,7 @@ pub fn containers_ready(pod: &Pod, statuses: &[ContainerStatus], phase: &str) ->
     };
     let mut unknown = Vec::new();
     let mut unready = Vec::new();
-    let watched =
-        spec.init_containers.iter().flatten().filter(|c| is_restartable_init(c)).chain(spec.containers.iter());
+    let watched = spec.init_containers.iter().flatten().filter(|c| is_sidecar(c)).chain(spec.containers.iter());
     for c in watched {
         match status_of(statuses, &c.name) {
             Some(s) if !s.ready => unready.push(c.name.as_str()),
@@ -256,7 +251,7 @@ pub fn initialized(pod: &Pod, statuses: &[ContainerStatus], phase: &str) -> PodC
             unknown.push(c.name.as_str());
             continue;
         };
-        let done = if is_restartable_init(c) { s.started == Some(true) } else { s.ready };
+        let done = if is_sidecar(c) { s.started == Some(true) } else { s.ready };
         if !done {
             incomplete.push(c.name.as_str());
         }

@@ -141,7 +141,7 @@ fn container_fields(path: &str, c: &Container, found: &mut Vec<String>) {
     check(sc.and_then(|s| s.proc_mount.as_deref()).is_some_and(|m| m != "Default"), "securityContext.procMount");
     // A container's own restart policy is honoured only as a sidecar's: `Always` on an init
     // container. Elsewhere (upstream's container restart rules) it would be ignored.
-    let sidecar = path.starts_with("spec.initContainers") && c.restart_policy.as_deref() == Some("Always");
+    let sidecar = path.starts_with("spec.initContainers") && kubelet_core::types::is_sidecar(c);
     check(c.restart_policy.is_some() && !sidecar, "restartPolicy");
     check(c.restart_policy_rules.as_ref().is_some_and(|r| !r.is_empty()), "restartPolicyRules");
 }

@@ -51,7 +51,7 @@ pub(super) async fn kill_pod(
             s.init_containers
                 .iter()
                 .flatten()
-                .filter(|c| crate::actions::is_sidecar(c))
+                .filter(|c| kubelet_core::types::is_sidecar(c))
                 .map(|c| c.name.as_str())
                 .collect()
         })

@@ -332,7 +332,7 @@ pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, 
         });
         // A sidecar that cannot start yet (a back-off) holds back nothing after it; a regular
         // init container does.
-        if failed && !crate::actions::is_sidecar(init) {
+        if failed && !kubelet_core::types::is_sidecar(init) {
             return result;
         }
     }
