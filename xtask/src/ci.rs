@@ -1,7 +1,8 @@
 //! `cargo xtask ci`: everything CI runs, in order, so a green run here means a green CI.
 //!
 //! fmt, clippy, unit and integration tests, docs, tidy, then the tests against the real runtime
-//! (test functions named `real_*`), which the earlier test step leaves out.
+//! (test functions named `real_*`), which the earlier test step leaves out, and the short version
+//! of the chaos scenarios on the release binary.
 
 use std::{
     process::Command,
@@ -11,7 +12,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    runtime, tidy,
+    chaos, harness, runtime, tidy,
     util::{have, in_ci, project_root, run},
 };
 
@@ -115,6 +116,11 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
         if result.is_err() {
             break;
         }
+    }
+    if result.is_ok() {
+        // The short chaos scenarios, on the release binary the demo uses next.
+        println!("\n--> chaos, short version (the full one: cargo xtask chaos)");
+        result = harness::build().and_then(|binaries| chaos::run_short(&binaries)).context("chaos --short failed");
     }
     if started {
         runtime::stop()?;

@@ -1,12 +1,15 @@
 //! Project automation for kubelet-rs: `cargo xtask <command>`.
 //!
-//! Commands: `demo`, `ci`, `setup`, `runtime start|stop|status`, `images`, `tidy`, `bench`.
+//! Commands: `demo`, `ci`, `setup`, `runtime start|stop|status`, `images`, `tidy`, `bench`, `chaos`.
 
 // Reason: xtask measures and waits for real processes; the paused-time rule is for the product crates.
 #![allow(clippy::disallowed_methods)]
 
+mod bench;
+mod chaos;
 mod ci;
 mod demo;
+mod harness;
 mod images;
 mod layout;
 mod runtime;
@@ -29,7 +32,11 @@ commands:
                           (root) the project's own containerd and local registry
   images                  (root) rebuild the test images (and load them if the runtime runs)
   tidy                    project rules no compiler checks
-  bench                   run the criterion benchmarks; they print their figures
+  bench [--quick] [--repeat N]
+                          (root) the agent against the bare CRI floor: start-up, teardown, idle cost;
+                          one table, also under target/bench/ as Markdown, JSON and SVG
+  bench criterion         every criterion benchmark (fake runtime; real ones when root)
+  chaos [--short]         (root) crash-consistency, runtime outage, churn and bad-input scenarios
 ";
 
 fn main() -> Result<()> {
@@ -54,7 +61,9 @@ fn main() -> Result<()> {
             Ok(())
         }
         ["tidy"] => tidy::run_tidy(),
-        ["bench"] => ci::run_bench(),
+        ["bench", "criterion"] => ci::run_bench(),
+        ["bench", rest @ ..] => bench::run_bench(rest),
+        ["chaos", rest @ ..] => chaos::run_chaos(rest),
         ["help" | "--help" | "-h"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -311,14 +311,7 @@ pub(crate) fn start() -> Result<bool> {
     if let Some(pid) = CONTAINERD_DAEMON.running_pid() {
         println!("containerd already running (pid {pid})");
     } else {
-        check_subnet()?;
-        let config = write_config()?;
-        // A socket left by a daemon that died would make the readiness check pass too early.
-        let _ = fs::remove_file(socket());
-        let pid = CONTAINERD_DAEMON.spawn(&["--config", &config.to_string_lossy()])?;
-        wait_until("containerd", Duration::from_secs(30), containerd_answers)
-            .with_context(|| format!("see {}", CONTAINERD_DAEMON.log_file().display()))?;
-        println!("started containerd on {} (pid {pid})", socket().display());
+        start_containerd()?;
         started = true;
     }
 
@@ -326,6 +319,29 @@ pub(crate) fn start() -> Result<bool> {
         images::load(&socket())?;
     }
     Ok(started)
+}
+
+/// Starts containerd alone (the registry and the images are already there).
+pub(crate) fn start_containerd() -> Result<()> {
+    check_subnet()?;
+    let config = write_config()?;
+    // A socket left by a daemon that died would make the readiness check pass too early.
+    let _ = fs::remove_file(socket());
+    let pid = CONTAINERD_DAEMON.spawn(&["--config", &config.to_string_lossy()])?;
+    wait_until("containerd", Duration::from_secs(30), containerd_answers)
+        .with_context(|| format!("see {}", CONTAINERD_DAEMON.log_file().display()))?;
+    println!("started containerd on {} (pid {pid})", socket().display());
+    Ok(())
+}
+
+/// Stops containerd alone, as an outage would: its containers keep running under their shims.
+pub(crate) fn stop_containerd() -> Result<()> {
+    CONTAINERD_DAEMON.stop()
+}
+
+/// The CNI configuration directory containerd reads.
+pub(crate) fn cni_conf_dir() -> PathBuf {
+    etc_dir().join("net.d")
 }
 
 /// Stops the daemons this project started (by PID), containerd first.

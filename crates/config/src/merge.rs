@@ -47,6 +47,9 @@ pub fn differ_semantically(existing: &Pod, candidate: &Pod) -> bool {
 pub struct Merger {
     pods: HashMap<Source, HashMap<PodUid, Arc<Pod>>>,
     seen: BTreeSet<Source>,
+    /// Pods ignored as duplicate names, per source, so each is reported once rather than at
+    /// every snapshot of an unchanged directory.
+    duplicates: HashMap<Source, HashSet<PodUid>>,
     recorder: Arc<dyn EventRecorder>,
 }
 
@@ -68,7 +71,7 @@ struct Changes {
 impl Merger {
     /// An empty merger that reports duplicate pods to `recorder`.
     pub fn new(recorder: Arc<dyn EventRecorder>) -> Self {
-        Merger { pods: HashMap::new(), seen: BTreeSet::new(), recorder }
+        Merger { pods: HashMap::new(), seen: BTreeSet::new(), duplicates: HashMap::new(), recorder }
     }
 
     /// Whether `source` has sent its first snapshot.
@@ -90,7 +93,8 @@ impl Merger {
         match op {
             Operation::Add | Operation::Update | Operation::Delete => {
                 let old = stored.clone();
-                self.apply(source, pods, &old, &mut stored, &mut changes, now);
+                let duplicates = self.apply(source, pods, &old, &mut stored, &mut changes, now);
+                self.duplicates.entry(source).or_default().extend(duplicates);
             }
             Operation::Remove => {
                 for pod in pods {
@@ -102,7 +106,8 @@ impl Merger {
             Operation::Set => {
                 self.seen.insert(source);
                 let old = std::mem::take(&mut stored);
-                self.apply(source, pods, &old, &mut stored, &mut changes, now);
+                let duplicates = self.apply(source, pods, &old, &mut stored, &mut changes, now);
+                self.duplicates.insert(source, duplicates);
                 let mut removed: Vec<_> = old.into_iter().filter(|(uid, _)| !stored.contains_key(uid)).collect();
                 removed.sort_by(|a, b| a.0.cmp(&b.0));
                 changes.removes.extend(removed.into_iter().map(|(_, pod)| pod));
@@ -138,6 +143,8 @@ impl Merger {
     }
 
     /// Upstream's `updatePodsFunc`: compares each new pod with `old` and stores it in `stored`.
+    /// Returns the pods ignored as duplicate names; each is reported once (upstream reports it
+    /// again at every snapshot).
     fn apply(
         &self,
         source: Source,
@@ -146,16 +153,23 @@ impl Merger {
         stored: &mut HashMap<PodUid, Arc<Pod>>,
         changes: &mut Changes,
         now: Timestamp,
-    ) {
+    ) -> HashSet<PodUid> {
         let mut names = HashSet::new();
+        let mut duplicates = HashSet::new();
+        let reported = self.duplicates.get(&source);
         for mut pod in pods {
             let full_name = pod_full_name(&pod);
             if !names.insert(full_name.clone()) {
-                let message = format!(
-                    "Error validating pod {full_name} from {source} due to duplicate pod name {:?}, ignoring",
-                    pod.metadata.name.as_deref().unwrap_or_default()
-                );
-                self.recorder.record(Event::new(EventType::Warning, "FailedValidation", message, ObjectRef::pod(&pod)));
+                let uid = PodUid::of(&pod);
+                if !reported.is_some_and(|r| r.contains(&uid)) {
+                    let message = format!(
+                        "Error validating pod {full_name} from {source} due to duplicate pod name {:?}, ignoring",
+                        pod.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    let event = Event::new(EventType::Warning, "FailedValidation", message, ObjectRef::pod(&pod));
+                    self.recorder.record(event);
+                }
+                duplicates.insert(uid);
                 continue;
             }
             pod.metadata
@@ -185,6 +199,7 @@ impl Merger {
                 }
             }
         }
+        duplicates
     }
 }
 

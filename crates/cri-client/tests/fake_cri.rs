@@ -340,6 +340,29 @@ async fn garbage_collection_goes_on_past_a_failed_removal() {
 }
 
 #[tokio::test]
+async fn a_pod_the_runtime_holds_nothing_of_leaves_no_log_directory_or_cgroup() {
+    let f = start();
+    let scratch = tempfile::tempdir().unwrap();
+    let logs = scratch.path().join("logs");
+    let cgroups = scratch.path().join("cgroup");
+    // What a start cut short between creating the log directory and the end of RunPodSandbox
+    // leaves: the log directory, and the pod cgroup the runtime made below its cgroup parent.
+    std::fs::create_dir_all(logs.join("ns_p_u")).unwrap();
+    std::fs::create_dir_all(logs.join("ns_other_v")).unwrap();
+    std::fs::create_dir_all(cgroups.join("memory/kubepods/besteffort/podu")).unwrap();
+    std::fs::create_dir_all(cgroups.join("memory/kubepods/besteffort/podv")).unwrap();
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let mut config = manager::Config::new("n").pod_logs_dir(&logs);
+    config.cgroup_mount = cgroups.clone();
+    let runtime = CriRuntime::new(client, config, Arc::new(RingRecorder::default()));
+    runtime.remove_pod_content(&PodUid::new("u")).await.unwrap();
+    assert!(!logs.join("ns_p_u").exists(), "its log directory is removed");
+    assert!(!cgroups.join("memory/kubepods/besteffort/podu").exists(), "its cgroup is removed");
+    assert!(logs.join("ns_other_v").exists() && cgroups.join("memory/kubepods/besteffort/podv").exists());
+    f.server.abort();
+}
+
+#[tokio::test]
 async fn unimplemented_methods_are_classified_not_fatal() {
     let f = start();
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();

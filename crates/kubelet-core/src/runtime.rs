@@ -677,7 +677,8 @@ pub trait Runtime: Send + Sync + 'static {
     /// Removes everything left of a pod that is gone and has nothing running: its containers and
     /// sandboxes, and what the runtime keeps beside them (pod cgroups, log directory).
     /// Upstream leaves this to its periodic container GC; the kubelet calls it as soon as it knows
-    /// the pod is gone. A pod with a running container or a ready sandbox is an error.
+    /// the pod is gone, also for a pod the runtime holds nothing of (a start cut short may have
+    /// left its log directory). A pod with a running container or a ready sandbox is an error.
     fn remove_pod_content(&self, uid: &PodUid) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Removes dead containers and sandboxes according to `policy`.

@@ -194,7 +194,9 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         // Pods in the runtime that nobody wants and no worker knows: running ones are orphans,
         // killed with a 1 s grace; what is left of stopped ones is removed. The PLEG's cache says
         // what the runtime held at its last relist, so housekeeping asks the runtime nothing.
-        for (uid, cached) in self.cache.pods() {
+        let cached_pods = self.cache.pods();
+        let in_runtime: HashSet<PodUid> = cached_pods.iter().map(|(uid, _)| uid.clone()).collect();
+        for (uid, cached) in cached_pods {
             if workers.contains_key(&uid) || desired_uids.contains(&uid) {
                 continue;
             }
@@ -213,6 +215,12 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         for uid in self.sync.statuses.uids() {
             if !desired_uids.contains(&uid) && !workers.contains_key(&uid) {
                 self.sync.forget(&uid);
+                // A pod whose start was cut short may have left files beside the runtime (its
+                // cgroup, its log directory) without anything in the runtime for the loop above
+                // to find.
+                if !in_runtime.contains(&uid) {
+                    self.cleanups.push(Job::RemovePodContent(uid));
+                }
             }
         }
         let keep = desired_uids.into_iter().chain(workers.into_keys()).collect();

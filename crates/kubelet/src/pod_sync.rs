@@ -3,7 +3,7 @@
 //! kubelet's [`Config`] and [`Error`].
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
@@ -137,6 +137,8 @@ pub struct PodSync<R> {
     after_change: Option<Arc<dyn Fn() + Send + Sync>>,
     work_queue: Option<Arc<WorkQueue>>,
     startup: Arc<StartupTracker>,
+    /// Pods whose data directories exist, so a resync of an unchanged pod touches no file.
+    dirs_made: Mutex<HashSet<PodUid>>,
 }
 
 impl<R> std::fmt::Debug for PodSync<R> {
@@ -169,6 +171,7 @@ impl<R: Runtime> PodSync<R> {
             after_change: None,
             work_queue: None,
             startup: Arc::new(StartupTracker::new()),
+            dirs_made: Mutex::new(HashSet::new()),
         }
     }
 
@@ -266,6 +269,7 @@ impl<R: Runtime> PodSync<R> {
     /// Forgets everything kept about a pod.
     pub fn forget(&self, uid: &PodUid) {
         lock(&self.failures).retain(|(u, _), _| u != uid);
+        lock(&self.dirs_made).remove(uid);
         self.statuses.remove(uid);
         self.startup.forget(uid);
     }
@@ -342,8 +346,11 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         if !host_network && !network.is_empty() {
             return Err(Error::NetworkNotReady(network.join("; ")));
         }
-        for dir in ["volumes", "plugins", "containers"] {
-            tokio::fs::create_dir_all(self.pod_dir(&uid).join(dir)).await?;
+        if !lock(&self.dirs_made).contains(&uid) {
+            for dir in ["volumes", "plugins", "containers"] {
+                tokio::fs::create_dir_all(self.pod_dir(&uid).join(dir)).await?;
+            }
+            lock(&self.dirs_made).insert(uid.clone());
         }
         let result = self.runtime.sync_pod(pod, runtime_status, &self.backoff).await;
         if self.record_failures(&uid, &result) {
@@ -426,6 +433,8 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
     async fn sync_terminated_pod(&self, pod: &Arc<Pod>, runtime_status: &PodStatus) -> Result<(), Error> {
         let status = self.api_status(pod, runtime_status, true);
         self.statuses.set(pod, status);
+        // Its directories may go with its content; a pod that comes back with this UID makes them again.
+        lock(&self.dirs_made).remove(&PodUid::of(pod));
         // Dead containers stay for GC, so their logs remain readable.
         Ok(())
     }

@@ -414,6 +414,29 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pod_gone_before_the_runtime_held_anything_of_it_has_its_leftovers_removed() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    // Admitted, then removed before its sandbox existed (a start cut short by the kill): the
+    // runtime holds nothing of it, but it may have left a log directory and a pod cgroup.
+    let brief = pod("brief", "Always", &["c"]);
+    k.handle_pod_additions(vec![brief.clone()]).await;
+    // Its first sync stored a Pending status, and was cancelled before RunPodSandbox ended.
+    f.sync.statuses().set(&brief, k8s_openapi::api::core::v1::PodStatus::default());
+    k.handle_pod_removes(vec![brief]).await;
+    updates(&w);
+    f.relist().await;
+    f.runtime.clear_calls();
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    assert!(f.sync.statuses().get(&PodUid::new("brief")).is_none(), "its status is forgotten");
+    let removals: Vec<String> =
+        f.runtime.calls_of(kubelet_core::fake::Method::RemovePodContent).into_iter().map(|c| c.target).collect();
+    assert_eq!(removals, ["brief"], "what it left beside the runtime is removed");
+}
+
+#[tokio::test(start_paused = true)]
 async fn housekeeping_restarts_a_desired_pod_its_workers_forgot() {
     let f = fixture();
     let (k, w, sources) = kubelet(&f, 110);

@@ -160,6 +160,10 @@ impl Setup {
 
     fn report(&self, what: &str, n: usize) {
         let mut latencies = std::mem::take(&mut *self.probe.latencies.lock().unwrap());
+        if latencies.is_empty() {
+            // A criterion filter left this size out.
+            return;
+        }
         latencies.sort();
         let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
         println!(

@@ -133,6 +133,14 @@ fn duplicate_full_names_in_one_source_are_dropped_with_an_event() {
     assert_eq!(events[0].reason, "FailedValidation");
     assert_eq!(events[0].object.uid, "b");
     assert!(events[0].message.contains("duplicate pod name \"web\""), "{}", events[0].message);
+
+    // The same snapshot again (a rescan of an unchanged directory) reports nothing new.
+    set(&mut m, vec![pod("a", "web", "x"), pod("b", "web", "y"), p("c")]);
+    assert_eq!(ring.events().len(), 1, "a duplicate is reported once");
+    // Once it is gone and comes back, it is reported again.
+    set(&mut m, vec![pod("a", "web", "x"), p("c")]);
+    set(&mut m, vec![pod("a", "web", "x"), pod("b", "web", "y"), p("c")]);
+    assert_eq!(ring.events().len(), 2);
 }
 
 #[test]

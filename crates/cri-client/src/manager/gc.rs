@@ -4,6 +4,34 @@
 use super::*;
 
 impl CriRuntime {
+    /// The pod's cgroup under each QoS class: the runtime makes it below the cgroup parent the
+    /// sandbox names, and leaves it when the sandbox goes.
+    fn pod_cgroup_parents(&self, uid: &str) -> Vec<String> {
+        ["", "burstable/", "besteffort/"]
+            .iter()
+            .map(|qos| format!("{}/{qos}pod{uid}", self.config.cgroup_root.trim_end_matches('/')))
+            .collect()
+    }
+
+    /// What a start cut short (say, between creating the log directory and the end of
+    /// RunPodSandbox) can leave of a pod the runtime no longer holds: its cgroups and log directory.
+    async fn remove_leftovers(&self, uid: &PodUid) {
+        for parent in self.pod_cgroup_parents(uid.as_str()) {
+            if let Err(err) = cgroups::remove_pod_cgroup(&self.config.cgroup_mount, &parent) {
+                debug!(error = %err, parent, "pod cgroup not removed");
+            }
+        }
+        let Ok(mut entries) = tokio::fs::read_dir(&self.config.pod_logs_dir).await else { return };
+        let suffix = format!("_{uid}");
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            if entry.file_name().to_string_lossy().ends_with(&suffix)
+                && let Err(err) = tokio::fs::remove_dir_all(entry.path()).await
+            {
+                warn!(error = %err, dir = %entry.path().display(), "cannot remove the pod log directory");
+            }
+        }
+    }
+
     /// Removes a pod's cgroup and log directory once nothing of it remains in the runtime.
     pub(super) async fn cleanup_pod(&self, uid: &str, name: &str, namespace: &str, qos_parents: &[String]) {
         for parent in qos_parents {
@@ -22,7 +50,10 @@ impl CriRuntime {
 
 pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<(), Error> {
     let pods = rt.get_pods(true).await?;
-    let Some(pod) = pods.into_iter().find(|p| p.uid == *uid) else { return Ok(()) };
+    let Some(pod) = pods.into_iter().find(|p| p.uid == *uid) else {
+        rt.remove_leftovers(uid).await;
+        return Ok(());
+    };
     if pod.containers.iter().any(|c| c.state == ContainerState::Running)
         || pod.sandboxes.iter().any(|s| s.state == SandboxState::Ready)
     {
@@ -130,11 +161,7 @@ impl CriRuntime {
                 .await
                 .map_err(|st| Error::status("RemovePodSandbox", st))?;
         }
-        let parents: Vec<String> = ["", "burstable/", "besteffort/"]
-            .iter()
-            .map(|qos| format!("{}/{qos}pod{uid}", self.config.cgroup_root.trim_end_matches('/')))
-            .collect();
-        self.cleanup_pod(uid, name, namespace, &parents).await;
+        self.cleanup_pod(uid, name, namespace, &self.pod_cgroup_parents(uid)).await;
         let pod_dir = self.config.pods_dir.join(uid);
         if pod_dir.exists()
             && let Err(err) = tokio::fs::remove_dir_all(&pod_dir).await

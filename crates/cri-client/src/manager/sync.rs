@@ -245,6 +245,16 @@ pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, 
         rt.prune_init_containers(pod, status, false).await;
     }
 
+    // A resync of a pod that needs nothing reads no file: the sandbox config (and the host's
+    // resolv.conf in it) is built only when something is created.
+    let creates = actions.create_sandbox
+        || !actions.ephemeral_containers_to_start.is_empty()
+        || !actions.init_containers_to_start.is_empty()
+        || !actions.containers_to_start.is_empty();
+    if !creates {
+        return result;
+    }
+
     // Step 3: a new sandbox, if needed.
     let host_dns = rt.host_dns().await;
     let log_dir = rt.pod_log_dir(pod);

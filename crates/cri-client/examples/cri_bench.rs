@@ -1,0 +1,349 @@
+//! The CRI side of `cargo xtask bench` and `cargo xtask chaos`, built on this crate's client.
+//!
+//! ```text
+//! cri_bench floor  ENDPOINT --image IMG --pods N --parallel P --dir DIR
+//!     the bare CRI sequence a kubelet cannot avoid for N one-container pods, P at a time:
+//!     RunPodSandbox, CreateContainer, StartContainer, then StopContainer and StopPodSandbox
+//!     (the container runs what the benchmark's manifests run);
+//!     prints {"start_s": .., "stop_s": ..} and removes what it made
+//! cri_bench watch  ENDPOINT --namespace NS (--running N | --stopped)
+//!     prints "watching" after its first look, then the Unix time (seconds) at which N containers of
+//!     pods in NS run, or no sandbox of NS is ready any more
+//! cri_bench state  ENDPOINT --namespace NS
+//!     the pods of NS as JSON: ready sandboxes and running containers per pod UID
+//! cri_bench kill   ENDPOINT --namespace NS
+//!     stops every running container of NS at once (no grace), as a crash would, and prints the
+//!     Unix time the runtime confirmed it
+//! cri_bench clean  ENDPOINT --namespace NS
+//!     stops and removes every sandbox of NS, with its containers
+//! ```
+//!
+//! Every sandbox it makes carries the label `kubelet-rs.bench=floor`, so a crashed run's leftovers
+//! are easy to find.
+
+// Reason: a measuring tool with its own argument checks; wall time is what it measures.
+#![allow(clippy::disallowed_methods)]
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use k8s_openapi::{
+    api::core::v1::{Pod, PodSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kubelet_cri_client::{
+    Client, Config, labels,
+    pb::{self, runtime_service_client::RuntimeServiceClient},
+    sandbox::{ResolvConf, sandbox_config},
+};
+
+type Rpc = RuntimeServiceClient<kubelet_cri_client::CriChannel>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How often `watch` looks: often enough for 10 ms resolution, rarely enough to leave the
+/// runtime to the agent under test.
+const POLL: Duration = Duration::from_millis(10);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let tokio = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(tokio) => tokio,
+        Err(err) => {
+            eprintln!("cri_bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match tokio.block_on(run(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("cri_bench: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The value after `--name`, if given.
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+fn required<'a>(args: &'a [String], name: &str) -> Result<&'a str, BoxError> {
+    flag(args, name).ok_or_else(|| format!("{name} is required").into())
+}
+
+fn number(args: &[String], name: &str) -> Result<usize, BoxError> {
+    let value = required(args, name)?;
+    value.parse().map_err(|_| format!("{name} takes a number, not {value:?}").into())
+}
+
+async fn run(args: &[String]) -> Result<(), BoxError> {
+    let (Some(command), Some(endpoint)) = (args.first(), args.get(1)) else {
+        return Err("usage: cri_bench floor|watch|state|kill|clean ENDPOINT [options]".into());
+    };
+    let client = Client::connect(&Config::new(endpoint.as_str()))?;
+    let rpc = client.runtime_service();
+    match command.as_str() {
+        "floor" => {
+            let image = required(args, "--image")?.to_owned();
+            let dir = PathBuf::from(required(args, "--dir")?);
+            let (start, stop) = floor(rpc, &image, &dir, number(args, "--pods")?, number(args, "--parallel")?).await?;
+            println!("{}", serde_json::json!({ "start_s": start.as_secs_f64(), "stop_s": stop.as_secs_f64() }));
+        }
+        "watch" => {
+            let namespace = required(args, "--namespace")?;
+            let goal = match flag(args, "--running") {
+                Some(_) => Goal::Running(number(args, "--running")?),
+                None if args.iter().any(|a| a == "--stopped") => Goal::Stopped,
+                None => return Err("watch takes --running N or --stopped".into()),
+            };
+            watch(rpc, namespace, goal).await?;
+        }
+        "state" => {
+            let pods = state(rpc, required(args, "--namespace")?).await?;
+            let json: serde_json::Map<String, serde_json::Value> = pods
+                .into_iter()
+                .map(|(uid, pod)| {
+                    let value = serde_json::json!({
+                        "name": pod.name,
+                        "ready_sandboxes": pod.ready_sandboxes,
+                        "sandboxes": pod.sandboxes,
+                        "running": pod.running,
+                        "containers": pod.containers,
+                    });
+                    (uid, value)
+                })
+                .collect();
+            println!("{}", serde_json::Value::Object(json));
+        }
+        "kill" => {
+            let namespace = required(args, "--namespace")?;
+            let mut rpc = rpc;
+            let filter = pb::ContainerFilter {
+                state: Some(pb::ContainerStateValue { state: pb::ContainerState::ContainerRunning as i32 }),
+                ..pb::ContainerFilter::default()
+            };
+            let list = rpc.list_containers(pb::ListContainersRequest { filter: Some(filter) }).await?.into_inner();
+            for container in list.containers.into_iter().filter(|c| in_namespace(&c.labels, namespace)) {
+                rpc.stop_container(pb::StopContainerRequest { container_id: container.id, timeout: 0 }).await?;
+            }
+            println!("{:.6}", unix_now());
+        }
+        "clean" => {
+            let namespace = required(args, "--namespace")?;
+            let mut rpc = rpc;
+            let sandboxes = rpc.list_pod_sandbox(pb::ListPodSandboxRequest { filter: None }).await?.into_inner().items;
+            for sandbox in sandboxes.into_iter().filter(|s| in_namespace(&s.labels, namespace)) {
+                rpc.stop_pod_sandbox(pb::StopPodSandboxRequest { pod_sandbox_id: sandbox.id.clone() }).await?;
+                rpc.remove_pod_sandbox(pb::RemovePodSandboxRequest { pod_sandbox_id: sandbox.id }).await?;
+            }
+        }
+        other => return Err(format!("unknown command {other:?}: floor, watch, state, kill or clean").into()),
+    }
+    Ok(())
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+}
+
+/// One pod of the floor: a name in namespace `kubelet-rs-floor` and a fresh UID.
+fn floor_pod(index: usize) -> Pod {
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("floor-{index}")),
+            namespace: Some("kubelet-rs-floor".into()),
+            uid: Some(format!("floor-{index}-{nanos}")),
+            labels: Some(BTreeMap::from([("kubelet-rs.bench".into(), "floor".into())])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec::default()),
+        ..Pod::default()
+    }
+}
+
+/// Starts one pod: sandbox, container, start. Returns the sandbox and container IDs.
+async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Result<(String, String), BoxError> {
+    let log_dir = logs.join(pod.metadata.uid.as_deref().unwrap_or_default());
+    tokio::fs::create_dir_all(&log_dir).await?;
+    let mut config = sandbox_config(&pod, 0, &log_dir, "", &ResolvConf::default());
+    if let Some(linux) = config.linux.as_mut() {
+        // The runtime's own cgroup parent, which it removes with the sandbox.
+        linux.cgroup_parent = String::new();
+    }
+    let sandbox = rpc
+        .run_pod_sandbox(pb::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() })
+        .await?
+        .into_inner()
+        .pod_sandbox_id;
+    let container = pb::ContainerConfig {
+        metadata: Some(pb::ContainerMetadata { name: "app".into(), attempt: 0 }),
+        image: Some(pb::ImageSpec { image, ..pb::ImageSpec::default() }),
+        // What the benchmark's manifests run: a process that stops at once on SIGTERM.
+        command: ["sh", "-c", "trap 'exit 0' TERM; sleep 36000 & wait"].map(String::from).to_vec(),
+        labels: [(labels::CONTAINER_NAME.to_owned(), "app".to_owned())].into(),
+        log_path: "app/0.log".into(),
+        ..pb::ContainerConfig::default()
+    };
+    let id = rpc
+        .create_container(pb::CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(container),
+            sandbox_config: Some(config),
+        })
+        .await?
+        .into_inner()
+        .container_id;
+    rpc.start_container(pb::StartContainerRequest { container_id: id.clone() }).await?;
+    Ok((sandbox, id))
+}
+
+/// Stops one pod: its container (with the agent's minimum grace; the process exits on SIGTERM),
+/// then its sandbox.
+async fn stop_pod(mut rpc: Rpc, sandbox: String, container: String) -> Result<(), BoxError> {
+    let timeout = kubelet_cri_client::MIN_GRACE_PERIOD_SECONDS;
+    rpc.stop_container(pb::StopContainerRequest { container_id: container, timeout }).await?;
+    rpc.stop_pod_sandbox(pb::StopPodSandboxRequest { pod_sandbox_id: sandbox }).await?;
+    Ok(())
+}
+
+/// Runs `work` over `items`, at most `parallel` at a time, and waits for all.
+async fn bounded<T, F, Fut>(items: Vec<T>, parallel: usize, work: F) -> Result<Vec<Fut::Output>, BoxError>
+where
+    T: Send + 'static,
+    F: Fn(T) -> Fut,
+    Fut: Future<Output = Result<(String, String), BoxError>> + Send + 'static,
+{
+    let permits = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for item in items {
+        let permit = permits.clone().acquire_owned().await?;
+        let job = work(item);
+        tasks.spawn(async move {
+            let result = job.await;
+            drop(permit);
+            result
+        });
+    }
+    Ok(tasks.join_all().await)
+}
+
+async fn floor(
+    rpc: Rpc,
+    image: &str,
+    dir: &Path,
+    pods: usize,
+    parallel: usize,
+) -> Result<(Duration, Duration), BoxError> {
+    let logs = dir.join("floor-logs");
+    let begin = Instant::now();
+    let started = bounded((0..pods).map(floor_pod).collect(), parallel, |pod| {
+        start_pod(rpc.clone(), pod, image.to_owned(), logs.clone())
+    })
+    .await?;
+    let start = begin.elapsed();
+    let (ids, errors): (Vec<_>, Vec<_>) = started.into_iter().partition(Result::is_ok);
+    let ids: Vec<(String, String)> = ids.into_iter().filter_map(Result::ok).collect();
+    let begin = Instant::now();
+    let stopped = bounded(ids.clone(), parallel, |(sandbox, container)| {
+        let rpc = rpc.clone();
+        async move { stop_pod(rpc, sandbox, container).await.map(|()| (String::new(), String::new())) }
+    })
+    .await?;
+    let stop = begin.elapsed();
+    let mut remove = rpc.clone();
+    for (sandbox, _) in &ids {
+        let _ = remove.remove_pod_sandbox(pb::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await;
+    }
+    let _ = tokio::fs::remove_dir_all(&logs).await;
+    if let Some(Err(err)) = errors.into_iter().next() {
+        return Err(format!("starting a floor pod: {err}").into());
+    }
+    if let Some(Err(err)) = stopped.into_iter().find(Result::is_err) {
+        return Err(format!("stopping a floor pod: {err}").into());
+    }
+    Ok((start, stop))
+}
+
+enum Goal {
+    Running(usize),
+    Stopped,
+}
+
+fn in_namespace(labels: &std::collections::HashMap<String, String>, namespace: &str) -> bool {
+    labels.get(labels::POD_NAMESPACE).is_some_and(|n| n == namespace)
+}
+
+async fn watch(mut rpc: Rpc, namespace: &str, goal: Goal) -> Result<(), BoxError> {
+    let mut first = true;
+    loop {
+        let reached = match goal {
+            Goal::Running(count) => {
+                let filter = pb::ContainerFilter {
+                    state: Some(pb::ContainerStateValue { state: pb::ContainerState::ContainerRunning as i32 }),
+                    ..pb::ContainerFilter::default()
+                };
+                let list = rpc.list_containers(pb::ListContainersRequest { filter: Some(filter) }).await?.into_inner();
+                list.containers.iter().filter(|c| in_namespace(&c.labels, namespace)).count() >= count
+            }
+            Goal::Stopped => {
+                let filter = pb::PodSandboxFilter {
+                    state: Some(pb::PodSandboxStateValue { state: pb::PodSandboxState::SandboxReady as i32 }),
+                    ..pb::PodSandboxFilter::default()
+                };
+                let list = rpc.list_pod_sandbox(pb::ListPodSandboxRequest { filter: Some(filter) }).await?.into_inner();
+                !list.items.iter().any(|s| in_namespace(&s.labels, namespace))
+            }
+        };
+        if reached && !first {
+            println!("{:.6}", unix_now());
+            return Ok(());
+        }
+        if first {
+            // The caller starts its clock after this line, so a goal already reached is reported
+            // at the next look rather than before the clock started.
+            println!("watching");
+            first = false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Ready sandboxes and running containers of every pod UID in `namespace`.
+#[derive(Default)]
+struct PodState {
+    name: String,
+    ready_sandboxes: usize,
+    sandboxes: usize,
+    /// Running containers per container name.
+    running: BTreeMap<String, usize>,
+    containers: usize,
+}
+
+async fn state(mut rpc: Rpc, namespace: &str) -> Result<BTreeMap<String, PodState>, BoxError> {
+    let sandboxes = rpc.list_pod_sandbox(pb::ListPodSandboxRequest { filter: None }).await?.into_inner().items;
+    let containers = rpc.list_containers(pb::ListContainersRequest { filter: None }).await?.into_inner().containers;
+    let mut pods: BTreeMap<String, PodState> = BTreeMap::new();
+    for sandbox in sandboxes.iter().filter(|s| in_namespace(&s.labels, namespace)) {
+        let uid = sandbox.labels.get(labels::POD_UID).cloned().unwrap_or_default();
+        let pod = pods.entry(uid).or_default();
+        pod.name = sandbox.labels.get(labels::POD_NAME).cloned().unwrap_or_default();
+        pod.sandboxes += 1;
+        pod.ready_sandboxes += usize::from(sandbox.state == pb::PodSandboxState::SandboxReady as i32);
+    }
+    for container in containers.iter().filter(|c| in_namespace(&c.labels, namespace)) {
+        let uid = container.labels.get(labels::POD_UID).cloned().unwrap_or_default();
+        let pod = pods.entry(uid).or_default();
+        pod.containers += 1;
+        if container.state == pb::ContainerState::ContainerRunning as i32 {
+            let name = container.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
+            *pod.running.entry(name).or_default() += 1;
+        }
+    }
+    Ok(pods)
+}

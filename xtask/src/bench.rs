@@ -1,0 +1,703 @@
+//! `cargo xtask bench`: the agent against the bare CRI floor, on the project's containerd.
+//!
+//! One run, a progress line per phase, then one table, written as Markdown, JSON and an SVG chart
+//! under `target/bench/`. Every figure is min/median/max over repeated runs (or over idle windows),
+//! and the machine's load is noted before and after.
+//! - The floor: the CRI calls a kubelet cannot avoid (`cri_bench floor`), one pod at a time and all
+//!   pods at once (the agent's parallelism: one worker per pod).
+//! - Start-up of N static pods: from writing the manifests until every container runs in the CRI,
+//!   and until every pod is Running in `/pods`.
+//! - Teardown: from removing the manifests until no sandbox of them is ready.
+//! - Restart: from the runtime confirming a container's death (StopContainer without grace) until
+//!   `/pods` shows it restarted and running.
+//! - Idle cost with 0 and with 50 pods: CPU seconds per minute, resident memory, threads, open
+//!   files, and the mean relist time from the agent's own `kubelet_pleg_relist_duration_seconds`.
+//! - The release binary's size, and (unless `--quick`) two criterion benchmarks on the fake
+//!   runtime: a relist of 10,000 unchanged containers and a pod-worker dispatch of 10,000 pods.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    harness::{self, Agent, CriTool, write_manifest},
+    layout::STATE_DIR,
+    runtime,
+    util::{in_ci, is_root, output, project_root, run},
+};
+
+#[derive(Debug, Clone, PartialEq)]
+struct Options {
+    /// Runs of every start-up, teardown and floor figure.
+    repeat: usize,
+    /// Pod counts of the start-up figures; the largest is also the idle figure's.
+    sizes: Vec<usize>,
+    /// Idle windows, and the length of each.
+    windows: usize,
+    window: Duration,
+    /// Also run the criterion benchmarks on the fake runtime.
+    criterion: bool,
+}
+
+impl Options {
+    fn full() -> Options {
+        Options { repeat: 3, sizes: vec![1, 10, 50], windows: 3, window: Duration::from_secs(20), criterion: true }
+    }
+
+    fn quick() -> Options {
+        Options { repeat: 1, sizes: vec![1, 10], windows: 2, window: Duration::from_secs(10), criterion: false }
+    }
+}
+
+fn parse(args: &[&str]) -> Result<Options> {
+    let mut options = Options::full();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match *arg {
+            "--quick" => options = Options { criterion: false, ..Options::quick() },
+            "--repeat" => {
+                let n = args.next().context("--repeat takes a number of runs")?;
+                options.repeat = n.parse().ok().filter(|n| *n > 0).with_context(|| format!("--repeat {n:?}"))?;
+            }
+            other => bail!("unknown bench option {other:?}; usage: cargo xtask bench [--quick] [--repeat N]"),
+        }
+    }
+    Ok(options)
+}
+
+/// Min, median and max of some samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Stat {
+    min: f64,
+    median: f64,
+    max: f64,
+}
+
+impl Stat {
+    fn of(samples: &[f64]) -> Stat {
+        let mut sorted: Vec<f64> = samples.iter().copied().filter(|v| v.is_finite()).collect();
+        sorted.sort_by(f64::total_cmp);
+        if sorted.is_empty() {
+            return Stat { min: f64::NAN, median: f64::NAN, max: f64::NAN };
+        }
+        let mid = sorted.len() / 2;
+        let median = if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 };
+        Stat { min: sorted[0], median, max: sorted[sorted.len() - 1] }
+    }
+}
+
+/// A target a figure's median is held to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Target {
+    /// At most this value.
+    AtMost(f64),
+    /// At most `factor` times the floor plus `plus`.
+    Floor { factor: f64, plus: f64 },
+}
+
+/// One row of the table.
+#[derive(Debug, Clone)]
+struct Figure {
+    name: String,
+    unit: &'static str,
+    stat: Stat,
+    /// The floor's median, where the figure has one.
+    floor: Option<f64>,
+    target: Option<Target>,
+}
+
+impl Figure {
+    fn new(name: impl Into<String>, unit: &'static str, samples: &[f64]) -> Figure {
+        Figure { name: name.into(), unit, stat: Stat::of(samples), floor: None, target: None }
+    }
+
+    fn floor(mut self, floor: f64) -> Figure {
+        self.floor = Some(floor);
+        self
+    }
+
+    fn target(mut self, target: Target) -> Figure {
+        self.target = Some(target);
+        self
+    }
+
+    fn ratio(&self) -> Option<f64> {
+        self.floor.filter(|f| *f > 0.0).map(|f| self.stat.median / f)
+    }
+
+    /// The target's bound, in the figure's unit.
+    fn bound(&self) -> Option<f64> {
+        match self.target? {
+            Target::AtMost(v) => Some(v),
+            Target::Floor { factor, plus } => self.floor.map(|f| f * factor + plus),
+        }
+    }
+
+    fn met(&self) -> Option<bool> {
+        self.bound().map(|b| self.stat.median <= b)
+    }
+
+    fn target_text(&self) -> String {
+        match self.target {
+            None => String::new(),
+            Some(Target::AtMost(v)) => format!("≤ {}", number(v)),
+            Some(Target::Floor { factor, plus }) if plus > 0.0 => format!("≤ {factor}× floor + {}", number(plus)),
+            Some(Target::Floor { factor, .. }) => format!("≤ {factor}× floor"),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name, "unit": self.unit,
+            "min": self.stat.min, "median": self.stat.median, "max": self.stat.max,
+            "floor": self.floor, "ratio": self.ratio(), "target": self.target_text(), "bound": self.bound(), "met": self.met(),
+        })
+    }
+}
+
+fn number(v: f64) -> String {
+    if !v.is_finite() {
+        "n/a".to_owned()
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else if v >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Start-up medians of one pod count.
+#[derive(Debug, Clone, Copy)]
+struct StartupPoint {
+    pods: usize,
+    /// Agent: all Running in `/pods`.
+    api: f64,
+    /// Agent: all containers running in the CRI.
+    cri: f64,
+    floor_parallel: f64,
+    floor_sequential: f64,
+}
+
+/// A line of the start-up chart: label, colour, value.
+type Series = (&'static str, &'static str, fn(&StartupPoint) -> f64);
+
+/// Everything one run measured.
+#[derive(Debug, Default)]
+struct Results {
+    figures: Vec<Figure>,
+    /// Start-up medians per N, for the chart.
+    startup: Vec<StartupPoint>,
+    /// Resident memory medians per pod count, for the chart.
+    memory: Vec<(usize, f64)>,
+    load_before: f64,
+    load_after: f64,
+}
+
+pub(crate) fn run_bench(args: &[&str]) -> Result<()> {
+    let options = parse(args)?;
+    if let Some(why) = runtime::missing_prerequisites() {
+        if in_ci() || is_root() {
+            bail!("the benchmark needs the project's containerd: {why}");
+        }
+        bail!("the benchmark runs real pods on the project's containerd, which needs root: {why}");
+    }
+    let started_runtime = runtime::start()?;
+    let result = measure(&options);
+    if started_runtime {
+        runtime::stop()?;
+    }
+    let results = result?;
+    report(&options, &results)
+}
+
+/// The scratch directory of the benchmark's agent and floor.
+fn bench_dir() -> PathBuf {
+    Path::new(STATE_DIR).join("bench")
+}
+
+fn progress(line: &str) {
+    println!("bench: {line}");
+}
+
+fn measure(options: &Options) -> Result<Results> {
+    let binaries = harness::build()?;
+    let tool = CriTool::new(binaries.cri_tool.clone());
+    let dir = bench_dir();
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    let mut results = Results { load_before: harness::load(), ..Results::default() };
+    let largest = options.sizes.iter().copied().max().unwrap_or(1);
+
+    // The floor first: an agent would remove the floor's pods as orphans.
+    let mut floors = Vec::new();
+    for &n in &options.sizes {
+        let (mut seq, mut par, mut seq_stop, mut par_stop) = (vec![], vec![], vec![], vec![]);
+        for round in 1..=options.repeat {
+            progress(&format!("floor, {n} pods, run {round} of {}", options.repeat));
+            let (start, stop) = tool.floor(n, 1, &dir)?;
+            seq.push(start);
+            seq_stop.push(stop);
+            let (start, stop) = tool.floor(n, n, &dir)?;
+            par.push(start);
+            par_stop.push(stop);
+        }
+        floors.push((n, Stat::of(&seq), Stat::of(&par), Stat::of(&seq_stop), Stat::of(&par_stop)));
+    }
+
+    progress("starting the agent");
+    let mut agent = Agent::start(&binaries.agent, &dir.join("agent"), &[])?;
+    let measured = agent_figures(options, &mut agent, &tool, largest);
+    agent.stop(Duration::from_secs(10))?;
+    let runs = measured?;
+
+    for (n, seq, par, seq_stop, par_stop) in &floors {
+        let api = runs.api.get(n).map(Vec::as_slice).unwrap_or_default();
+        let cri = runs.cri.get(n).map(Vec::as_slice).unwrap_or_default();
+        let teardown = runs.teardown.get(n).map(Vec::as_slice).unwrap_or_default();
+        let (factor, plus) = if *n == 1 { (1.3, 0.05) } else { (1.2, 0.0) };
+        results.figures.push(
+            Figure::new(format!("start-up, {n} pods: manifests written → all Running in /pods"), "s", api)
+                .floor(par.median)
+                .target(Target::Floor { factor, plus }),
+        );
+        results.figures.push(
+            Figure::new(format!("start-up, {n} pods: manifests written → all containers running (CRI)"), "s", cri)
+                .floor(par.median),
+        );
+        results.figures.push(Figure { stat: *par, ..Figure::new(format!("floor, {n} pods, all at once"), "s", &[]) });
+        results.figures.push(Figure { stat: *seq, ..Figure::new(format!("floor, {n} pods, one at a time"), "s", &[]) });
+        results.figures.push(
+            Figure::new(format!("teardown, {n} pods: manifests removed → no sandbox ready"), "s", teardown)
+                .floor(par_stop.median),
+        );
+        results.figures.push(Figure {
+            stat: *par_stop,
+            ..Figure::new(format!("floor teardown, {n} pods, all at once"), "s", &[])
+        });
+        results.figures.push(Figure {
+            stat: *seq_stop,
+            ..Figure::new(format!("floor teardown, {n} pods, one at a time"), "s", &[])
+        });
+        results.startup.push(StartupPoint {
+            pods: *n,
+            api: Stat::of(api).median,
+            cri: Stat::of(cri).median,
+            floor_parallel: par.median,
+            floor_sequential: seq.median,
+        });
+    }
+    results.figures.push(
+        Figure::new("container death (runtime confirms) → restarted and running in /pods", "s", &runs.restart)
+            .target(Target::AtMost(0.05)),
+    );
+    for (pods, idle) in &runs.idle {
+        let (cpu, rss) = if *pods == 0 { (0.05, 12.0) } else { (0.3, 20.0) };
+        results
+            .figures
+            .push(Figure::new(format!("idle CPU, {pods} pods"), "s/min", &idle.cpu).target(Target::AtMost(cpu)));
+        results
+            .figures
+            .push(Figure::new(format!("resident memory, {pods} pods"), "MiB", &idle.rss).target(Target::AtMost(rss)));
+        let threads = Figure::new(format!("threads, {pods} pods"), "", &idle.threads);
+        results.figures.push(if *pods > 0 { threads.target(Target::AtMost(16.0)) } else { threads });
+        results.figures.push(Figure::new(format!("open files, {pods} pods"), "", &idle.fds));
+        results.figures.push(Figure::new(format!("relist (agent's own metric), {pods} pods"), "ms", &idle.relist));
+        results.memory.push((*pods, Stat::of(&idle.rss).median));
+    }
+    let size = fs::metadata(&binaries.agent)?.len() as f64 / (1024.0 * 1024.0);
+    results.figures.push(Figure::new("release binary size", "MiB", &[size]));
+    if options.criterion {
+        // The agent's figures stand without these.
+        match criterion_figures() {
+            Ok(figures) => results.figures.extend(figures),
+            Err(err) => println!("warning: the criterion benchmarks failed; their rows are left out: {err:#}"),
+        }
+    }
+    results.load_after = harness::load();
+    let _ = fs::remove_dir_all(&dir);
+    Ok(results)
+}
+
+/// Idle figures of one pod count, one sample per window.
+#[derive(Debug, Default)]
+struct Idle {
+    cpu: Vec<f64>,
+    rss: Vec<f64>,
+    threads: Vec<f64>,
+    fds: Vec<f64>,
+    relist: Vec<f64>,
+}
+
+type Samples = std::collections::HashMap<usize, Vec<f64>>;
+
+/// What the agent's runs measured, per pod count.
+#[derive(Debug, Default)]
+struct AgentRuns {
+    /// Manifests written → all Running in `/pods`.
+    api: Samples,
+    /// Manifests written → all containers running in the CRI.
+    cri: Samples,
+    /// Manifests removed → no sandbox ready.
+    teardown: Samples,
+    /// A container's death confirmed by the runtime → restarted and running in `/pods`.
+    restart: Vec<f64>,
+    idle: Vec<(usize, Idle)>,
+}
+
+fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: usize) -> Result<AgentRuns> {
+    agent.wait_healthy(Duration::from_secs(30))?;
+    let mut runs = AgentRuns::default();
+    progress(&format!("idle, 0 pods: {} windows of {:?}", options.windows, options.window));
+    std::thread::sleep(Duration::from_secs(5));
+    runs.idle.push((0, idle_windows(agent, options)?));
+    for round in 1..=options.repeat {
+        for &n in &options.sizes {
+            progress(&format!("agent start-up, {n} pods, run {round} of {}", options.repeat));
+            let (api, cri) = start_pods(agent, tool, n)?;
+            runs.api.entry(n).or_default().push(api);
+            runs.cri.entry(n).or_default().push(cri);
+            if n == 1 {
+                progress(&format!("agent restart of a dead container, run {round} of {}", options.repeat));
+                runs.restart.push(restart_after_death(agent, tool)?);
+            }
+            if n == largest && round == options.repeat {
+                progress(&format!("idle, {n} pods: {} windows of {:?}", options.windows, options.window));
+                std::thread::sleep(Duration::from_secs(10));
+                runs.idle.push((n, idle_windows(agent, options)?));
+            }
+            progress(&format!("agent teardown, {n} pods, run {round} of {}", options.repeat));
+            runs.teardown.entry(n).or_default().push(stop_pods(agent, tool)?);
+        }
+    }
+    Ok(runs)
+}
+
+fn idle_windows(agent: &Agent, options: &Options) -> Result<Idle> {
+    let mut idle = Idle::default();
+    for _ in 0..options.windows {
+        let (sum0, count0) = agent.metric_sum_count("kubelet_pleg_relist_duration_seconds")?;
+        let cpu0 = agent.cpu_ns();
+        let began = Instant::now();
+        std::thread::sleep(options.window);
+        let cpu1 = agent.cpu_ns();
+        let took = began.elapsed().as_secs_f64();
+        let (sum1, count1) = agent.metric_sum_count("kubelet_pleg_relist_duration_seconds")?;
+        idle.cpu.push((cpu1.saturating_sub(cpu0)) as f64 / 1e9 * 60.0 / took);
+        idle.rss.push(agent.rss_bytes() as f64 / (1024.0 * 1024.0));
+        idle.threads.push(agent.threads() as f64);
+        idle.fds.push(agent.fds() as f64);
+        if count1 > count0 {
+            idle.relist.push((sum1 - sum0) / (count1 - count0) * 1000.0);
+        }
+    }
+    Ok(idle)
+}
+
+/// Writes N manifests; returns seconds until all are Running in `/pods`, and until all their
+/// containers run in the CRI.
+fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize) -> Result<(f64, f64)> {
+    let manifests = agent.dir.join("manifests");
+    let watch = tool.watch(&["--running", &n.to_string()])?;
+    let t0 = harness::unix_now();
+    for i in 0..n {
+        let name = format!("bench-{i}");
+        write_manifest(&manifests, &name, &harness::manifest(&name))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let api = loop {
+        if agent.running() >= n {
+            break harness::unix_now() - t0;
+        }
+        if !agent.alive() {
+            bail!("the agent exited; see {}", agent.dir.join("agent.log").display());
+        }
+        if Instant::now() > deadline {
+            bail!("{n} pods were not all Running in /pods within 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let cri = watch.wait(Duration::from_secs(180))? - t0;
+    Ok((api, cri))
+}
+
+/// Stops the running container at once; returns seconds from the runtime's confirmation until
+/// `/pods` shows it restarted and running.
+fn restart_after_death(agent: &mut Agent, tool: &CriTool) -> Result<f64> {
+    let (before, _) = agent.restarts()?;
+    let killed = tool.kill_containers()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (restarts, running) = agent.restarts()?;
+        if restarts > before && running {
+            return Ok(harness::unix_now() - killed);
+        }
+        if Instant::now() > deadline {
+            bail!("the killed container was not restarted within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Removes every manifest; returns seconds until no sandbox of them is ready, then waits until
+/// the agent has forgotten them and the runtime holds nothing of them.
+fn stop_pods(agent: &mut Agent, tool: &CriTool) -> Result<f64> {
+    let watch = tool.watch(&["--stopped"])?;
+    let t0 = harness::unix_now();
+    for entry in fs::read_dir(agent.dir.join("manifests"))? {
+        fs::remove_file(entry?.path())?;
+    }
+    let stopped = watch.wait(Duration::from_secs(180))? - t0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(agent.pods()?.is_empty() && tool.state()?.is_empty()) {
+        if Instant::now() > deadline {
+            bail!("the removed pods were still in /pods or in the runtime after 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(stopped)
+}
+
+/// The two criterion benchmarks on the fake runtime the table reports.
+fn criterion_figures() -> Result<Vec<Figure>> {
+    let root = project_root()?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    progress("criterion: pleg relist of 10,000 unchanged containers (fake runtime)");
+    run(Command::new(&cargo).current_dir(&root).args([
+        "bench",
+        "--locked",
+        "-p",
+        "kubelet-pleg",
+        "--bench",
+        "relist",
+        "--",
+        "unchanged/10000",
+    ]))?;
+    progress("criterion: pod-worker dispatch of 10,000 pods (fake runtime)");
+    run(Command::new(&cargo).current_dir(&root).args([
+        "bench",
+        "--locked",
+        "-p",
+        "kubelet-podworkers",
+        "--bench",
+        "dispatch",
+        "--",
+        "podworkers_dispatch/10000",
+    ]))?;
+    let criterion = root.join("target/criterion");
+    Ok(vec![
+        Figure::new(
+            "relist, 10,000 unchanged containers (fake runtime, criterion)",
+            "ms",
+            &criterion_samples(&criterion.join("pleg_relist/unchanged/10000"))?,
+        ),
+        Figure::new(
+            "pod-worker dispatch, 10,000 pods (fake runtime, criterion)",
+            "ms",
+            &criterion_samples(&criterion.join("podworkers_dispatch/10000"))?,
+        ),
+    ])
+}
+
+/// Per-iteration times of a criterion benchmark's last run, in milliseconds.
+fn criterion_samples(dir: &Path) -> Result<Vec<f64>> {
+    let path = dir.join("new/sample.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?)?;
+    let iters = json["iters"].as_array().context("sample.json without iters")?;
+    let times = json["times"].as_array().context("sample.json without times")?;
+    Ok(iters.iter().zip(times).filter_map(|(i, t)| Some(t.as_f64()? / i.as_f64()? / 1e6)).collect())
+}
+
+fn report(options: &Options, results: &Results) -> Result<()> {
+    let root = project_root()?;
+    let out = root.join("target/bench");
+    fs::create_dir_all(&out)?;
+    let commit = output(Command::new("git").current_dir(&root).args(["rev-parse", "--short", "HEAD"]))
+        .map(|c| c.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let markdown = markdown(options, results, &commit, cpus);
+    print!("\n{markdown}");
+    fs::write(out.join("bench.md"), &markdown)?;
+    let json = serde_json::json!({
+        "commit": commit,
+        "cpus": cpus,
+        "load_before": results.load_before,
+        "load_after": results.load_after,
+        "repeat": options.repeat,
+        "idle_windows": options.windows,
+        "idle_window_s": options.window.as_secs_f64(),
+        "figures": results.figures.iter().map(Figure::json).collect::<Vec<_>>(),
+    });
+    fs::write(out.join("bench.json"), serde_json::to_string_pretty(&json)?)?;
+    fs::write(out.join("bench.svg"), svg(results))?;
+    println!("wrote {}, bench.json and bench.svg", out.join("bench.md").display());
+    Ok(())
+}
+
+fn markdown(options: &Options, results: &Results, commit: &str, cpus: usize) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "Commit {commit}, {cpus} CPUs, load {:.2} before and {:.2} after; {} run(s) per start-up, teardown and \
+         floor figure, {} idle window(s) of {} s.\n",
+        results.load_before,
+        results.load_after,
+        options.repeat,
+        options.windows,
+        options.window.as_secs()
+    );
+    md.push_str("| figure | unit | min | median | max | floor | ratio | target | met |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    for f in &results.figures {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            f.name,
+            f.unit,
+            number(f.stat.min),
+            number(f.stat.median),
+            number(f.stat.max),
+            f.floor.map(number).unwrap_or_default(),
+            f.ratio().map(|r| format!("{r:.2}×")).unwrap_or_default(),
+            f.target_text(),
+            match f.met() {
+                Some(true) => "yes".to_owned(),
+                Some(false) => format!("no (by {})", number(f.stat.median - f.bound().unwrap_or(0.0))),
+                None => String::new(),
+            }
+        );
+    }
+    md
+}
+
+/// Two panels: start-up latency against N (agent and floor), resident memory against pods.
+fn svg(results: &Results) -> String {
+    let (w, h, pad) = (420.0_f64, 260.0_f64, 40.0_f64);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n",
+        2.0 * w
+    );
+    s.push_str("<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
+    // Panel 1: start-up.
+    let max_n = results.startup.iter().map(|r| r.pods).max().unwrap_or(1) as f64;
+    let max_t = results
+        .startup
+        .iter()
+        .flat_map(|r| [r.api, r.cri, r.floor_parallel, r.floor_sequential])
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    let x = |n: f64| pad + (w - 2.0 * pad) * n / max_n.max(1.0);
+    let y = |v: f64| h - pad - (h - 2.0 * pad) * v / max_t.max(1e-9);
+    axes(&mut s, 0.0, w, h, pad, "pods started at once", &format!("seconds (max {})", number(max_t)));
+    let _ = writeln!(s, "<text x=\"{pad}\" y=\"16\" font-weight=\"bold\">start-up latency</text>");
+    let series: [Series; 4] = [
+        ("agent: Running in /pods", "#d62728", |r| r.api),
+        ("agent: running in CRI", "#ff7f0e", |r| r.cri),
+        ("floor, all at once", "#1f77b4", |r| r.floor_parallel),
+        ("floor, one at a time", "#7f7f7f", |r| r.floor_sequential),
+    ];
+    for (i, (label, colour, value)) in series.iter().enumerate() {
+        let points: Vec<String> =
+            results.startup.iter().map(|r| format!("{:.1},{:.1}", x(r.pods as f64), y(value(r)))).collect();
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>",
+            points.join(" ")
+        );
+        let ly = pad + 14.0 * i as f64;
+        let _ = writeln!(
+            s,
+            "<line x1=\"{0}\" y1=\"{ly}\" x2=\"{1}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"2\"/><text x=\"{2}\" y=\"{3}\">{label}</text>",
+            pad + 10.0,
+            pad + 30.0,
+            pad + 34.0,
+            ly + 4.0
+        );
+    }
+    for r in &results.startup {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            x(r.pods as f64),
+            h - pad + 14.0,
+            r.pods
+        );
+    }
+    // Panel 2: memory.
+    let max_m = results.memory.iter().map(|m| m.1).filter(|v| v.is_finite()).fold(0.0, f64::max).max(1.0);
+    axes(&mut s, w, w, h, pad, "pods", &format!("resident MiB (max {})", number(max_m)));
+    let _ = writeln!(s, "<text x=\"{}\" y=\"16\" font-weight=\"bold\">resident memory, idle</text>", w + pad);
+    let slot = (w - 2.0 * pad) / results.memory.len().max(1) as f64;
+    for (i, (pods, mib)) in results.memory.iter().enumerate() {
+        let bar = (h - 2.0 * pad) * mib / max_m;
+        let bx = w + pad + slot * i as f64 + slot * 0.25;
+        let _ = writeln!(
+            s,
+            "<rect x=\"{bx:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bar:.1}\" fill=\"#d62728\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{pods} pods: {} MiB</text>",
+            h - pad - bar,
+            slot * 0.5,
+            bx + slot * 0.25,
+            h - pad + 14.0,
+            number(*mib)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn axes(s: &mut String, left: f64, w: f64, h: f64, pad: f64, x_label: &str, y_label: &str) {
+    let _ = writeln!(
+        s,
+        "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/><line x1=\"{0}\" y1=\"{3}\" x2=\"{0}\" y2=\"{1}\" stroke=\"black\"/>",
+        left + pad,
+        h - pad,
+        left + w - pad,
+        pad
+    );
+    let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{x_label}</text>", left + w / 2.0, h - 8.0);
+    let _ = writeln!(s, "<text x=\"{}\" y=\"{}\">{y_label}</text>", left + pad, pad - 6.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_is_min_median_max() {
+        assert_eq!(Stat::of(&[3.0, 1.0, 2.0]), Stat { min: 1.0, median: 2.0, max: 3.0 });
+        assert_eq!(Stat::of(&[4.0, 1.0, 2.0, 3.0]), Stat { min: 1.0, median: 2.5, max: 4.0 });
+        assert!(Stat::of(&[]).median.is_nan());
+    }
+
+    #[test]
+    fn targets_against_the_floor() {
+        let f = Figure::new("x", "s", &[0.30, 0.31, 0.29]).floor(0.2).target(Target::Floor { factor: 1.3, plus: 0.05 });
+        assert_eq!(f.bound(), Some(0.31));
+        assert_eq!(f.met(), Some(true));
+        let f = Figure::new("x", "s", &[0.5]).floor(0.2).target(Target::Floor { factor: 1.2, plus: 0.0 });
+        assert_eq!(f.met(), Some(false));
+        assert!(
+            markdown(&Options::quick(), &Results { figures: vec![f], ..Results::default() }, "c", 2)
+                .contains("no (by 0.260)")
+        );
+    }
+
+    #[test]
+    fn options_parse() {
+        assert_eq!(parse(&[]).unwrap(), Options::full());
+        assert_eq!(parse(&["--quick"]).unwrap(), Options::quick());
+        assert_eq!(parse(&["--repeat", "5"]).unwrap().repeat, 5);
+        assert!(parse(&["--repeat", "0"]).is_err());
+        assert!(parse(&["--fast"]).is_err());
+    }
+}

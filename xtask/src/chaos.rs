@@ -1,0 +1,771 @@
+//! `cargo xtask chaos`: the release agent on the project's containerd, under faults.
+//!
+//! Four scenarios, each bounded in time; each reports passed or failed with its counts, and the
+//! command exits non-zero on any failure. `--short` is the version CI runs.
+//! - crash: start pods, SIGKILL the agent at a random moment of their start-up, restart it, and
+//!   count duplicates, orphans and missing pods once it has converged; then leaks after teardown.
+//! - outage: stop containerd while pods run and one is being created; `/healthz` must say so,
+//!   and the agent must converge without duplicates once containerd is back.
+//! - churn: create/delete cycles through the file source; resident memory, threads and open files
+//!   before and after, and leaked cgroups, pod directories and log directories.
+//! - bad input: malformed, oversized, duplicate and hostile manifests next to good ones, a bad
+//!   CNI configuration and a missing image: the good pods run, the agent neither panics nor grows,
+//!   and each fault has a clear error.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    harness::{self, Agent, Binaries, CriTool, NAMESPACE, NODE, write_manifest},
+    layout::STATE_DIR,
+    runtime,
+    util::{in_ci, is_root},
+};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Options {
+    crash_rounds: usize,
+    crash_pods: usize,
+    /// SIGKILL at a random moment within this much of writing the manifests.
+    crash_window: Duration,
+    outage_pods: usize,
+    outage: Duration,
+    churn_cycles: usize,
+    churn_batch: usize,
+    /// Copies of each kind of bad manifest.
+    bad_copies: usize,
+}
+
+impl Options {
+    fn full() -> Options {
+        Options {
+            crash_rounds: 20,
+            crash_pods: 20,
+            crash_window: Duration::from_millis(3000),
+            outage_pods: 10,
+            outage: Duration::from_secs(10),
+            churn_cycles: 2000,
+            churn_batch: 20,
+            bad_copies: 5,
+        }
+    }
+
+    fn short() -> Options {
+        Options {
+            crash_rounds: 3,
+            crash_pods: 5,
+            crash_window: Duration::from_millis(1500),
+            outage_pods: 3,
+            outage: Duration::from_secs(10),
+            churn_cycles: 60,
+            churn_batch: 10,
+            bad_copies: 1,
+        }
+    }
+}
+
+fn parse(args: &[&str]) -> Result<(Options, Option<String>)> {
+    let mut options = Options::full();
+    let mut only = None;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match *arg {
+            "--short" => options = Options::short(),
+            "--only" => only = Some(args.next().context("--only takes crash, outage, churn or bad-input")?.to_string()),
+            other => bail!("unknown chaos option {other:?}; usage: cargo xtask chaos [--short] [--only SCENARIO]"),
+        }
+    }
+    Ok((options, only))
+}
+
+/// What one scenario found.
+#[derive(Debug, Default)]
+struct Outcome {
+    name: &'static str,
+    /// Named counts; any count under `failures` fails the scenario when non-zero.
+    counts: BTreeMap<&'static str, String>,
+    failures: Vec<String>,
+}
+
+impl Outcome {
+    fn new(name: &'static str) -> Outcome {
+        Outcome { name, ..Outcome::default() }
+    }
+
+    fn count(&mut self, key: &'static str, value: impl ToString) {
+        self.counts.insert(key, value.to_string());
+    }
+
+    /// Records a count that must be zero.
+    fn zero(&mut self, key: &'static str, value: usize, detail: impl FnOnce() -> String) {
+        self.count(key, value);
+        if value > 0 {
+            self.failures.push(format!("{key} = {value}: {}", detail()));
+        }
+    }
+
+    fn fail(&mut self, why: impl Into<String>) {
+        self.failures.push(why.into());
+    }
+
+    fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+pub(crate) fn run_chaos(args: &[&str]) -> Result<()> {
+    let (options, only) = parse(args)?;
+    if let Some(why) = runtime::missing_prerequisites() {
+        if in_ci() || is_root() {
+            bail!("chaos needs the project's containerd: {why}");
+        }
+        bail!("chaos runs real pods on the project's containerd, which needs root: {why}");
+    }
+    let started_runtime = runtime::start()?;
+    let result = harness::build().and_then(|binaries| run_scenarios(&options, only.as_deref(), &binaries));
+    if started_runtime {
+        runtime::stop()?;
+    }
+    let outcomes = result?;
+    println!("\nchaos: {} scenario(s)", outcomes.len());
+    for outcome in &outcomes {
+        let counts: Vec<String> = outcome.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!(
+            "  {:<10} {}  ({})",
+            outcome.name,
+            if outcome.passed() { "PASSED" } else { "FAILED" },
+            counts.join(", ")
+        );
+        for failure in &outcome.failures {
+            println!("             - {failure}");
+        }
+    }
+    if outcomes.iter().any(|o| !o.passed()) {
+        bail!("chaos: a scenario failed");
+    }
+    Ok(())
+}
+
+/// Runs the CI version of every scenario, with the runtime already started and the binaries built.
+pub(crate) fn run_short(binaries: &Binaries) -> Result<()> {
+    let outcomes = run_scenarios(&Options::short(), None, binaries)?;
+    for outcome in &outcomes {
+        let counts: Vec<String> = outcome.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!(
+            "  {:<10} {}  ({})",
+            outcome.name,
+            if outcome.passed() { "PASSED" } else { "FAILED" },
+            counts.join(", ")
+        );
+        for failure in &outcome.failures {
+            println!("             - {failure}");
+        }
+    }
+    if outcomes.iter().any(|o| !o.passed()) {
+        bail!("chaos: a scenario failed");
+    }
+    Ok(())
+}
+
+type Scenario = fn(&Options, &Binaries, &Path) -> Result<Outcome>;
+
+fn run_scenarios(options: &Options, only: Option<&str>, binaries: &Binaries) -> Result<Vec<Outcome>> {
+    let scenarios: [(&str, Scenario); 4] =
+        [("crash", crash), ("outage", outage), ("churn", churn), ("bad-input", bad_input)];
+    if let Some(name) = only
+        && !scenarios.iter().any(|(n, _)| *n == name)
+    {
+        bail!("no scenario {name:?}: crash, outage, churn or bad-input");
+    }
+    let mut outcomes = Vec::new();
+    for (name, scenario) in scenarios {
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        println!("\n==> chaos: {name}");
+        let dir = Path::new(STATE_DIR).join("chaos").join(name);
+        let _ = fs::remove_dir_all(&dir);
+        let baseline = pod_cgroups();
+        let outcome = match scenario(options, binaries, &dir) {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                let mut outcome = Outcome::new("error");
+                outcome.fail(format!("{name}: {err:#}"));
+                outcome
+            }
+        };
+        // Whatever happened, nothing of the scenario stays in the runtime or on the host.
+        clean_runtime(&CriTool::new(binaries.cri_tool.clone()));
+        let mut outcome = outcome;
+        if outcome.name == "error" {
+            outcome.name = scenario_name(name);
+        }
+        let leaked: Vec<String> = pod_cgroups().difference(&baseline).cloned().collect();
+        outcome.zero("leaked cgroups", leaked.len(), || leaked.join(", "));
+        if outcome.passed() {
+            let _ = fs::remove_dir_all(&dir);
+        } else {
+            println!("chaos: {name} failed; its files stay in {}", dir.display());
+        }
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+fn scenario_name(name: &str) -> &'static str {
+    match name {
+        "crash" => "crash",
+        "outage" => "outage",
+        "churn" => "churn",
+        _ => "bad-input",
+    }
+}
+
+/// A small pseudo-random generator, seeded from the clock (the seed is printed).
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = harness::unix_now().to_bits() | 1;
+        println!("chaos: random seed {seed}");
+        Rng(seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// What the runtime holds of the harness namespace, judged against the expected pod names.
+#[derive(Debug, Default)]
+struct Judgement {
+    /// Extra ready sandboxes or running containers of one pod, and pods run under two UIDs.
+    duplicates: Vec<String>,
+    /// Ready sandboxes or running containers of pods that should not run.
+    orphans: Vec<String>,
+    /// Expected pods without exactly one ready sandbox and one running container.
+    missing: Vec<String>,
+}
+
+fn judge(state: &serde_json::Map<String, serde_json::Value>, expected: &BTreeSet<String>) -> Judgement {
+    let mut judgement = Judgement::default();
+    let mut live_uids: BTreeMap<String, usize> = BTreeMap::new();
+    for (uid, pod) in state {
+        let name = harness::manifest_name(pod["name"].as_str().unwrap_or_default()).to_owned();
+        let ready = pod["ready_sandboxes"].as_u64().unwrap_or(0);
+        let running: BTreeMap<String, u64> = pod["running"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect())
+            .unwrap_or_default();
+        if ready > 1 {
+            judgement.duplicates.push(format!("{name} ({uid}): {ready} ready sandboxes"));
+        }
+        for (container, n) in &running {
+            if *n > 1 {
+                judgement.duplicates.push(format!("{name} ({uid}): {n} running {container}"));
+            }
+        }
+        let live = ready > 0 || running.values().any(|n| *n > 0);
+        if live {
+            *live_uids.entry(name.clone()).or_default() += 1;
+            if !expected.contains(&name) {
+                judgement.orphans.push(format!("{name} ({uid})"));
+            }
+        }
+    }
+    for (name, uids) in &live_uids {
+        if *uids > 1 && expected.contains(name) {
+            judgement.duplicates.push(format!("{name}: runs under {uids} UIDs"));
+        }
+    }
+    for name in expected {
+        let ok = state.values().any(|pod| {
+            harness::manifest_name(pod["name"].as_str().unwrap_or_default()) == name
+                && pod["ready_sandboxes"] == 1
+                && pod["running"].as_object().is_some_and(|m| m.values().all(|v| v == 1) && !m.is_empty())
+        });
+        if !ok {
+            judgement.missing.push(name.clone());
+        }
+    }
+    judgement
+}
+
+/// Waits until `/pods` shows exactly `expected`, all Running, and the runtime runs each once; the
+/// duplicates seen on the way count too.
+fn converge(agent: &mut Agent, tool: &CriTool, expected: &BTreeSet<String>, timeout: Duration) -> Result<Judgement> {
+    let deadline = Instant::now() + timeout;
+    let mut seen_duplicates = BTreeSet::new();
+    loop {
+        if !agent.alive() {
+            bail!("the agent exited; see {}", agent.dir.join("agent.log").display());
+        }
+        let pods = agent.pods().unwrap_or_default();
+        let api_ok = pods.len() == expected.len() && pods.iter().all(|(n, p)| expected.contains(n) && p == "Running");
+        let mut judgement = judge(&tool.state()?, expected);
+        seen_duplicates.extend(judgement.duplicates.iter().cloned());
+        let done = api_ok && judgement.missing.is_empty() && judgement.orphans.is_empty();
+        if done || Instant::now() > deadline {
+            judgement.duplicates = seen_duplicates.into_iter().collect();
+            if !api_ok {
+                judgement.missing.push(format!("/pods after {timeout:?}: {pods:?}"));
+            }
+            return Ok(judgement);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Removes every manifest and waits until neither `/pods` nor the runtime holds any pod of them.
+fn teardown(agent: &mut Agent, tool: &CriTool, timeout: Duration) -> Result<()> {
+    for entry in fs::read_dir(agent.dir.join("manifests"))? {
+        fs::remove_file(entry?.path())?;
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        if agent.pods()?.is_empty() && tool.state()?.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("removed pods still present after {timeout:?}: /pods {:?}", agent.pods()?);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// What an agent leaves on the host for pods it no longer runs: pod directories and log
+/// directories (cgroups are checked around every scenario).
+fn host_leaks(dir: &Path) -> Vec<String> {
+    let mut leaks = Vec::new();
+    for sub in ["root/pods", "logs", "containers"] {
+        if let Ok(entries) = fs::read_dir(dir.join(sub)) {
+            leaks.extend(entries.filter_map(Result::ok).map(|e| format!("{sub}/{}", e.file_name().to_string_lossy())));
+        }
+    }
+    leaks
+}
+
+/// Pod cgroups on the host, cgroup v1 (every controller) and v2: `…/kubepods/[qos/]pod<uid>`.
+fn pod_cgroups() -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup/kubepods")];
+    if let Ok(controllers) = fs::read_dir("/sys/fs/cgroup") {
+        roots.extend(controllers.filter_map(Result::ok).map(|c| c.path().join("kubepods")));
+    }
+    for root in roots {
+        for dir in [root.clone(), root.join("besteffort"), root.join("burstable")] {
+            if let Ok(entries) = fs::read_dir(&dir) {
+                for entry in entries.filter_map(Result::ok) {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.starts_with("pod") && entry.path().is_dir() {
+                        found.insert(entry.path().display().to_string());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Stops and removes whatever of the harness namespace is left in the runtime.
+fn clean_runtime(tool: &CriTool) {
+    if let Ok(state) = tool.state()
+        && !state.is_empty()
+    {
+        println!("chaos: removing {} pod(s) left in the runtime", state.len());
+        let _ = tool.remove_namespace();
+    }
+}
+
+fn names(prefix: &str, n: usize) -> BTreeSet<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+fn write_all(dir: &Path, names: &BTreeSet<String>) -> Result<()> {
+    for name in names {
+        write_manifest(&dir.join("manifests"), name, &harness::manifest(name))?;
+    }
+    Ok(())
+}
+
+fn record(outcome: &mut Outcome, judgement: &Judgement, totals: &mut [usize; 3]) {
+    totals[0] += judgement.duplicates.len();
+    totals[1] += judgement.orphans.len();
+    totals[2] += judgement.missing.len();
+    for d in &judgement.duplicates {
+        outcome.failures.push(format!("duplicate: {d}"));
+    }
+    for o in &judgement.orphans {
+        outcome.failures.push(format!("orphan: {o}"));
+    }
+    for m in &judgement.missing {
+        outcome.failures.push(format!("not converged: {m}"));
+    }
+}
+
+fn crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
+    let mut outcome = Outcome::new("crash");
+    let tool = CriTool::new(binaries.cri_tool.clone());
+    let mut rng = Rng::new();
+    let mut totals = [0usize; 3];
+    let mut agent = Agent::start(&binaries.agent, dir, &[])?;
+    agent.wait_healthy(Duration::from_secs(30))?;
+    for round in 1..=options.crash_rounds {
+        let expected = names(&format!("crash{round}"), options.crash_pods);
+        write_all(dir, &expected)?;
+        let delay = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));
+        std::thread::sleep(delay);
+        let running = agent.running();
+        agent.kill();
+        println!("chaos: crash round {round}: SIGKILL {delay:?} after writing, {running} pod(s) Running by then");
+        agent = Agent::start(&binaries.agent, dir, &[])?;
+        agent.wait_healthy(Duration::from_secs(30))?;
+        let judgement = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
+        record(&mut outcome, &judgement, &mut totals);
+        teardown(&mut agent, &tool, Duration::from_secs(120))?;
+    }
+    let leaks = host_leaks(dir);
+    agent.stop(Duration::from_secs(10))?;
+    outcome.count("rounds", options.crash_rounds);
+    outcome.count("duplicates", totals[0]);
+    outcome.count("orphans", totals[1]);
+    outcome.count("not converged", totals[2]);
+    outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
+    Ok(outcome)
+}
+
+fn outage(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
+    let mut outcome = Outcome::new("outage");
+    let tool = CriTool::new(binaries.cri_tool.clone());
+    let mut agent = Agent::start(&binaries.agent, dir, &[])?;
+    agent.wait_healthy(Duration::from_secs(30))?;
+    let mut expected = names("outage", options.outage_pods);
+    write_all(dir, &expected)?;
+    let before = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
+    let mut totals = [0usize; 3];
+    record(&mut outcome, &before, &mut totals);
+    // One more pod, being created when the runtime goes away.
+    let late = "outage-late".to_owned();
+    write_manifest(&dir.join("manifests"), &late, &harness::manifest(&late))?;
+    expected.insert(late);
+    std::thread::sleep(Duration::from_millis(50));
+    runtime::stop_containerd()?;
+    let down = Instant::now();
+    let mut unhealthy = None;
+    while down.elapsed() < options.outage {
+        if let Ok((code, body)) = harness::get(&agent.socket(), "/healthz")
+            && code != 200
+            && unhealthy.is_none()
+        {
+            unhealthy = Some((down.elapsed(), body.lines().next().unwrap_or_default().to_owned()));
+        }
+        if !agent.alive() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let restarted = runtime::start_containerd();
+    if !agent.alive() {
+        outcome.fail("the agent exited during the outage");
+    }
+    restarted?;
+    match &unhealthy {
+        Some((after, line)) => outcome.count("healthz down after", format!("{:.1} s ({line})", after.as_secs_f64())),
+        None => outcome.fail(format!("/healthz never reported the runtime down in {:?}", options.outage)),
+    }
+    let back = Instant::now();
+    let after = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
+    outcome.count("converged after", format!("{:.1} s", back.elapsed().as_secs_f64()));
+    record(&mut outcome, &after, &mut totals);
+    let healthy = harness::get(&agent.socket(), "/healthz").is_ok_and(|(code, _)| code == 200);
+    if !healthy {
+        outcome.fail("/healthz not ok after the runtime came back and the pods converged");
+    }
+    teardown(&mut agent, &tool, Duration::from_secs(120))?;
+    let leaks = host_leaks(dir);
+    agent.stop(Duration::from_secs(10))?;
+    outcome.count("duplicates", totals[0]);
+    outcome.count("orphans", totals[1]);
+    outcome.count("not converged", totals[2]);
+    outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
+    Ok(outcome)
+}
+
+/// Resident MiB, threads and open files of the agent.
+fn footprint(agent: &Agent) -> (f64, u64, u64) {
+    (agent.rss_bytes() as f64 / (1024.0 * 1024.0), agent.threads(), agent.fds())
+}
+
+fn churn(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
+    let mut outcome = Outcome::new("churn");
+    let tool = CriTool::new(binaries.cri_tool.clone());
+    let mut rng = Rng::new();
+    let mut agent = Agent::start(&binaries.agent, dir, &[])?;
+    agent.wait_healthy(Duration::from_secs(30))?;
+    let batches = options.churn_cycles.div_ceil(options.churn_batch);
+    let mut before = None;
+    let started = Instant::now();
+    for batch in 0..batches {
+        let expected = names(&format!("churn{batch}"), options.churn_batch);
+        write_all(dir, &expected)?;
+        if batch % 2 == 0 {
+            // Every other batch runs to completion; the others are deleted mid-start.
+            let judgement = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
+            let mut totals = [0usize; 3];
+            record(&mut outcome, &judgement, &mut totals);
+        } else {
+            std::thread::sleep(Duration::from_millis(rng.below(800)));
+        }
+        teardown(&mut agent, &tool, Duration::from_secs(120))?;
+        if batch == 0 {
+            // After the first batch: every pool and cache the agent keeps has been used once.
+            std::thread::sleep(Duration::from_secs(15));
+            before = Some(footprint(&agent));
+        }
+        if (batch + 1) % 10 == 0 {
+            println!(
+                "chaos: churn {} of {} cycles, {:?}",
+                (batch + 1) * options.churn_batch,
+                options.churn_cycles,
+                started.elapsed()
+            );
+        }
+    }
+    // Idle long enough for idle blocking threads to end (10 s).
+    std::thread::sleep(Duration::from_secs(15));
+    let after = footprint(&agent);
+    let (before_rss, before_threads, before_fds) = before.unwrap_or(after);
+    outcome.count("cycles", batches * options.churn_batch);
+    outcome.count("resident MiB before/after", format!("{before_rss:.1}/{:.1}", after.0));
+    outcome.count("threads before/after", format!("{before_threads}/{}", after.1));
+    outcome.count("open files before/after", format!("{before_fds}/{}", after.2));
+    if after.0 > before_rss * 1.25 + 2.0 {
+        outcome.fail(format!("resident memory grew from {before_rss:.1} to {:.1} MiB", after.0));
+    }
+    if after.1 > before_threads + 2 {
+        outcome.fail(format!("threads grew from {before_threads} to {}", after.1));
+    }
+    if after.2 > before_fds + 2 {
+        outcome.fail(format!("open files grew from {before_fds} to {}", after.2));
+    }
+    let leaks = host_leaks(dir);
+    agent.stop(Duration::from_secs(10))?;
+    outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
+    Ok(outcome)
+}
+
+/// The hostile manifests: (file name, content). Each must be refused with an error naming it.
+fn bad_manifests(copies: usize) -> Vec<(String, Vec<u8>)> {
+    let mut bad = Vec::new();
+    for i in 0..copies {
+        bad.push((format!("malformed-{i}.yaml"), b"apiVersion: v1\nkind: Pod\nmetadata: {name: [unclosed\n".to_vec()));
+        bad.push((format!("not-a-pod-{i}.yaml"), b"apiVersion: v1\nkind: Service\nmetadata: {name: svc}\n".to_vec()));
+        bad.push((format!("no-containers-{i}.yaml"), format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: empty-{i}, namespace: {NAMESPACE}}}\nspec: {{containers: []}}\n").into_bytes()));
+        bad.push((format!("deep-{i}.yaml"), format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)).into_bytes()));
+        let mut laughs =
+            String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+        for (n, prev) in ('b'..='j').zip('a'..='i') {
+            laughs.push_str(&format!(
+                "{n}: &{n} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
+            ));
+        }
+        bad.push((format!("laughs-{i}.yaml"), laughs.into_bytes()));
+        let mut utf8 = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: \xff\xfe\xfd\n".to_vec();
+        utf8.extend_from_slice(b"spec:\n  containers: [{name: a, image: b}]\n");
+        bad.push((format!("utf8-{i}.yaml"), utf8));
+        let mut huge = harness::manifest(&format!("huge-{i}")).into_bytes();
+        huge.extend_from_slice(b"# ");
+        huge.extend(std::iter::repeat_n(b'x', 11 << 20));
+        huge.push(b'\n');
+        bad.push((format!("huge-{i}.yaml"), huge));
+    }
+    bad
+}
+
+fn bad_input(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
+    let mut outcome = Outcome::new("bad-input");
+    let tool = CriTool::new(binaries.cri_tool.clone());
+    let mut agent = Agent::start(&binaries.agent, dir, &[])?;
+    agent.wait_healthy(Duration::from_secs(30))?;
+    let manifests = dir.join("manifests");
+    let good = names("good", 3);
+    write_all(dir, &good)?;
+    let bad = bad_manifests(options.bad_copies);
+    for (name, content) in &bad {
+        fs::write(manifests.join(name), content)?;
+    }
+    // Two files for one pod name: one runs, the other is refused as a duplicate.
+    let duplicate = harness::manifest("good-0").replace("36000", "36001");
+    fs::write(manifests.join("zz-duplicate-of-good-0.yaml"), duplicate)?;
+    let judgement = converge(&mut agent, &tool, &good, Duration::from_secs(120))?;
+    let mut totals = [0usize; 3];
+    record(&mut outcome, &judgement, &mut totals);
+    let rss = agent.rss_bytes() as f64 / (1024.0 * 1024.0);
+    outcome.count("resident MiB", format!("{rss:.1}"));
+    if rss > 100.0 {
+        outcome.fail(format!("resident memory {rss:.1} MiB after the storm"));
+    }
+
+    // A missing image: a clear waiting reason, and the agent keeps going.
+    let missing = harness::manifest("missing-image").replace("kubelet-rs/busybox:1.35", "kubelet-rs/no-such-image:1");
+    write_manifest(&manifests, "missing-image", &missing)?;
+    let reason =
+        wait_for_reason(&agent, "missing-image", &["ErrImagePull", "ImagePullBackOff"], Duration::from_secs(60));
+    match reason {
+        Some(r) => outcome.count("missing image", r),
+        None => outcome.fail("the pod with a missing image never showed ErrImagePull or ImagePullBackOff"),
+    }
+
+    // A bad CNI configuration that sorts first: sandboxes cannot be made; a clear error, no crash,
+    // and the pod starts once the configuration is fixed.
+    let bad_cni = runtime::cni_conf_dir().join("00-chaos-bad.conflist");
+    fs::write(&bad_cni, "{ this is not json")?;
+    write_manifest(&manifests, "bad-cni", &harness::manifest("bad-cni"))?;
+    let cni_error = wait_for_event(&agent, "bad-cni", Duration::from_secs(60));
+    let _ = fs::remove_file(&bad_cni);
+    match cni_error {
+        Some(e) => outcome.count("bad CNI", e),
+        None => outcome.fail("no event explained the pod that could not get a sandbox under a bad CNI configuration"),
+    }
+    if !agent.alive() {
+        outcome.fail("the agent exited");
+    }
+    let mut all = good.clone();
+    all.insert("bad-cni".to_owned());
+    fs::remove_file(manifests.join("missing-image.yaml"))?;
+    let recovered = converge_names(&mut agent, &tool, &all)?;
+    record(&mut outcome, &recovered, &mut totals);
+    teardown(&mut agent, &tool, Duration::from_secs(120))?;
+    agent.stop(Duration::from_secs(10))?;
+    outcome.count("good pods", good.len());
+
+    // Each bad file has one error naming it, however many rescans passed meanwhile.
+    let log = fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    let mut unexplained = Vec::new();
+    let mut repeated = Vec::new();
+    let mut wanted: Vec<(String, Vec<String>)> =
+        bad.iter().map(|(name, _)| (name.clone(), vec![name.clone()])).collect();
+    // Upstream's message for a duplicate names the pod, not the file.
+    let duplicate = vec!["duplicate pod name".to_owned(), format!("good-0-{NODE}")];
+    wanted.push(("zz-duplicate-of-good-0.yaml".to_owned(), duplicate));
+    for (file, needles) in &wanted {
+        match log.lines().filter(|l| needles.iter().all(|n| l.contains(n.as_str()))).count() {
+            0 => unexplained.push(file.clone()),
+            1 => {}
+            n => repeated.push(format!("{file} ({n} times)")),
+        }
+    }
+    outcome.count("bad files", wanted.len());
+    outcome.zero("bad files without an error naming them", unexplained.len(), || unexplained.join(", "));
+    outcome.zero("bad files reported more than once", repeated.len(), || repeated.join(", "));
+    if log.contains("panicked") {
+        outcome.fail("the agent's log shows a panic");
+    }
+    Ok(outcome)
+}
+
+/// Like `converge`, but pods other than `expected` may still be listed in `/pods` (refused ones).
+fn converge_names(agent: &mut Agent, tool: &CriTool, expected: &BTreeSet<String>) -> Result<Judgement> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pods = agent.pods().unwrap_or_default();
+        let running: BTreeSet<&String> = pods.iter().filter(|(_, p)| p == "Running").map(|(n, _)| n).collect();
+        let judgement = judge(&tool.state()?, expected);
+        let done = expected.iter().all(|n| running.contains(n)) && judgement.missing.is_empty();
+        if done || Instant::now() > deadline {
+            return Ok(judgement);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until a container of pod `name` waits with one of `reasons`.
+fn wait_for_reason(agent: &Agent, name: &str, reasons: &[&str], timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok((200, body)) = harness::get(&agent.socket(), "/pods")
+            && let Ok(list) = serde_json::from_str::<serde_json::Value>(&body)
+        {
+            let pod = list["items"].as_array().and_then(|items| {
+                items.iter().find(|p| {
+                    p["metadata"]["name"] == format!("{name}-{NODE}") && p["metadata"]["namespace"] == NAMESPACE
+                })
+            });
+            let statuses = pod.and_then(|p| p["status"]["containerStatuses"].as_array());
+            for status in statuses.into_iter().flatten() {
+                let reason = status["state"]["waiting"]["reason"].as_str().unwrap_or_default();
+                if reasons.contains(&reason) {
+                    return Some(format!(
+                        "{reason}: {}",
+                        status["state"]["waiting"]["message"].as_str().unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    None
+}
+
+/// Waits for a Warning event about pod `name`; returns its reason and message.
+fn wait_for_event(agent: &Agent, name: &str, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok((200, body)) = harness::get(&agent.socket(), &format!("/events/{NAMESPACE}/{name}-{NODE}"))
+            && let Ok(list) = serde_json::from_str::<serde_json::Value>(&body)
+            && let Some(event) =
+                list["items"].as_array().and_then(|items| items.iter().find(|e| e["type"] == "Warning"))
+        {
+            let message: String = event["message"].as_str().unwrap_or_default().chars().take(120).collect();
+            return Some(format!("{}: {message}", event["reason"].as_str().unwrap_or_default()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, ready: u64, running: u64) -> serde_json::Value {
+        serde_json::json!({"name": name, "ready_sandboxes": ready, "sandboxes": ready, "running": {"app": running}, "containers": running})
+    }
+
+    #[test]
+    fn judge_counts_duplicates_orphans_and_missing() {
+        let expected: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+        let mut state = serde_json::Map::new();
+        state.insert("uid-a".into(), pod("a", 1, 1));
+        state.insert("uid-b".into(), pod("b", 2, 1));
+        state.insert("uid-b2".into(), pod("b", 1, 1));
+        state.insert("uid-x".into(), pod("x", 1, 0));
+        let j = judge(&state, &expected);
+        assert_eq!(j.duplicates.len(), 2, "{:?}", j.duplicates);
+        assert_eq!(j.orphans, vec!["x (uid-x)".to_owned()]);
+        assert_eq!(j.missing, vec!["c".to_owned()]);
+        let mut clean = serde_json::Map::new();
+        for name in ["a", "b", "c"] {
+            clean.insert(format!("uid-{name}"), pod(name, 1, 1));
+        }
+        let j = judge(&clean, &expected);
+        assert!(j.duplicates.is_empty() && j.orphans.is_empty() && j.missing.is_empty());
+    }
+
+    #[test]
+    fn options_parse() {
+        assert_eq!(parse(&[]).unwrap().0, Options::full());
+        assert_eq!(parse(&["--short"]).unwrap().0, Options::short());
+        assert_eq!(parse(&["--only", "crash"]).unwrap().1.as_deref(), Some("crash"));
+        assert!(parse(&["--long"]).is_err());
+    }
+}

@@ -1,0 +1,387 @@
+//! What `bench` and `chaos` share: the release agent as a process, its local API, its costs as
+//! `/proc` shows them, the manifests they write, and the CRI tool (`cri_bench`, an example of
+//! `kubelet-cri-client`).
+
+use std::{
+    fs,
+    io::{Read as _, Write as _},
+    os::unix::{net::UnixStream, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    images, runtime,
+    util::{output, project_root, run},
+};
+
+/// The namespace of every pod the harness writes.
+pub(crate) const NAMESPACE: &str = "kubelet-rs-bench";
+/// The agent's node name (`--hostname-override`), which static pods' names end with.
+pub(crate) const NODE: &str = "bench";
+
+/// A static pod's manifest name from its name in `/pods` and the runtime (`<name>-<node>`).
+pub(crate) fn manifest_name(pod_name: &str) -> &str {
+    pod_name.strip_suffix(&format!("-{NODE}")).unwrap_or(pod_name)
+}
+
+/// The release binaries: the agent and the CRI tool.
+pub(crate) struct Binaries {
+    pub(crate) agent: PathBuf,
+    pub(crate) cri_tool: PathBuf,
+}
+
+/// Builds the release agent and the CRI tool.
+pub(crate) fn build() -> Result<Binaries> {
+    let root = project_root()?;
+    println!("building the release agent and the CRI tool");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    run(Command::new(&cargo).current_dir(&root).args(["build", "--release", "--locked", "-p", "kubelet-rs"]))?;
+    // The tool in the dev profile: it shares its dependencies with the tests' build, and what it
+    // measures is the runtime's time, not its own.
+    run(Command::new(&cargo).current_dir(&root).args([
+        "build",
+        "--locked",
+        "-p",
+        "kubelet-cri-client",
+        "--example",
+        "cri_bench",
+    ]))?;
+    Ok(Binaries {
+        agent: root.join("target/release/kubelet-rs"),
+        cri_tool: root.join("target/debug/examples/cri_bench"),
+    })
+}
+
+/// The CRI endpoint of the project's containerd.
+pub(crate) fn endpoint() -> String {
+    format!("unix://{}", runtime::socket().display())
+}
+
+/// A static pod that runs until SIGTERM, which it obeys at once.
+pub(crate) fn manifest(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\nspec:\n  \
+         terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {image}\n    \
+         imagePullPolicy: IfNotPresent\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 36000 & wait\"]\n",
+        image = images::BUSYBOX.reference()
+    )
+}
+
+/// Writes `name.yaml` into `dir` whole: a temporary dotfile renamed into place.
+pub(crate) fn write_manifest(dir: &Path, name: &str, content: &str) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, content)?;
+    fs::rename(&tmp, dir.join(format!("{name}.yaml")))?;
+    Ok(())
+}
+
+/// The agent under test, started from the release binary with its files under `dir`.
+pub(crate) struct Agent {
+    child: Child,
+    pub(crate) dir: PathBuf,
+}
+
+impl Agent {
+    /// Starts the agent on the project's containerd with `dir/manifests` as its manifest path.
+    pub(crate) fn start(binary: &Path, dir: &Path, extra: &[&str]) -> Result<Agent> {
+        fs::create_dir_all(dir.join("manifests"))?;
+        let log = fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log"))?;
+        let mut command = Command::new(binary);
+        command
+            .args(["run", "--container-runtime-endpoint", &endpoint(), "--healthz-port", "0"])
+            .args(["--hostname-override", NODE])
+            // One line per record, so a record is counted once however many lines its message has.
+            .args(["--logging-format", "json"])
+            .arg("--pod-manifest-path")
+            .arg(dir.join("manifests"))
+            .arg("--root-dir")
+            .arg(dir.join("root"))
+            .arg("--pod-logs-dir")
+            .arg(dir.join("logs"))
+            .arg("--container-logs-dir")
+            .arg(dir.join("containers"))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .process_group(0);
+        let child = command.spawn().with_context(|| format!("starting {}", binary.display()))?;
+        Ok(Agent { child, dir: dir.to_owned() })
+    }
+
+    /// The agent's process ID.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The local API's socket.
+    pub(crate) fn socket(&self) -> PathBuf {
+        self.dir.join("root/kubelet-rs.sock")
+    }
+
+    /// Waits until `/healthz` answers 200.
+    pub(crate) fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the agent exited ({status}); see {}", self.dir.join("agent.log").display());
+            }
+            if get(&self.socket(), "/healthz").is_ok_and(|(code, _)| code == 200) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the agent was not healthy within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the process still runs.
+    pub(crate) fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// `(manifest name, phase)` of every pod of the harness namespace in `/pods`.
+    pub(crate) fn pods(&self) -> Result<Vec<(String, String)>> {
+        let (code, body) = get(&self.socket(), "/pods")?;
+        if code != 200 {
+            bail!("/pods answered {code}");
+        }
+        let list: serde_json::Value = serde_json::from_str(&body).context("decoding /pods")?;
+        Ok(list["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter(|p| p["metadata"]["namespace"] == NAMESPACE)
+                    .map(|p| {
+                        let name = manifest_name(p["metadata"]["name"].as_str().unwrap_or_default()).to_owned();
+                        (name, p["status"]["phase"].as_str().unwrap_or_default().to_owned())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// The sum of every container's restart count and whether every container runs, over the
+    /// pods of the harness namespace in `/pods`.
+    pub(crate) fn restarts(&self) -> Result<(u64, bool)> {
+        let (_, body) = get(&self.socket(), "/pods")?;
+        let list: serde_json::Value = serde_json::from_str(&body).context("decoding /pods")?;
+        let (mut restarts, mut all_running) = (0, true);
+        for pod in list["items"].as_array().into_iter().flatten().filter(|p| p["metadata"]["namespace"] == NAMESPACE) {
+            for status in pod["status"]["containerStatuses"].as_array().into_iter().flatten() {
+                restarts += status["restartCount"].as_u64().unwrap_or(0);
+                all_running &= status["state"]["running"].is_object();
+            }
+        }
+        Ok((restarts, all_running))
+    }
+
+    /// Pods of the harness namespace that are Running in `/pods`.
+    pub(crate) fn running(&self) -> usize {
+        self.pods().map(|pods| pods.iter().filter(|(_, phase)| phase == "Running").count()).unwrap_or(0)
+    }
+
+    /// On-CPU time of every thread, in nanoseconds (`/proc/<pid>/task/*/schedstat`).
+    pub(crate) fn cpu_ns(&self) -> u64 {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", self.pid())) else { return 0 };
+        tasks
+            .filter_map(Result::ok)
+            .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
+            .sum()
+    }
+
+    /// Resident memory in bytes.
+    pub(crate) fn rss_bytes(&self) -> u64 {
+        status_field(self.pid(), "VmRSS:").map_or(0, |kib| kib * 1024)
+    }
+
+    /// Threads.
+    pub(crate) fn threads(&self) -> u64 {
+        status_field(self.pid(), "Threads:").unwrap_or(0)
+    }
+
+    /// Open file descriptors.
+    pub(crate) fn fds(&self) -> u64 {
+        fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |d| d.count() as u64)
+    }
+
+    /// A summary or histogram from `/metrics`: (sum, count).
+    pub(crate) fn metric_sum_count(&self, name: &str) -> Result<(f64, f64)> {
+        let (_, body) = get(&self.socket(), "/metrics")?;
+        let value = |suffix: &str| {
+            body.lines()
+                .filter(|l| l.starts_with(&format!("{name}{suffix}")))
+                .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+                .sum::<f64>()
+        };
+        Ok((value("_sum"), value("_count")))
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    pub(crate) fn stop(&mut self, grace: Duration) -> Result<()> {
+        signal(self.pid(), "TERM");
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        println!("warning: the agent did not stop within {grace:?} of SIGTERM: killing it");
+        self.kill();
+        Ok(())
+    }
+
+    /// SIGKILL, as a crash would.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    /// An agent left running by an error is killed with the harness.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let _ = output(Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()));
+}
+
+/// A numeric field of `/proc/<pid>/status` (the first number after `key`).
+pub(crate) fn status_field(pid: u32, key: &str) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A GET on the agent's local API: status code and body. HTTP/1.0, so the body ends with the
+/// connection.
+pub(crate) fn get(socket: &Path, path: &str) -> Result<(u16, String)> {
+    let mut stream = UnixStream::connect(socket).with_context(|| format!("connecting to {}", socket.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").context("a response without a header end")?;
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("a response without a status")?;
+    Ok((code, body.to_owned()))
+}
+
+/// The CRI tool.
+pub(crate) struct CriTool {
+    path: PathBuf,
+}
+
+/// A `cri_bench watch` in progress.
+pub(crate) struct Watch {
+    child: Child,
+    stdout: std::io::BufReader<ChildStdout>,
+}
+
+impl Watch {
+    /// Waits for the goal: the Unix time at which the tool saw it.
+    pub(crate) fn wait(mut self, timeout: Duration) -> Result<f64> {
+        use std::io::BufRead as _;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut stdout = self.stdout;
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = stdout.read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(timeout);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let line = line.map_err(|_| anyhow::anyhow!("the CRI watch did not reach its goal within {timeout:?}"))?;
+        line.trim().parse().with_context(|| format!("the CRI watch ended without its goal: {line:?}"))
+    }
+}
+
+impl CriTool {
+    pub(crate) fn new(path: PathBuf) -> CriTool {
+        CriTool { path }
+    }
+
+    /// The floor: (start, stop) seconds for `pods` pods, `parallel` at a time.
+    pub(crate) fn floor(&self, pods: usize, parallel: usize, dir: &Path) -> Result<(f64, f64)> {
+        let out = output(Command::new(&self.path).args([
+            "floor",
+            &endpoint(),
+            "--image",
+            &images::BUSYBOX.reference(),
+            "--pods",
+            &pods.to_string(),
+            "--parallel",
+            &parallel.to_string(),
+            "--dir",
+            &dir.display().to_string(),
+        ]))?;
+        let json: serde_json::Value = serde_json::from_str(out.trim()).context("decoding the floor's figures")?;
+        Ok((json["start_s"].as_f64().unwrap_or(f64::NAN), json["stop_s"].as_f64().unwrap_or(f64::NAN)))
+    }
+
+    /// Starts watching the harness namespace for `goal` (`--running N` or `--stopped`), and
+    /// returns once the tool has had its first look.
+    pub(crate) fn watch(&self, goal: &[&str]) -> Result<Watch> {
+        use std::io::BufRead as _;
+        let mut child = Command::new(&self.path)
+            .args(["watch", &endpoint(), "--namespace", NAMESPACE])
+            .args(goal)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take().context("the tool's stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        if line.trim() != "watching" {
+            let _ = child.kill();
+            bail!("the CRI watch failed to start: {line:?}");
+        }
+        Ok(Watch { child, stdout })
+    }
+
+    /// Stops every running container of the harness namespace at once; returns the Unix time the
+    /// runtime confirmed it.
+    pub(crate) fn kill_containers(&self) -> Result<f64> {
+        let out = output(Command::new(&self.path).args(["kill", &endpoint(), "--namespace", NAMESPACE]))?;
+        out.trim().parse().context("the time of the kill")
+    }
+
+    /// Stops and removes every sandbox of the harness namespace.
+    pub(crate) fn remove_namespace(&self) -> Result<()> {
+        output(Command::new(&self.path).args(["clean", &endpoint(), "--namespace", NAMESPACE])).map(drop)
+    }
+
+    /// The harness namespace's pods in the runtime, by UID.
+    pub(crate) fn state(&self) -> Result<serde_json::Map<String, serde_json::Value>> {
+        let out = output(Command::new(&self.path).args(["state", &endpoint(), "--namespace", NAMESPACE]))?;
+        match serde_json::from_str(out.trim())? {
+            serde_json::Value::Object(map) => Ok(map),
+            other => bail!("unexpected state from the CRI tool: {other}"),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+}
+
+/// The 1-minute load average.
+pub(crate) fn load() -> f64 {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
