@@ -362,7 +362,7 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
     for round in 1..=options.repeat {
         for &n in &options.sizes {
             progress(&format!("agent start-up, {n} pods, run {round} of {}", options.repeat));
-            let (api, cri) = start_pods(agent, tool, n)?;
+            let (api, cri) = start_pods(agent, tool, n, round)?;
             runs.api.entry(n).or_default().push(api);
             runs.cri.entry(n).or_default().push(cri);
             if n == 1 {
@@ -403,13 +403,14 @@ fn idle_windows(agent: &Agent, options: &Options) -> Result<Idle> {
 }
 
 /// Writes N manifests; returns seconds until all are Running in `/pods`, and until all their
-/// containers run in the CRI.
-fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize) -> Result<(f64, f64)> {
+/// containers run in the CRI. Names carry the run, so every run has new pods (a static pod's UID
+/// comes from its manifest, and a container's restart back-off from its pod's UID).
+fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize, round: usize) -> Result<(f64, f64)> {
     let manifests = agent.dir.join("manifests");
     let watch = tool.watch(&["--running", &n.to_string()])?;
     let t0 = harness::unix_now();
     for i in 0..n {
-        let name = format!("bench-{i}");
+        let name = format!("bench-r{round}-{i}");
         write_manifest(&manifests, &name, &harness::manifest(&name))?;
     }
     let deadline = Instant::now() + Duration::from_secs(180);

@@ -83,6 +83,15 @@ pub enum Error {
         /// The pod's UID.
         uid: String,
     },
+    /// Something the runtime left beside a pod (its cgroup) could not be removed yet.
+    #[error("cannot remove what is left of pod {uid}")]
+    Leftover {
+        /// The pod's UID.
+        uid: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -110,7 +119,7 @@ impl Error {
     pub fn code(&self) -> Option<Code> {
         match self {
             Error::Status { status, .. } => Some(status.code()),
-            Error::InvalidEndpoint { .. } | Error::PodStillRuns { .. } => None,
+            Error::InvalidEndpoint { .. } | Error::PodStillRuns { .. } | Error::Leftover { .. } => None,
         }
     }
 

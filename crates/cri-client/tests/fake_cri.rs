@@ -363,6 +363,18 @@ async fn a_pod_the_runtime_holds_nothing_of_leaves_no_log_directory_or_cgroup() 
 }
 
 #[tokio::test]
+async fn a_container_with_a_task_left_is_stopped_then_removed() {
+    let f = start();
+    // containerd's answer for a container whose start was cut short by the agent's death.
+    f.fake.fail("remove_container", Status::failed_precondition("cannot delete running task c1: failed precondition"));
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let runtime = CriRuntime::new(client, manager::Config::new("n"), Arc::new(RingRecorder::default()));
+    runtime.delete_container("c1").await.unwrap();
+    assert_eq!(*f.fake.calls.lock().unwrap(), ["remove_container", "stop_container", "remove_container"]);
+    f.server.abort();
+}
+
+#[tokio::test]
 async fn unimplemented_methods_are_classified_not_fatal() {
     let f = start();
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();

@@ -174,6 +174,13 @@ impl<R: Runtime> Cleanups<R> {
                 self.sync.recorder.record(Event::new(EventType::Warning, "OrphanedPodMounted", message, object));
                 continue;
             }
+            // The directory goes last: while the runtime still holds something of the pod, or
+            // something it left (a cgroup) cannot be removed yet, the directory stays, and the
+            // next housekeeping tries again.
+            if let Err(err) = self.sync.runtime.remove_pod_content(&uid).await {
+                debug!(pod.uid = %uid, error = %ErrorChain(&err), "orphaned pod not removed yet; trying again later");
+                continue;
+            }
             debug!(pod.uid = %uid, dir = %dir.display(), "removing an orphaned pod directory");
             if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
                 warn!(error = %err, dir = %dir.display(), "cannot remove an orphaned pod directory");

@@ -409,6 +409,13 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
     k.cleanups().run_queued().await;
     assert_eq!(updates(&w), [(SyncPodType::Kill, "ghost".to_owned())]);
     assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_none(), "its status is forgotten");
+    assert!(f.root.path().join("pods/ghost").exists(), "its directory stays while it still runs");
+    assert!(f.root.path().join("pods/kept").exists());
+    // Once it is stopped, its directory goes with what is left of it.
+    let status = f.runtime_status(&ghost).await;
+    f.sync.sync_terminating_pod(&ghost, &status, 0, None).await.unwrap();
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
     assert!(!f.root.path().join("pods/ghost").exists(), "its directory is removed");
     assert!(f.root.path().join("pods/kept").exists());
 }

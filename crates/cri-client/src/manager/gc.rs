@@ -15,12 +15,24 @@ impl CriRuntime {
 
     /// What a start cut short (say, between creating the log directory and the end of
     /// RunPodSandbox) can leave of a pod the runtime no longer holds: its cgroups and log directory.
-    async fn remove_leftovers(&self, uid: &PodUid) {
+    /// A cgroup that cannot be removed yet (the runtime may still be removing the sandbox's own
+    /// cgroup below it) is an error, so the caller tries again later.
+    async fn remove_leftovers(&self, uid: &PodUid) -> Result<(), Error> {
+        let mut failed = None;
         for parent in self.pod_cgroup_parents(uid.as_str()) {
             if let Err(err) = cgroups::remove_pod_cgroup(&self.config.cgroup_mount, &parent) {
                 debug!(error = %err, parent, "pod cgroup not removed");
+                failed.get_or_insert(err);
             }
         }
+        self.remove_log_dirs(uid).await;
+        match failed {
+            Some(source) => Err(Error::Leftover { uid: uid.to_string(), source }),
+            None => Ok(()),
+        }
+    }
+
+    async fn remove_log_dirs(&self, uid: &PodUid) {
         let Ok(mut entries) = tokio::fs::read_dir(&self.config.pod_logs_dir).await else { return };
         let suffix = format!("_{uid}");
         while let Ok(Some(entry)) = entries.next_entry().await {
@@ -51,8 +63,7 @@ impl CriRuntime {
 pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<(), Error> {
     let pods = rt.get_pods(true).await?;
     let Some(pod) = pods.into_iter().find(|p| p.uid == *uid) else {
-        rt.remove_leftovers(uid).await;
-        return Ok(());
+        return rt.remove_leftovers(uid).await;
     };
     if pod.containers.iter().any(|c| c.state == ContainerState::Running)
         || pod.sandboxes.iter().any(|s| s.state == SandboxState::Ready)
@@ -73,9 +84,26 @@ pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<
 
 pub(super) async fn delete_container(rt: &CriRuntime, container_id: &str) -> Result<(), Error> {
     let request = pb::RemoveContainerRequest { container_id: container_id.to_owned() };
-    match rt.client.runtime_service().remove_container(request).await {
+    match rt.client.runtime_service().remove_container(request.clone()).await {
         Ok(_) => {}
         Err(status) if status.code() == tonic::Code::NotFound => {}
+        Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+            // A start cut short (the agent killed during StartContainer) can leave a task the
+            // runtime still counts as running under a container it reports as created: stop it,
+            // then remove.
+            debug!(container.id = container_id, "container still has a task: stopping it before removal");
+            let stop = pb::StopContainerRequest { container_id: container_id.to_owned(), timeout: 0 };
+            match rt.client.runtime_service().stop_container(stop).await {
+                Ok(_) => {}
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => return Err(Error::status("StopContainer", status)),
+            }
+            match rt.client.runtime_service().remove_container(request).await {
+                Ok(_) => {}
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => return Err(Error::status("RemoveContainer", status)),
+            }
+        }
         Err(status) => return Err(Error::status("RemoveContainer", status)),
     }
     // Its legacy log symlink goes with it.
