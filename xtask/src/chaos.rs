@@ -311,7 +311,15 @@ fn converge(agent: &mut Agent, tool: &CriTool, expected: &BTreeSet<String>, time
         }
         let pods = agent.pods().unwrap_or_default();
         let api_ok = pods.len() == expected.len() && pods.iter().all(|(n, p)| expected.contains(n) && p == "Running");
-        let mut judgement = judge(&tool.state()?, expected);
+        // The runtime may not answer yet (just restarted): look again.
+        let Ok(state) = tool.state() else {
+            if Instant::now() > deadline {
+                bail!("the runtime did not answer within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        };
+        let mut judgement = judge(&state, expected);
         seen_duplicates.extend(judgement.duplicates.iter().cloned());
         let done = api_ok && judgement.missing.is_empty() && judgement.orphans.is_empty();
         if done || Instant::now() > deadline {
