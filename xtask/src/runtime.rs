@@ -364,6 +364,7 @@ pub(crate) fn stop() -> Result<()> {
         }
     }
     CONTAINERD_DAEMON.stop()?;
+    stop_shims();
     REGISTRY_DAEMON.stop()?;
     // What the runtime and the tests leave on the host: the CNI bridge and the tests' scratch
     // files (containers, sandboxes and images stay in the state directory for the next start).
@@ -375,6 +376,28 @@ pub(crate) fn stop() -> Result<()> {
         fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
     }
     Ok(())
+}
+
+/// Stops the runc shims of the test containerd that outlived it: containerd leaves a shim running
+/// when it stops before the shim's task is deleted (an outage in `chaos`, a stop after a failure).
+/// Only shims started for this project's socket are touched.
+fn stop_shims() {
+    let address = socket().display().to_string();
+    let Ok(procs) = fs::read_dir("/proc") else { return };
+    let mut stopped = 0;
+    for entry in procs.filter_map(Result::ok) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_shim = args.first().is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
+        let ours = args.windows(2).any(|w| w[0] == b"-address" && w[1] == address.as_bytes());
+        if is_shim && ours && signal(pid, "KILL").is_ok() {
+            stopped += 1;
+        }
+    }
+    if stopped > 0 {
+        println!("stopped {stopped} runc shim(s) the test containerd left");
+    }
 }
 
 /// How many containers (sandboxes included) the test containerd holds.
