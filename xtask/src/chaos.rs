@@ -132,30 +132,18 @@ pub(crate) fn run_chaos(args: &[&str]) -> Result<()> {
     if started_runtime {
         runtime::stop()?;
     }
-    let outcomes = result?;
-    println!("\nchaos: {} scenario(s)", outcomes.len());
-    for outcome in &outcomes {
-        let counts: Vec<String> = outcome.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        println!(
-            "  {:<10} {}  ({})",
-            outcome.name,
-            if outcome.passed() { "PASSED" } else { "FAILED" },
-            counts.join(", ")
-        );
-        for failure in &outcome.failures {
-            println!("             - {failure}");
-        }
-    }
-    if outcomes.iter().any(|o| !o.passed()) {
-        bail!("chaos: a scenario failed");
-    }
-    Ok(())
+    report(&result?)
 }
 
 /// Runs the CI version of every scenario, with the runtime already started and the binaries built.
 pub(crate) fn run_short(binaries: &Binaries) -> Result<()> {
-    let outcomes = run_scenarios(&Options::short(), None, binaries)?;
-    for outcome in &outcomes {
+    report(&run_scenarios(&Options::short(), None, binaries)?)
+}
+
+/// Prints each scenario's verdict and counts; fails if any scenario failed.
+fn report(outcomes: &[Outcome]) -> Result<()> {
+    println!("\nchaos: {} scenario(s)", outcomes.len());
+    for outcome in outcomes {
         let counts: Vec<String> = outcome.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!(
             "  {:<10} {}  ({})",
