@@ -7,7 +7,9 @@
 //! - kubelet-core depends only on crates that do no IO, and enables none of tokio's IO features;
 //! - only `crates/bin` selects a k8s-openapi version feature in `[dependencies]`, and the version
 //!   agrees between `crates/bin`, the dev-dependencies and `.cargo/config.toml`;
-//! - every `#[ignore]` carries a reason.
+//! - every `#[ignore]` carries a reason;
+//! - every histogram a crate records has its bucket layout in `kubelet_core::metrics::HISTOGRAMS`,
+//!   so the exporter never falls back to a summary.
 //!
 //! It also runs as a plain `#[test]`, so `cargo test` catches the same problems.
 
@@ -72,9 +74,16 @@ fn check_rust_files(root: &Path, problems: &mut Vec<String>) -> Result<()> {
     let mut files = Vec::new();
     rust_files(&root.join("crates"), &mut files)?;
     rust_files(&root.join("xtask"), &mut files)?;
+    let layouts = fs::read_to_string(root.join("crates/kubelet-core/src/metrics.rs"))?;
     for file in files {
         let text = fs::read_to_string(&file)?;
         let rel = file.strip_prefix(root).unwrap_or(&file).display().to_string();
+        for name in histograms(&text) {
+            if !layouts.contains(&format!("(\"{name}\", &")) {
+                problems
+                    .push(format!("{rel}: histogram {name} has no bucket layout in kubelet_core::metrics::HISTOGRAMS"));
+            }
+        }
         if !text.lines().find(|l| !l.trim().is_empty()).is_some_and(|l| l.starts_with("//!")) {
             problems.push(format!("{rel}: must start with a `//!` line saying what the file is"));
         }
@@ -87,6 +96,13 @@ fn check_rust_files(root: &Path, problems: &mut Vec<String>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The names of the histograms a source file records (the first argument of each `histogram!`).
+fn histograms(text: &str) -> Vec<&str> {
+    // Built with concat! so this file does not record one itself.
+    let call = concat!("histogram", "!(\"");
+    text.match_indices(call).filter_map(|(at, _)| text[at + call.len()..].split('"').next()).collect()
 }
 
 /// The `[dependencies]` section of a manifest, as (name, line) pairs.
@@ -191,6 +207,17 @@ mod tests {
     #[test]
     fn tidy() {
         super::run_tidy().unwrap();
+    }
+
+    #[test]
+    fn histogram_names_are_found() {
+        let text = concat!(
+            "metrics::",
+            "histogram!(\"a_seconds\").record(1.0);\n",
+            "metrics::",
+            "histogram!(\"b\", \"l\" => v)"
+        );
+        assert_eq!(super::histograms(text), ["a_seconds", "b"]);
     }
 
     #[test]

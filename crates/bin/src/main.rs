@@ -157,9 +157,14 @@ async fn run_agent(config: Settings) -> Result<()> {
 
 /// The Prometheus recorder for every library's metrics, with its upkeep task.
 fn install_metrics(cancel: &CancellationToken) -> Result<metrics_exporter_prometheus::PrometheusHandle> {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    // Histograms with upstream's buckets, never summaries: dashboards read the `_bucket` series,
+    // and a summary's sketch grows with the range of values it has seen.
+    let mut builder = PrometheusBuilder::new().set_buckets(&kubelet_core::metrics::DEFAULT_BUCKETS)?;
+    for (name, buckets) in kubelet_core::metrics::HISTOGRAMS {
+        builder = builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)?;
+    }
+    let handle = builder.install_recorder().context("installing the metrics recorder")?;
     tokio::spawn({
         let (handle, cancel) = (handle.clone(), cancel.clone());
         async move {

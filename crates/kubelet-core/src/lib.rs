@@ -96,6 +96,7 @@ pub mod clock;
 mod error;
 pub mod events;
 mod handler;
+pub mod metrics;
 mod pleg;
 mod podmanager;
 mod queue;

@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
-/// `kubelet_pod_worker_duration_seconds{operation}`: time from an update to the end of its sync.
+/// `kubelet_pod_worker_duration_seconds{operation_type}`: time from an update to the end of its sync.
 pub(crate) fn observe_worker_duration(operation: &'static str, took: Duration) {
-    metrics::histogram!("kubelet_pod_worker_duration_seconds", "operation" => operation).record(took.as_secs_f64());
+    metrics::histogram!("kubelet_pod_worker_duration_seconds", "operation_type" => operation)
+        .record(took.as_secs_f64());
 }
 
 /// `kubelet_pod_worker_start_duration_seconds`: time from a pod's first update to its first sync.
