@@ -33,6 +33,7 @@ use tower::service_fn;
 pub mod actions;
 pub mod cgroups;
 pub mod container;
+mod containerd;
 mod convert;
 mod instrument;
 pub mod labels;
@@ -219,6 +220,8 @@ fn unix_channel(endpoint: &str, config: &Config) -> Result<Channel, Error> {
 pub struct Client {
     runtime: pb::runtime_service_client::RuntimeServiceClient<instrument::Instrumented>,
     image: pb::image_service_client::ImageServiceClient<instrument::Instrumented>,
+    /// The runtime's socket, unmeasured, for containerd's own event service.
+    containerd: Channel,
     unimplemented: instrument::Unimplemented,
 }
 
@@ -245,6 +248,7 @@ impl Client {
     fn with_timeout(runtime: Channel, image: Channel, timeout: Option<std::time::Duration>) -> Self {
         let unimplemented = instrument::Unimplemented::default();
         Client {
+            containerd: runtime.clone(),
             runtime: pb::runtime_service_client::RuntimeServiceClient::new(instrument::Instrumented::new(
                 runtime,
                 unimplemented.clone(),
@@ -277,6 +281,22 @@ impl Client {
     /// `runtime_config`): features it lacks, which callers replace with fallbacks.
     pub fn unimplemented(&self) -> Vec<String> {
         self.unimplemented.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// Sends a hint into `changed` whenever a container or sandbox of the CRI plugin is created,
+    /// starts, exits or is removed, from containerd's own event service on the runtime's socket
+    /// (`containerd.services.events.v1.Events/Subscribe`, namespace `k8s.io`).
+    ///
+    /// For runtimes whose CRI has no event stream (containerd 1.6): the hints carry no status,
+    /// so the PLEG relists on each. Hints are coalesced: one waiting in `changed` stands for all
+    /// that follow until it is taken. Returns `Ok` when the receiver goes away, and
+    /// [`EventStreamError::Unimplemented`](kubelet_core::runtime::EventStreamError) from a
+    /// runtime that is not containerd.
+    pub async fn watch_containerd_changes(
+        &self,
+        changed: tokio::sync::mpsc::Sender<()>,
+    ) -> Result<(), kubelet_core::runtime::EventStreamError> {
+        containerd::watch(self.containerd.clone(), changed).await
     }
 
     /// CRI `Version`.

@@ -352,4 +352,12 @@ impl kubelet_core::runtime::RuntimeEvents for CriRuntime {
             }
         }
     }
+
+    /// containerd's own task and container events (see [`Client::watch_containerd_changes`]).
+    async fn watch_changes(
+        &self,
+        changed: tokio::sync::mpsc::Sender<()>,
+    ) -> Result<(), kubelet_core::runtime::EventStreamError> {
+        self.client.watch_containerd_changes(changed).await
+    }
 }

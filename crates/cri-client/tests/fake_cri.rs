@@ -383,6 +383,10 @@ async fn unimplemented_methods_are_classified_not_fatal() {
     assert_eq!(client.unimplemented(), ["runtime_config"], "remembered and reported");
     let events = client.runtime_service().get_container_events(pb::GetEventsRequest {}).await.unwrap_err();
     assert_eq!(events.code(), tonic::Code::Unimplemented);
+    // A runtime that is not containerd has no change hints either.
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let hints = client.watch_containerd_changes(tx).await;
+    assert!(matches!(hints, Err(kubelet_core::runtime::EventStreamError::Unimplemented)), "{hints:?}");
     client.version().await.unwrap();
     f.server.abort();
 }

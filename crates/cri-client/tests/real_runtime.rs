@@ -381,3 +381,47 @@ async fn real_termination_messages_come_from_the_file_or_the_log() {
         "the pod directory is removed"
     );
 }
+
+/// containerd's own events hint at a change when a container exits, within a second of its exit.
+#[tokio::test]
+async fn real_containerd_hints_follow_a_container_exit() {
+    let Some(env) = env("real_containerd_hints_follow_a_container_exit") else { return };
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let client = env.runtime.client().clone();
+    let watch = tokio::spawn(async move { client.watch_containerd_changes(tx).await });
+    let hints = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let collector = tokio::spawn({
+        let hints = hints.clone();
+        async move {
+            while rx.recv().await.is_some() {
+                hints.lock().unwrap().push(kubelet_core::clock::wall_now());
+            }
+        }
+    });
+    let image = env.rt.busybox_image.clone();
+    let p = pod("hint", "Never", vec![], vec![container("a", &image, "sleep 1")]);
+    let result = env.sync(&p, &Backoff::default()).await;
+    let outcome = async {
+        assert!(!result.is_err(), "{result:?}");
+        let status = env.wait_for(&p, "the container to exit", |s| state(s, "a") == Some(ContainerState::Exited)).await;
+        let exited = status.container_status("a").unwrap().finished_at.unwrap();
+        // The hint for the exit is either in already or within a second of it.
+        let deadline = exited + std::time::Duration::from_secs(1);
+        loop {
+            let hinted = hints.lock().unwrap().iter().any(|at| *at >= exited && *at <= deadline);
+            if hinted {
+                break;
+            }
+            assert!(
+                kubelet_core::clock::wall_now() < deadline + std::time::Duration::from_millis(200),
+                "no hint within 1 s of the exit at {exited}: {:?}",
+                hints.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    outcome.await;
+    watch.abort();
+    collector.abort();
+    env.cleanup(&p).await;
+}

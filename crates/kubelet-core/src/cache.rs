@@ -73,6 +73,10 @@ impl Cache {
     ///
     /// `None` is upstream's zero time: any entry of the pod, or any global timestamp, will do;
     /// before the first relist it waits.
+    ///
+    /// A caller that has to wait also asks for a refresh ([`request_refresh`](Self::request_refresh)),
+    /// so it waits for one relist, not for the PLEG's period (upstream waits for the next
+    /// periodic relist, up to a second; with change hints the period is minutes).
     pub async fn get_newer_than(&self, uid: &PodUid, min_time: Option<Instant>) -> CachedStatus {
         let rx = {
             let mut inner = lock(&self.inner);
@@ -85,6 +89,7 @@ impl Cache {
             list.push(Subscriber { min_time, tx });
             rx
         };
+        self.request_refresh();
         match rx.await {
             Ok(found) => found,
             // The cache was dropped while waiting: nothing newer will ever come.
@@ -127,8 +132,8 @@ impl Cache {
     }
 
     /// Asks whoever fills the cache (the PLEG) for a fresh look at the runtime now, rather than
-    /// at its next period: a pod worker about to wait for a newer status calls it when the
-    /// runtime has just changed (a pod was stopped).
+    /// at its next period: a pod worker calls it when the runtime has just changed (a pod was
+    /// stopped), and [`get_newer_than`](Self::get_newer_than) when it has to wait.
     pub fn request_refresh(&self) {
         self.refresh.notify_one();
     }

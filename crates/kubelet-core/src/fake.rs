@@ -100,6 +100,8 @@ pub enum Method {
     RunPodSandbox,
     /// `stream_events` (a scripted `Unimplemented` error is reported as such).
     StreamEvents,
+    /// `watch_changes` (a scripted `Unimplemented` error is reported as such).
+    WatchChanges,
 }
 
 /// One recorded call.
@@ -141,6 +143,8 @@ struct State {
     status: Option<RuntimeStatus>,
     pod_status_latency: HashMap<PodUid, Duration>,
     event_streams: Vec<(tokio::sync::mpsc::Sender<ContainerEvent>, std::sync::Arc<tokio::sync::Notify>)>,
+    hint_streams: Vec<(tokio::sync::mpsc::Sender<()>, std::sync::Arc<tokio::sync::Notify>)>,
+    muted: bool,
     /// The fake's clock: wall time that moves with tokio time, so paused-time tests stay consistent.
     anchor: Option<(k8s_openapi::jiff::Timestamp, Instant)>,
 }
@@ -322,9 +326,24 @@ impl FakeRuntime {
         Ok(())
     }
 
-    /// Breaks every open event stream, as a runtime restart would.
+    /// Sends a change hint to every open hint stream, without changing anything.
+    pub fn send_hint(&self) {
+        lock(&self.state).hint();
+    }
+
+    /// While muted, changes send no events and no hints (as a runtime whose notice of a change
+    /// comes before or after its state shows it).
+    pub fn set_events_muted(&self, muted: bool) {
+        lock(&self.state).muted = muted;
+    }
+
+    /// Breaks every open event and hint stream, as a runtime restart would.
     pub fn break_event_streams(&self) {
-        for (_, broken) in lock(&self.state).event_streams.drain(..) {
+        let mut st = lock(&self.state);
+        for (_, broken) in st.event_streams.drain(..) {
+            broken.notify_one();
+        }
+        for (_, broken) in st.hint_streams.drain(..) {
             broken.notify_one();
         }
     }
@@ -413,7 +432,20 @@ impl State {
     }
 
     /// Sends an event with the pod's current status to every open event stream.
+    /// Sends a hint to every open hint stream.
+    fn hint(&mut self) {
+        self.hint_streams.retain(|(tx, _)| !tx.is_closed());
+        for (tx, _) in &self.hint_streams {
+            // A full channel already holds a hint that stands for this one.
+            let _ = tx.try_send(());
+        }
+    }
+
     fn emit(&mut self, uid: &PodUid, id: &str, kind: ContainerEventKind) {
+        if self.muted {
+            return;
+        }
+        self.hint();
         if self.event_streams.is_empty() {
             return;
         }
@@ -866,19 +898,33 @@ fn start_one(
 #[cfg(test)]
 mod tests;
 
+/// A scripted error as a stream's: `Unimplemented` is reported as such.
+fn stream_error(err: FakeError) -> EventStreamError {
+    if err.code == Code::Unimplemented {
+        EventStreamError::Unimplemented
+    } else {
+        EventStreamError::Failed(Box::new(err))
+    }
+}
+
 impl RuntimeEvents for FakeRuntime {
     async fn stream_events(&self, events: tokio::sync::mpsc::Sender<ContainerEvent>) -> Result<(), EventStreamError> {
-        if let Err(err) = self.enter(Method::StreamEvents, "").await {
-            return Err(if err.code == Code::Unimplemented {
-                EventStreamError::Unimplemented
-            } else {
-                EventStreamError::Failed(Box::new(err))
-            });
-        }
+        self.enter(Method::StreamEvents, "").await.map_err(stream_error)?;
         let broken = std::sync::Arc::new(tokio::sync::Notify::new());
         lock(&self.state).event_streams.push((events.clone(), broken.clone()));
         tokio::select! {
             () = events.closed() => Ok(()),
+            () = broken.notified() => Err(EventStreamError::Closed),
+        }
+    }
+
+    /// A hint for every event [`stream_events`](Self::stream_events) would send.
+    async fn watch_changes(&self, changed: tokio::sync::mpsc::Sender<()>) -> Result<(), EventStreamError> {
+        self.enter(Method::WatchChanges, "").await.map_err(stream_error)?;
+        let broken = std::sync::Arc::new(tokio::sync::Notify::new());
+        lock(&self.state).hint_streams.push((changed.clone(), broken.clone()));
+        tokio::select! {
+            () = changed.closed() => Ok(()),
             () = broken.notified() => Err(EventStreamError::Closed),
         }
     }

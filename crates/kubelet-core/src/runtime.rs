@@ -603,6 +603,22 @@ pub trait RuntimeEvents: Runtime {
         &self,
         events: tokio::sync::mpsc::Sender<ContainerEvent>,
     ) -> impl Future<Output = Result<(), EventStreamError>> + Send;
+
+    /// For runtimes without [`stream_events`](Self::stream_events): sends a hint into `changed`
+    /// whenever some container or sandbox may have changed, until the stream fails or ends (an
+    /// error) or the receiver goes away (`Ok`).
+    ///
+    /// A hint carries no status; the PLEG relists on it.
+    /// Hints may be coalesced, never lost: a hint waiting in `changed` stands for all that follow
+    /// until it is taken.
+    /// The default has no such stream and answers [`EventStreamError::Unimplemented`].
+    fn watch_changes(
+        &self,
+        changed: tokio::sync::mpsc::Sender<()>,
+    ) -> impl Future<Output = Result<(), EventStreamError>> + Send {
+        drop(changed);
+        std::future::ready(Err(EventStreamError::Unimplemented))
+    }
 }
 
 /// A container runtime, as the kubelet drives it (upstream `kubecontainer.Runtime`).

@@ -45,6 +45,15 @@ impl Default for Config {
     }
 }
 
+/// When the PLEG relists again after a change hint (and after subscribing), besides at once.
+///
+/// A hint may come before the runtime's CRI state shows the change: containerd publishes a
+/// task's exit before its CRI plugin has recorded it. And a hint stream need not say when it
+/// stands (containerd answers a subscription with its first event). These relists catch both;
+/// after the last one the PLEG is no later than its 1 s relisting fallback would be.
+const HINT_FOLLOW_UPS: [Duration; 3] =
+    [Duration::from_millis(50), Duration::from_millis(250), Duration::from_millis(1000)];
+
 /// The evented PLEG.
 pub struct EventedPleg<R> {
     runtime: Arc<R>,
@@ -135,7 +144,8 @@ impl<R: RuntimeEvents> EventedPleg<R> {
             }
             match ended {
                 Err(EventStreamError::Unimplemented) => {
-                    self.fall_back("the runtime does not implement container events");
+                    info!("the runtime does not implement container events; relisting on its change hints");
+                    self.hints(cancel).await;
                     return;
                 }
                 Err(err) => {
@@ -150,6 +160,72 @@ impl<R: RuntimeEvents> EventedPleg<R> {
                 return;
             }
             // Catch up on what the broken stream may have missed, then try again.
+            self.generic.relist_now();
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    /// Relists on each change hint, for runtimes with hints but no container events (containerd
+    /// 1.6); the slow relist stays the safety net. Returns when falling back.
+    ///
+    /// Unlike the event stream, hints never bump the cache's timestamp: a hint says something
+    /// changed, not what, so only a relist makes the cache fresh. A pod worker waiting for a
+    /// fresh status asks for that relist itself (`Cache::get_newer_than`).
+    async fn hints(&self, cancel: &CancellationToken) {
+        let mut failures = 0;
+        loop {
+            // One slot: a hint waiting to be taken stands for all that follow, as one relist
+            // covers them.
+            let (tx, mut rx) = mpsc::channel(1);
+            let stream = self.runtime.watch_changes(tx);
+            tokio::pin!(stream);
+            // Follow-up relists after the latest hint, or after subscribing.
+            let mut hinted_at = Instant::now();
+            let mut pending = Some(0);
+            let mut delivered = false;
+            let follow_up = tokio::time::sleep_until(hinted_at + HINT_FOLLOW_UPS[0]);
+            tokio::pin!(follow_up);
+            let ended = loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    ended = &mut stream => break ended,
+                    Some(()) = rx.recv() => {
+                        self.generic.relist_now();
+                        delivered = true;
+                        hinted_at = Instant::now();
+                        pending = Some(0);
+                        follow_up.as_mut().reset(hinted_at + HINT_FOLLOW_UPS[0]);
+                    }
+                    () = &mut follow_up, if pending.is_some() => {
+                        self.generic.relist_now();
+                        let next = pending.map_or(HINT_FOLLOW_UPS.len(), |i| i + 1);
+                        pending = HINT_FOLLOW_UPS.get(next).map(|after| {
+                            follow_up.as_mut().reset(hinted_at + *after);
+                            next
+                        });
+                    }
+                }
+            };
+            match ended {
+                Err(EventStreamError::Unimplemented) => {
+                    self.fall_back("the runtime implements neither container events nor change hints");
+                    return;
+                }
+                Err(err) => {
+                    // Failures count while in a row: a stream that worked starts the count again.
+                    failures = if delivered { 1 } else { failures + 1 };
+                    warn!(error = %ErrorChain(&err), failures, "runtime change hints failed");
+                    metrics::counter!("kubelet_evented_pleg_connection_error_count").increment(1);
+                }
+                Ok(()) => return,
+            }
+            if failures >= self.config.max_failures {
+                self.fall_back("the runtime's change hints failed too often");
+                return;
+            }
             self.generic.relist_now();
             tokio::select! {
                 () = cancel.cancelled() => return,

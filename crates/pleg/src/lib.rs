@@ -11,8 +11,10 @@
 //! [`EventedPleg`] is upstream's evented PLEG (`evented.go`): it consumes the runtime's container
 //! event stream (CRI `GetContainerEvents`, through `kubelet_core::runtime::RuntimeEvents`),
 //! updates the cache from each event at the event's time and sends the same events, while a slow
-//! relist (300 s) runs as a safety net; on `Unimplemented`, or after 5 stream failures, it falls
-//! back to relisting every second.
+//! relist (300 s) runs as a safety net; after 5 stream failures it falls back to relisting every
+//! second. A runtime without container events (containerd 1.6) may give change hints instead
+//! (`RuntimeEvents::watch_changes`): the evented PLEG then relists at each hint and otherwise at
+//! the safety net; with neither, it relists every second.
 //!
 //! Beyond upstream:
 //! - pods are inspected concurrently, each with its own timeout, so one hung inspection never

@@ -1,6 +1,7 @@
 //! The PLEGs against the real containerd `cargo xtask ci` starts: a container stopped behind the
-//! kubelet's back is reported dead within two relist periods, and the evented PLEG falls back to
-//! relisting because containerd 1.6 has no container events.
+//! kubelet's back is reported dead within two relist periods, and the evented PLEG, which has no
+//! container events on containerd 1.6, relists on containerd's own task events instead of every
+//! second.
 
 // Reason: test helpers outside `#[test]` functions may panic on broken invariants.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -91,9 +92,11 @@ async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
 }
 
 #[tokio::test]
-async fn real_evented_pleg_falls_back_to_relisting_on_containerd_1_6() {
-    let Some(rt) = RealRuntime::from_env("real_evented_pleg_falls_back_to_relisting_on_containerd_1_6") else { return };
-    let (_client, runtime, pod) = setup(&rt, "evented");
+async fn real_evented_pleg_relists_on_containerd_hints_and_not_while_idle() {
+    let Some(rt) = RealRuntime::from_env("real_evented_pleg_relists_on_containerd_hints_and_not_while_idle") else {
+        return;
+    };
+    let (client, runtime, pod) = setup(&rt, "evented");
     let uid = PodUid::of(&pod);
     let cache = Arc::new(Cache::new());
     let (pleg, mut events) = EventedPleg::new(runtime.clone(), cache.clone(), evented::Config::default());
@@ -103,22 +106,50 @@ async fn real_evented_pleg_falls_back_to_relisting_on_containerd_1_6() {
         let (pleg, cancel) = (pleg.clone(), cancel.clone());
         async move { pleg.run(cancel).await }
     });
-    // Let the stream attempt fail and the fallback take over.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let outcome = async {
         let status = runtime.get_pod_status(&uid, "evented", "kubelet-rs-test").await.unwrap();
         let result = runtime.sync_pod(&pod, &status, &Backoff::default()).await;
         assert!(!result.is_err(), "{result:?}");
-        // With relisting at 1 s after the fallback (not 300 s), the start is seen within 2 s.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let id = loop {
+            let event = tokio::time::timeout(Duration::from_secs(2), events.recv())
+                .await
+                .expect("the start seen within 2 s")
+                .unwrap();
+            if event.id == uid
+                && event.kind == PodLifecycleEventKind::ContainerStarted
+                && let Some(app) = cache.get(&uid).status.container_status("app")
+            {
+                break app.id.clone();
+            }
+        };
+        assert!(pleg.healthy().is_ok());
+
+        // Idle: after the follow-ups of the last hint (1 s), no relist moves the cache's time, where
+        // relisting every second would.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let idle_since = cache.timestamp();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(cache.timestamp(), idle_since, "no relist while nothing changed");
+
+        // Stopped behind the kubelet's back: containerd's task exit makes the PLEG relist.
+        client
+            .runtime_service()
+            .stop_container(pb::StopContainerRequest { container_id: id.clone(), timeout: 0 })
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
         loop {
-            let event =
-                tokio::time::timeout_at(deadline, events.recv()).await.expect("ContainerStarted within 2 s").unwrap();
-            if event.id == uid && event.kind == PodLifecycleEventKind::ContainerStarted {
+            let event = tokio::time::timeout_at(deadline, events.recv())
+                .await
+                .expect("ContainerDied within 500 ms, well inside the 1 s relist period")
+                .unwrap();
+            if event.id == uid
+                && event.kind == PodLifecycleEventKind::ContainerDied
+                && event.container_id.as_deref() == Some(id.as_str())
+            {
                 break;
             }
         }
-        assert!(pleg.healthy().is_ok());
     };
     outcome.await;
     cancel.cancel();

@@ -90,12 +90,13 @@ async fn runtime_events_reach_the_cache_and_the_channel_without_relisting() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn unimplemented_events_fall_back_to_relisting_every_second() {
+async fn without_events_or_hints_the_pleg_falls_back_to_relisting_every_second() {
     let runtime = FakeRuntime::new();
     runtime.fail_next(
         Method::StreamEvents,
         FakeError::new(Code::Unimplemented, "method GetContainerEvents not implemented"),
     );
+    runtime.fail_next(Method::WatchChanges, FakeError::new(Code::Unimplemented, "unknown service"));
     let mut h = start(runtime);
     tokio::time::sleep(Duration::from_millis(3100)).await;
     let lists = h.runtime.calls_of(Method::GetPods).len();
@@ -149,5 +150,105 @@ async fn the_cache_timestamp_is_bumped_while_events_flow() {
     tokio::time::sleep(Duration::from_secs(12)).await;
     let bumped = h.cache.timestamp().expect("a timestamp");
     assert!(Instant::now() - bumped <= Duration::from_secs(5), "bumped every 5 s although no relist ran");
+    h.stop().await;
+}
+
+/// A runtime with no events: scripted `Unimplemented`, so the PLEG relists on change hints.
+fn hinting() -> FakeRuntime {
+    let runtime = FakeRuntime::new();
+    runtime.fail_next(
+        Method::StreamEvents,
+        FakeError::new(Code::Unimplemented, "method GetContainerEvents not implemented"),
+    );
+    runtime
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_events_each_hint_makes_the_pleg_relist_at_once_and_idle_costs_no_relist() {
+    let mut h = start(hinting());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let settled = h.runtime.calls_of(Method::GetPods).len();
+    assert_eq!(settled, 4, "the first relist, and the follow-ups after subscribing");
+    h.sync("p1").await;
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Started, Started], "relisted on the hint");
+    let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
+    h.runtime.stop_container(&id, 1).unwrap();
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Died]);
+    let hinted = h.runtime.calls_of(Method::GetPods).len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lists = h.runtime.calls_of(Method::GetPods).len();
+    assert_eq!(lists, hinted + 3, "three follow-up relists after the last hint");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), lists, "no relist while nothing changes");
+    assert!(h.pleg.healthy().is_ok());
+    // A pod worker waiting for a status newer than now gets one relist at once.
+    let waited = Instant::now();
+    let uid = PodUid::new("p1");
+    let fresh = tokio::time::timeout(Duration::from_millis(10), h.cache.get_newer_than(&uid, Some(waited)));
+    assert!(fresh.await.is_ok(), "a waiter is served by a relist it asked for");
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), lists + 1);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_ahead_of_the_runtime_state_is_caught_by_a_follow_up_relist() {
+    let mut h = start(hinting());
+    h.sync("p1").await;
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Started, Started]);
+    let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
+    // containerd publishes a task's exit before its CRI plugin records it: the hint comes first,
+    // the relist it causes sees nothing, and the change shows a little later.
+    h.runtime.send_hint();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    h.runtime.set_events_muted(true);
+    h.runtime.stop_container(&id, 1).unwrap();
+    h.runtime.set_events_muted(false);
+    assert_eq!(h.events_within(Duration::from_millis(60)).await, [Died], "the 50 ms follow-up relist saw it");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_broken_hint_stream_reconnects_and_five_failures_fall_back() {
+    let mut h = start(hinting());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.runtime.break_event_streams();
+    // Changed while no stream was open.
+    h.sync("p1").await;
+    assert_eq!(h.events_within(Duration::from_millis(100)).await, [Started, Started], "the catch-up relist found it");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
+    h.runtime.stop_container(&id, 0).unwrap();
+    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Died], "hints flow again");
+    h.stop().await;
+
+    let runtime = hinting();
+    for _ in 0..5 {
+        runtime.fail_next(Method::WatchChanges, FakeError::new(Code::Internal, "transport closed"));
+    }
+    let h = start(runtime);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let lists = h.runtime.calls_of(Method::GetPods).len();
+    assert!(lists >= 20, "falls back after 5 failures: {lists} lists in 30 s");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn hint_stream_failures_count_only_in_a_row() {
+    let h = start(hinting());
+    for i in 0..6 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Each stream delivers hints before it breaks.
+        h.sync(&format!("p{i}")).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        h.runtime.break_event_streams();
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let lists = h.runtime.calls_of(Method::GetPods).len();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        h.runtime.calls_of(Method::GetPods).len(),
+        lists,
+        "six broken streams that each worked do not fall back"
+    );
     h.stop().await;
 }
