@@ -12,11 +12,13 @@ use std::{
 };
 
 use kubelet_core::{
-    ErrorChain, PodUid,
+    Backoff, ErrorChain, PodUid,
     events::{Event, EventType, ObjectRef},
     runtime::{self, ContainerState, Runtime},
 };
-use tokio::sync::Notify;
+use std::time::Duration;
+
+use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -43,11 +45,19 @@ pub(crate) enum Job {
 pub struct Cleanups<R> {
     sync: Arc<PodSync<R>>,
     queue: Arc<Queue>,
+    /// Pods whose removal failed: housekeeping asks again every 2 s, and the runtime is asked
+    /// (and the failure logged) only when their backoff allows it.
+    retries: Arc<Backoff>,
 }
+
+/// The first wait after a failed pod removal, doubling up to [`RETRY_MAX`].
+const RETRY_INITIAL: Duration = Duration::from_secs(2);
+/// The longest wait between attempts to remove a pod that is gone.
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
 impl<R> Clone for Cleanups<R> {
     fn clone(&self) -> Self {
-        Cleanups { sync: self.sync.clone(), queue: self.queue.clone() }
+        Cleanups { sync: self.sync.clone(), queue: self.queue.clone(), retries: self.retries.clone() }
     }
 }
 
@@ -65,7 +75,7 @@ struct Queue {
 
 impl<R: Runtime> Cleanups<R> {
     pub(crate) fn new(sync: Arc<PodSync<R>>) -> Self {
-        Cleanups { sync, queue: Arc::default() }
+        Cleanups { sync, queue: Arc::default(), retries: Arc::new(Backoff::new(RETRY_INITIAL, RETRY_MAX)) }
     }
 
     /// Queues `job` unless the same one is already queued; a newer orphaned-directory sweep or
@@ -112,8 +122,19 @@ impl<R: Runtime> Cleanups<R> {
             Job::ContainerDied(uid) => self.remove_dead_containers(&uid, true).await,
             Job::RemoveDeadContainers(uid) => self.remove_dead_containers(&uid, false).await,
             Job::RemovePodContent(uid) => {
-                if let Err(err) = runtime.remove_pod_content(&uid).await {
-                    warn!(pod.uid = %uid, error = %ErrorChain(&err), "cannot remove a pod that is gone");
+                let now = Instant::now();
+                self.retries.gc(now);
+                if self.retries.is_in_backoff_since_update(uid.as_str(), now) {
+                    debug!(pod.uid = %uid, "removal of a pod that is gone failed before; waiting to try again");
+                    return;
+                }
+                match runtime.remove_pod_content(&uid).await {
+                    Ok(()) => self.retries.reset(uid.as_str()),
+                    Err(err) => {
+                        self.retries.next(uid.as_str(), now);
+                        let retry_in = self.retries.get(uid.as_str());
+                        warn!(pod.uid = %uid, error = %ErrorChain(&err), ?retry_in, "cannot remove a pod that is gone");
+                    }
                 }
             }
             Job::RemoveOrphanedPodDirs { keep } => self.remove_orphaned_pod_dirs(&keep).await,

@@ -444,6 +444,35 @@ async fn a_pod_gone_before_the_runtime_held_anything_of_it_has_its_leftovers_rem
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pod_removal_that_keeps_failing_is_retried_with_backoff() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    let brief = pod("brief", "Always", &["c"]);
+    k.handle_pod_additions(vec![brief.clone()]).await;
+    f.sync.statuses().set(&brief, k8s_openapi::api::core::v1::PodStatus::default());
+    k.handle_pod_removes(vec![brief]).await;
+    updates(&w);
+    f.relist().await;
+    f.runtime.clear_calls();
+    for _ in 0..20 {
+        f.runtime.fail_next(
+            kubelet_core::fake::Method::RemovePodContent,
+            kubelet_core::fake::FakeError::new(kubelet_core::fake::Code::Internal, "a task is left"),
+        );
+    }
+    // Housekeeping every 2 s for a minute asks to remove it 30 times; the runtime is asked at
+    // 0, 2, 6, 14 and 30 s only.
+    for _ in 0..30 {
+        k.cleanups().push(crate::cleanup::Job::RemovePodContent(PodUid::new("brief")));
+        k.cleanups().run_queued().await;
+        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+    }
+    let attempts = f.runtime.calls_of(kubelet_core::fake::Method::RemovePodContent).len();
+    assert_eq!(attempts, 5, "retried with a doubling backoff, not every housekeeping");
+}
+
+#[tokio::test(start_paused = true)]
 async fn housekeeping_restarts_a_desired_pod_its_workers_forgot() {
     let f = fixture();
     let (k, w, sources) = kubelet(&f, 110);
