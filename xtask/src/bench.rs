@@ -9,9 +9,11 @@
 //!   and until every pod is Running in `/pods`.
 //! - Teardown: from removing the manifests until no sandbox of them is ready.
 //! - Restart: from the runtime confirming a container's death (StopContainer without grace) until
-//!   `/pods` shows it restarted and running.
+//!   the runtime started its replacement, and from then until `/pods` shows it restarted and
+//!   running (the target: a transition the runtime reports is seen within 50 ms).
 //! - Idle cost with 0 and with 50 pods: CPU seconds per minute, resident memory, threads, open
-//!   files, and the mean relist time from the agent's own `kubelet_pleg_relist_duration_seconds`.
+//!   files, and the relists per minute and their mean time from the agent's own
+//!   `kubelet_pleg_relist_duration_seconds` (no time row when no relist ran).
 //! - The release binary's size, and (unless `--quick`) two criterion benchmarks on the fake
 //!   runtime: a relist of 10,000 unchanged containers and a pod-worker dispatch of 10,000 pods.
 
@@ -295,8 +297,13 @@ fn measure(options: &Options) -> Result<Results> {
             floor_sequential: seq.median,
         });
     }
+    results.figures.push(Figure::new(
+        "container death (runtime confirms) → replacement started by the runtime",
+        "s",
+        &runs.restart,
+    ));
     results.figures.push(
-        Figure::new("container death (runtime confirms) → restarted and running in /pods", "s", &runs.restart)
+        Figure::new("replacement started by the runtime → restarted and Running in /pods", "s", &runs.restart_seen)
             .target(Target::AtMost(0.05)),
     );
     for (pods, idle) in &runs.idle {
@@ -310,7 +317,10 @@ fn measure(options: &Options) -> Result<Results> {
         let threads = Figure::new(format!("threads, {pods} pods"), "", &idle.threads);
         results.figures.push(if *pods > 0 { threads.target(Target::AtMost(16.0)) } else { threads });
         results.figures.push(Figure::new(format!("open files, {pods} pods"), "", &idle.fds));
-        results.figures.push(Figure::new(format!("relist (agent's own metric), {pods} pods"), "ms", &idle.relist));
+        results.figures.push(Figure::new(format!("relists while idle, {pods} pods"), "/min", &idle.relists));
+        if !idle.relist.is_empty() {
+            results.figures.push(Figure::new(format!("relist (agent's own metric), {pods} pods"), "ms", &idle.relist));
+        }
         results.memory.push((*pods, Stat::of(&idle.rss).median));
     }
     let size = fs::metadata(&binaries.agent)?.len() as f64 / (1024.0 * 1024.0);
@@ -335,6 +345,7 @@ struct Idle {
     threads: Vec<f64>,
     fds: Vec<f64>,
     relist: Vec<f64>,
+    relists: Vec<f64>,
 }
 
 type Samples = std::collections::HashMap<usize, Vec<f64>>;
@@ -348,8 +359,10 @@ struct AgentRuns {
     cri: Samples,
     /// Manifests removed → no sandbox ready.
     teardown: Samples,
-    /// A container's death confirmed by the runtime → restarted and running in `/pods`.
+    /// A container's death confirmed by the runtime → its replacement started by the runtime.
     restart: Vec<f64>,
+    /// The replacement started by the runtime → restarted and running in `/pods`.
+    restart_seen: Vec<f64>,
     idle: Vec<(usize, Idle)>,
 }
 
@@ -367,7 +380,9 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
             runs.cri.entry(n).or_default().push(cri);
             if n == 1 {
                 progress(&format!("agent restart of a dead container, run {round} of {}", options.repeat));
-                runs.restart.push(restart_after_death(agent, tool)?);
+                let (restarted, seen) = restart_after_death(agent, tool)?;
+                runs.restart.push(restarted);
+                runs.restart_seen.push(seen);
             }
             if n == largest && round == options.repeat {
                 progress(&format!("idle, {n} pods: {} windows of {:?}", options.windows, options.window));
@@ -395,6 +410,7 @@ fn idle_windows(agent: &Agent, options: &Options) -> Result<Idle> {
         idle.rss.push(agent.rss_bytes() as f64 / (1024.0 * 1024.0));
         idle.threads.push(agent.threads() as f64);
         idle.fds.push(agent.fds() as f64);
+        idle.relists.push((count1 - count0) * 60.0 / took);
         if count1 > count0 {
             idle.relist.push((sum1 - sum0) / (count1 - count0) * 1000.0);
         }
@@ -431,21 +447,25 @@ fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize, round: usize) -> Resu
 }
 
 /// Stops the running container at once; returns seconds from the runtime's confirmation until
-/// `/pods` shows it restarted and running.
-fn restart_after_death(agent: &mut Agent, tool: &CriTool) -> Result<f64> {
+/// the runtime started its replacement, and from then until `/pods` shows it restarted and
+/// running.
+fn restart_after_death(agent: &mut Agent, tool: &CriTool) -> Result<(f64, f64)> {
     let (before, _) = agent.restarts()?;
     let killed = tool.kill_containers()?;
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let seen = loop {
         let (restarts, running) = agent.restarts()?;
         if restarts > before && running {
-            return Ok(harness::unix_now() - killed);
+            break harness::unix_now();
         }
         if Instant::now() > deadline {
             bail!("the killed container was not restarted within 60 s");
         }
         std::thread::sleep(Duration::from_millis(5));
-    }
+    };
+    // When the runtime started the replacement, by its own clock (the same machine's).
+    let started = tool.state()?.values().filter_map(|pod| pod["started"].as_f64()).fold(f64::NAN, f64::max);
+    Ok((started - killed, seen - started))
 }
 
 /// Removes every manifest; returns seconds until no sandbox of them is ready, then waits until

@@ -114,6 +114,7 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
                         "sandboxes": pod.sandboxes,
                         "running": pod.running,
                         "containers": pod.containers,
+                        "started": pod.started,
                     });
                     (uid, value)
                 })
@@ -323,6 +324,8 @@ struct PodState {
     /// Running containers per container name.
     running: BTreeMap<String, usize>,
     containers: usize,
+    /// When the latest of its running containers started, as the runtime says (Unix seconds).
+    started: f64,
 }
 
 async fn state(mut rpc: Rpc, namespace: &str) -> Result<BTreeMap<String, PodState>, BoxError> {
@@ -343,6 +346,12 @@ async fn state(mut rpc: Rpc, namespace: &str) -> Result<BTreeMap<String, PodStat
         if container.state == pb::ContainerState::ContainerRunning as i32 {
             let name = container.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
             *pod.running.entry(name).or_default() += 1;
+            let request = pb::ContainerStatusRequest { container_id: container.id.clone(), verbose: false };
+            if let Some(status) = rpc.container_status(request).await?.into_inner().status {
+                #[allow(clippy::cast_precision_loss)] // Reason: nanoseconds since 1970 as seconds, to the microsecond.
+                let started = status.started_at as f64 / 1e9;
+                pod.started = pod.started.max(started);
+            }
         }
     }
     Ok(pods)

@@ -16,8 +16,10 @@ use tracing::debug;
 pub(crate) const CRI_NAMESPACE: &str = "k8s.io";
 
 /// The event topics that change what a relist sees: a container or sandbox created, started,
-/// exited or removed.
-pub(crate) const TOPICS: [&str; 4] = ["/containers/create", "/tasks/start", "/tasks/exit", "/containers/delete"];
+/// exited or removed. The CRI plugin records an exit only after it has deleted the task, so the
+/// task's deletion is a hint too, closer to when the exit shows in CRI.
+pub(crate) const TOPICS: [&str; 5] =
+    ["/containers/create", "/tasks/start", "/tasks/exit", "/tasks/delete", "/containers/delete"];
 
 const SUBSCRIBE: &str = "/containerd.services.events.v1.Events/Subscribe";
 
@@ -93,6 +95,7 @@ mod tests {
                 r#"namespace=="k8s.io",topic=="/containers/create""#,
                 r#"namespace=="k8s.io",topic=="/tasks/start""#,
                 r#"namespace=="k8s.io",topic=="/tasks/exit""#,
+                r#"namespace=="k8s.io",topic=="/tasks/delete""#,
                 r#"namespace=="k8s.io",topic=="/containers/delete""#,
             ]
         );

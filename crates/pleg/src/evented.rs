@@ -51,8 +51,8 @@ impl Default for Config {
 /// task's exit before its CRI plugin has recorded it. And a hint stream need not say when it
 /// stands (containerd answers a subscription with its first event). These relists catch both;
 /// after the last one the PLEG is no later than its 1 s relisting fallback would be.
-const HINT_FOLLOW_UPS: [Duration; 3] =
-    [Duration::from_millis(50), Duration::from_millis(250), Duration::from_millis(1000)];
+const HINT_FOLLOW_UPS: [Duration; 4] =
+    [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(250), Duration::from_millis(1000)];
 
 /// The evented PLEG.
 pub struct EventedPleg<R> {

@@ -168,7 +168,7 @@ async fn without_events_each_hint_makes_the_pleg_relist_at_once_and_idle_costs_n
     let mut h = start(hinting());
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let settled = h.runtime.calls_of(Method::GetPods).len();
-    assert_eq!(settled, 4, "the first relist, and the follow-ups after subscribing");
+    assert_eq!(settled, 5, "the first relist, and the follow-ups after subscribing");
     h.sync("p1").await;
     assert_eq!(h.events_within(Duration::from_millis(10)).await, [Started, Started], "relisted on the hint");
     let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
@@ -177,7 +177,7 @@ async fn without_events_each_hint_makes_the_pleg_relist_at_once_and_idle_costs_n
     let hinted = h.runtime.calls_of(Method::GetPods).len();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let lists = h.runtime.calls_of(Method::GetPods).len();
-    assert_eq!(lists, hinted + 3, "three follow-up relists after the last hint");
+    assert_eq!(lists, hinted + 4, "four follow-up relists after the last hint");
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(h.runtime.calls_of(Method::GetPods).len(), lists, "no relist while nothing changes");
     assert!(h.pleg.healthy().is_ok());
@@ -203,7 +203,7 @@ async fn a_hint_ahead_of_the_runtime_state_is_caught_by_a_follow_up_relist() {
     h.runtime.set_events_muted(true);
     h.runtime.stop_container(&id, 1).unwrap();
     h.runtime.set_events_muted(false);
-    assert_eq!(h.events_within(Duration::from_millis(60)).await, [Died], "the 50 ms follow-up relist saw it");
+    assert_eq!(h.events_within(Duration::from_millis(60)).await, [Died], "a follow-up relist saw it");
     h.stop().await;
 }
 
