@@ -150,21 +150,29 @@ impl<R: RuntimeEvents> EventedPleg<R> {
                 }
                 Err(err) => {
                     failures += 1;
-                    warn!(error = %ErrorChain(&err), failures, "container event stream failed");
-                    metrics::counter!("kubelet_evented_pleg_connection_error_count").increment(1);
+                    if !self.retry_after(&err, failures, "container event stream", cancel).await {
+                        return;
+                    }
                 }
                 Ok(()) => return,
             }
-            if failures >= self.config.max_failures {
-                self.fall_back("the container event stream failed too often");
-                return;
-            }
-            // Catch up on what the broken stream may have missed, then try again.
-            self.generic.relist_now();
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
+        }
+    }
+
+    /// After the `what` stream failed for the `failures`th time in a row: falls back once that
+    /// is `max_failures` (and returns false); otherwise relists to catch up on what the broken
+    /// stream may have missed, waits a second, and returns true to try again.
+    async fn retry_after(&self, err: &EventStreamError, failures: u32, what: &str, cancel: &CancellationToken) -> bool {
+        warn!(error = %ErrorChain(err), failures, "{what} failed");
+        metrics::counter!("kubelet_evented_pleg_connection_error_count").increment(1);
+        if failures >= self.config.max_failures {
+            self.fall_back(&format!("the {what} failed too often"));
+            return false;
+        }
+        self.generic.relist_now();
+        tokio::select! {
+            () = cancel.cancelled() => false,
+            () = tokio::time::sleep(Duration::from_secs(1)) => true,
         }
     }
 
@@ -217,19 +225,11 @@ impl<R: RuntimeEvents> EventedPleg<R> {
                 Err(err) => {
                     // Failures count while in a row: a stream that worked starts the count again.
                     failures = if delivered { 1 } else { failures + 1 };
-                    warn!(error = %ErrorChain(&err), failures, "runtime change hints failed");
-                    metrics::counter!("kubelet_evented_pleg_connection_error_count").increment(1);
+                    if !self.retry_after(&err, failures, "change hint stream", cancel).await {
+                        return;
+                    }
                 }
                 Ok(()) => return,
-            }
-            if failures >= self.config.max_failures {
-                self.fall_back("the runtime's change hints failed too often");
-                return;
-            }
-            self.generic.relist_now();
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
     }
