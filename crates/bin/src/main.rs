@@ -81,7 +81,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Ok(settings) => settings,
                 Err(e) => {
                     // Upstream exits with 2 on a configuration it cannot use.
-                    eprintln!("error: invalid configuration: {e}");
+                    tracing::error!(error = %e, "invalid configuration");
                     return Ok(ExitCode::from(2));
                 }
             };
@@ -93,7 +93,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .max_blocking_threads(AGENT_BLOCKING_THREADS)
                 .enable_all()
                 .build()?;
-            runtime.block_on(run_agent(settings))?;
+            // Logging is set up by now, so the failure is a log line in the chosen format, as
+            // upstream's "command failed".
+            if let Err(err) = runtime.block_on(run_agent(settings)) {
+                tracing::error!(error = format!("{err:#}"), "command failed");
+                return Ok(ExitCode::FAILURE);
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -59,9 +59,23 @@ fn json_logs_are_one_object_a_line() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let logs: Vec<serde_json::Value> =
-        stderr.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    // Every line, the fatal error included, is one JSON object.
+    let logs: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON object ({e}): {l:?}")))
+        .collect();
     assert!(logs.iter().any(|l| l["fields"]["message"] == "starting kubelet-rs"), "{stderr}");
+    let failed = logs.last().expect("a last line");
+    assert_eq!(
+        (&failed["level"], &failed["fields"]["message"]),
+        (&"ERROR".into(), &"command failed".into()),
+        "{stderr}"
+    );
+    assert!(
+        failed["fields"]["error"].as_str().is_some_and(|e| e.contains("cannot reach the container runtime")),
+        "{stderr}"
+    );
+    assert_eq!(output.status.code(), Some(1));
 }
 
 #[test]

@@ -309,7 +309,7 @@ async fn plugin_errors_keep_code_msg_details_and_stderr() {
         (
             r#"{"code":1,"msg":"incompatible CNI versions","details":"config is \"1.1.0\", plugin supports [\"0.1.0\" \"0.2.0\" \"0.3.0\" \"0.3.1\" \"0.4.0\" \"1.0.0\"]"}"#,
             1,
-            "config is \"1.1.0\"",
+            r#"config is "1.1.0", plugin supports ["0.1.0" "0.2.0" "0.3.0" "0.3.1" "0.4.0" "1.0.0"]"#,
         ),
         (
             r#"{"code":999,"msg":"failed to open netns \"/var/run/netns/does-not-exist\": no such file or directory"}"#,
@@ -326,7 +326,7 @@ async fn plugin_errors_keep_code_msg_details_and_stderr() {
         let err = cni(exec, dir.path()).add_network_list(&three_plugins("1.0.0"), &rt()).await.unwrap_err();
         let Error::Plugin { plugin, command, error, exit, stderr } = &err else { panic!("{stdout}: {err}") };
         assert_eq!((plugin.as_str(), *command, error.code, *exit), ("bridge", Command::Add, code, Exit::Code(1)));
-        assert!(error.details.contains(details), "{}", error.details);
+        assert_eq!(error.details, details);
         assert_eq!(stderr, "some log\n");
         assert_eq!(err.code(), code);
         let shown = err.to_string();

@@ -31,8 +31,12 @@ struct Env {
 
 fn manager(rt: &RealRuntime, logs: &std::path::Path) -> CriRuntime {
     let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
-    let config =
-        manager::Config::new("test-node").pod_logs_dir(logs.join("pods")).container_logs_dir(logs.join("containers"));
+    // Every path under the test's scratch directory, the per-pod directory (termination-log
+    // files) included.
+    let config = manager::Config::new("test-node")
+        .pod_logs_dir(logs.join("pods"))
+        .container_logs_dir(logs.join("containers"))
+        .pods_dir(logs.join("kubelet-pods"));
     CriRuntime::new(client, config, Arc::new(RingRecorder::default()))
 }
 
@@ -375,11 +379,11 @@ async fn real_termination_messages_come_from_the_file_or_the_log() {
     assert_eq!((file.exit_code, file.message.as_str()), (3, "bye now"));
     let logs = status.container_status("logs").unwrap();
     assert_eq!((logs.exit_code, logs.message.as_str()), (2, "first\noops\n"));
+    let pod_dir = env.logs.join("kubelet-pods").join(p.metadata.uid.as_deref().unwrap());
+    let written = pod_dir.join("containers/file/0-termination-log");
+    assert_eq!(std::fs::read_to_string(&written).ok().as_deref(), Some("bye now"), "{}", written.display());
     env.cleanup(&p).await;
-    assert!(
-        !env.logs.join("kubelet-pods").join(p.metadata.uid.as_deref().unwrap()).exists(),
-        "the pod directory is removed"
-    );
+    assert!(!pod_dir.exists(), "the pod directory is removed");
 }
 
 /// containerd's own events hint at a change when a container exits, within a second of its exit.
