@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use cri_client::{Client, Config, CriRuntime, manager, pb};
+use cri_client::{Client, Config, CriRuntime, cgroups, manager, pb};
 use kubelet_core::{Runtime, events::RingRecorder, runtime::ContainerState, testing::RealRuntime};
 use nix::{
     sys::signal::{Signal, kill},
@@ -122,11 +122,8 @@ async fn wait_until_gone(runtime: &CriRuntime, dir: &Path, uid: &kubelet_core::P
         if dir.join("root/pods").join(uid.as_str()).exists() {
             left.push("pod directory".to_owned());
         }
-        for qos in ["", "burstable/", "besteffort/"] {
-            let cgroup = Path::new("/sys/fs/cgroup/cpu/kubepods").join(format!("{qos}pod{uid}"));
-            if cgroup.exists() {
-                left.push(format!("cgroup {}", cgroup.display()));
-            }
+        for cgroup in cgroups::pod_cgroup_dirs(Path::new(cgroups::CGROUP_ROOT), uid.as_str()) {
+            left.push(format!("cgroup {}", cgroup.display()));
         }
         left
     };
@@ -221,6 +218,9 @@ async fn real_edits_sandbox_loss_and_removal_while_down() {
             let mut agent = Agent::start(&rt, &dir, &node);
             let first = wait_for(&runtime, &web, "the pod to run", running).await;
             let gone_pod = wait_for(&runtime, &gone, "the second pod to run", running).await;
+            // The leak check sees a running pod's cgroup, so its absence later means something.
+            let root = Path::new(cgroups::CGROUP_ROOT);
+            assert!(!cgroups::pod_cgroup_dirs(root, first.uid.as_str()).is_empty(), "the running pod's cgroup");
 
             // An edited manifest is a new pod (a new UID): the old one stops, the new one runs.
             // The new one starts as soon as the old one is gone (its 2 s grace period, as `sleep`

@@ -4,7 +4,7 @@
 
 use std::{
     io,
-    path::{Component, Path},
+    path::{Component, Path, PathBuf},
 };
 
 /// Where cgroup hierarchies are mounted.
@@ -25,16 +25,8 @@ pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("invalid cgroup parent {parent:?}")));
     }
     let relative = relative.strip_prefix("/").unwrap_or(relative);
-    let mut hierarchies = vec![root.to_path_buf()];
-    for entry in std::fs::read_dir(root)? {
-        let entry = entry?;
-        // Combined controllers such as `cpu,cpuacct` are often symlinks to a real mount: skip them.
-        if entry.file_type()?.is_dir() {
-            hierarchies.push(entry.path());
-        }
-    }
     let mut removed = 0;
-    for hierarchy in hierarchies {
+    for hierarchy in hierarchies(root)? {
         match std::fs::remove_dir(hierarchy.join(relative)) {
             Ok(()) => removed += 1,
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}
@@ -47,6 +39,36 @@ pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
         }
     }
     Ok(removed)
+}
+
+/// The hierarchies below `root`: `root` itself (cgroup v2, or the v1 mount point) and each
+/// directory in it (v1 controllers and the hybrid `unified` mount).
+fn hierarchies(root: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut hierarchies = vec![root.to_path_buf()];
+    for entry in std::fs::read_dir(root)? {
+        let entry = entry?;
+        // Combined controllers such as `cpu,cpuacct` are often symlinks to a real mount: skip them.
+        if entry.file_type()?.is_dir() {
+            hierarchies.push(entry.path());
+        }
+    }
+    Ok(hierarchies)
+}
+
+/// The pod-level cgroup directories of `uid` that exist under any hierarchy below `root`, in
+/// the cgroupfs driver's layout (`kubepods/pod<uid>`, `kubepods/burstable/pod<uid>`,
+/// `kubepods/besteffort/pod<uid>`), on cgroup v1 and v2 alike: what a leak check looks for.
+pub fn pod_cgroup_dirs(root: &Path, uid: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for hierarchy in hierarchies(root).unwrap_or_default() {
+        for qos in ["", "burstable/", "besteffort/"] {
+            let dir = hierarchy.join("kubepods").join(format!("{qos}pod{uid}"));
+            if dir.is_dir() {
+                found.push(dir);
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -64,6 +86,22 @@ mod tests {
         assert!(root.join("cpu/kubepods/besteffort").is_dir(), "only the pod level goes");
         assert_eq!(remove_pod_cgroup(&root, "/kubepods/besteffort/pod1").unwrap(), 0, "idempotent");
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn pod_cgroups_are_found_in_v1_and_v2_layouts() {
+        let root = tempfile::tempdir().unwrap();
+        // v1: a controller's hierarchy; v2: the root itself.
+        std::fs::create_dir_all(root.path().join("cpu/kubepods/besteffort/podu1")).unwrap();
+        std::fs::create_dir_all(root.path().join("kubepods/burstable/podu1")).unwrap();
+        std::fs::create_dir_all(root.path().join("kubepods/podu2")).unwrap();
+        let found = pod_cgroup_dirs(root.path(), "u1");
+        assert_eq!(
+            found,
+            [root.path().join("kubepods/burstable/podu1"), root.path().join("cpu/kubepods/besteffort/podu1")]
+        );
+        assert_eq!(pod_cgroup_dirs(root.path(), "u2"), [root.path().join("kubepods/podu2")]);
+        assert!(pod_cgroup_dirs(root.path(), "u3").is_empty());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use kubelet_core::{
     testing::RealRuntime,
 };
 use kubelet_cri_client::{
-    Client, Config, CriRuntime,
+    Client, Config, CriRuntime, cgroups,
     actions::{ProbeFailures, compute_pod_actions},
     manager,
 };
@@ -102,14 +102,16 @@ impl Env {
 
     /// Removes the pod as a kubelet would, and checks that nothing is left.
     async fn cleanup(&self, pod: &Pod) {
+        let uid = pod.metadata.uid.as_deref().unwrap();
+        let root = std::path::Path::new(cgroups::CGROUP_ROOT);
+        // The check sees the pod's cgroup while its sandbox runs, so its absence later means
+        // something.
+        assert!(!cgroups::pod_cgroup_dirs(root, uid).is_empty(), "no cgroup of pod {uid} found while it runs");
         self.runtime.remove_pod(pod).await.unwrap();
         let status = self.status(pod).await;
         assert!(status.sandbox_statuses.is_empty() && status.container_statuses.is_empty(), "{status:?}");
-        let uid = pod.metadata.uid.as_deref().unwrap();
-        for qos in ["", "burstable/", "besteffort/"] {
-            let dir = PathBuf::from("/sys/fs/cgroup/cpu/kubepods").join(format!("{qos}pod{uid}"));
-            assert!(!dir.exists(), "cgroup {} left behind", dir.display());
-        }
+        let left = cgroups::pod_cgroup_dirs(root, uid);
+        assert!(left.is_empty(), "cgroups left behind: {left:?}");
         let log_dir =
             self.logs.join("pods").join(format!("kubelet-rs-test_{}_{uid}", pod.metadata.name.as_deref().unwrap()));
         assert!(!log_dir.exists(), "log dir {} left behind", log_dir.display());
