@@ -1,8 +1,10 @@
 //! `cargo xtask ci`: everything CI runs, in order, so a green run here means a green CI.
 //!
-//! fmt, clippy, unit and integration tests, docs, tidy, then the tests against the real runtime
-//! (test functions named `real_*`), which the earlier test step leaves out, and the short version
-//! of the chaos scenarios on the release binary.
+//! fmt, clippy, unit and integration tests, docs, tidy, the toolchain against `rust-version`,
+//! every feature combination of the library crates (cargo-hack), the licence and dependency
+//! policy (cargo-deny, `deny.toml`), that the benchmarks build, then the tests against the real
+//! runtime (test functions named `real_*`), which the earlier test step leaves out, the short
+//! version of the chaos scenarios on the release binary, and the demo's check.
 
 use std::{
     process::Command,
@@ -12,7 +14,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    chaos, harness, runtime, tidy,
+    chaos, demo, harness, runtime, tidy,
     util::{have, in_ci, project_root, run},
 };
 
@@ -68,11 +70,80 @@ pub(crate) fn run_ci(repeat: u32) -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings"))
     })?;
     step("tidy", &mut tidy::run_tidy)?;
+    step("toolchain", &mut check_toolchain)?;
+    step("features", &mut || {
+        // Every feature combination of the library crates, as crates.io users build them: without
+        // dev-dependencies, which would turn features on.
+        if !tool("cargo-hack")? {
+            return Ok(());
+        }
+        run(cargo().args([
+            "hack",
+            "check",
+            "--feature-powerset",
+            "--no-dev-deps",
+            "--workspace",
+            "--exclude",
+            "kubelet-rs",
+            "--exclude",
+            "xtask",
+            "--locked",
+        ]))
+    })?;
+    step("deny", &mut || {
+        // Offline checks only: the licence policy, the one tonic/hyper stack, crates.io alone.
+        if !tool("cargo-deny")? {
+            return Ok(());
+        }
+        run(cargo().args(["deny", "--locked", "check", "bans", "licenses", "sources"]))
+    })?;
+    step("bench-build", &mut || run(cargo().args(["bench", "--workspace", "--locked", "--no-run"])))?;
     step("real-runtime", &mut || real_runtime_tests(repeat))?;
 
     println!("\nci: all steps passed");
     for (name, took) in timings {
         println!("  {name:<13} {:>6.1} s", took.as_secs_f64());
+    }
+    Ok(())
+}
+
+/// Whether the cargo subcommand `program` (installed by `cargo xtask setup`) is there; in CI its
+/// absence is an error, elsewhere a skip that says so.
+fn tool(program: &str) -> Result<bool> {
+    if have(program) {
+        return Ok(true);
+    }
+    let why = format!("{program} is missing: run `cargo xtask setup` (it installs it from crates.io)");
+    if in_ci() {
+        bail!("{why}");
+    }
+    println!("SKIPPED: {why}");
+    Ok(false)
+}
+
+/// The workspace's `rust-version` is the toolchain CI builds with: a toolchain older than it
+/// cannot build the crates, and a newer one is noted, since the declared version is then no
+/// longer the one proven.
+fn check_toolchain() -> Result<()> {
+    let manifest = std::fs::read_to_string(project_root()?.join("Cargo.toml"))?;
+    let declared = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .context("no rust-version in Cargo.toml")?;
+    let rustc = crate::util::output(Command::new("rustc").arg("--version"))?;
+    let used = rustc.split_whitespace().nth(1).context("rustc --version")?;
+    let version = |v: &str| v.split('.').map(|n| n.parse::<u32>().unwrap_or(0)).collect::<Vec<_>>();
+    let (declared_v, used_v) = (version(declared), version(used));
+    if used_v < declared_v {
+        bail!("rustc {used} is older than the declared rust-version {declared}");
+    }
+    if used_v[..2] != declared_v[..2.min(declared_v.len())] {
+        println!(
+            "note: built with rustc {used}; the declared rust-version is {declared}, proven only by this toolchain"
+        );
+    } else {
+        println!("rustc {used} builds the declared rust-version {declared}");
     }
     Ok(())
 }
@@ -121,6 +192,11 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
         // The short chaos scenarios, on the release binary the demo uses next.
         println!("\n--> chaos, short version (the full one: cargo xtask chaos)");
         result = harness::build().and_then(|binaries| chaos::run_short(&binaries)).context("chaos --short failed");
+    }
+    if result.is_ok() {
+        // The README's first command, checked: every example pod Running and ready, or Completed.
+        println!("\n--> demo --check");
+        result = demo::run_demo(&["--duration", "40s", "--check"]).context("demo --check failed");
     }
     if started {
         runtime::stop()?;

@@ -191,19 +191,39 @@ fn show_pods(binary: &Path, dir: &Path, duration: Option<Duration>) -> Result<St
 
 /// Every example pod is in the table, Running with all containers ready, or Completed.
 fn check_table(table: &str, examples: &Path) -> Result<()> {
-    let expected = fs::read_dir(examples)?
-        .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "yaml"))
-        .count();
-    let rows: Vec<Vec<&str>> = table.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
-    let good = |row: &Vec<&str>| {
-        let ready = row[1].split_once('/').is_some_and(|(a, b)| a == b);
-        (row[2] == "Running" && ready) || row[2] == "Completed"
-    };
-    if rows.len() != expected || !rows.iter().all(good) {
-        bail!("--check: expected {expected} pods Running and ready, or Completed; the table was:\n{table}");
+    // Each example's pod name (`metadata.name`, the only key indented by two spaces that is
+    // `name`); its row is that name with the node's suffix.
+    let mut expected = Vec::new();
+    for entry in fs::read_dir(examples)?.filter_map(Result::ok) {
+        if entry.path().extension().is_some_and(|x| x == "yaml") {
+            let text = fs::read_to_string(entry.path())?;
+            let name = text.lines().find_map(|l| l.strip_prefix("  name: ")).map(str::trim);
+            expected.push(name.with_context(|| format!("{}: no metadata.name", entry.path().display()))?.to_owned());
+        }
     }
-    println!("--check: all {expected} example pods Running and ready, or Completed");
+    expected.sort();
+    let rows: Vec<Vec<&str>> = table.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    let row_of = |name: &str| {
+        let prefix = format!("{name}-");
+        let mut found = rows.iter().filter(|r| r.first().is_some_and(|n| n.starts_with(&prefix)));
+        match (found.next(), found.next()) {
+            (Some(row), None) => Some(row),
+            _ => None,
+        }
+    };
+    let good = |row: &Vec<&str>| {
+        let ready = row.get(1).and_then(|r| r.split_once('/')).is_some_and(|(a, b)| a == b);
+        let status = row.get(2).copied();
+        ((status == Some("Running") && ready) || status == Some("Completed")) && row.get(3) == Some(&"0")
+    };
+    let bad: Vec<&String> = expected.iter().filter(|name| !row_of(name).is_some_and(good)).collect();
+    if rows.len() != expected.len() || !bad.is_empty() {
+        bail!(
+            "--check: expected the pods {expected:?}, each Running and ready or Completed, with no restart; \
+             wrong: {bad:?}; the table was:\n{table}"
+        );
+    }
+    println!("--check: all {} example pods Running and ready, or Completed, with no restart", expected.len());
     Ok(())
 }
 
@@ -232,23 +252,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn check_wants_every_pod_running_or_completed() {
-        let examples = tempfile_dir(&["a.yaml", "b.yaml", "README.md"]);
-        let good = "NAME READY STATUS RESTARTS AGE IP\na-n 1/1 Running 0 5s 10.0.0.1\nb-n 0/1 Completed 0 5s <none>\n";
-        assert!(check_table(good, &examples).is_ok());
-        let pending =
-            "NAME READY STATUS RESTARTS AGE IP\na-n 0/1 Running 0 5s 10.0.0.1\nb-n 0/1 Completed 0 5s <none>\n";
-        assert!(check_table(pending, &examples).is_err());
-        let missing = "NAME READY STATUS RESTARTS AGE IP\na-n 1/1 Running 0 5s 10.0.0.1\n";
-        assert!(check_table(missing, &examples).is_err());
+    fn check_wants_each_example_pod_running_or_completed_without_restarts() {
+        let examples = tempfile_dir(&[("a.yaml", "a"), ("b.yaml", "b"), ("README.md", "x")]);
+        let header = "NAME READY STATUS RESTARTS AGE IP\n";
+        let check = |rows: &str| check_table(&format!("{header}{rows}"), &examples);
+        assert!(check("a-n 1/1 Running 0 5s 10.0.0.1\nb-n 0/1 Completed 0 5s <none>\n").is_ok());
+        assert!(check("a-n 0/1 Running 0 5s 10.0.0.1\nb-n 0/1 Completed 0 5s <none>\n").is_err(), "not ready");
+        assert!(check("a-n 1/1 Running 0 5s 10.0.0.1\n").is_err(), "missing");
+        assert!(check("a-n 1/1 Running 2 5s 10.0.0.1\nb-n 0/1 Completed 0 5s <none>\n").is_err(), "restarted");
+        assert!(check("a-n 1/1 Running 0 5s 10.0.0.1\nc-n 0/1 Completed 0 5s <none>\n").is_err(), "wrong name");
+        assert!(check("a-n 1/1 Running 0 5s 10.0.0.1\nb-n 0/1 Error 0 5s <none>\n").is_err(), "failed");
         let _ = fs::remove_dir_all(&examples);
     }
 
-    fn tempfile_dir(files: &[&str]) -> PathBuf {
+    /// A directory of files (name, pod name); a `.yaml` file gets a manifest with that name.
+    fn tempfile_dir(files: &[(&str, &str)]) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("xtask-demo-test-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        for file in files {
-            fs::write(dir.join(file), "").unwrap();
+        for (file, name) in files {
+            let content =
+                format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: c\n");
+            fs::write(dir.join(file), content).unwrap();
         }
         dir
     }

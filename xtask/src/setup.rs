@@ -1,4 +1,5 @@
-//! `cargo xtask setup`: installs what builds and tests need on Debian, and builds the test images.
+//! `cargo xtask setup`: installs what builds and tests need on Debian and the cargo tools CI runs,
+//! and builds the test images.
 //!
 //! Idempotent: installs only missing packages and says what it did.
 
@@ -30,6 +31,22 @@ const PACKAGES: [&str; 13] = [
     "binutils",
 ];
 
+/// Cargo subcommands `cargo xtask ci` runs, installed from crates.io when missing.
+const CARGO_TOOLS: [(&str, &str); 2] = [("cargo-hack", "0.6.46"), ("cargo-deny", "0.18.3")];
+
+fn install_cargo_tools() -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    for (tool, version) in CARGO_TOOLS {
+        if have(tool) {
+            println!("{tool}: present");
+            continue;
+        }
+        println!("{tool}: installing {version} from crates.io");
+        run(Command::new(&cargo).args(["install", "--locked", "--version", version, tool]))?;
+    }
+    Ok(())
+}
+
 fn installed(package: &str) -> bool {
     output(Command::new("dpkg-query").args(["-W", "-f=${Status}", package]))
         .is_ok_and(|s| s.contains("install ok installed"))
@@ -53,6 +70,7 @@ pub(crate) fn run_setup() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
+    install_cargo_tools()?;
     images::build()?;
     if runtime::containerd_running() {
         images::load(&runtime::socket())?;

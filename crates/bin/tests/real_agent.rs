@@ -160,15 +160,33 @@ async fn real_static_pod_lifecycle_through_the_agent() {
             agent.signal(Signal::SIGKILL);
             assert!(agent.exited_within(Duration::from_secs(5)).await);
             let mut agent = Agent::start(&rt, &dir, &node);
-            tokio::time::sleep(Duration::from_secs(4)).await;
+            // The restarted agent has synced the pod once it reports it Running; then it must
+            // leave it alone through a housekeeping period (2 s) and more.
+            let root = dir.join("root").to_string_lossy().into_owned();
+            let mut reported = false;
+            for _ in 0..200 {
+                let (_, json, _) = kubelet_rs(&["get", "pods", "-o", "json", "--root-dir", &root]);
+                let list: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+                if list["items"].as_array().into_iter().flatten().any(|p| p["status"]["phase"] == "Running") {
+                    reported = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(reported, "the restarted agent reports the pod Running");
+            let watched = tokio::time::Instant::now();
+            while watched.elapsed() < Duration::from_millis(2500) {
+                let after = wait_for(&runtime, &name, "the pod after a restart", running).await;
+                assert_eq!(after.sandbox_statuses[0].id, first.sandbox_statuses[0].id, "same sandbox");
+                assert_eq!(
+                    after.container_status("app").unwrap().id,
+                    first.container_status("app").unwrap().id,
+                    "same container"
+                );
+                assert_eq!(after.container_status("app").unwrap().restart_count, 0);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             let after = wait_for(&runtime, &name, "the pod after a restart", running).await;
-            assert_eq!(after.sandbox_statuses[0].id, first.sandbox_statuses[0].id, "same sandbox");
-            assert_eq!(
-                after.container_status("app").unwrap().id,
-                first.container_status("app").unwrap().id,
-                "same container"
-            );
-            assert_eq!(after.container_status("app").unwrap().restart_count, 0);
 
             // A container stopped behind the agent's back is restarted.
             let id = after.container_status("app").unwrap().id.clone();
@@ -590,10 +608,18 @@ async fn real_get_pods_and_logs_through_the_unix_socket() {
                 assert!(described.contains(want), "{want:?} missing from:\n{described}");
             }
 
-            // logs: the long line comes back whole; --tail and --timestamps as kubectl's.
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let (ok, logs, err) = kubelet_rs(&["logs", &pod, "--root-dir", &root]);
-            assert!(ok, "logs: {err}");
+            // logs: the long line comes back whole; --tail and --timestamps as kubectl's. Wait
+            // for the second short line (a second after the first).
+            let mut logs = String::new();
+            for _ in 0..100 {
+                let (ok, out, err) = kubelet_rs(&["logs", &pod, "--root-dir", &root]);
+                assert!(ok, "logs: {err}");
+                logs = out;
+                if logs.contains("line-1\n") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             let first = logs.lines().next().unwrap();
             assert!(
                 first.len() == 20_000 && first.bytes().all(|b| b == b'x'),
@@ -678,24 +704,27 @@ async fn real_healthz_fails_while_the_runtime_socket_is_gone() {
         Agent::spawn(common::agent_command(&endpoint, &dir, &node).args(["--read-only-port", &port.to_string()]));
 
     let outcome = async move {
-        let healthz = |want: u16| async move {
-            for _ in 0..300 {
+        let healthz = |want: u16, within: Duration| async move {
+            let deadline = tokio::time::Instant::now() + within;
+            while tokio::time::Instant::now() < deadline {
                 let (code, body) = get(port, "/healthz").await;
                 if code == want {
                     return body;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            panic!("/healthz never answered {want}");
+            panic!("/healthz did not answer {want} within {within:?}");
         };
-        assert_eq!(healthz(200).await, "ok");
-        // The socket goes away (with every connection through it): 500, naming the runtime.
+        assert_eq!(healthz(200, Duration::from_secs(30)).await, "ok");
+        // The socket goes away (with every connection through it): 500, naming the runtime,
+        // within the 5 s the README promises (the runtime status poll's period), plus 1 s of
+        // slack for the machine.
         proxy.vanish();
-        let body = healthz(500).await;
+        let body = healthz(500, Duration::from_secs(6)).await;
         assert!(body.contains("[-]runtime failed") && body.contains("healthz check failed"), "{body}");
         // It comes back: 200 again, without restarting the agent.
         let _proxy = SocketProxy::start(&proxy_path, Path::new(&upstream));
-        assert_eq!(healthz(200).await, "ok");
+        assert_eq!(healthz(200, Duration::from_secs(30)).await, "ok");
         agent.signal(Signal::SIGTERM);
         assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
     };

@@ -36,6 +36,9 @@ use kubelet_core::{
     events::{Event, EventRecorder, EventType, ObjectRef},
 };
 
+/// How long the source lets a burst of file events settle before it scans.
+pub(crate) const SETTLE: Duration = Duration::from_millis(20);
+
 /// How the file source runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -273,7 +276,7 @@ impl FileSource {
                 _ = rescan.tick() => {}
                 Some(()) = rx.recv() => {
                     // Editors write in bursts (temp file, rename, chmod): let the burst settle.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(SETTLE).await;
                     while rx.try_recv().is_ok() {}
                 }
             }

@@ -14,13 +14,13 @@ use k8s_openapi::{
 use kubelet_core::{
     Backoff, PodUid, Runtime,
     events::RingRecorder,
-    runtime::{ContainerState, PodStatus, reasons},
+    runtime::{ContainerState, GcPolicy, PodStatus, reasons},
     testing::RealRuntime,
 };
 use kubelet_cri_client::{
-    Client, Config, CriRuntime, cgroups,
+    Client, Config, CriRuntime,
     actions::{ProbeFailures, compute_pod_actions},
-    manager,
+    cgroups, manager, pb,
 };
 
 struct Env {
@@ -100,6 +100,11 @@ impl Env {
         self.runtime.sync_pod(pod, &status, backoff).await
     }
 
+    /// A guard that removes `pod` if the test panics before [`Env::cleanup`].
+    fn remove_on_panic(&self, pod: &Pod) -> RemoveOnPanic {
+        RemoveOnPanic { rt: self.rt.clone(), logs: self.logs.clone(), pod: pod.clone() }
+    }
+
     /// Removes the pod as a kubelet would, and checks that nothing is left.
     async fn cleanup(&self, pod: &Pod) {
         let uid = pod.metadata.uid.as_deref().unwrap();
@@ -115,6 +120,33 @@ impl Env {
         let log_dir =
             self.logs.join("pods").join(format!("kubelet-rs-test_{}_{uid}", pod.metadata.name.as_deref().unwrap()));
         assert!(!log_dir.exists(), "log dir {} left behind", log_dir.display());
+    }
+}
+
+/// Removes a test's pod when the test panics before its cleanup, so a failed test leaks no pod.
+///
+/// It runs in a thread of its own, with its own tokio runtime and client: the test's runtime is
+/// unwinding.
+struct RemoveOnPanic {
+    rt: RealRuntime,
+    logs: PathBuf,
+    pod: Pod,
+}
+
+impl Drop for RemoveOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let (rt, logs, pod) = (self.rt.clone(), self.logs.clone(), self.pod.clone());
+        let removal = std::thread::spawn(move || {
+            let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            // The client is made inside the new runtime, whose reactor its connection needs.
+            if let Err(err) = tokio.block_on(async { manager(&rt, &logs).remove_pod(&pod).await }) {
+                eprintln!("removing the failed test's pod: {err}");
+            }
+        });
+        let _ = removal.join();
     }
 }
 
@@ -139,6 +171,7 @@ async fn real_two_containers_share_the_pod_ip() {
         vec![],
         vec![container("a", &image, "exec sleep 3600"), container("b", &image, "exec sleep 3600")],
     );
+    let _removal = env.remove_on_panic(&p);
     let result = env.sync(&p, &Backoff::default()).await;
     let outcome = async {
         assert!(!result.is_err(), "{result:?}");
@@ -170,6 +203,7 @@ async fn real_init_container_runs_before_the_app() {
         vec![container("setup", &image, "sleep 1; echo done")],
         vec![container("app", &image, "exec sleep 3600")],
     );
+    let _removal = env.remove_on_panic(&p);
     let backoff = Backoff::default();
     let first = env.sync(&p, &backoff).await;
     assert!(!first.is_err(), "{first:?}");
@@ -199,6 +233,7 @@ async fn real_sidecar_serves_the_app_and_stops_after_it() {
     let app =
         container("app", &image, "while true; do echo \"beat $(wget -qO- http://127.0.0.1:8080/beat)\"; sleep 1; done");
     let p = pod("sidecar", "Always", vec![sidecar], vec![app]);
+    let _removal = env.remove_on_panic(&p);
     let backoff = Backoff::default();
     let first = env.sync(&p, &backoff).await;
     assert!(!first.is_err(), "{first:?}");
@@ -236,6 +271,7 @@ async fn real_failing_container_restarts_with_backoff_and_numbered_logs() {
     let Some(env) = env("real_failing_container_restarts_with_backoff_and_numbered_logs") else { return };
     let image = env.rt.busybox_image.clone();
     let p = pod("crash", "OnFailure", vec![], vec![container("job", &image, "echo attempt; exit 1")]);
+    let _removal = env.remove_on_panic(&p);
     let backoff = Backoff::default();
     env.sync(&p, &backoff).await;
     env.wait_for(&p, "the first exit", |s| state(s, "job") == Some(ContainerState::Exited)).await;
@@ -265,6 +301,7 @@ async fn real_missing_image_is_retried_when_its_pull_backoff_ends() {
     let Some(env) = env("real_missing_image_is_retried_when_its_pull_backoff_ends") else { return };
     let missing = env.rt.busybox_image.replace("busybox", "no-such-image");
     let p = pod("nopull", "Always", vec![], vec![container("app", &missing, "true")]);
+    let _removal = env.remove_on_panic(&p);
     let backoff = Backoff::default();
     let failure = |result: &kubelet_core::runtime::PodSyncResult| {
         result.results.iter().find_map(|r| r.failure.clone()).expect("a failed pull")
@@ -289,6 +326,7 @@ async fn real_changed_image_restarts_only_that_container_and_kill_honours_grace(
         vec![],
         vec![container("a", &image, "exec sleep 3600"), container("b", &image, "exec sleep 3600")],
     );
+    let _removal = env.remove_on_panic(&p);
     let backoff = Backoff::default();
     env.sync(&p, &backoff).await;
     let before = env
@@ -337,6 +375,7 @@ async fn real_a_new_manager_readopts_everything() {
     let Some(env) = env("real_a_new_manager_readopts_everything") else { return };
     let image = env.rt.busybox_image.clone();
     let p = pod("adopt", "Always", vec![], vec![container("a", &image, "exec sleep 3600")]);
+    let _removal = env.remove_on_panic(&p);
     env.sync(&p, &Backoff::default()).await;
     let before = env.wait_for(&p, "running", |s| state(s, "a") == Some(ContainerState::Running)).await;
     // A restarted agent: a brand new manager with nothing in memory.
@@ -370,6 +409,7 @@ async fn real_termination_messages_come_from_the_file_or_the_log() {
     logs.termination_message_path = Some("/dev/termination-log".into());
     logs.termination_message_policy = Some("FallbackToLogsOnError".into());
     let p = pod("messages", "Never", vec![], vec![file, logs]);
+    let _removal = env.remove_on_panic(&p);
     let result = env.sync(&p, &Backoff::default()).await;
     assert!(!result.is_err(), "{result:?}");
     let status = env
@@ -406,6 +446,7 @@ async fn real_containerd_hints_follow_a_container_exit() {
     });
     let image = env.rt.busybox_image.clone();
     let p = pod("hint", "Never", vec![], vec![container("a", &image, "sleep 1")]);
+    let _removal = env.remove_on_panic(&p);
     let result = env.sync(&p, &Backoff::default()).await;
     let outcome = async {
         assert!(!result.is_err(), "{result:?}");
@@ -429,5 +470,51 @@ async fn real_containerd_hints_follow_a_container_exit() {
     outcome.await;
     watch.abort();
     collector.abort();
+    env.cleanup(&p).await;
+}
+
+/// Garbage collection keeps the newest dead instance of each container and the newest sandbox,
+/// and the restart count goes on counting after it.
+#[tokio::test]
+async fn real_garbage_collection_keeps_the_newest_dead_instance_and_sandbox() {
+    let Some(env) = env("real_garbage_collection_keeps_the_newest_dead_instance_and_sandbox") else { return };
+    let image = env.rt.busybox_image.clone();
+    let p = pod("gc", "Always", vec![], vec![container("job", &image, "exit 1")]);
+    let _removal = env.remove_on_panic(&p);
+    // No crash-loop back-off to wait out.
+    let backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(1));
+    let newest = |s: &PodStatus| s.container_status("job").map(|c| (c.restart_count, c.state));
+    let exited = |count: u32| move |s: &PodStatus| newest(s) == Some((count, ContainerState::Exited));
+    // Three dead instances in the first sandbox.
+    for count in 0..3 {
+        let result = env.sync(&p, &backoff).await;
+        assert!(!result.is_err(), "{result:?}");
+        env.wait_for(&p, "the instance to exit", exited(count)).await;
+    }
+    // The sandbox stops: the next sync makes a new one, whose first instance is the fourth.
+    let first_sandbox = env.status(&p).await.sandbox_statuses[0].id.clone();
+    env.runtime
+        .client()
+        .runtime_service()
+        .stop_pod_sandbox(pb::StopPodSandboxRequest { pod_sandbox_id: first_sandbox.clone() })
+        .await
+        .unwrap();
+    env.sync(&p, &backoff).await;
+    let before = env.wait_for(&p, "the fourth instance to exit", exited(3)).await;
+    assert_eq!(before.sandbox_statuses.len(), 2, "{before:?}");
+    assert_eq!(before.container_statuses.len(), 4, "{before:?}");
+    let second_sandbox = before.sandbox_statuses[0].id.clone();
+    assert_ne!(second_sandbox, first_sandbox);
+
+    env.runtime.garbage_collect(&GcPolicy::default(), true, false).await.unwrap();
+    let after = env.status(&p).await;
+    let sandboxes: Vec<&str> = after.sandbox_statuses.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(sandboxes, [second_sandbox.as_str()], "the newest sandbox stays, the stopped one goes");
+    let dead: Vec<u32> = after.container_statuses.iter().map(|c| c.restart_count).collect();
+    assert_eq!(dead, [3], "only the newest dead instance stays");
+
+    // The count goes on from the instance that stayed.
+    env.sync(&p, &backoff).await;
+    env.wait_for(&p, "the fifth instance to exit", exited(4)).await;
     env.cleanup(&p).await;
 }

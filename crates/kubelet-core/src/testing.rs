@@ -106,3 +106,19 @@ pub fn pod(uid: &str, containers: &[&str]) -> Pod {
         ..Pod::default()
     }
 }
+
+/// The environment variable proptest reads its seed from.
+pub const ENV_PROPTEST_SEED: &str = "PROPTEST_RNG_SEED";
+
+/// A seed for a property test's `ProptestConfig::rng_seed`: `PROPTEST_RNG_SEED` when it is set,
+/// else a fresh one. It is printed, so a failing run (whose output the test harness shows) says
+/// how to replay it: `PROPTEST_RNG_SEED=<seed> cargo test <name>`.
+pub fn proptest_seed(test: &str) -> u64 {
+    let seed = std::env::var(ENV_PROPTEST_SEED).ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        u64::try_from(now.as_nanos() & u128::from(u64::MAX)).unwrap_or(0)
+            ^ u64::from(std::process::id()).rotate_left(32)
+    });
+    eprintln!("{test}: proptest seed {seed}; replay with {ENV_PROPTEST_SEED}={seed}");
+    seed
+}

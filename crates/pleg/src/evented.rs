@@ -45,14 +45,60 @@ impl Default for Config {
     }
 }
 
-/// When the PLEG relists again after a change hint (and after subscribing), besides at once.
+/// When the PLEG relists after a change hint (and after subscribing): 10 ms, 100 ms, 250 ms and
+/// 1 s after the latest one.
 ///
-/// A hint may come before the runtime's CRI state shows the change: containerd publishes a
-/// task's exit before its CRI plugin has recorded it. And a hint stream need not say when it
-/// stands (containerd answers a subscription with its first event). These relists catch both;
-/// after the last one the PLEG is no later than its 1 s relisting fallback would be.
+/// A hint comes before the runtime's CRI state shows the change: containerd publishes a task's
+/// start or exit before its CRI plugin has recorded it, so a relist at once would mostly see
+/// nothing new. A hint stream need not say when it stands either (containerd answers a
+/// subscription with its first event). The later relists catch what the first missed; after the
+/// last one the PLEG is no later than its 1 s relisting fallback would be.
 const HINT_FOLLOW_UPS: [Duration; 4] =
-    [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(250), Duration::from_millis(1000)];
+    [Duration::from_millis(10), Duration::from_millis(100), Duration::from_millis(250), Duration::from_millis(1000)];
+
+/// The least time between two relists that hints cause: a burst of hints (50 pods starting) makes
+/// a relist every 100 ms, not one per hint, each of which would inspect pods half-created and
+/// compete with the runtime for the node's CPUs.
+const HINT_MIN_GAP: Duration = Duration::from_millis(100);
+
+/// When the relists that change hints cause are due: a pure schedule, fed the times of hints and
+/// of the relists it asked for.
+#[derive(Debug)]
+struct HintSchedule {
+    hinted_at: Instant,
+    /// The next of [`HINT_FOLLOW_UPS`] after `hinted_at`, if any is left.
+    next: Option<usize>,
+    last_relist: Option<Instant>,
+}
+
+impl HintSchedule {
+    /// Subscribing at `now` counts as a hint.
+    fn new(now: Instant) -> Self {
+        HintSchedule { hinted_at: now, next: Some(0), last_relist: None }
+    }
+
+    /// A hint came at `now`: the follow-ups start again from it.
+    fn hint(&mut self, now: Instant) {
+        self.hinted_at = now;
+        self.next = Some(0);
+    }
+
+    /// When the next relist is due, if one is.
+    fn due(&self) -> Option<Instant> {
+        let at = self.hinted_at + HINT_FOLLOW_UPS[self.next?];
+        Some(self.last_relist.map_or(at, |last| at.max(last + HINT_MIN_GAP)))
+    }
+
+    /// The due relist was asked for at `now`: the follow-ups it covers are done.
+    fn relisted(&mut self, now: Instant) {
+        self.last_relist = Some(now);
+        let mut next = self.next.map_or(HINT_FOLLOW_UPS.len(), |i| i + 1);
+        while next < HINT_FOLLOW_UPS.len() && self.hinted_at + HINT_FOLLOW_UPS[next] <= now {
+            next += 1;
+        }
+        self.next = (next < HINT_FOLLOW_UPS.len()).then_some(next);
+    }
+}
 
 /// The evented PLEG.
 pub struct EventedPleg<R> {
@@ -190,30 +236,27 @@ impl<R: RuntimeEvents> EventedPleg<R> {
             let (tx, mut rx) = mpsc::channel(1);
             let stream = self.runtime.watch_changes(tx);
             tokio::pin!(stream);
-            // Follow-up relists after the latest hint, or after subscribing.
-            let mut hinted_at = Instant::now();
-            let mut pending = Some(0);
+            let mut schedule = HintSchedule::new(Instant::now());
             let mut delivered = false;
-            let follow_up = tokio::time::sleep_until(hinted_at + HINT_FOLLOW_UPS[0]);
-            tokio::pin!(follow_up);
+            let timer = tokio::time::sleep_until(schedule.due().unwrap_or_else(Instant::now));
+            tokio::pin!(timer);
             let ended = loop {
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     ended = &mut stream => break ended,
                     Some(()) = rx.recv() => {
-                        self.generic.relist_now();
                         delivered = true;
-                        hinted_at = Instant::now();
-                        pending = Some(0);
-                        follow_up.as_mut().reset(hinted_at + HINT_FOLLOW_UPS[0]);
+                        schedule.hint(Instant::now());
+                        if let Some(at) = schedule.due() {
+                            timer.as_mut().reset(at);
+                        }
                     }
-                    () = &mut follow_up, if pending.is_some() => {
+                    () = &mut timer, if schedule.due().is_some() => {
                         self.generic.relist_now();
-                        let next = pending.map_or(HINT_FOLLOW_UPS.len(), |i| i + 1);
-                        pending = HINT_FOLLOW_UPS.get(next).map(|after| {
-                            follow_up.as_mut().reset(hinted_at + *after);
-                            next
-                        });
+                        schedule.relisted(Instant::now());
+                        if let Some(at) = schedule.due() {
+                            timer.as_mut().reset(at);
+                        }
                     }
                 }
             };

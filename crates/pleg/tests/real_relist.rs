@@ -27,12 +27,37 @@ fn setup(rt: &RealRuntime, name: &str) -> (Client, Arc<CriRuntime>, Pod) {
     (client, runtime, rt.sleeping_pod(name, "kubelet-rs-test"))
 }
 
+/// Removes a test's pod when the test panics before its cleanup, so a failed test leaks no pod;
+/// in a thread of its own, with its own tokio runtime and client, as the test's is unwinding.
+struct RemoveOnPanic {
+    rt: RealRuntime,
+    name: &'static str,
+    pod: Pod,
+}
+
+impl Drop for RemoveOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let (rt, name, pod) = (self.rt.clone(), self.name, self.pod.clone());
+        let removal = std::thread::spawn(move || {
+            let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            if let Err(err) = tokio.block_on(async { setup(&rt, name).1.remove_pod(&pod).await }) {
+                eprintln!("removing the failed test's pod: {err}");
+            }
+        });
+        let _ = removal.join();
+    }
+}
+
 #[tokio::test]
 async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
     let Some(rt) = RealRuntime::from_env("real_container_stopped_behind_the_kubelets_back_is_reported_dead") else {
         return;
     };
     let (client, runtime, pod) = setup(&rt, "pleg");
+    let _removal = RemoveOnPanic { rt: rt.clone(), name: "pleg", pod: pod.clone() };
     let uid = PodUid::of(&pod);
 
     let cache = Arc::new(Cache::new());
@@ -97,6 +122,7 @@ async fn real_evented_pleg_relists_on_containerd_hints_and_not_while_idle() {
         return;
     };
     let (client, runtime, pod) = setup(&rt, "evented");
+    let _removal = RemoveOnPanic { rt: rt.clone(), name: "evented", pod: pod.clone() };
     let uid = PodUid::of(&pod);
     let cache = Arc::new(Cache::new());
     let (pleg, mut events) = EventedPleg::new(runtime.clone(), cache.clone(), evented::Config::default());

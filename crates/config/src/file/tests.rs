@@ -70,8 +70,10 @@ impl Fixture {
         (update.op, update.pods.iter().map(|p| p.metadata.uid.clone().unwrap()).collect())
     }
 
+    /// No update for 400 ms: twenty times the source's settling time after an event, its only
+    /// period here (the rescan is an hour away), so a scan the events caused would have come.
     async fn quiet(&mut self) {
-        if let Ok(Some(update)) = tokio::time::timeout(Duration::from_millis(400), self.rx.recv()).await {
+        if let Ok(Some(update)) = tokio::time::timeout(super::SETTLE * 20, self.rx.recv()).await {
             panic!(
                 "unexpected update {:?} {:?}",
                 update.op,

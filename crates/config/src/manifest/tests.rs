@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use proptest::prelude::*;
+use proptest::{prelude::*, test_runner::RngSeed};
 
 use kubelet_core::ErrorChain;
 
@@ -309,7 +309,12 @@ fn mutated_manifest() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 100_000, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 100_000,
+        failure_persistence: None,
+        rng_seed: RngSeed::Fixed(kubelet_core::testing::proptest_seed(module_path!())),
+        ..ProptestConfig::default()
+    })]
 
     /// Arbitrary bytes and mutated manifests never panic the decoder: they decode or get an error.
     #[test]

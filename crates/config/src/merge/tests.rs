@@ -7,7 +7,7 @@ use k8s_openapi::{
     api::core::v1::{Container, PodSpec, PodStatus},
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
 };
-use proptest::prelude::*;
+use proptest::{prelude::*, test_runner::RngSeed};
 
 use super::*;
 use kubelet_core::events::RingRecorder;
@@ -215,7 +215,12 @@ fn essence(pod: &Pod) -> (Option<String>, Option<PodSpec>, Option<PodStatus>, bo
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 2000,
+        failure_persistence: None,
+        rng_seed: RngSeed::Fixed(kubelet_core::testing::proptest_seed(module_path!())),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn merged_view_equals_the_last_snapshot_of_each_source(steps in proptest::collection::vec((any::<bool>(), snapshot()), 1..25)) {

@@ -124,15 +124,7 @@ pub(super) async fn garbage_collect(
     _evict_non_deleted_pods: bool,
 ) -> Result<(), Error> {
     let pods = rt.get_pods(true).await?;
-    let now = k8s_openapi::jiff::Timestamp::from_second(
-        i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs())
-            .unwrap_or(0),
-    )
-    .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    let min_age = i64::try_from(policy.min_age.as_secs()).unwrap_or(i64::MAX);
-    let old_enough = |created: Option<k8s_openapi::jiff::Timestamp>| {
-        created.is_none_or(|c| now.as_second() - c.as_second() >= min_age)
-    };
+    let now = kubelet_core::clock::wall_now();
     // One failed removal does not stop the collection: the rest goes on, the first error is
     // returned and every one is logged.
     let mut first_error: Option<Error> = None;
@@ -140,22 +132,12 @@ pub(super) async fn garbage_collect(
         warn!(error = %err, "garbage collection: a removal failed; going on");
         first_error.get_or_insert(err);
     };
-    for pod in &pods {
-        // Dead containers: keep the newest `max_per_pod_container` per name.
-        let mut dead_seen: HashMap<&str, i32> = HashMap::new();
-        for c in &pod.containers {
-            if c.state == ContainerState::Running || !old_enough(c.created_at) {
-                continue;
-            }
-            let seen = dead_seen.entry(c.name.as_str()).or_default();
-            *seen += 1;
-            if policy.max_per_pod_container >= 0
-                && *seen > policy.max_per_pod_container
-                && let Err(err) = rt.delete_container(&c.id).await
-            {
-                failed(err);
-            }
+    for id in dead_containers_to_remove(&pods, policy, now) {
+        if let Err(err) = rt.delete_container(&id).await {
+            failed(err);
         }
+    }
+    for pod in &pods {
         // Dead sandboxes, except the newest of the pod (it holds the pod's last IP and logs).
         for s in pod.sandboxes.iter().skip(1).filter(|s| s.state == SandboxState::NotReady) {
             let request = pb::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() };
@@ -167,6 +149,59 @@ pub(super) async fn garbage_collect(
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// The dead containers garbage collection removes (upstream `evictContainers`): of those older
+/// than `min_age`, all but the newest `max_per_pod_container` of each (pod, container name);
+/// then, while more than `max_containers` are left, the same with an equal share per (pod,
+/// container name) of at least one, and then the oldest of all. A negative limit is no limit.
+fn dead_containers_to_remove(
+    pods: &[kubelet_core::runtime::Pod],
+    policy: &GcPolicy,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Vec<String> {
+    let min_age = i64::try_from(policy.min_age.as_secs()).unwrap_or(i64::MAX);
+    let old_enough = |created: Option<k8s_openapi::jiff::Timestamp>| {
+        created.is_none_or(|c| now.as_second() - c.as_second() >= min_age)
+    };
+    // Evictable containers per (pod, name), newest first.
+    let mut units: Vec<Vec<(Option<k8s_openapi::jiff::Timestamp>, &str)>> = Vec::new();
+    for pod in pods {
+        let mut by_name: HashMap<&str, Vec<(Option<k8s_openapi::jiff::Timestamp>, &str)>> = HashMap::new();
+        for c in pod.containers.iter().filter(|c| c.state != ContainerState::Running && old_enough(c.created_at)) {
+            by_name.entry(c.name.as_str()).or_default().push((c.created_at, c.id.as_str()));
+        }
+        units.extend(by_name.into_values());
+    }
+    for unit in &mut units {
+        unit.sort_by_key(|c| std::cmp::Reverse(c.0));
+    }
+    let mut removed = Vec::new();
+    let mut trim = |units: &mut Vec<Vec<(Option<k8s_openapi::jiff::Timestamp>, &str)>>, keep: usize| {
+        for unit in units.iter_mut() {
+            if unit.len() > keep {
+                removed.extend(unit.drain(keep..).map(|(_, id)| id.to_owned()));
+            }
+        }
+    };
+    if let Ok(keep) = usize::try_from(policy.max_per_pod_container) {
+        trim(&mut units, keep);
+    }
+    if let Ok(max) = usize::try_from(policy.max_containers) {
+        let total = |units: &Vec<Vec<_>>| units.iter().map(Vec::len).sum::<usize>();
+        let count = units.iter().filter(|u| !u.is_empty()).count();
+        if total(&units) > max && count > 0 {
+            trim(&mut units, (max / count).max(1));
+        }
+        let mut rest: Vec<(Option<k8s_openapi::jiff::Timestamp>, &str)> = units.into_iter().flatten().collect();
+        if rest.len() > max {
+            // Oldest first (no creation time counts as oldest).
+            rest.sort_by_key(|c| c.0);
+            let excess = rest.len() - max;
+            removed.extend(rest.drain(..excess).map(|(_, id)| id.to_owned()));
+        }
+    }
+    removed
 }
 
 impl CriRuntime {
@@ -197,5 +232,69 @@ impl CriRuntime {
             warn!(error = %err, dir = %pod_dir.display(), "cannot remove the pod directory");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+    use kubelet_core::runtime::{Container, Pod};
+
+    use super::*;
+
+    fn at(second: i64) -> Option<Timestamp> {
+        Some(Timestamp::from_second(1_000_000 + second).unwrap())
+    }
+
+    /// A pod `uid` with containers (id, name, created second, running).
+    fn pod(uid: &str, containers: &[(&str, &str, i64, bool)]) -> Pod {
+        let mut pod = Pod::new(PodUid::new(uid), uid, "ns");
+        for (id, name, created, running) in containers {
+            let state = if *running { ContainerState::Running } else { ContainerState::Exited };
+            let mut c = Container::new(*id, *name, state);
+            c.created_at = at(*created);
+            pod.containers.push(c);
+        }
+        pod
+    }
+
+    fn policy(min_age: u64, per_container: i32, total: i32) -> GcPolicy {
+        let mut policy = GcPolicy::default();
+        policy.min_age = Duration::from_secs(min_age);
+        policy.max_per_pod_container = per_container;
+        policy.max_containers = total;
+        policy
+    }
+
+    fn removed(pods: &[Pod], policy: &GcPolicy) -> Vec<String> {
+        let mut ids = dead_containers_to_remove(pods, policy, at(100).unwrap());
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn the_newest_dead_instances_of_each_container_stay() {
+        let p = pod("p", &[("a1", "a", 1, false), ("a3", "a", 3, false), ("a2", "a", 2, false), ("a4", "a", 4, true)]);
+        let q = pod("q", &[("b1", "b", 1, false)]);
+        assert_eq!(removed(&[p.clone(), q.clone()], &policy(0, 1, -1)), ["a1", "a2"]);
+        assert_eq!(removed(&[p.clone(), q.clone()], &policy(0, 0, -1)), ["a1", "a2", "a3", "b1"]);
+        assert!(removed(&[p, q], &policy(0, -1, -1)).is_empty(), "no limit");
+    }
+
+    #[test]
+    fn young_dead_containers_stay() {
+        let p = pod("p", &[("old", "a", 1, false), ("older", "a", 0, false), ("young", "a", 95, false)]);
+        // At 100 s, a minimum age of 10 s spares the one created at 95 s, and it does not count.
+        assert_eq!(removed(&[p], &policy(10, 1, -1)), ["older"]);
+    }
+
+    #[test]
+    fn a_total_limit_shares_out_then_takes_the_oldest() {
+        let p = pod("p", &[("a1", "a", 1, false), ("a2", "a", 2, false), ("b1", "b", 3, false), ("b2", "b", 4, false)]);
+        let q = pod("q", &[("c1", "c", 5, false), ("c2", "c", 6, false)]);
+        // Six dead, four allowed over three (pod, name) pairs: one each, so three are left.
+        assert_eq!(removed(&[p.clone(), q.clone()], &policy(0, -1, 4)), ["a1", "b1", "c1"]);
+        // Two allowed: one each is still three, so the oldest of those goes too.
+        assert_eq!(removed(&[p, q], &policy(0, -1, 2)), ["a1", "a2", "b1", "c1"]);
     }
 }

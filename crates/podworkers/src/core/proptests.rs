@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kubelet_core::{runtime, types::annotations};
-use proptest::prelude::*;
+use proptest::{prelude::*, test_runner::RngSeed};
 
 use super::*;
 
@@ -245,7 +245,12 @@ fn run_ops(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig {
+        cases: 2000,
+        failure_persistence: None,
+        rng_seed: RngSeed::Fixed(kubelet_core::testing::proptest_seed(module_path!())),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn random_interleavings_keep_the_invariants(ops in proptest::collection::vec(op(), 1..80)) {
