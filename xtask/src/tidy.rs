@@ -9,7 +9,9 @@
 //!   agrees between `crates/bin`, the dev-dependencies and `.cargo/config.toml`;
 //! - every `#[ignore]` carries a reason;
 //! - every histogram a crate records has its bucket layout in `kubelet_core::metrics::HISTOGRAMS`,
-//!   so the exporter never falls back to a summary.
+//!   so the exporter never falls back to a summary;
+//! - a runtime manager made in a test or benchmark names its pod log, container log and per-pod
+//!   directories, so it never writes to the host's `/var/log/pods` or `/var/lib/kubelet/pods`.
 //!
 //! It also runs as a plain `#[test]`, so `cargo test` catches the same problems.
 
@@ -78,6 +80,15 @@ fn check_rust_files(root: &Path, problems: &mut Vec<String>) -> Result<()> {
     for file in files {
         let text = fs::read_to_string(&file)?;
         let rel = file.strip_prefix(root).unwrap_or(&file).display().to_string();
+        if rel.contains("/tests/") || rel.contains("/benches/") {
+            for statement in manager_configs(&text) {
+                if let Some(missing) = MANAGER_DIRS.iter().find(|dir| !statement.contains(*dir)) {
+                    problems.push(format!(
+                        "{rel}: a test's manager::Config without {missing}...): it would write to the host"
+                    ));
+                }
+            }
+        }
         for name in histograms(&text) {
             if !layouts.contains(&format!("(\"{name}\", &")) {
                 problems
@@ -96,6 +107,17 @@ fn check_rust_files(root: &Path, problems: &mut Vec<String>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The directories a runtime manager writes to, each of which a test must name.
+const MANAGER_DIRS: [&str; 3] = [".pod_logs_dir(", ".container_logs_dir(", ".pods_dir("];
+
+/// Each statement of a source file that makes a runtime manager's configuration, from the call to
+/// the end of the statement.
+fn manager_configs(text: &str) -> Vec<&str> {
+    // Built with concat! so this file does not make one itself.
+    let call = concat!("manager::Config", "::new(");
+    text.match_indices(call).map(|(at, _)| text[at..].split(';').next().unwrap_or_default()).collect()
 }
 
 /// The names of the histograms a source file records (the first argument of each `histogram!`).
@@ -218,6 +240,17 @@ mod tests {
             "histogram!(\"b\", \"l\" => v)"
         );
         assert_eq!(super::histograms(text), ["a_seconds", "b"]);
+    }
+
+    #[test]
+    fn a_test_manager_config_must_name_its_directories() {
+        let good =
+            concat!("let c = manager::Config", "::new(\"n\").pod_logs_dir(a).container_logs_dir(b).pods_dir(c);");
+        let bad = concat!("let c = manager::Config", "::new(\"n\").pod_logs_dir(a);");
+        for (text, missing) in [(good, None), (bad, Some(".container_logs_dir("))] {
+            let statement = super::manager_configs(text)[0];
+            assert_eq!(super::MANAGER_DIRS.iter().find(|d| !statement.contains(*d)).copied(), missing);
+        }
     }
 
     #[test]

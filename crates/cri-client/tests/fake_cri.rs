@@ -223,10 +223,19 @@ fn endpoint(socket: &Path) -> String {
 }
 
 struct Fixture {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     socket: PathBuf,
     fake: FakeCri,
     server: tokio::task::JoinHandle<()>,
+}
+
+/// A runtime manager's configuration with every directory it writes under `dir`, never the
+/// host's.
+fn manager_config(dir: &Path) -> manager::Config {
+    manager::Config::new("n")
+        .pod_logs_dir(dir.join("pods"))
+        .container_logs_dir(dir.join("containers"))
+        .pods_dir(dir.join("kubelet-pods"))
 }
 
 fn start() -> Fixture {
@@ -234,7 +243,7 @@ fn start() -> Fixture {
     let socket = dir.path().join("cri.sock");
     let fake = FakeCri::default();
     let server = serve(fake.clone(), &socket);
-    Fixture { _dir: dir, socket, fake, server }
+    Fixture { dir, socket, fake, server }
 }
 
 #[tokio::test]
@@ -243,7 +252,7 @@ async fn not_found_on_stop_counts_as_stopped() {
     f.fake.fail("stop_container", Status::not_found("container gone"));
     f.fake.fail("stop_pod_sandbox", Status::not_found("sandbox gone"));
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let runtime = CriRuntime::new(client, manager::Config::new("n"), Arc::new(RingRecorder::default()));
+    let runtime = CriRuntime::new(client, manager_config(f.dir.path()), Arc::new(RingRecorder::default()));
     let mut running = runtime::Pod::new(PodUid::new("u"), "p", "ns");
     running.containers.push(runtime::Container::new("c1", "app", ContainerState::Running));
     running.sandboxes.push(runtime::Sandbox::new("s1", 0, SandboxState::Ready));
@@ -327,7 +336,7 @@ async fn garbage_collection_goes_on_past_a_failed_removal() {
     ];
     f.fake.fail("remove_container", Status::internal("device or resource busy"));
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let runtime = CriRuntime::new(client, manager::Config::new("n"), Arc::new(RingRecorder::default()));
+    let runtime = CriRuntime::new(client, manager_config(f.dir.path()), Arc::new(RingRecorder::default()));
     let err = runtime.garbage_collect(&runtime::GcPolicy::default(), true, false).await.unwrap_err();
     assert!(err.to_string().contains("RemoveContainer"), "the first failure is reported: {err}");
     let removals = f.fake.calls.lock().unwrap().iter().filter(|c| **c == "remove_container").count();
@@ -352,7 +361,7 @@ async fn a_pod_the_runtime_holds_nothing_of_leaves_no_log_directory_or_cgroup() 
     std::fs::create_dir_all(cgroups.join("memory/kubepods/besteffort/podu")).unwrap();
     std::fs::create_dir_all(cgroups.join("memory/kubepods/besteffort/podv")).unwrap();
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let mut config = manager::Config::new("n").pod_logs_dir(&logs);
+    let mut config = manager_config(f.dir.path()).pod_logs_dir(&logs);
     config.cgroup_mount = cgroups.clone();
     let runtime = CriRuntime::new(client, config, Arc::new(RingRecorder::default()));
     runtime.remove_pod_content(&PodUid::new("u")).await.unwrap();
@@ -368,7 +377,7 @@ async fn a_container_with_a_task_left_is_stopped_then_removed() {
     // containerd's answer for a container whose start was cut short by the agent's death.
     f.fake.fail("remove_container", Status::failed_precondition("cannot delete running task c1: failed precondition"));
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let runtime = CriRuntime::new(client, manager::Config::new("n"), Arc::new(RingRecorder::default()));
+    let runtime = CriRuntime::new(client, manager_config(f.dir.path()), Arc::new(RingRecorder::default()));
     runtime.delete_container("c1").await.unwrap();
     assert_eq!(*f.fake.calls.lock().unwrap(), ["remove_container", "stop_container", "remove_container"]);
     f.server.abort();
@@ -400,9 +409,7 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
         Status::internal("failed to setup network for sandbox: plugin type=\"bridge\" failed (add): boom"),
     );
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let config = manager::Config::new("n")
-        .pod_logs_dir(logs.path().join("pods"))
-        .container_logs_dir(logs.path().join("containers"));
+    let config = manager_config(logs.path());
     let recorder = Arc::new(RingRecorder::default());
     let runtime = CriRuntime::new(client, config, recorder.clone());
     let pod = Pod {
@@ -469,7 +476,7 @@ async fn container_events_stream_as_runtime_events() {
         event("c1", pb::ContainerEventType::ContainerStoppedEvent, pb::ContainerState::ContainerExited),
     ]);
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let runtime = CriRuntime::new(client.clone(), manager::Config::new("n"), Arc::new(RingRecorder::default()));
+    let runtime = CriRuntime::new(client.clone(), manager_config(f.dir.path()), Arc::new(RingRecorder::default()));
     let (tx, mut rx) = tokio::sync::mpsc::channel(8);
     let ended = runtime.stream_events(tx).await;
     assert!(matches!(ended, Err(EventStreamError::Closed)), "{ended:?}");
