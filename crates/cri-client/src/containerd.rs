@@ -3,7 +3,7 @@
 //! containerd 1.6 answers CRI `GetContainerEvents` with `Unimplemented`, but it serves its own
 //! `containerd.services.events.v1.Events/Subscribe` on the same socket.
 //! Its task and container events carry no pod status, so they are only hints: each one tells
-//! the PLEG to relist at once instead of at its next period.
+//! the PLEG to relist soon instead of at its next period.
 //! The two messages below are written here from the protocol's field numbers; only the fields
 //! the hints need are decoded (prost skips the others).
 
