@@ -135,16 +135,21 @@ async fn falls_back_after_five_failures_of(runtime: FakeRuntime, stream: Method)
 
 #[tokio::test(start_paused = true)]
 async fn a_broken_stream_reconnects_and_a_relist_catches_up() {
-    let mut h = start(FakeRuntime::new());
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    reconnects_and_catches_up(FakeRuntime::new(), Duration::from_millis(10), Duration::from_millis(10)).await;
+}
+
+/// A stream broken `after` the start reconnects: a relist finds what changed while none was
+/// open, and a later death comes through the new stream `within` that long.
+async fn reconnects_and_catches_up(runtime: FakeRuntime, after: Duration, within: Duration) {
+    let mut h = start(runtime);
+    tokio::time::sleep(after).await;
     h.runtime.break_event_streams();
-    // Changed while no stream was open.
     h.sync("p1").await;
     assert_eq!(h.events_within(Duration::from_millis(100)).await, [Started, Started], "the catch-up relist found it");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
     h.runtime.stop_container(&id, 0).unwrap();
-    assert_eq!(h.events_within(Duration::from_millis(10)).await, [Died], "events flow again");
+    assert_eq!(h.events_within(within).await, [Died], "the stream flows again");
     h.stop().await;
 }
 
@@ -215,17 +220,7 @@ async fn a_hint_ahead_of_the_runtime_state_is_caught_by_a_follow_up_relist() {
 
 #[tokio::test(start_paused = true)]
 async fn a_broken_hint_stream_reconnects_and_five_failures_fall_back() {
-    let mut h = start(hinting());
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    h.runtime.break_event_streams();
-    // Changed while no stream was open.
-    h.sync("p1").await;
-    assert_eq!(h.events_within(Duration::from_millis(100)).await, [Started, Started], "the catch-up relist found it");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
-    h.runtime.stop_container(&id, 0).unwrap();
-    assert_eq!(h.events_within(Duration::from_millis(20)).await, [Died], "hints flow again");
-    h.stop().await;
+    reconnects_and_catches_up(hinting(), Duration::from_secs(1), Duration::from_millis(20)).await;
 
     falls_back_after_five_failures_of(hinting(), Method::WatchChanges).await;
 }
