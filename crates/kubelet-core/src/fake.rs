@@ -431,7 +431,6 @@ impl State {
         wall.checked_add(elapsed).unwrap_or(wall)
     }
 
-    /// Sends an event with the pod's current status to every open event stream.
     /// Sends a hint to every open hint stream.
     fn hint(&mut self) {
         self.hint_streams.retain(|(tx, _)| !tx.is_closed());
@@ -441,6 +440,8 @@ impl State {
         }
     }
 
+    /// Sends a hint to every open hint stream, and an event with the pod's current status to
+    /// every open event stream.
     fn emit(&mut self, uid: &PodUid, id: &str, kind: ContainerEventKind) {
         if self.muted {
             return;
@@ -907,15 +908,24 @@ fn stream_error(err: FakeError) -> EventStreamError {
     }
 }
 
+/// Keeps a stream open until its receiver goes (`Ok`) or it is broken
+/// ([`FakeRuntime::break_event_streams`]).
+async fn hold_open<T>(
+    sender: &tokio::sync::mpsc::Sender<T>,
+    broken: &tokio::sync::Notify,
+) -> Result<(), EventStreamError> {
+    tokio::select! {
+        () = sender.closed() => Ok(()),
+        () = broken.notified() => Err(EventStreamError::Closed),
+    }
+}
+
 impl RuntimeEvents for FakeRuntime {
     async fn stream_events(&self, events: tokio::sync::mpsc::Sender<ContainerEvent>) -> Result<(), EventStreamError> {
         self.enter(Method::StreamEvents, "").await.map_err(stream_error)?;
         let broken = std::sync::Arc::new(tokio::sync::Notify::new());
         lock(&self.state).event_streams.push((events.clone(), broken.clone()));
-        tokio::select! {
-            () = events.closed() => Ok(()),
-            () = broken.notified() => Err(EventStreamError::Closed),
-        }
+        hold_open(&events, &broken).await
     }
 
     /// A hint for every event [`stream_events`](Self::stream_events) would send.
@@ -923,9 +933,6 @@ impl RuntimeEvents for FakeRuntime {
         self.enter(Method::WatchChanges, "").await.map_err(stream_error)?;
         let broken = std::sync::Arc::new(tokio::sync::Notify::new());
         lock(&self.state).hint_streams.push((changed.clone(), broken.clone()));
-        tokio::select! {
-            () = changed.closed() => Ok(()),
-            () = broken.notified() => Err(EventStreamError::Closed),
-        }
+        hold_open(&changed, &broken).await
     }
 }

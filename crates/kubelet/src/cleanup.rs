@@ -9,6 +9,7 @@ use std::{
     mem::discriminant,
     path::Path,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use kubelet_core::{
@@ -16,8 +17,6 @@ use kubelet_core::{
     events::{Event, EventType, ObjectRef},
     runtime::{self, ContainerState, Runtime},
 };
-use std::time::Duration;
-
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
