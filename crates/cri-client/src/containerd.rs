@@ -7,7 +7,7 @@
 //! The two messages below are written here from the protocol's field numbers; only the fields
 //! the hints need are decoded (prost skips the others).
 
-use kubelet_core::runtime::EventStreamError;
+use kubelet_core::runtime::{ChangeHint, EventStreamError};
 use tokio::sync::mpsc;
 use tonic::{Code, codegen::http::uri::PathAndQuery, transport::Channel};
 use tracing::debug;
@@ -40,6 +40,14 @@ struct Envelope {
     topic: String,
 }
 
+/// The hint an event of `topic` gives: a task's exit or deletion is [`ChangeHint::Exited`].
+fn hint_of(topic: &str) -> ChangeHint {
+    match topic {
+        "/tasks/exit" | "/tasks/delete" => ChangeHint::Exited,
+        _ => ChangeHint::Changed,
+    }
+}
+
 /// The filters for [`TOPICS`] in [`CRI_NAMESPACE`].
 fn filters() -> Vec<String> {
     TOPICS.iter().map(|topic| format!("namespace=={CRI_NAMESPACE:?},topic=={topic:?}")).collect()
@@ -48,9 +56,9 @@ fn filters() -> Vec<String> {
 /// Sends one hint into `changed` per relevant containerd event until the stream fails or ends
 /// (an error) or the receiver goes away (`Ok`).
 ///
-/// Hints are coalesced: while one is waiting to be taken, further ones are dropped, because one
-/// relist covers them all.
-pub(crate) async fn watch(channel: Channel, changed: mpsc::Sender<()>) -> Result<(), EventStreamError> {
+/// Hints are coalesced: while `changed` is full, further ones are dropped, because one relist
+/// covers them all.
+pub(crate) async fn watch(channel: Channel, changed: mpsc::Sender<ChangeHint>) -> Result<(), EventStreamError> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.map_err(|e| EventStreamError::Failed(Box::new(e)))?;
     let codec = tonic_prost::ProstCodec::<SubscribeRequest, Envelope>::default();
@@ -65,7 +73,7 @@ pub(crate) async fn watch(channel: Channel, changed: mpsc::Sender<()>) -> Result
         match stream.message().await {
             Ok(Some(envelope)) => {
                 debug!(namespace = %envelope.namespace, topic = %envelope.topic, "containerd event");
-                if hint(&changed).is_err() {
+                if send(&changed, hint_of(&envelope.topic)).is_err() {
                     return Ok(());
                 }
             }
@@ -75,11 +83,11 @@ pub(crate) async fn watch(channel: Channel, changed: mpsc::Sender<()>) -> Result
     }
 }
 
-/// Sends a hint unless one is already waiting; an error when the receiver has gone.
-fn hint(changed: &mpsc::Sender<()>) -> Result<(), ()> {
-    match changed.try_send(()) {
-        Ok(()) | Err(mpsc::error::TrySendError::Full(())) => Ok(()),
-        Err(mpsc::error::TrySendError::Closed(())) => Err(()),
+/// Sends a hint unless `changed` is full; an error when the receiver has gone.
+fn send(changed: &mpsc::Sender<ChangeHint>, hint: ChangeHint) -> Result<(), ()> {
+    match changed.try_send(hint) {
+        Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => Ok(()),
+        Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
     }
 }
 
@@ -98,6 +106,15 @@ mod tests {
                 r#"namespace=="k8s.io",topic=="/tasks/delete""#,
                 r#"namespace=="k8s.io",topic=="/containers/delete""#,
             ]
+        );
+    }
+
+    #[test]
+    fn exits_and_task_deletions_are_exit_hints() {
+        let hints: Vec<ChangeHint> = TOPICS.iter().map(|topic| hint_of(topic)).collect();
+        assert_eq!(
+            hints,
+            [ChangeHint::Changed, ChangeHint::Changed, ChangeHint::Exited, ChangeHint::Exited, ChangeHint::Changed]
         );
     }
 

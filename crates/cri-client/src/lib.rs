@@ -294,7 +294,7 @@ impl Client {
     /// runtime that is not containerd.
     pub async fn watch_containerd_changes(
         &self,
-        changed: tokio::sync::mpsc::Sender<()>,
+        changed: tokio::sync::mpsc::Sender<kubelet_core::runtime::ChangeHint>,
     ) -> Result<(), kubelet_core::runtime::EventStreamError> {
         containerd::watch(self.containerd.clone(), changed).await
     }

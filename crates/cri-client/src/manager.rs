@@ -356,7 +356,7 @@ impl kubelet_core::runtime::RuntimeEvents for CriRuntime {
     /// containerd's own task and container events (see [`Client::watch_containerd_changes`]).
     async fn watch_changes(
         &self,
-        changed: tokio::sync::mpsc::Sender<()>,
+        changed: tokio::sync::mpsc::Sender<kubelet_core::runtime::ChangeHint>,
     ) -> Result<(), kubelet_core::runtime::EventStreamError> {
         self.client.watch_containerd_changes(changed).await
     }

@@ -21,10 +21,10 @@ use crate::{
     PodUid,
     backoff::Backoff,
     runtime::{
-        Container, ContainerEvent, ContainerEventKind, ContainerState, ContainerStatus, EventStreamError, ExecResult,
-        GcPolicy, Image, NETWORK_READY, Pod, PodStatus, PodSyncResult, RUNTIME_READY, Runtime, RuntimeCondition,
-        RuntimeEvents, RuntimeStatus, Sandbox, SandboxState, SandboxStatus, SyncAction, SyncFailure, SyncResult,
-        Version, container_hash, reasons,
+        ChangeHint, Container, ContainerEvent, ContainerEventKind, ContainerState, ContainerStatus, EventStreamError,
+        ExecResult, GcPolicy, Image, NETWORK_READY, Pod, PodStatus, PodSyncResult, RUNTIME_READY, Runtime,
+        RuntimeCondition, RuntimeEvents, RuntimeStatus, Sandbox, SandboxState, SandboxStatus, SyncAction, SyncFailure,
+        SyncResult, Version, container_hash, reasons,
     },
     util::{lock, wall_now},
 };
@@ -143,7 +143,7 @@ struct State {
     status: Option<RuntimeStatus>,
     pod_status_latency: HashMap<PodUid, Duration>,
     event_streams: Vec<(tokio::sync::mpsc::Sender<ContainerEvent>, std::sync::Arc<tokio::sync::Notify>)>,
-    hint_streams: Vec<(tokio::sync::mpsc::Sender<()>, std::sync::Arc<tokio::sync::Notify>)>,
+    hint_streams: Vec<(tokio::sync::mpsc::Sender<ChangeHint>, std::sync::Arc<tokio::sync::Notify>)>,
     muted: bool,
     /// The fake's clock: wall time that moves with tokio time, so paused-time tests stay consistent.
     anchor: Option<(k8s_openapi::jiff::Timestamp, Instant)>,
@@ -327,8 +327,8 @@ impl FakeRuntime {
     }
 
     /// Sends a change hint to every open hint stream, without changing anything.
-    pub fn send_hint(&self) {
-        lock(&self.state).hint();
+    pub fn send_hint(&self, hint: ChangeHint) {
+        lock(&self.state).hint(hint);
     }
 
     /// While muted, changes send no events and no hints (as a runtime whose notice of a change
@@ -432,11 +432,11 @@ impl State {
     }
 
     /// Sends a hint to every open hint stream.
-    fn hint(&mut self) {
+    fn hint(&mut self, hint: ChangeHint) {
         self.hint_streams.retain(|(tx, _)| !tx.is_closed());
         for (tx, _) in &self.hint_streams {
-            // A full channel already holds a hint that stands for this one.
-            let _ = tx.try_send(());
+            // A full channel already holds hints that stand for this one.
+            let _ = tx.try_send(hint);
         }
     }
 
@@ -446,7 +446,7 @@ impl State {
         if self.muted {
             return;
         }
-        self.hint();
+        self.hint(if kind == ContainerEventKind::Stopped { ChangeHint::Exited } else { ChangeHint::Changed });
         if self.event_streams.is_empty() {
             return;
         }
@@ -929,7 +929,7 @@ impl RuntimeEvents for FakeRuntime {
     }
 
     /// A hint for every event [`stream_events`](Self::stream_events) would send.
-    async fn watch_changes(&self, changed: tokio::sync::mpsc::Sender<()>) -> Result<(), EventStreamError> {
+    async fn watch_changes(&self, changed: tokio::sync::mpsc::Sender<ChangeHint>) -> Result<(), EventStreamError> {
         self.enter(Method::WatchChanges, "").await.map_err(stream_error)?;
         let broken = std::sync::Arc::new(tokio::sync::Notify::new());
         lock(&self.state).hint_streams.push((changed.clone(), broken.clone()));

@@ -580,6 +580,17 @@ impl ContainerEvent {
     }
 }
 
+/// What a change hint (see [`RuntimeEvents::watch_changes`]) says changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ChangeHint {
+    /// A container or sandbox was created, started or removed.
+    Changed,
+    /// A container or sandbox stopped: its exit is about to show in the runtime's status, and
+    /// the kubelet restarts containers on it, so the PLEG looks again sooner than for other hints.
+    Exited,
+}
+
 /// Why a runtime's event stream ended.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -608,13 +619,13 @@ pub trait RuntimeEvents: Runtime {
     /// whenever some container or sandbox may have changed, until the stream fails or ends (an
     /// error) or the receiver goes away (`Ok`).
     ///
-    /// A hint carries no status; the PLEG relists on it.
-    /// Hints may be coalesced, never lost: a hint waiting in `changed` stands for all that follow
-    /// until it is taken.
+    /// A hint carries no status, only what kind of change it was; the PLEG relists on it.
+    /// Hints may be coalesced, never lost: when `changed` is full, the hints waiting in it stand
+    /// for those that follow until they are taken.
     /// The default has no such stream and answers [`EventStreamError::Unimplemented`].
     fn watch_changes(
         &self,
-        changed: tokio::sync::mpsc::Sender<()>,
+        changed: tokio::sync::mpsc::Sender<ChangeHint>,
     ) -> impl Future<Output = Result<(), EventStreamError>> + Send {
         drop(changed);
         std::future::ready(Err(EventStreamError::Unimplemented))

@@ -8,7 +8,7 @@ use kubelet_core::{
     Cache, ErrorChain, HealthError, Pleg, PodLifecycleEvent, PodLifecycleEventKind,
     clock::wall_now,
     k8s_openapi::jiff::Timestamp,
-    runtime::{ContainerEvent, ContainerEventKind, EventStreamError, RuntimeEvents},
+    runtime::{ChangeHint, ContainerEvent, ContainerEventKind, EventStreamError, RuntimeEvents},
 };
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -61,44 +61,78 @@ const HINT_FOLLOW_UPS: [Duration; 4] =
 /// compete with the runtime for the node's CPUs.
 const HINT_MIN_GAP: Duration = Duration::from_millis(100);
 
+/// The follow-ups after an exit hint ([`ChangeHint::Exited`]): denser early on, because the
+/// kubelet restarts a container when its death shows, and containerd's CRI plugin records an exit
+/// a few milliseconds after publishing it.
+/// Exits are few while pods start, so the burst the wider gap guards against does not come.
+const EXIT_FOLLOW_UPS: [Duration; 6] = [
+    Duration::from_millis(10),
+    Duration::from_millis(25),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(1000),
+];
+
+/// The least time between two relists while exit follow-ups are due.
+const EXIT_MIN_GAP: Duration = Duration::from_millis(25);
+
 /// When the relists that change hints cause are due: a pure schedule, fed the times of hints and
 /// of the relists it asked for.
 #[derive(Debug)]
 struct HintSchedule {
     hinted_at: Instant,
-    /// The next of [`HINT_FOLLOW_UPS`] after `hinted_at`, if any is left.
+    /// The next of the follow-ups after `hinted_at`, if any is left.
     next: Option<usize>,
     last_relist: Option<Instant>,
+    /// An exit hint came since the follow-ups last ran out: [`EXIT_FOLLOW_UPS`] apply.
+    exit: bool,
 }
 
 impl HintSchedule {
     /// Subscribing at `now` counts as a hint.
     fn new(now: Instant) -> Self {
-        HintSchedule { hinted_at: now, next: Some(0), last_relist: None }
+        HintSchedule { hinted_at: now, next: Some(0), last_relist: None, exit: false }
+    }
+
+    fn follow_ups(&self) -> &'static [Duration] {
+        if self.exit { &EXIT_FOLLOW_UPS } else { &HINT_FOLLOW_UPS }
+    }
+
+    fn min_gap(&self) -> Duration {
+        if self.exit { EXIT_MIN_GAP } else { HINT_MIN_GAP }
     }
 
     /// A hint came at `now`: the follow-ups start again from it.
-    fn hint(&mut self, now: Instant) {
+    fn hint(&mut self, now: Instant, hint: ChangeHint) {
         self.hinted_at = now;
         self.next = Some(0);
+        self.exit |= hint == ChangeHint::Exited;
     }
 
     /// When the next relist is due, if one is.
     fn due(&self) -> Option<Instant> {
-        let at = self.hinted_at + HINT_FOLLOW_UPS[self.next?];
-        Some(self.last_relist.map_or(at, |last| at.max(last + HINT_MIN_GAP)))
+        let at = self.hinted_at + self.follow_ups()[self.next?];
+        Some(self.last_relist.map_or(at, |last| at.max(last + self.min_gap())))
     }
 
     /// The due relist was asked for at `now`: the follow-ups it covers are done.
     fn relisted(&mut self, now: Instant) {
         self.last_relist = Some(now);
-        let mut next = self.next.map_or(HINT_FOLLOW_UPS.len(), |i| i + 1);
-        while next < HINT_FOLLOW_UPS.len() && self.hinted_at + HINT_FOLLOW_UPS[next] <= now {
+        let follow_ups = self.follow_ups();
+        let mut next = self.next.map_or(follow_ups.len(), |i| i + 1);
+        while next < follow_ups.len() && self.hinted_at + follow_ups[next] <= now {
             next += 1;
         }
-        self.next = (next < HINT_FOLLOW_UPS.len()).then_some(next);
+        self.next = (next < follow_ups.len()).then_some(next);
+        if self.next.is_none() {
+            self.exit = false;
+        }
     }
 }
+
+/// Room for hints not yet taken; more are dropped, as the ones waiting stand for them.
+const HINT_CHANNEL_CAPACITY: usize = 16;
 
 /// The evented PLEG.
 pub struct EventedPleg<R> {
@@ -231,9 +265,9 @@ impl<R: RuntimeEvents> EventedPleg<R> {
     async fn hints(&self, cancel: &CancellationToken) {
         let mut failures = 0;
         loop {
-            // One slot: a hint waiting to be taken stands for all that follow, as one relist
-            // covers them.
-            let (tx, mut rx) = mpsc::channel(1);
+            // A few slots: when they are full, the hints waiting stand for those that follow, as
+            // one relist covers them.
+            let (tx, mut rx) = mpsc::channel(HINT_CHANNEL_CAPACITY);
             let stream = self.runtime.watch_changes(tx);
             tokio::pin!(stream);
             let mut schedule = HintSchedule::new(Instant::now());
@@ -244,9 +278,9 @@ impl<R: RuntimeEvents> EventedPleg<R> {
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     ended = &mut stream => break ended,
-                    Some(()) = rx.recv() => {
+                    Some(hint) = rx.recv() => {
                         delivered = true;
-                        schedule.hint(Instant::now());
+                        schedule.hint(Instant::now(), hint);
                         if let Some(at) = schedule.due() {
                             timer.as_mut().reset(at);
                         }

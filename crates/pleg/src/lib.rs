@@ -14,7 +14,7 @@
 //! relist (300 s) runs as a safety net; after 5 stream failures it falls back to relisting every
 //! second. A runtime without container events (containerd 1.6) may give change hints instead
 //! (`RuntimeEvents::watch_changes`): the evented PLEG then relists shortly after each hint (at
-//! most every 100 ms) and otherwise at the safety net; with neither, it relists every second.
+//! most every 100 ms, or 25 ms after an exit) and otherwise at the safety net; with neither, it relists every second.
 //!
 //! Beyond upstream:
 //! - pods are inspected concurrently, each with its own timeout, so one hung inspection never

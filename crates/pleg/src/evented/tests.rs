@@ -187,7 +187,7 @@ async fn without_events_each_hint_makes_the_pleg_relist_at_once_and_idle_costs_n
     let hinted = h.runtime.calls_of(Method::GetPods).len();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let lists = h.runtime.calls_of(Method::GetPods).len();
-    assert_eq!(lists, hinted + 3, "three more follow-up relists after the hint");
+    assert_eq!(lists, hinted + 5, "five more follow-up relists after the exit's hint");
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(h.runtime.calls_of(Method::GetPods).len(), lists, "no relist while nothing changes");
     assert!(h.pleg.healthy().is_ok());
@@ -209,12 +209,28 @@ async fn a_hint_ahead_of_the_runtime_state_is_caught_by_a_follow_up_relist() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     // containerd publishes a task's exit before its CRI plugin records it: the hint comes first,
     // the relist 10 ms later sees nothing, and the change shows after it.
-    h.runtime.send_hint();
+    h.runtime.send_hint(ChangeHint::Changed);
     tokio::time::sleep(Duration::from_millis(20)).await;
     h.runtime.set_events_muted(true);
     h.runtime.stop_container(&id, 1).unwrap();
     h.runtime.set_events_muted(false);
     assert_eq!(h.events_within(Duration::from_millis(100)).await, [Died], "the follow-up relist at 110 ms saw it");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exit_hint_ahead_of_the_runtime_state_is_caught_within_tens_of_milliseconds() {
+    let mut h = start(hinting());
+    h.sync("p1").await;
+    assert_eq!(h.events_within(Duration::from_millis(20)).await, [Started, Started]);
+    let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    h.runtime.send_hint(ChangeHint::Exited);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.runtime.set_events_muted(true);
+    h.runtime.stop_container(&id, 1).unwrap();
+    h.runtime.set_events_muted(false);
+    assert_eq!(h.events_within(Duration::from_millis(20)).await, [Died], "the follow-up relist at 35 ms saw it");
     h.stop().await;
 }
 
@@ -247,19 +263,24 @@ async fn hint_stream_failures_count_only_in_a_row() {
 }
 
 mod schedule {
-    use super::super::{HINT_MIN_GAP, HintSchedule};
+    use super::super::{EXIT_MIN_GAP, HINT_MIN_GAP, HintSchedule};
     use super::*;
 
     /// The relists a schedule asks for when hints come at `hints` (milliseconds), up to `until`.
     fn relists(hints: &[u64], until: u64) -> Vec<u64> {
+        relists_of(&hints.iter().map(|&ms| (ms, ChangeHint::Changed)).collect::<Vec<_>>(), until)
+    }
+
+    /// As [`relists`], with each hint's kind.
+    fn relists_of(hints: &[(u64, ChangeHint)], until: u64) -> Vec<u64> {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut schedule = HintSchedule::new(t0);
         let mut hints = hints.iter().copied().peekable();
         let mut done = Vec::new();
         for ms in 0..=until {
-            while hints.peek() == Some(&ms) {
-                schedule.hint(at(ms));
+            while let Some(&(_, hint)) = hints.peek().filter(|(hint_ms, _)| *hint_ms == ms) {
+                schedule.hint(at(ms), hint);
                 hints.next();
             }
             if schedule.due().is_some_and(|due| due <= at(ms)) {
@@ -291,5 +312,34 @@ mod schedule {
         assert!(done.windows(2).all(|w| Duration::from_millis(w[1] - w[0]) >= HINT_MIN_GAP), "{done:?}");
         assert!(done.len() <= 15, "{} relists for 50 hints: {done:?}", done.len());
         assert_eq!(done.last(), Some(&2000), "the last follow-up, 1 s after the last hint");
+    }
+
+    #[test]
+    fn an_exit_hint_follows_up_densely_then_as_any_hint() {
+        // Idle since subscribing; an exit at 2000 ms: relists 10, 25 (35 with the gap), 50 (60)
+        // and 100 ms after it, then 250 ms and 1 s.
+        assert_eq!(
+            relists_of(&[(2000, ChangeHint::Exited)], 4000),
+            [10, 110, 250, 1000, 2010, 2035, 2060, 2100, 2250, 3000]
+        );
+        // The task's deletion 5 ms after its exit: the follow-ups count from the deletion, each
+        // at least 25 ms after the one before.
+        assert_eq!(
+            relists_of(&[(2000, ChangeHint::Exited), (2005, ChangeHint::Exited)], 2100),
+            [10, 110, 250, 1000, 2015, 2040, 2065]
+        );
+        // Once the exit's follow-ups have run out, a plain hint has the plain schedule again.
+        assert_eq!(
+            relists_of(&[(2000, ChangeHint::Exited), (4000, ChangeHint::Changed)], 4300),
+            [10, 110, 250, 1000, 2010, 2035, 2060, 2100, 2250, 3000, 4010, 4110, 4250]
+        );
+    }
+
+    #[test]
+    fn a_burst_of_exits_keeps_the_exit_gap() {
+        let hints: Vec<(u64, ChangeHint)> = (1..=50).map(|i| (i * 5, ChangeHint::Exited)).collect();
+        let done = relists_of(&hints, 2000);
+        assert!(done.windows(2).all(|w| Duration::from_millis(w[1] - w[0]) >= EXIT_MIN_GAP), "{done:?}");
+        assert_eq!(done.last(), Some(&1250), "the last follow-up, 1 s after the last exit");
     }
 }
