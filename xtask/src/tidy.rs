@@ -26,7 +26,7 @@ use crate::util::project_root;
 
 /// Library crates and the internal crates each may depend on: core at the bottom, every other
 /// library on core alone, so a pod's path visits no crate twice.
-const LIBRARIES: [(&str, &[&str]); 7] = [
+const LIBRARIES: [(&str, &[&str]); 8] = [
     ("crates/kubelet-core", &[]),
     ("crates/pleg", &["kubelet-core"]),
     ("crates/podworkers", &["kubelet-core"]),
@@ -34,12 +34,13 @@ const LIBRARIES: [(&str, &[&str]); 7] = [
     ("crates/cni", &["kubelet-core"]),
     ("crates/config", &["kubelet-core"]),
     ("crates/kubelet", &["kubelet-core"]),
+    ("crates/prober", &["kubelet-core"]),
 ];
-const INTERNAL: [&str; 7] = ["kubelet-core", "pleg", "podworkers", "cri-client", "cni", "config", "kubelet"];
+const INTERNAL: [&str; 8] = ["kubelet-core", "pleg", "podworkers", "cri-client", "cni", "config", "kubelet", "prober"];
 
 /// The only third-party crates kubelet-core may depend on: none of them does IO.
-const CORE_DEPENDENCIES: [&str; 7] =
-    ["k8s-openapi", "tokio", "tokio-util", "tracing", "thiserror", "metrics", "fastrand"];
+const CORE_DEPENDENCIES: [&str; 8] =
+    ["k8s-openapi", "tokio", "tokio-util", "tracing", "thiserror", "metrics", "dashmap", "fastrand"];
 /// tokio features that do IO, which kubelet-core must not enable.
 const TOKIO_IO_FEATURES: [&str; 6] = ["\"fs\"", "\"net\"", "\"process\"", "\"io-util\"", "\"signal\"", "\"full\""];
 

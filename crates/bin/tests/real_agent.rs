@@ -491,6 +491,108 @@ async fn real_pod_statuses_through_the_local_api() {
     run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
 }
 
+/// A pod whose `app` runs `script` with the given probes (YAML lines under the container, each
+/// indented by four spaces).
+fn probed_pod_yaml(name: &str, image: &str, script: &str, probes: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {image}\n    command: [\"sh\", \"-c\", \"{script}\"]\n{probes}"
+    )
+}
+
+fn condition(status: &serde_json::Value, kind: &str) -> String {
+    status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == kind)
+        .map_or_else(String::new, |c| c["status"].as_str().unwrap_or_default().to_owned())
+}
+
+#[tokio::test]
+async fn real_probes_restart_dead_containers_and_gate_readiness() {
+    let Some(rt) = RealRuntime::from_env("real_probes_restart_dead_containers_and_gate_readiness") else { return };
+    let (dir, node) = scratch(&rt, "agent-probes", "probes");
+    let port = free_port();
+    let image = rt.busybox_image.clone();
+    let manifests = dir.join("manifests");
+    let write = |file: &str, yaml: String| std::fs::write(manifests.join(file), yaml).unwrap();
+    // Healthy for 4 s, then its liveness probe fails: the agent kills and restarts it.
+    write(
+        "live.yaml",
+        probed_pod_yaml(
+            "live",
+            &image,
+            "touch /tmp/healthy; sleep 4; rm /tmp/healthy; exec sleep 3600",
+            "    livenessProbe:\n      exec:\n        command: [cat, /tmp/healthy]\n      periodSeconds: 1\n      failureThreshold: 2\n",
+        ),
+    );
+    // Serves HTTP only after 4 s: started once its TCP port answers, ready once GET / does.
+    write(
+        "web.yaml",
+        probed_pod_yaml(
+            "web",
+            &image,
+            "mkdir -p /www && echo ok > /www/index.html && sleep 4 && exec httpd -f -p 8080 -h /www",
+            "    ports:\n    - name: http\n      containerPort: 8080\n    startupProbe:\n      tcpSocket:\n        port: 8080\n      periodSeconds: 1\n      failureThreshold: 30\n    readinessProbe:\n      httpGet:\n        port: http\n        path: /\n      periodSeconds: 1\n",
+        ),
+    );
+    // Never ready: its readiness probe's command fails.
+    write(
+        "unready.yaml",
+        probed_pod_yaml(
+            "unready",
+            &image,
+            "exec sleep 3600",
+            "    readinessProbe:\n      exec:\n        command: [\"false\"]\n      periodSeconds: 1\n",
+        ),
+    );
+    let agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+
+    let outcome = {
+        let node = node.clone();
+        async move {
+            let _agent = agent;
+            let web = format!("web-{node}");
+            let status = pod_status(port, &web, "web to run unstarted", |s| s["phase"] == "Running").await;
+            assert_eq!(status["containerStatuses"][0]["started"], false, "{status}");
+            assert_eq!(status["containerStatuses"][0]["ready"], false, "{status}");
+            assert_eq!(condition(&status, "Ready"), "False");
+            let status = pod_status(port, &web, "web to be ready", |s| condition(s, "Ready") == "True").await;
+            assert_eq!(status["containerStatuses"][0]["started"], true, "{status}");
+            assert_eq!(status["containerStatuses"][0]["ready"], true, "{status}");
+            assert_eq!(status["containerStatuses"][0]["restartCount"], 0, "{status}");
+
+            let unready = pod_status(port, &format!("unready-{node}"), "unready to run", |s| {
+                s["containerStatuses"][0]["state"]["running"].is_object()
+            })
+            .await;
+            assert_eq!(unready["containerStatuses"][0]["started"], true, "no startup probe: started when running");
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let unready = pod_status(port, &format!("unready-{node}"), "unready", |_| true).await;
+            assert_eq!(unready["containerStatuses"][0]["ready"], false, "{unready}");
+            assert_eq!(condition(&unready, "ContainersReady"), "False");
+
+            let live = pod_status(port, &format!("live-{node}"), "the liveness restart", |s| {
+                s["containerStatuses"][0]["restartCount"].as_i64() >= Some(1)
+                    && s["containerStatuses"][0]["state"]["running"].is_object()
+            })
+            .await;
+            let last = &live["containerStatuses"][0]["lastState"]["terminated"];
+            assert!(last.is_object(), "the killed instance is the last state: {live}");
+            let (_, metrics) = get(port, "/metrics").await;
+            for line in [
+                "prober_probe_total{probe_type=\"Liveness\",result=\"failed\"",
+                "prober_probe_total{probe_type=\"Readiness\",result=\"successful\"",
+                "prober_probe_total{probe_type=\"Startup\",result=\"failed\"",
+                "prober_probe_duration_seconds_bucket{probe_type=\"Readiness\"",
+            ] {
+                assert!(metrics.contains(line), "{line} missing from /metrics");
+            }
+        }
+    };
+    run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
+}
+
 #[tokio::test]
 async fn real_config_file_and_flags_take_upstream_precedence() {
     let Some(rt) = RealRuntime::from_env("real_config_file_and_flags_take_upstream_precedence") else { return };

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kubelet_core::{
+    ProbeKind, ProbeOutcome, ProbeResults,
     runtime::{ContainerState, NetworkMode, PodStatus, SandboxState, container_hash},
     types::is_sidecar,
 };
@@ -63,14 +64,36 @@ pub struct PodActions {
     pub ephemeral_containers_to_start: Vec<usize>,
 }
 
-/// Containers whose probes failed, by runtime container ID.
+/// The probe verdicts a sync acts on, by runtime container ID (upstream reads them from its
+/// liveness and startup results managers).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct ProbeFailures {
-    /// Failed liveness probes.
-    pub liveness: HashSet<String>,
-    /// Failed startup probes.
-    pub startup: HashSet<String>,
+pub struct ProbeVerdicts {
+    /// Containers that failed their liveness probe: killed and restarted.
+    pub liveness_failed: HashSet<String>,
+    /// Containers that failed their startup probe: killed and restarted.
+    pub startup_failed: HashSet<String>,
+    /// Containers whose startup probe passed: a sidecar with a startup probe lets the containers
+    /// after it start only then.
+    pub startup_passed: HashSet<String>,
+}
+
+impl ProbeVerdicts {
+    /// The verdicts in `results` about the containers of `status`.
+    pub fn of(results: &ProbeResults, status: &PodStatus) -> Self {
+        let mut verdicts = ProbeVerdicts::default();
+        for c in &status.container_statuses {
+            if results.failed(ProbeKind::Liveness, &c.id) {
+                verdicts.liveness_failed.insert(c.id.clone());
+            }
+            match results.get(ProbeKind::Startup, &c.id) {
+                Some(ProbeOutcome::Failure) => verdicts.startup_failed.insert(c.id.clone()),
+                Some(ProbeOutcome::Success) => verdicts.startup_passed.insert(c.id.clone()),
+                _ => false,
+            };
+        }
+        verdicts
+    }
 }
 
 fn restart_policy(pod: &Pod) -> &str {
@@ -126,10 +149,11 @@ pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &
     }
 }
 
-/// What the init containers need (upstream `computeInitContainerActions`, without probes, which
-/// this agent refuses): the init containers to start, the ones to kill first, whether the pod
-/// must be killed (a failed init container under `restartPolicy: Never`), and whether
-/// initialization is done.
+/// What the init containers need (upstream `computeInitContainerActions`): the init containers
+/// to start, the ones to kill first, whether the pod must be killed (a failed init container
+/// under `restartPolicy: Never`), and whether initialization is done.
+/// A sidecar with a startup probe counts as started only once the probe passed; a sidecar that
+/// failed its startup or liveness probe is killed and started again.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct InitActions {
     to_start: Vec<usize>,
@@ -138,7 +162,7 @@ struct InitActions {
     initialized: bool,
 }
 
-fn init_actions(pod: &Pod, status: &PodStatus) -> InitActions {
+fn init_actions(pod: &Pod, status: &PodStatus, probes: &ProbeVerdicts) -> InitActions {
     let mut actions = InitActions::default();
     let Some(spec) = pod.spec.as_ref() else {
         actions.initialized = true;
@@ -175,6 +199,21 @@ fn init_actions(pod: &Pod, status: &PodStatus) -> InitActions {
         match current.state {
             ContainerState::Created => actions.to_start.push(i),
             ContainerState::Running if sidecar => {
+                let kill = |reason, what: &str| ContainerToKill {
+                    id: current.id.clone(),
+                    name: container.name.clone(),
+                    reason,
+                    message: format!("Init container {} failed {what} probe", container.name),
+                };
+                if container.startup_probe.is_some() && !probes.startup_passed.contains(&current.id) {
+                    // Not started until its startup probe passed; restarted when it failed.
+                    if probes.startup_failed.contains(&current.id) {
+                        actions.to_kill.push(kill(KillReason::StartupProbe, "startup"));
+                        actions.to_start.push(i);
+                    }
+                    previously_initialized = true;
+                    continue;
+                }
                 // A started sidecar counts as done: the next init container may start.
                 if i == init.len() - 1 {
                     initialized = true;
@@ -188,6 +227,10 @@ fn init_actions(pod: &Pod, status: &PodStatus) -> InitActions {
                         reason: KillReason::DefinitionChanged,
                         message: format!("Init container {} definition changed, will be restarted", container.name),
                     });
+                    actions.to_start.push(i);
+                } else if probes.liveness_failed.contains(&current.id) {
+                    // Its liveness does not hold back the next init container; it restarts.
+                    actions.to_kill.push(kill(KillReason::LivenessProbe, "liveness"));
                     actions.to_start.push(i);
                 }
             }
@@ -238,7 +281,7 @@ fn succeeded(container: &Container, status: &PodStatus) -> bool {
 }
 
 /// Upstream `computePodActions`.
-pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeFailures) -> PodActions {
+pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeVerdicts) -> PodActions {
     let (create_sandbox, attempt, sandbox_id) = sandbox_changed(pod, status);
     let mut actions =
         PodActions { kill_pod: create_sandbox, create_sandbox, sandbox_id, attempt, ..PodActions::default() };
@@ -257,7 +300,7 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeFailures
             .filter(|(_, c)| !(restart_policy(pod) == "OnFailure" && succeeded(c, status)))
             .map(|(i, _)| i)
             .collect();
-        if to_start.is_empty() && init_actions(pod, status).initialized {
+        if to_start.is_empty() && init_actions(pod, status, probes).initialized {
             actions.create_sandbox = false;
             return actions;
         }
@@ -277,7 +320,7 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeFailures
         }
     }
 
-    let init = init_actions(pod, status);
+    let init = init_actions(pod, status, probes);
     if init.kill_pod {
         actions.kill_pod = true;
         return actions;
@@ -310,9 +353,9 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeFailures
             // The definition changed: restart whatever the policy.
             restart = true;
             (KillReason::DefinitionChanged, format!("Container {} definition changed", container.name))
-        } else if probes.liveness.contains(&running.id) {
+        } else if probes.liveness_failed.contains(&running.id) {
             (KillReason::LivenessProbe, format!("Container {} failed liveness probe", container.name))
-        } else if probes.startup.contains(&running.id) {
+        } else if probes.startup_failed.contains(&running.id) {
             (KillReason::StartupProbe, format!("Container {} failed startup probe", container.name))
         } else {
             keep += 1;

@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -28,7 +28,7 @@ mod sync;
 
 use crate::{
     Client, Error,
-    actions::{self, ProbeFailures, compute_pod_actions},
+    actions::{self, ProbeVerdicts, compute_pod_actions},
     cgroups, container, convert, labels, pb,
     sandbox::{self, ResolvConf},
 };
@@ -130,7 +130,7 @@ pub struct CriRuntime {
     config: Config,
     image_backoff: Backoff,
     recorder: Arc<dyn EventRecorder>,
-    probes: Mutex<ProbeFailures>,
+    probes: Arc<kubelet_core::ProbeResults>,
     memory_capacity: i64,
     image_pulls: Option<tokio::sync::Semaphore>,
     startup: Option<Arc<kubelet_core::StartupTracker>>,
@@ -166,7 +166,7 @@ impl CriRuntime {
             client,
             image_backoff: Backoff::default(),
             recorder,
-            probes: Mutex::new(ProbeFailures::default()),
+            probes: Arc::new(kubelet_core::ProbeResults::new()),
             memory_capacity: memory_capacity(),
             image_pulls: config.image_pull_limit.map(tokio::sync::Semaphore::new),
             startup: None,
@@ -186,9 +186,12 @@ impl CriRuntime {
         &self.client
     }
 
-    /// Replaces the failed-probe set the next syncs act on (fed by the prober).
-    pub fn set_probe_failures(&self, failures: ProbeFailures) {
-        *self.probes.lock().unwrap_or_else(|p| p.into_inner()) = failures;
+    /// Reads liveness and startup verdicts from `results`, which the prober writes (default:
+    /// a store of its own that nothing writes, for an agent without probes).
+    #[must_use]
+    pub fn probe_results(mut self, results: Arc<kubelet_core::ProbeResults>) -> Self {
+        self.probes = results;
+        self
     }
 
     fn event(&self, pod: &ApiPod, kind: EventType, reason: &str, message: String) {

@@ -19,7 +19,7 @@ use kubelet_core::{
 };
 use kubelet_cri_client::{
     Client, Config, CriRuntime,
-    actions::{ProbeFailures, compute_pod_actions},
+    actions::{ProbeVerdicts, compute_pod_actions},
     cgroups, manager, pb,
 };
 
@@ -386,7 +386,7 @@ async fn real_a_new_manager_readopts_everything() {
     assert_eq!(listed.containers[0].hash, before.container_status("a").unwrap().hash);
     let status = fresh.get_pod_status(&PodUid::of(&p), "adopt", "kubelet-rs-test").await.unwrap();
     assert_eq!(status.container_status("a").unwrap().restart_count, 0);
-    let actions = compute_pod_actions(&p, &status, &ProbeFailures::default());
+    let actions = compute_pod_actions(&p, &status, &ProbeVerdicts::default());
     assert_eq!(actions.sandbox_id, before.sandbox_statuses[0].id);
     assert!(
         !actions.kill_pod

@@ -1,56 +1,14 @@
 //! The `SyncHandler` the sync loop dispatches to (upstream `SyncHandler` in `pkg/kubelet/kubelet.go`),
-//! and the probe results it forwards.
+//! which the probe results the sync loop receives are forwarded to.
 
 use std::{future::Future, sync::Arc};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::PodUid;
-
-/// Which probe produced a result.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ProbeKind {
-    /// Liveness: a failure kills and restarts the container.
-    Liveness,
-    /// Readiness: drives the Ready condition.
-    Readiness,
-    /// Startup: holds the other probes until it succeeds.
-    Startup,
-}
-
-/// A probe's verdict.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ProbeOutcome {
-    /// The probe passed.
-    Success,
-    /// The probe failed (`failureThreshold` times in a row).
-    Failure,
-    /// No verdict yet.
-    Unknown,
-}
-
-/// A probe result that changed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ProbeResult {
-    /// The probe kind.
-    pub kind: ProbeKind,
-    /// The pod.
-    pub pod_uid: PodUid,
-    /// The probed container.
-    pub container_id: String,
-    /// The verdict.
-    pub outcome: ProbeOutcome,
-}
-
-impl ProbeResult {
-    /// Creates a result.
-    pub fn new(kind: ProbeKind, pod_uid: PodUid, container_id: impl Into<String>, outcome: ProbeOutcome) -> Self {
-        ProbeResult { kind, pod_uid, container_id: container_id.into(), outcome }
-    }
-}
+use crate::{
+    PodUid,
+    probe::{ProbeKind, ProbeOutcome, ProbeResult},
+};
 
 /// What the sync loop calls for each kind of work.
 ///

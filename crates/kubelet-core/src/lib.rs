@@ -99,6 +99,7 @@ mod handler;
 pub mod metrics;
 mod pleg;
 mod podmanager;
+pub mod probe;
 mod queue;
 pub mod resources;
 pub mod runtime;
@@ -122,9 +123,10 @@ pub use crate::{
     backoff::{Backoff, DEFAULT_INITIAL as BACKOFF_INITIAL, DEFAULT_MAX as BACKOFF_MAX},
     cache::{Cache, CachedStatus, StatusError},
     error::ErrorChain,
-    handler::{ProbeKind, ProbeOutcome, ProbeResult, SyncHandler},
+    handler::SyncHandler,
     pleg::{Pleg, PodLifecycleEvent, PodLifecycleEventKind},
     podmanager::PodManager,
+    probe::{ProbeKind, ProbeManager, ProbeOutcome, ProbeResult, ProbeResults},
     queue::WorkQueue,
     runtime::Runtime,
     startup::{StartupDurations, StartupTracker},

@@ -8,7 +8,7 @@
 //!
 //! ```
 //! for (name, buckets) in kubelet_core::metrics::HISTOGRAMS {
-//!     assert!(name.starts_with("kubelet_"));
+//!     assert!(name.starts_with("kubelet_") || name.starts_with("prober_"));
 //!     assert!(buckets.windows(2).all(|w| w[0] < w[1]));
 //! }
 //! ```
@@ -27,7 +27,7 @@ pub const POD_STARTUP_BUCKETS: [f64; 25] = [
 pub const RUNTIME_OPERATION_BUCKETS: [f64; 14] = exponential(0.005, 2.5);
 
 /// Every histogram the crates record, with its upstream bucket layout.
-pub const HISTOGRAMS: [(&str, &[f64]); 7] = [
+pub const HISTOGRAMS: [(&str, &[f64]); 8] = [
     ("kubelet_pod_worker_duration_seconds", &DEFAULT_BUCKETS),
     ("kubelet_pod_worker_start_duration_seconds", &DEFAULT_BUCKETS),
     ("kubelet_pod_start_duration_seconds", &POD_STARTUP_BUCKETS),
@@ -35,6 +35,7 @@ pub const HISTOGRAMS: [(&str, &[f64]); 7] = [
     ("kubelet_pleg_relist_duration_seconds", &DEFAULT_BUCKETS),
     ("kubelet_pleg_relist_interval_seconds", &DEFAULT_BUCKETS),
     ("kubelet_runtime_operations_duration_seconds", &RUNTIME_OPERATION_BUCKETS),
+    ("prober_probe_duration_seconds", &DEFAULT_BUCKETS),
 ];
 
 /// `N` buckets starting at `start`, each `factor` times the previous one.

@@ -18,9 +18,10 @@ use tracing::{debug, info, warn};
 
 use crate::{
     Operation, PodUpdate,
-    handler::{ProbeResult, SyncHandler},
+    handler::SyncHandler,
     pleg::{PodLifecycleEvent, PodLifecycleEventKind},
     podmanager::PodManager,
+    probe::ProbeResult,
     queue::WorkQueue,
     state::{LoopHealth, RuntimeState, SourcesReady},
 };

@@ -10,8 +10,8 @@
 use std::{sync::Arc, time::Duration};
 
 use kubelet_core::{
-    Cache, LoopHealth, Pleg, PodLifecycleEvent, PodManager, PodUpdate, PodWorkers, ProbeResult, Runtime, RuntimeState,
-    Source, SourcesReady, StartupTracker, WorkQueue,
+    Cache, LoopHealth, Pleg, PodLifecycleEvent, PodManager, PodUpdate, PodWorkers, ProbeManager, ProbeResult,
+    ProbeResults, Runtime, RuntimeState, Source, SourcesReady, StartupTracker, WorkQueue,
     events::{EventRecorder, RingRecorder},
     sync_loop::{self, Inputs, Shared},
 };
@@ -73,6 +73,31 @@ pub struct WorkerParts<R> {
     pub cancel: CancellationToken,
 }
 
+/// What the prober factory of [`Builder::prober`] gets.
+#[non_exhaustive]
+pub struct ProberParts<R> {
+    /// The runtime (exec probes run through it).
+    pub runtime: Arc<R>,
+    /// The PLEG's status cache: where the prober finds containers and their start times.
+    pub cache: Arc<Cache>,
+    /// Where verdicts go; the runtime and the status read them.
+    pub results: Arc<ProbeResults>,
+    /// Where changed verdicts go into the sync loop.
+    pub updates: mpsc::Sender<ProbeResult>,
+    /// Where events (`Unhealthy`) go.
+    pub recorder: Arc<dyn EventRecorder>,
+    /// Fires when the agent stops.
+    pub cancel: CancellationToken,
+}
+
+impl<R> std::fmt::Debug for ProberParts<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProberParts").finish_non_exhaustive()
+    }
+}
+
+type ProberFactory<R> = Box<dyn FnOnce(ProberParts<R>) -> Arc<dyn ProbeManager> + Send>;
+
 /// Builds an [`Agent`]; see [`Agent::builder`].
 pub struct Builder<R> {
     runtime: Arc<R>,
@@ -80,6 +105,8 @@ pub struct Builder<R> {
     recorder: Arc<dyn EventRecorder>,
     startup: Arc<StartupTracker>,
     cancel: CancellationToken,
+    probe_results: Arc<ProbeResults>,
+    prober: Option<ProberFactory<R>>,
 }
 
 impl<R> std::fmt::Debug for Builder<R> {
@@ -103,6 +130,22 @@ impl<R: Runtime> Builder<R> {
         self
     }
 
+    /// The store of probe verdicts, shared with the runtime, which restarts containers that
+    /// failed their liveness or startup probe (default: a new one).
+    #[must_use]
+    pub fn probe_results(mut self, results: Arc<ProbeResults>) -> Self {
+        self.probe_results = results;
+        self
+    }
+
+    /// Probes pods with the prober `factory` makes (`kubelet-prober`'s `Manager`, say); without
+    /// one, pods with probes are refused (`UnsupportedPodSpec`).
+    #[must_use]
+    pub fn prober<M: ProbeManager>(mut self, factory: impl FnOnce(ProberParts<R>) -> M + Send + 'static) -> Self {
+        self.prober = Some(Box::new(move |parts| Arc::new(factory(parts)) as Arc<dyn ProbeManager>));
+        self
+    }
+
     /// The token that stops the agent (default: a new one, cancelled by nobody).
     #[must_use]
     pub fn cancel(mut self, cancel: CancellationToken) -> Self {
@@ -121,8 +164,19 @@ impl<R: Runtime> Builder<R> {
         P: Pleg,
         W: PodWorkers,
     {
-        let Builder { runtime, config, recorder, startup, cancel } = self;
+        let Builder { runtime, config, recorder, startup, cancel, probe_results, prober } = self;
         let cache = Arc::new(Cache::new());
+        let (probe_tx, probes) = mpsc::channel(64);
+        let prober = prober.map(|factory| {
+            factory(ProberParts {
+                runtime: runtime.clone(),
+                cache: cache.clone(),
+                results: probe_results.clone(),
+                updates: probe_tx.clone(),
+                recorder: recorder.clone(),
+                cancel: cancel.child_token(),
+            })
+        });
         let (pleg, pleg_events) = pleg(runtime.clone(), cache.clone());
         let pleg = Arc::new(pleg);
         let runtime_state = Arc::new(RuntimeState::default());
@@ -132,21 +186,23 @@ impl<R: Runtime> Builder<R> {
         });
         let work_queue = Arc::new(WorkQueue::new());
         let statuses = Arc::new(StatusStore::new());
-        let syncer = Arc::new(
-            PodSync::new(
-                runtime.clone(),
-                runtime_state.clone(),
-                statuses.clone(),
-                recorder.clone(),
-                config.kubelet.clone(),
-            )
-            .after_change({
-                let pleg = pleg.clone();
-                Arc::new(move || pleg.relist_now())
-            })
-            .work_queue(work_queue.clone())
-            .startup_tracker(startup),
-        );
+        let mut syncer = PodSync::new(
+            runtime.clone(),
+            runtime_state.clone(),
+            statuses.clone(),
+            recorder.clone(),
+            config.kubelet.clone(),
+        )
+        .after_change({
+            let pleg = pleg.clone();
+            Arc::new(move || pleg.relist_now())
+        })
+        .work_queue(work_queue.clone())
+        .startup_tracker(startup);
+        if let Some(prober) = prober {
+            syncer = syncer.prober(prober, probe_results);
+        }
+        let syncer = Arc::new(syncer);
         let workers = Arc::new(workers(WorkerParts {
             syncer: syncer.clone(),
             cache: cache.clone(),
@@ -158,7 +214,6 @@ impl<R: Runtime> Builder<R> {
         let kubelet = Kubelet::new(syncer, workers.clone(), pods.clone(), sources.clone(), cache);
         let health = Arc::new(LoopHealth::new(config.loop_health_threshold));
         let shared = Shared::new(pods, work_queue, sources, runtime_state, health);
-        let (probe_tx, probes) = mpsc::channel(64);
         Agent {
             runtime,
             pleg,
@@ -207,6 +262,8 @@ impl<R: Runtime> Agent<R, (), ()> {
             recorder: Arc::new(RingRecorder::default()),
             startup: Arc::new(StartupTracker::new()),
             cancel: CancellationToken::new(),
+            probe_results: Arc::new(ProbeResults::new()),
+            prober: None,
         }
     }
 }

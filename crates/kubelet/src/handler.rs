@@ -119,7 +119,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             if !self.is_terminal(&pod) && !self.workers.is_pod_termination_requested(&uid) {
                 let active = self.active_pods(Some(&uid));
                 let active: Vec<&Pod> = active.iter().map(AsRef::as_ref).collect();
-                let unsupported = unsupported::unsupported_fields(&pod);
+                let unsupported = unsupported::unsupported_fields(&pod, self.sync.prober.is_some());
                 if !unsupported.is_empty() {
                     warn!(pod = %pod_full_name(&pod), fields = ?unsupported, "pod refused: it uses fields this agent does not implement");
                     self.reject(&pod, unsupported::REASON, &unsupported::message(&unsupported));
@@ -130,6 +130,9 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                     self.reject(&pod, &rejection.reason, &rejection.message);
                     continue;
                 }
+            }
+            if let Some((prober, _)) = &self.sync.prober {
+                prober.add_pod(&pod);
             }
             self.dispatch(pod, SyncPodType::Create);
         }
@@ -188,6 +191,9 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             let uid = PodUid::of(&pod);
             if !workers.contains_key(&uid) && !is_mirror_pod(&pod) {
                 info!(pod = %pod_full_name(&pod), pod.uid = %uid, "pod will be restarted: it is desired and not known to the pod workers (likely a reused UID)");
+                if let Some((prober, _)) = &self.sync.prober {
+                    prober.add_pod(&pod);
+                }
                 self.dispatch(pod, SyncPodType::Create);
             }
         }
@@ -222,6 +228,9 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                     self.cleanups.push(Job::RemovePodContent(uid));
                 }
             }
+        }
+        if let Some((prober, _)) = &self.sync.prober {
+            prober.cleanup_pods(&desired_uids);
         }
         let keep = desired_uids.into_iter().chain(workers.into_keys()).collect();
         self.cleanups.push(Job::RemoveOrphanedPodDirs { keep });

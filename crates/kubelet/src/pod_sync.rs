@@ -14,7 +14,8 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
 };
 use kubelet_core::{
-    Backoff, PodStatusFn, PodSyncer, PodUid, RuntimeState, StartupTracker, SyncPodType, WorkQueue,
+    Backoff, PodStatusFn, PodSyncer, PodUid, ProbeManager, ProbeResults, RuntimeState, StartupTracker, SyncPodType,
+    WorkQueue,
     clock::wall_now,
     events::{Event, EventRecorder, EventType, ObjectRef},
     runtime::{self, ContainerState, PodStatus, Runtime, SyncAction},
@@ -139,6 +140,8 @@ pub struct PodSync<R> {
     startup: Arc<StartupTracker>,
     /// Pods whose data directories exist, so a resync of an unchanged pod touches no file.
     dirs_made: Mutex<HashSet<PodUid>>,
+    /// The prober and the verdicts it writes, when the agent probes.
+    pub(crate) prober: Option<(Arc<dyn ProbeManager>, Arc<ProbeResults>)>,
 }
 
 impl<R> std::fmt::Debug for PodSync<R> {
@@ -172,7 +175,16 @@ impl<R: Runtime> PodSync<R> {
             work_queue: None,
             startup: Arc::new(StartupTracker::new()),
             dirs_made: Mutex::new(HashSet::new()),
+            prober: None,
         }
+    }
+
+    /// Probes pods with `prober`, whose verdicts in `results` set containers' `started` and
+    /// `ready`; without one, pods with probes are refused.
+    #[must_use]
+    pub fn prober(mut self, prober: Arc<dyn ProbeManager>, results: Arc<ProbeResults>) -> Self {
+        self.prober = Some((prober, results));
+        self
     }
 
     /// Calls `hook` after every sync that may have changed the runtime (for example
@@ -240,10 +252,13 @@ impl<R: Runtime> PodSync<R> {
             .map(|((_, name), f)| (name.clone(), f.clone()))
             .collect::<HashMap<_, _>>();
         let lookup = |name: &str| failures.get(name).cloned();
-        let input = StatusInput::new(&pod, runtime_status, &lookup, now_time())
+        let mut input = StatusInput::new(&pod, runtime_status, &lookup, now_time())
             .terminal(terminal)
             .runtime_name(&self.config.runtime_name)
             .host_ip(&self.config.node_ip);
+        if let Some((_, results)) = &self.prober {
+            input = input.probe_results(results);
+        }
         status::api_pod_status(&input)
     }
 
@@ -379,6 +394,10 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         status_fn: Option<&PodStatusFn>,
     ) -> Result<(), Error> {
         let uid = PodUid::of(pod);
+        // Nothing restarts a container on its way out (upstream `StopLivenessAndStartup`).
+        if let Some((prober, _)) = &self.prober {
+            prober.remove_pod(pod);
+        }
         let mut api_status = self.api_status(pod, runtime_status, false);
         if let Some(edit) = status_fn {
             edit(&mut api_status);

@@ -13,6 +13,7 @@ use k8s_openapi::{
 };
 
 use kubelet_core::{
+    ProbeKind, ProbeOutcome, ProbeResults,
     runtime::{self, ContainerState as RuntimeState, SandboxState},
     types::{is_sidecar, is_static_pod},
 };
@@ -474,13 +475,14 @@ pub fn container_statuses(
         }
         s.state = Some(waiting_state(Some(&failure.reason), Some(failure.message)));
     }
-    // Readiness and start without probes: a running container is started and ready; an init
-    // container is ready once it exited 0.
+    // Readiness and start without probes: a running container (or sidecar) is started and
+    // ready; a regular init container is ready once it exited 0.
     for s in statuses.values_mut() {
         let state = s.state.as_ref();
         let is_running = state.is_some_and(|st| st.running.is_some());
+        let sidecar = containers.iter().any(|c| c.name == s.name && is_sidecar(c));
         s.started = Some(is_running);
-        s.ready = if is_init {
+        s.ready = if is_init && !sidecar {
             state.and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.exit_code == 0)
         } else {
             is_running
@@ -491,6 +493,29 @@ pub fn container_statuses(
         containers.iter().filter_map(|c| statuses.remove(&c.name)).collect()
     } else {
         statuses.into_values().collect()
+    }
+}
+
+/// Started and ready from the probes (upstream `prober.Manager.UpdatePodStatus`): a running
+/// container with a startup probe has started once it passed, and a started one with a readiness
+/// probe is ready once that passed. Regular init containers (no probes) keep "ready once exited 0".
+pub fn apply_probes(
+    statuses: &mut [ContainerStatus],
+    containers: &[Container],
+    runtime: &runtime::PodStatus,
+    results: &ProbeResults,
+) {
+    for s in statuses {
+        let Some(c) = containers.iter().find(|c| c.name == s.name) else { continue };
+        if c.startup_probe.is_none() && c.readiness_probe.is_none() {
+            continue;
+        }
+        let running = s.state.as_ref().is_some_and(|st| st.running.is_some());
+        let current = runtime.container_status(&c.name).filter(|r| r.state == RuntimeState::Running);
+        let passed = |kind| current.is_some_and(|r| results.get(kind, &r.id) == Some(ProbeOutcome::Success));
+        let started = running && (c.startup_probe.is_none() || passed(ProbeKind::Startup));
+        s.started = Some(started);
+        s.ready = started && (c.readiness_probe.is_none() || passed(ProbeKind::Readiness));
     }
 }
 
@@ -529,6 +554,8 @@ pub struct StatusInput<'a> {
     pub host_ip: &'a str,
     /// Now, for transition times and the start time.
     pub now: Time,
+    /// The probes' verdicts, when the agent probes.
+    pub probes: Option<&'a ProbeResults>,
 }
 
 impl std::fmt::Debug for StatusInput<'_> {
@@ -548,7 +575,16 @@ impl<'a> StatusInput<'a> {
         failures: &'a dyn Fn(&str) -> Option<StartFailure>,
         now: Time,
     ) -> Self {
-        StatusInput { pod, runtime, pod_is_terminal: false, failures, runtime_name: "containerd", host_ip: "", now }
+        StatusInput {
+            pod,
+            runtime,
+            pod_is_terminal: false,
+            failures,
+            runtime_name: "containerd",
+            host_ip: "",
+            now,
+            probes: None,
+        }
     }
 
     /// Marks the pod terminal.
@@ -571,6 +607,13 @@ impl<'a> StatusInput<'a> {
         self.host_ip = ip;
         self
     }
+
+    /// Sets `started` and `ready` of probed containers from `results`.
+    #[must_use]
+    pub fn probe_results(mut self, results: &'a ProbeResults) -> Self {
+        self.probes = Some(results);
+        self
+    }
 }
 
 /// The pod's API status (upstream `generateAPIPodStatus`).
@@ -588,7 +631,7 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         input.failures,
         input.runtime_name,
     );
-    let statuses = container_statuses(
+    let mut statuses = container_statuses(
         pod,
         input.runtime,
         old.container_statuses.as_deref().unwrap_or_default(),
@@ -597,6 +640,11 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         input.failures,
         input.runtime_name,
     );
+    let mut init_statuses = init_statuses;
+    if let Some(results) = input.probes {
+        apply_probes(&mut init_statuses, &init, input.runtime, results);
+        apply_probes(&mut statuses, &spec.containers, input.runtime, results);
+    }
     let all: Vec<ContainerStatus> = init_statuses.iter().chain(statuses.iter()).cloned().collect();
     let initialized_before =
         statuses.iter().any(|s| s.started == Some(true) || s.state.as_ref().is_some_and(|st| st.terminated.is_some()));

@@ -26,9 +26,9 @@ pub const FIELDS: &[&str] = &[
     "spec.securityContext.supplementalGroupsPolicy",
     "spec.containers[*].volumeMounts",
     "spec.containers[*].volumeDevices",
-    "spec.containers[*].livenessProbe",
-    "spec.containers[*].readinessProbe",
-    "spec.containers[*].startupProbe",
+    "spec.containers[*].livenessProbe.httpGet.scheme",
+    "spec.containers[*].readinessProbe.httpGet.scheme",
+    "spec.containers[*].startupProbe.httpGet.scheme",
     "spec.containers[*].lifecycle",
     "spec.containers[*].resources.claims",
     "spec.containers[*].securityContext.seLinuxOptions",
@@ -38,13 +38,20 @@ pub const FIELDS: &[&str] = &[
     "spec.containers[*].restartPolicyRules",
 ];
 
+/// The probe fields, refused as well when the agent runs without a prober, and on containers
+/// that are never probed (regular init containers and ephemeral containers, where upstream's API
+/// validation forbids them).
+pub const PROBE_FIELDS: &[&str] =
+    &["spec.containers[*].livenessProbe", "spec.containers[*].readinessProbe", "spec.containers[*].startupProbe"];
+
 /// The fields of `pod` this agent does not implement, as concrete paths
-/// (`spec.volumes[0].configMap`, `spec.containers[1].readinessProbe`), in spec order.
-pub fn unsupported_fields(pod: &Pod) -> Vec<String> {
+/// (`spec.volumes[0].configMap`, `spec.containers[1].lifecycle`), in spec order; `probing` says
+/// whether the agent has a prober.
+pub fn unsupported_fields(pod: &Pod, probing: bool) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
     let mut found = pod_fields(spec);
     for (path, container) in containers(spec) {
-        container_fields(&path, &container, &mut found);
+        container_fields(&path, &container, probing, &mut found);
     }
     found
 }
@@ -122,7 +129,11 @@ fn containers(spec: &PodSpec) -> Vec<(String, Container)> {
     init.chain(regular).chain(ephemeral).collect()
 }
 
-fn container_fields(path: &str, c: &Container, found: &mut Vec<String>) {
+fn container_fields(path: &str, c: &Container, probing: bool, found: &mut Vec<String>) {
+    // A container's own restart policy is honoured only as a sidecar's: `Always` on an init
+    // container. Elsewhere (upstream's container restart rules) it would be ignored.
+    let sidecar = path.starts_with("spec.initContainers") && kubelet_core::types::is_sidecar(c);
+    let probed = probing && (path.starts_with("spec.containers") || sidecar);
     let mut check = |used: bool, field: &str| {
         if used {
             found.push(format!("{path}.{field}"));
@@ -130,18 +141,23 @@ fn container_fields(path: &str, c: &Container, found: &mut Vec<String>) {
     };
     check(c.volume_mounts.as_ref().is_some_and(|m| !m.is_empty()), "volumeMounts");
     check(c.volume_devices.as_ref().is_some_and(|d| !d.is_empty()), "volumeDevices");
-    check(c.liveness_probe.is_some(), "livenessProbe");
-    check(c.readiness_probe.is_some(), "readinessProbe");
-    check(c.startup_probe.is_some(), "startupProbe");
+    for (name, probe) in [
+        ("livenessProbe", &c.liveness_probe),
+        ("readinessProbe", &c.readiness_probe),
+        ("startupProbe", &c.startup_probe),
+    ] {
+        let Some(probe) = probe else { continue };
+        check(!probed, name);
+        // No TLS client: an HTTPS probe would fail forever.
+        let scheme = probe.http_get.as_ref().and_then(|h| h.scheme.as_deref()).unwrap_or("HTTP");
+        check(probed && !scheme.eq_ignore_ascii_case("HTTP"), &format!("{name}.httpGet.scheme"));
+    }
     check(c.lifecycle.is_some(), "lifecycle");
     check(c.resources.as_ref().and_then(|r| r.claims.as_ref()).is_some_and(|c| !c.is_empty()), "resources.claims");
     let sc: Option<&SecurityContext> = c.security_context.as_ref();
     check(sc.is_some_and(|s| s.se_linux_options.is_some()), "securityContext.seLinuxOptions");
     check(sc.is_some_and(|s| s.app_armor_profile.is_some()), "securityContext.appArmorProfile");
     check(sc.and_then(|s| s.proc_mount.as_deref()).is_some_and(|m| m != "Default"), "securityContext.procMount");
-    // A container's own restart policy is honoured only as a sidecar's: `Always` on an init
-    // container. Elsewhere (upstream's container restart rules) it would be ignored.
-    let sidecar = path.starts_with("spec.initContainers") && kubelet_core::types::is_sidecar(c);
     check(c.restart_policy.is_some() && !sidecar, "restartPolicy");
     check(c.restart_policy_rules.as_ref().is_some_and(|r| !r.is_empty()), "restartPolicyRules");
 }
@@ -150,8 +166,9 @@ fn container_fields(path: &str, c: &Container, found: &mut Vec<String>) {
 mod tests {
     use k8s_openapi::api::core::v1::{
         AppArmorProfile, ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
-        EphemeralContainer, HostAlias, Lifecycle, PodReadinessGate, PodResourceClaim, PodSecurityContext, Probe,
-        ResourceClaim, ResourceRequirements, SELinuxOptions, Volume, VolumeDevice, VolumeMount,
+        EphemeralContainer, HTTPGetAction, HostAlias, Lifecycle, PodReadinessGate, PodResourceClaim,
+        PodSecurityContext, Probe, ResourceClaim, ResourceRequirements, SELinuxOptions, Volume, VolumeDevice,
+        VolumeMount,
     };
 
     use super::*;
@@ -216,6 +233,9 @@ mod tests {
             "spec.containers[*].livenessProbe" => c.liveness_probe = Some(Probe::default()),
             "spec.containers[*].readinessProbe" => c.readiness_probe = Some(Probe::default()),
             "spec.containers[*].startupProbe" => c.startup_probe = Some(Probe::default()),
+            "spec.containers[*].livenessProbe.httpGet.scheme" => c.liveness_probe = Some(https()),
+            "spec.containers[*].readinessProbe.httpGet.scheme" => c.readiness_probe = Some(https()),
+            "spec.containers[*].startupProbe.httpGet.scheme" => c.startup_probe = Some(https()),
             "spec.containers[*].lifecycle" => c.lifecycle = Some(Lifecycle::default()),
             "spec.containers[*].resources.claims" => {
                 c.resources = Some(ResourceRequirements {
@@ -244,6 +264,13 @@ mod tests {
         pod
     }
 
+    fn https() -> Probe {
+        Probe {
+            http_get: Some(HTTPGetAction { scheme: Some("HTTPS".into()), ..HTTPGetAction::default() }),
+            ..Probe::default()
+        }
+    }
+
     /// `spec.containers[*].lifecycle` matches `spec.containers[0].lifecycle`.
     fn matches(pattern: &str, path: &str) -> bool {
         let mut rest = path;
@@ -260,12 +287,40 @@ mod tests {
 
     #[test]
     fn every_listed_field_is_found_and_named() {
-        assert!(unsupported_fields(&pod()).is_empty(), "a plain pod uses nothing unsupported");
+        assert!(unsupported_fields(&pod(), true).is_empty(), "a plain pod uses nothing unsupported");
         for field in FIELDS {
-            let found = unsupported_fields(&using(field));
+            let found = unsupported_fields(&using(field), true);
             assert_eq!(found.len(), 1, "{field}: {found:?}");
             assert!(matches(field, &found[0]), "{field} found as {}", found[0]);
         }
+        for field in PROBE_FIELDS {
+            assert!(unsupported_fields(&using(field), true).is_empty(), "{field} with a prober");
+            let found = unsupported_fields(&using(field), false);
+            assert_eq!(found.len(), 1, "{field}: {found:?}");
+            assert!(matches(field, &found[0]), "{field} found as {}", found[0]);
+        }
+    }
+
+    #[test]
+    fn probes_are_refused_where_nothing_probes_them() {
+        let mut pod = pod();
+        let spec = pod.spec.as_mut().unwrap();
+        let probed = |name: &str, policy: Option<&str>| ApiContainer {
+            name: name.into(),
+            restart_policy: policy.map(Into::into),
+            readiness_probe: Some(Probe::default()),
+            ..ApiContainer::default()
+        };
+        spec.init_containers = Some(vec![probed("sidecar", Some("Always")), probed("once", None)]);
+        spec.ephemeral_containers = Some(vec![EphemeralContainer {
+            name: "debug".into(),
+            liveness_probe: Some(Probe::default()),
+            ..EphemeralContainer::default()
+        }]);
+        assert_eq!(
+            unsupported_fields(&pod, true),
+            ["spec.initContainers[1].readinessProbe", "spec.ephemeralContainers[0].livenessProbe"]
+        );
     }
 
     #[test]
@@ -285,7 +340,7 @@ mod tests {
             lifecycle: Some(Lifecycle::default()),
             ..EphemeralContainer::default()
         }]);
-        let found = unsupported_fields(&pod);
+        let found = unsupported_fields(&pod, true);
         assert_eq!(
             found,
             [
@@ -311,7 +366,7 @@ mod tests {
             ..ApiContainer::default()
         };
         spec.init_containers = Some(vec![init("sidecar", "Always"), init("once", "Never")]);
-        assert_eq!(unsupported_fields(&pod), ["spec.initContainers[1].restartPolicy"]);
+        assert_eq!(unsupported_fields(&pod, true), ["spec.initContainers[1].restartPolicy"]);
     }
 
     #[test]
@@ -327,6 +382,6 @@ mod tests {
         });
         spec.containers[0].security_context =
             Some(SecurityContext { proc_mount: Some("Default".into()), ..SecurityContext::default() });
-        assert!(unsupported_fields(&pod).is_empty());
+        assert!(unsupported_fields(&pod, true).is_empty());
     }
 }

@@ -51,8 +51,8 @@ fn with(mut status: PodStatus, name: &str, state: ContainerState, exit_code: i32
     status
 }
 
-fn none() -> ProbeFailures {
-    ProbeFailures::default()
+fn none() -> ProbeVerdicts {
+    ProbeVerdicts::default()
 }
 
 fn killed(actions: &PodActions) -> Vec<(&str, KillReason)> {
@@ -274,9 +274,9 @@ fn a_changed_hash_restarts_the_container_whatever_the_policy() {
 #[test]
 fn a_failed_liveness_probe_kills_and_restarts_when_the_policy_allows() {
     let status = with(ready(0), "a", ContainerState::Running, 0);
-    let probes = ProbeFailures {
-        liveness: HashSet::from([status.container_statuses[0].id.clone()]),
-        ..ProbeFailures::default()
+    let probes = ProbeVerdicts {
+        liveness_failed: HashSet::from([status.container_statuses[0].id.clone()]),
+        ..ProbeVerdicts::default()
     };
     let a = compute_pod_actions(&pod("Always", &[], &["a"]), &status, &probes);
     assert_eq!(killed(&a), [("a", KillReason::LivenessProbe)]);
@@ -290,8 +290,10 @@ fn a_failed_liveness_probe_kills_and_restarts_when_the_policy_allows() {
 #[test]
 fn a_failed_startup_probe_kills_and_restarts() {
     let status = with(ready(0), "a", ContainerState::Running, 0);
-    let probes =
-        ProbeFailures { startup: HashSet::from([status.container_statuses[0].id.clone()]), ..ProbeFailures::default() };
+    let probes = ProbeVerdicts {
+        startup_failed: HashSet::from([status.container_statuses[0].id.clone()]),
+        ..ProbeVerdicts::default()
+    };
     let a = compute_pod_actions(&pod("OnFailure", &[], &["a"]), &status, &probes);
     assert_eq!(killed(&a), [("a", KillReason::StartupProbe)]);
     assert_eq!(a.containers_to_start, vec![0]);
@@ -341,6 +343,49 @@ fn a_started_sidecar_counts_as_done_for_the_init_sequence() {
     let a = compute_pod_actions(&p, &status, &none());
     assert!(a.init_containers_to_start.is_empty() && !a.kill_pod, "the running sidecar is left alone: {a:?}");
     assert_eq!(a.containers_to_start, [0], "initialization is done while the sidecar runs");
+}
+
+#[test]
+fn a_sidecars_startup_probe_gates_the_next_init_container_and_restarts_it_on_failure() {
+    let mut p = with_sidecar("Always");
+    p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].startup_probe = Some(Default::default());
+    let status = with(ready(0), "sc", ContainerState::Running, 0);
+    let id = status.container_statuses[0].id.clone();
+    let a = compute_pod_actions(&p, &status, &none());
+    assert!(a.init_containers_to_start.is_empty() && a.containers_to_kill.is_empty(), "not started yet: {a:?}");
+    let failed = ProbeVerdicts { startup_failed: HashSet::from([id.clone()]), ..none() };
+    let a = compute_pod_actions(&p, &status, &failed);
+    assert_eq!(killed(&a), [("sc", KillReason::StartupProbe)]);
+    assert_eq!(a.containers_to_kill[0].message, "Init container sc failed startup probe");
+    assert_eq!(a.init_containers_to_start, [0]);
+    let passed = ProbeVerdicts { startup_passed: HashSet::from([id]), ..none() };
+    assert_eq!(compute_pod_actions(&p, &status, &passed).init_containers_to_start, [1], "started: the next one");
+}
+
+#[test]
+fn a_sidecar_that_fails_liveness_restarts_without_holding_back_the_next() {
+    let p = with_sidecar("Always");
+    let status = with(ready(0), "sc", ContainerState::Running, 0);
+    let failed = ProbeVerdicts { liveness_failed: HashSet::from([status.container_statuses[0].id.clone()]), ..none() };
+    let a = compute_pod_actions(&p, &status, &failed);
+    assert_eq!(killed(&a), [("sc", KillReason::LivenessProbe)]);
+    assert_eq!(a.init_containers_to_start, [0, 1]);
+}
+
+#[test]
+fn verdicts_are_taken_from_the_results_store_for_the_pods_containers() {
+    let status = with(with(ready(0), "a", ContainerState::Running, 0), "b", ContainerState::Running, 0);
+    let (a, b) = (status.container_status("a").unwrap().id.clone(), status.container_status("b").unwrap().id.clone());
+    let results = ProbeResults::new();
+    let uid = PodUid::new("u");
+    results.set(ProbeKind::Liveness, &uid, &a, ProbeOutcome::Failure);
+    results.set(ProbeKind::Startup, &uid, &a, ProbeOutcome::Success);
+    results.set(ProbeKind::Startup, &uid, &b, ProbeOutcome::Failure);
+    results.set(ProbeKind::Liveness, &uid, "other", ProbeOutcome::Failure);
+    let verdicts = ProbeVerdicts::of(&results, &status);
+    assert_eq!(verdicts.liveness_failed, HashSet::from([a.clone()]));
+    assert_eq!(verdicts.startup_passed, HashSet::from([a]));
+    assert_eq!(verdicts.startup_failed, HashSet::from([b]));
 }
 
 #[test]

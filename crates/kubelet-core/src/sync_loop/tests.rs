@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::{
     PodUid, Source,
-    handler::{ProbeKind, ProbeOutcome},
+    probe::{ProbeKind, ProbeOutcome},
     state::HealthError,
 };
 
