@@ -354,6 +354,15 @@ fn validate_container(c: &Container, path: &str, volumes: &HashSet<&str>) -> Res
             return Err(field_error(format!("{path}.env[{i}].name"), format!("invalid value {:?}", env.name)));
         }
     }
+    for (name, probe) in [
+        ("livenessProbe", &c.liveness_probe),
+        ("readinessProbe", &c.readiness_probe),
+        ("startupProbe", &c.startup_probe),
+    ] {
+        if let Some(probe) = probe {
+            validate_probe(probe, &format!("{path}.{name}"), name != "readinessProbe")?;
+        }
+    }
     for (i, mount) in c.volume_mounts.iter().flatten().enumerate() {
         if !volumes.contains(mount.name.as_str()) {
             return Err(field_error(
@@ -361,6 +370,41 @@ fn validate_container(c: &Container, path: &str, volumes: &HashSet<&str>) -> Res
                 format!("not found: no volume {:?}", mount.name),
             ));
         }
+    }
+    Ok(())
+}
+
+/// Upstream `validateProbe`: one handler, counts not negative, a success threshold of 1 where
+/// a probe's success cannot be repeated (liveness, startup), a positive own grace period.
+fn validate_probe(probe: &Probe, path: &str, success_must_be_one: bool) -> Result<(), FieldError> {
+    let handlers = [probe.exec.is_some(), probe.http_get.is_some(), probe.tcp_socket.is_some(), probe.grpc.is_some()];
+    match handlers.iter().filter(|h| **h).count() {
+        0 => return Err(field_error(path, "required value: must specify a handler type")),
+        1 => {}
+        _ => return Err(field_error(path, "forbidden: may not specify more than 1 handler type")),
+    }
+    for (field, value) in [
+        ("initialDelaySeconds", probe.initial_delay_seconds),
+        ("timeoutSeconds", probe.timeout_seconds),
+        ("periodSeconds", probe.period_seconds),
+        ("successThreshold", probe.success_threshold),
+        ("failureThreshold", probe.failure_threshold),
+    ] {
+        if let Some(v) = value.filter(|v| *v < 0) {
+            return Err(field_error(
+                format!("{path}.{field}"),
+                format!("invalid value {v}: must be greater than or equal to 0"),
+            ));
+        }
+    }
+    if success_must_be_one && probe.success_threshold.is_some_and(|t| t != 1) {
+        return Err(field_error(format!("{path}.successThreshold"), "invalid value: must be 1"));
+    }
+    if let Some(grace) = probe.termination_grace_period_seconds.filter(|g| *g <= 0) {
+        return Err(field_error(
+            format!("{path}.terminationGracePeriodSeconds"),
+            format!("invalid value {grace}: must be greater than 0"),
+        ));
     }
     Ok(())
 }

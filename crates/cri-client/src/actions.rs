@@ -39,6 +39,26 @@ pub struct ContainerToKill {
     pub reason: KillReason,
     /// Event message, as upstream words it.
     pub message: String,
+    /// The failed probe's own `terminationGracePeriodSeconds`, for a kill by a liveness or
+    /// startup probe that sets one; it replaces the pod's (upstream `setTerminationGracePeriod`).
+    pub grace_period: Option<i64>,
+}
+
+impl ContainerToKill {
+    fn new(id: &str, container: &Container, reason: KillReason, message: String) -> Self {
+        let probe = match reason {
+            KillReason::LivenessProbe => container.liveness_probe.as_ref(),
+            KillReason::StartupProbe => container.startup_probe.as_ref(),
+            _ => None,
+        };
+        ContainerToKill {
+            id: id.to_owned(),
+            name: container.name.clone(),
+            reason,
+            message,
+            grace_period: probe.and_then(|p| p.termination_grace_period_seconds),
+        }
+    }
 }
 
 /// The actions of one sync (upstream `podActions`).
@@ -199,11 +219,9 @@ fn init_actions(pod: &Pod, status: &PodStatus, probes: &ProbeVerdicts) -> InitAc
         match current.state {
             ContainerState::Created => actions.to_start.push(i),
             ContainerState::Running if sidecar => {
-                let kill = |reason, what: &str| ContainerToKill {
-                    id: current.id.clone(),
-                    name: container.name.clone(),
-                    reason,
-                    message: format!("Init container {} failed {what} probe", container.name),
+                let kill = |reason, what: &str| {
+                    let message = format!("Init container {} failed {what} probe", container.name);
+                    ContainerToKill::new(&current.id, container, reason, message)
                 };
                 if container.startup_probe.is_some() && !probes.startup_passed.contains(&current.id) {
                     // Not started until its startup probe passed; restarted when it failed.
@@ -221,12 +239,13 @@ fn init_actions(pod: &Pod, status: &PodStatus, probes: &ProbeVerdicts) -> InitAc
                     actions.to_start.push(i + 1);
                 }
                 if current.hash != hash(container) {
-                    actions.to_kill.push(ContainerToKill {
-                        id: current.id.clone(),
-                        name: container.name.clone(),
-                        reason: KillReason::DefinitionChanged,
-                        message: format!("Init container {} definition changed, will be restarted", container.name),
-                    });
+                    let message = format!("Init container {} definition changed, will be restarted", container.name);
+                    actions.to_kill.push(ContainerToKill::new(
+                        &current.id,
+                        container,
+                        KillReason::DefinitionChanged,
+                        message,
+                    ));
                     actions.to_start.push(i);
                 } else if probes.liveness_failed.contains(&current.id) {
                     // Its liveness does not hold back the next init container; it restarts.
@@ -255,12 +274,8 @@ fn init_actions(pod: &Pod, status: &PodStatus, probes: &ProbeVerdicts) -> InitAc
                 actions.to_start.push(i);
             }
             ContainerState::Unknown => {
-                actions.to_kill.push(ContainerToKill {
-                    id: current.id.clone(),
-                    name: container.name.clone(),
-                    reason: KillReason::Unknown,
-                    message: "Init container is in \"unknown\" state, try killing it before restart".to_owned(),
-                });
+                let message = "Init container is in \"unknown\" state, try killing it before restart".to_owned();
+                actions.to_kill.push(ContainerToKill::new(&current.id, container, KillReason::Unknown, message));
                 actions.to_start.push(i);
             }
         }
@@ -338,12 +353,13 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeVerdicts
             if should_container_be_restarted(container, pod, status) {
                 actions.containers_to_start.push(i);
                 if let Some(unknown) = current.filter(|s| s.state == ContainerState::Unknown) {
-                    actions.containers_to_kill.push(ContainerToKill {
-                        id: unknown.id.clone(),
-                        name: unknown.name.clone(),
-                        reason: KillReason::Unknown,
-                        message: "Container is in \"unknown\" state, try killing it before restart".to_owned(),
-                    });
+                    let message = "Container is in \"unknown\" state, try killing it before restart".to_owned();
+                    actions.containers_to_kill.push(ContainerToKill::new(
+                        &unknown.id,
+                        container,
+                        KillReason::Unknown,
+                        message,
+                    ));
                 }
             }
             continue;
@@ -367,12 +383,7 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus, probes: &ProbeVerdicts
         } else {
             message
         };
-        actions.containers_to_kill.push(ContainerToKill {
-            id: running.id.clone(),
-            name: container.name.clone(),
-            reason,
-            message,
-        });
+        actions.containers_to_kill.push(ContainerToKill::new(&running.id, container, reason, message));
     }
     // Nothing left to run (sidecars do not count): the pod is done.
     if keep == 0 && actions.containers_to_start.is_empty() {

@@ -248,6 +248,26 @@ fn validation_names_the_field() {
             "metadata: {name: w}\nspec: {volumes: [{name: d, emptyDir: {}}, {name: d, emptyDir: {}}], containers: [{name: c, image: i}]}\n",
             "spec.volumes[1].name",
         ),
+        (
+            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, readinessProbe: {periodSeconds: 1}}]}\n",
+            "spec.containers[0].readinessProbe",
+        ),
+        (
+            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, livenessProbe: {exec: {command: [x]}, tcpSocket: {port: 1}}}]}\n",
+            "spec.containers[0].livenessProbe",
+        ),
+        (
+            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, startupProbe: {exec: {command: [x]}, successThreshold: 2}}]}\n",
+            "spec.containers[0].startupProbe.successThreshold",
+        ),
+        (
+            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, readinessProbe: {exec: {command: [x]}, failureThreshold: -1}}]}\n",
+            "spec.containers[0].readinessProbe.failureThreshold",
+        ),
+        (
+            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, livenessProbe: {exec: {command: [x]}, terminationGracePeriodSeconds: 0}}]}\n",
+            "spec.containers[0].livenessProbe.terminationGracePeriodSeconds",
+        ),
     ];
     for (manifest, field) in cases {
         assert_eq!(invalid_field(manifest), field, "{manifest}");

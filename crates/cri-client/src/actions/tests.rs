@@ -300,6 +300,27 @@ fn a_failed_startup_probe_kills_and_restarts() {
 }
 
 #[test]
+fn a_probe_kill_takes_the_probes_own_grace_period() {
+    let status = with(with(ready(0), "a", ContainerState::Running, 0), "b", ContainerState::Running, 0);
+    let (a, b) = (status.container_status("a").unwrap().id.clone(), status.container_status("b").unwrap().id.clone());
+    let mut p = pod("Always", &[], &["a", "b"]);
+    let probe = |grace| {
+        Some(k8s_openapi::api::core::v1::Probe { termination_grace_period_seconds: grace, ..Default::default() })
+    };
+    let spec = p.spec.as_mut().unwrap();
+    spec.containers[0].liveness_probe = probe(Some(7));
+    spec.containers[1].startup_probe = probe(None);
+    let probes = ProbeVerdicts { liveness_failed: HashSet::from([a]), startup_failed: HashSet::from([b]), ..none() };
+    let actions = compute_pod_actions(&p, &status, &probes);
+    let graces: Vec<_> = actions.containers_to_kill.iter().map(|k| (k.name.as_str(), k.grace_period)).collect();
+    assert_eq!(graces, [("a", Some(7)), ("b", None)], "a probe without its own keeps the pod's");
+    let mut changed = p.clone();
+    changed.spec.as_mut().unwrap().containers[0].image = Some("busybox:2".into());
+    let actions = compute_pod_actions(&changed, &status, &none());
+    assert_eq!(actions.containers_to_kill[0].grace_period, None, "only a probe kill uses the probe's");
+}
+
+#[test]
 fn an_unchanged_running_pod_is_kept_as_is() {
     let a = compute_pod_actions(
         &pod("Always", &[], &["a", "b"]),

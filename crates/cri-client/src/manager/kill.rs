@@ -12,17 +12,20 @@ impl CriRuntime {
         }
     }
 
-    /// Kills one container with upstream's grace rules (`killContainer`).
+    /// Kills one container with upstream's grace rules (`killContainer`): a deletion's grace
+    /// period, else `probe_grace` (a failed probe's own), else the pod's, at least 2 s, unless
+    /// `grace_override` says otherwise.
     pub(super) async fn kill_container(
         &self,
         pod: Option<&ApiPod>,
         id: &str,
         name: &str,
-        annotations_grace: Option<i64>,
+        probe_grace: Option<i64>,
         grace_override: Option<i64>,
         message: &str,
     ) -> Result<(), Error> {
-        let mut grace = pod_grace(pod).or(annotations_grace).unwrap_or(30);
+        let deletion_grace = pod.and_then(|p| p.metadata.deletion_grace_period_seconds);
+        let mut grace = deletion_grace.or(probe_grace).or_else(|| pod_grace(pod)).unwrap_or(30);
         if let Some(pod) = pod {
             let message = if message.is_empty() { format!("Stopping container {name}") } else { message.to_owned() };
             self.event(pod, EventType::Normal, "Killing", message);
@@ -58,10 +61,9 @@ pub(super) async fn kill_pod(
         .unwrap_or_default();
     let live = || running.containers.iter().filter(|c| c.state != ContainerState::Exited);
     let started = Instant::now();
-    let kills = live().filter(|c| !sidecars.contains(&c.name.as_str())).map(|c| async move {
-        let annotations_grace = None;
-        rt.kill_container(pod, &c.id, &c.name, annotations_grace, grace_override, "").await
-    });
+    let kills = live()
+        .filter(|c| !sidecars.contains(&c.name.as_str()))
+        .map(|c| async move { rt.kill_container(pod, &c.id, &c.name, None, grace_override, "").await });
     let results = futures::future::join_all(kills).await;
     if let Some(err) = results.into_iter().find_map(Result::err) {
         return Err(err);

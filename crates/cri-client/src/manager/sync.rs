@@ -226,7 +226,7 @@ pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, 
         }
     } else {
         for kill in &actions.containers_to_kill {
-            match rt.kill_container(Some(pod), &kill.id, &kill.name, None, None, &kill.message).await {
+            match rt.kill_container(Some(pod), &kill.id, &kill.name, kill.grace_period, None, &kill.message).await {
                 Ok(()) => result.push(SyncResult::ok(SyncAction::KillContainer, &kill.name)),
                 Err(err) => {
                     result.push(SyncResult::failed(
