@@ -11,7 +11,7 @@ use config::{PodConfig, file, http};
 use cri_client::{Client, Config as CriConfig, CriRuntime, manager};
 use kubelet::{Agent, admission::NodeResources, agent};
 use kubelet_core::{
-    Pleg, ProbeResults, Runtime, Source, StartupTracker,
+    Pleg, Runtime, Source, StartupTracker,
     events::RingRecorder,
     fake::{FakeRuntime, Method},
     runtime::RuntimeEvents,
@@ -34,8 +34,7 @@ pub(crate) async fn run(
     if let Some(fake) = FakeEndpoint::parse(&file.container_runtime_endpoint)? {
         warn!(endpoint = %file.container_runtime_endpoint, "running on the in-memory fake runtime: no containers run");
         let runtime = Arc::new(fake.build());
-        let probes = Arc::new(ProbeResults::new());
-        return run_on(runtime, recorder, Arc::new(StartupTracker::new()), probes, settings, metrics, cancel).await;
+        return run_on(runtime, recorder, Arc::new(StartupTracker::new()), settings, metrics, cancel).await;
     }
     let mut cri_config = CriConfig::new(&file.container_runtime_endpoint).request_timeout(file.runtime_request_timeout);
     if let Some(endpoint) = &file.image_service_endpoint {
@@ -50,14 +49,8 @@ pub(crate) async fn run(
         .node_ip(&settings.node_ip)
         .image_pull_limit(file.image_pull_limit());
     let startup = Arc::new(StartupTracker::new());
-    // The prober writes the verdicts; the runtime restarts containers that failed liveness.
-    let probes = Arc::new(ProbeResults::new());
-    let runtime = Arc::new(
-        CriRuntime::new(client, runtime_config, recorder.clone())
-            .startup_tracker(startup.clone())
-            .probe_results(probes.clone()),
-    );
-    run_on(runtime, recorder, startup, probes, settings, metrics, cancel).await
+    let runtime = Arc::new(CriRuntime::new(client, runtime_config, recorder.clone()).startup_tracker(startup.clone()));
+    run_on(runtime, recorder, startup, settings, metrics, cancel).await
 }
 
 /// `fake://?startLatency=200ms&failureRate=0.1`: the in-memory runtime, each pod sync taking
@@ -124,7 +117,6 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     runtime: Arc<R>,
     recorder: Arc<RingRecorder>,
     startup: Arc<StartupTracker>,
-    probes: Arc<ProbeResults>,
     settings: Settings,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     cancel: CancellationToken,
@@ -165,7 +157,6 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         .recorder(recorder.clone())
         .startup_tracker(startup)
         .cancel(cancel.clone())
-        .probe_results(probes)
         .prober({
             let config = prober::Config::default().node_ip(&settings.node_ip);
             move |parts| {

@@ -130,7 +130,6 @@ pub struct CriRuntime {
     config: Config,
     image_backoff: Backoff,
     recorder: Arc<dyn EventRecorder>,
-    probes: Arc<kubelet_core::ProbeResults>,
     memory_capacity: i64,
     image_pulls: Option<tokio::sync::Semaphore>,
     startup: Option<Arc<kubelet_core::StartupTracker>>,
@@ -166,7 +165,6 @@ impl CriRuntime {
             client,
             image_backoff: Backoff::default(),
             recorder,
-            probes: Arc::new(kubelet_core::ProbeResults::new()),
             memory_capacity: memory_capacity(),
             image_pulls: config.image_pull_limit.map(tokio::sync::Semaphore::new),
             startup: None,
@@ -184,14 +182,6 @@ impl CriRuntime {
     /// The CRI client.
     pub fn client(&self) -> &Client {
         &self.client
-    }
-
-    /// Reads liveness and startup verdicts from `results`, which the prober writes (default:
-    /// a store of its own that nothing writes, for an agent without probes).
-    #[must_use]
-    pub fn probe_results(mut self, results: Arc<kubelet_core::ProbeResults>) -> Self {
-        self.probes = results;
-        self
     }
 
     fn event(&self, pod: &ApiPod, kind: EventType, reason: &str, message: String) {
@@ -259,8 +249,14 @@ impl Runtime for CriRuntime {
         status::get_pod_status(self, uid, name, namespace).await
     }
 
-    async fn sync_pod(&self, pod: &ApiPod, status: &PodStatus, backoff: &Backoff) -> PodSyncResult {
-        sync::sync_pod(self, pod, status, backoff).await
+    async fn sync_pod(
+        &self,
+        pod: &ApiPod,
+        status: &PodStatus,
+        backoff: &Backoff,
+        probes: &kubelet_core::ProbeResults,
+    ) -> PodSyncResult {
+        sync::sync_pod(self, pod, status, backoff, probes).await
     }
 
     async fn kill_pod(

@@ -425,7 +425,14 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
         }),
         ..Pod::default()
     };
-    let result = runtime.sync_pod(&pod, &PodStatus::new(PodUid::new("u"), "p", "ns"), &Backoff::default()).await;
+    let result = runtime
+        .sync_pod(
+            &pod,
+            &PodStatus::new(PodUid::new("u"), "p", "ns"),
+            &Backoff::default(),
+            &kubelet_core::ProbeResults::new(),
+        )
+        .await;
     let failure = result.errors().next().expect("a sync error");
     assert_eq!(failure.reason, reasons::CREATE_POD_SANDBOX_ERROR);
     assert!(failure.message.contains("plugin type=\"bridge\" failed"), "{}", failure.message);
@@ -436,7 +443,7 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
     // A stopped sandbox is replaced: now the event says so.
     let mut status = PodStatus::new(PodUid::new("u"), "p", "ns");
     status.sandbox_statuses.push(runtime::SandboxStatus::new("sb-0", 0, SandboxState::NotReady));
-    let _ = runtime.sync_pod(&pod, &status, &Backoff::default()).await;
+    let _ = runtime.sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
     assert!(reasons_of(&recorder).contains(&"SandboxChanged".to_owned()), "{:?}", reasons_of(&recorder));
     f.server.abort();
 }

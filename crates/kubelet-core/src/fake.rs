@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Container as ApiContainer, Pod as ApiPod};
 use tokio::time::Instant;
 
 use crate::{
-    PodUid,
+    PodUid, ProbeKind, ProbeResults,
     backoff::Backoff,
     runtime::{
         ChangeHint, Container, ContainerEvent, ContainerEventKind, ContainerState, ContainerStatus, EventStreamError,
@@ -599,7 +599,13 @@ impl Runtime for FakeRuntime {
         Ok(lock(&self.state).pod_status(uid, name, namespace))
     }
 
-    async fn sync_pod(&self, pod: &ApiPod, _status: &PodStatus, backoff: &Backoff) -> PodSyncResult {
+    async fn sync_pod(
+        &self,
+        pod: &ApiPod,
+        _status: &PodStatus,
+        backoff: &Backoff,
+        probes: &ProbeResults,
+    ) -> PodSyncResult {
         let uid = PodUid::of(pod);
         let mut result = PodSyncResult::default();
         if let Err(err) = self.enter(Method::SyncPod, uid.as_str()).await {
@@ -689,7 +695,9 @@ impl Runtime for FakeRuntime {
             let last = status.container_status(&container.name);
             let hash = container_hash(&container.name, container.image.as_deref().unwrap_or_default());
             if let Some(s) = last.filter(|s| s.state == ContainerState::Running) {
-                if s.hash == hash {
+                let probe_failed =
+                    probes.failed(ProbeKind::Liveness, &s.id) || probes.failed(ProbeKind::Startup, &s.id);
+                if s.hash == hash && !probe_failed {
                     continue;
                 }
                 if let Some(c) =
@@ -698,6 +706,10 @@ impl Runtime for FakeRuntime {
                     exit(c, 137, at);
                 }
                 result.push(SyncResult::ok(SyncAction::KillContainer, &container.name));
+                // A changed definition restarts whatever the policy; a failed probe as the policy says.
+                if s.hash == hash && policy == "Never" {
+                    continue;
+                }
             } else if !should_restart(last, policy) {
                 continue;
             }

@@ -28,7 +28,7 @@
 //!
 //! use k8s_openapi::api::core::v1::Pod;
 //! use kubelet_core::{
-//!     Backoff, LoopHealth, PodManager, Runtime, RuntimeState, Source, SourcesReady, SyncHandler, WorkQueue,
+//!     Backoff, LoopHealth, PodManager, ProbeResults, Runtime, RuntimeState, Source, SourcesReady, SyncHandler, WorkQueue,
 //!     fake::FakeRuntime,
 //!     sync_loop::{self, Inputs, Shared},
 //! };
@@ -47,7 +47,7 @@
 //!     async fn handle_pod_additions(&self, pods: Vec<Arc<Pod>>) {
 //!         for pod in pods {
 //!             let status = kubelet_core::runtime::PodStatus::new(kubelet_core::PodUid::of(&pod), "", "");
-//!             let result = self.runtime.sync_pod(&pod, &status, &self.backoff).await;
+//!             let result = self.runtime.sync_pod(&pod, &status, &self.backoff, &ProbeResults::new()).await;
 //!             println!("synced {:?}: {} steps", pod.metadata.name, result.results.len());
 //!         }
 //!     }

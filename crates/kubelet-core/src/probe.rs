@@ -83,8 +83,8 @@ impl ProbeResult {
 /// The latest verdict of every probe, by kind and runtime container ID (upstream's liveness,
 /// readiness and startup results managers in one).
 ///
-/// The prober writes it; the runtime reads liveness and startup failures when it syncs a pod, and
-/// the kubelet reads readiness and startup when it computes a status.
+/// The prober writes it; the kubelet hands it to `Runtime::sync_pod`, which acts on liveness and
+/// startup failures, and reads readiness and startup when it computes a status.
 /// Shared by many tasks at once, so it is a sharded map; no reference into it is held across an
 /// `.await`.
 #[derive(Debug, Default)]

@@ -7,7 +7,7 @@ use std::{future::Future, time::Duration};
 
 use k8s_openapi::{api::core::v1::Pod as ApiPod, jiff::Timestamp};
 
-use crate::{PodUid, backoff::Backoff};
+use crate::{PodUid, ProbeResults, backoff::Backoff};
 
 /// The runtime condition type that says the runtime can run containers.
 pub const RUNTIME_READY: &str = "RuntimeReady";
@@ -659,12 +659,15 @@ pub trait Runtime: Send + Sync + 'static {
         namespace: &str,
     ) -> impl Future<Output = Result<PodStatus, Self::Error>> + Send;
 
-    /// Brings the pod's sandbox and containers in line with its spec; `backoff` is the crash-loop backoff.
+    /// Brings the pod's sandbox and containers in line with its spec; `backoff` is the crash-loop
+    /// backoff, and a running container that failed its liveness or startup probe in `probes` is
+    /// killed and started again (an agent without a prober passes an empty store).
     fn sync_pod(
         &self,
         pod: &ApiPod,
         status: &PodStatus,
         backoff: &Backoff,
+        probes: &ProbeResults,
     ) -> impl Future<Output = PodSyncResult> + Send;
 
     /// Kills every container and stops every sandbox of `running`.

@@ -105,7 +105,6 @@ pub struct Builder<R> {
     recorder: Arc<dyn EventRecorder>,
     startup: Arc<StartupTracker>,
     cancel: CancellationToken,
-    probe_results: Arc<ProbeResults>,
     prober: Option<ProberFactory<R>>,
 }
 
@@ -127,14 +126,6 @@ impl<R: Runtime> Builder<R> {
     #[must_use]
     pub fn startup_tracker(mut self, tracker: Arc<StartupTracker>) -> Self {
         self.startup = tracker;
-        self
-    }
-
-    /// The store of probe verdicts, shared with the runtime, which restarts containers that
-    /// failed their liveness or startup probe (default: a new one).
-    #[must_use]
-    pub fn probe_results(mut self, results: Arc<ProbeResults>) -> Self {
-        self.probe_results = results;
         self
     }
 
@@ -164,8 +155,9 @@ impl<R: Runtime> Builder<R> {
         P: Pleg,
         W: PodWorkers,
     {
-        let Builder { runtime, config, recorder, startup, cancel, probe_results, prober } = self;
+        let Builder { runtime, config, recorder, startup, cancel, prober } = self;
         let cache = Arc::new(Cache::new());
+        let probe_results = Arc::new(ProbeResults::new());
         let (probe_tx, probes) = mpsc::channel(64);
         let prober = prober.map(|factory| {
             factory(ProberParts {
@@ -262,7 +254,6 @@ impl<R: Runtime> Agent<R, (), ()> {
             recorder: Arc::new(RingRecorder::default()),
             startup: Arc::new(StartupTracker::new()),
             cancel: CancellationToken::new(),
-            probe_results: Arc::new(ProbeResults::new()),
             prober: None,
         }
     }

@@ -131,7 +131,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                     continue;
                 }
             }
-            if let Some((prober, _)) = &self.sync.prober {
+            if let Some(prober) = &self.sync.prober {
                 prober.add_pod(&pod);
             }
             self.dispatch(pod, SyncPodType::Create);
@@ -191,7 +191,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             let uid = PodUid::of(&pod);
             if !workers.contains_key(&uid) && !is_mirror_pod(&pod) {
                 info!(pod = %pod_full_name(&pod), pod.uid = %uid, "pod will be restarted: it is desired and not known to the pod workers (likely a reused UID)");
-                if let Some((prober, _)) = &self.sync.prober {
+                if let Some(prober) = &self.sync.prober {
                     prober.add_pod(&pod);
                 }
                 self.dispatch(pod, SyncPodType::Create);
@@ -229,7 +229,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                 }
             }
         }
-        if let Some((prober, _)) = &self.sync.prober {
+        if let Some(prober) = &self.sync.prober {
             prober.cleanup_pods(&desired_uids);
         }
         let keep = desired_uids.into_iter().chain(workers.into_keys()).collect();

@@ -140,8 +140,11 @@ pub struct PodSync<R> {
     startup: Arc<StartupTracker>,
     /// Pods whose data directories exist, so a resync of an unchanged pod touches no file.
     dirs_made: Mutex<HashSet<PodUid>>,
-    /// The prober and the verdicts it writes, when the agent probes.
-    pub(crate) prober: Option<(Arc<dyn ProbeManager>, Arc<ProbeResults>)>,
+    /// The prober, when the agent probes.
+    pub(crate) prober: Option<Arc<dyn ProbeManager>>,
+    /// The verdicts it writes (empty without one): the runtime acts on liveness and startup
+    /// failures, the status shows readiness and start.
+    probe_results: Arc<ProbeResults>,
 }
 
 impl<R> std::fmt::Debug for PodSync<R> {
@@ -176,6 +179,7 @@ impl<R: Runtime> PodSync<R> {
             startup: Arc::new(StartupTracker::new()),
             dirs_made: Mutex::new(HashSet::new()),
             prober: None,
+            probe_results: Arc::new(ProbeResults::new()),
         }
     }
 
@@ -183,7 +187,8 @@ impl<R: Runtime> PodSync<R> {
     /// `ready`; without one, pods with probes are refused.
     #[must_use]
     pub fn prober(mut self, prober: Arc<dyn ProbeManager>, results: Arc<ProbeResults>) -> Self {
-        self.prober = Some((prober, results));
+        self.prober = Some(prober);
+        self.probe_results = results;
         self
     }
 
@@ -252,13 +257,11 @@ impl<R: Runtime> PodSync<R> {
             .map(|((_, name), f)| (name.clone(), f.clone()))
             .collect::<HashMap<_, _>>();
         let lookup = |name: &str| failures.get(name).cloned();
-        let mut input = StatusInput::new(&pod, runtime_status, &lookup, now_time())
+        let input = StatusInput::new(&pod, runtime_status, &lookup, now_time())
             .terminal(terminal)
             .runtime_name(&self.config.runtime_name)
-            .host_ip(&self.config.node_ip);
-        if let Some((_, results)) = &self.prober {
-            input = input.probe_results(results);
-        }
+            .host_ip(&self.config.node_ip)
+            .probe_results(&self.probe_results);
         status::api_pod_status(&input)
     }
 
@@ -367,7 +370,7 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             }
             lock(&self.dirs_made).insert(uid.clone());
         }
-        let result = self.runtime.sync_pod(pod, runtime_status, &self.backoff).await;
+        let result = self.runtime.sync_pod(pod, runtime_status, &self.backoff, &self.probe_results).await;
         if self.record_failures(&uid, &result) {
             // The reasons show at once (upstream shows them from the next sync on).
             self.statuses.set(pod, self.api_status(pod, runtime_status, false));
@@ -395,7 +398,7 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
     ) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         // Nothing restarts a container on its way out (upstream `StopLivenessAndStartup`).
-        if let Some((prober, _)) = &self.prober {
+        if let Some(prober) = &self.prober {
             prober.remove_pod(pod);
         }
         let mut api_status = self.api_status(pod, runtime_status, false);

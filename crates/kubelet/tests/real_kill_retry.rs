@@ -53,8 +53,14 @@ impl Runtime for FailingKills {
     async fn get_pod_status(&self, uid: &PodUid, name: &str, namespace: &str) -> Result<PodStatus, FailingError> {
         Ok(self.inner.get_pod_status(uid, name, namespace).await?)
     }
-    async fn sync_pod(&self, pod: &ApiPod, status: &PodStatus, backoff: &Backoff) -> PodSyncResult {
-        self.inner.sync_pod(pod, status, backoff).await
+    async fn sync_pod(
+        &self,
+        pod: &ApiPod,
+        status: &PodStatus,
+        backoff: &Backoff,
+        probes: &kubelet_core::ProbeResults,
+    ) -> PodSyncResult {
+        self.inner.sync_pod(pod, status, backoff, probes).await
     }
     async fn kill_pod(&self, pod: Option<&ApiPod>, running: &Pod, grace: Option<i64>) -> Result<(), FailingError> {
         self.kills.fetch_add(1, Ordering::SeqCst);

@@ -7,8 +7,9 @@
 //! records the verdict in the shared `kubelet_core::ProbeResults` once `successThreshold` or
 //! `failureThreshold` results came in a row; every change also goes to the sync loop as a
 //! `ProbeResult`, which resyncs the pod.
-//! The runtime reads liveness and startup failures from the same store to kill and restart the
-//! container, and the kubelet reads readiness and startup to set `ready` and `started`.
+//! The kubelet hands the same store to the runtime with each sync, which kills and restarts a
+//! container that failed liveness or startup, and reads readiness and startup to set `ready`
+//! and `started`.
 //!
 //! Upstream's rules hold: initial verdicts (readiness Failure, liveness Success, startup
 //! Unknown), `initialDelaySeconds` from the container's start, the other probes only once the

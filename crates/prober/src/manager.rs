@@ -231,7 +231,7 @@ impl<R: Runtime> WorkerTask<R> {
         // Probes of pods found when the agent starts would all run at once: each waits a random
         // part of its period first (upstream).
         if self.inner.started.elapsed() < period {
-            let jitter = period.mul_f64(fastrand_fraction());
+            let jitter = period.mul_f64(fastrand::f64());
             tokio::select! {
                 () = self.cancel.cancelled() => return self.finish(None),
                 () = tokio::time::sleep(jitter) => {}
@@ -397,11 +397,6 @@ impl<R: Runtime> WorkerTask<R> {
             Err(handlers::ProbeError("missing probe handler".to_owned()))
         }
     }
-}
-
-/// A random fraction in [0, 1).
-fn fastrand_fraction() -> f64 {
-    fastrand::f64()
 }
 
 #[cfg(test)]

@@ -188,10 +188,16 @@ impl CriRuntime {
     }
 }
 
-pub(super) async fn sync_pod(rt: &CriRuntime, pod: &ApiPod, status: &PodStatus, backoff: &Backoff) -> PodSyncResult {
+pub(super) async fn sync_pod(
+    rt: &CriRuntime,
+    pod: &ApiPod,
+    status: &PodStatus,
+    backoff: &Backoff,
+    results: &kubelet_core::ProbeResults,
+) -> PodSyncResult {
     let mut result = PodSyncResult::default();
     let full_name = kubelet_core::types::pod_full_name(pod);
-    let probes = ProbeVerdicts::of(&rt.probes, status);
+    let probes = ProbeVerdicts::of(results, status);
     let actions = compute_pod_actions(pod, status, &probes);
     debug!(pod = %full_name, ?actions, "computed pod actions");
     let Some(spec) = pod.spec.as_ref() else {

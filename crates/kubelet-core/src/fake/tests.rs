@@ -34,7 +34,7 @@ fn api_pod(uid: &str, policy: &str, init: &[&str], containers: &[&str]) -> ApiPo
 async fn sync(rt: &FakeRuntime, pod: &ApiPod, backoff: &Backoff) -> (PodSyncResult, PodStatus) {
     let uid = PodUid::of(pod);
     let status = rt.get_pod_status(&uid, "", "").await.unwrap();
-    let result = rt.sync_pod(pod, &status, backoff).await;
+    let result = rt.sync_pod(pod, &status, backoff, &crate::ProbeResults::new()).await;
     (result, rt.get_pod_status(&uid, "", "").await.unwrap())
 }
 
@@ -230,4 +230,27 @@ async fn populate_scales_to_ten_thousand_containers() {
     let pods = rt.get_pods(false).await.unwrap();
     assert_eq!(pods.len(), 1000);
     assert!(pods.iter().all(|p| p.containers.len() == 10 && p.sandboxes.len() == 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_liveness_probe_kills_and_restarts_as_the_policy_allows() {
+    for (policy, restarted) in [("Always", true), ("Never", false)] {
+        let rt = FakeRuntime::new();
+        let backoff = Backoff::default();
+        let pod = api_pod("u1", policy, &[], &["a"]);
+        let (_, status) = sync(&rt, &pod, &backoff).await;
+        let id = status.container_status("a").unwrap().id.clone();
+        let probes = crate::ProbeResults::new();
+        probes.set(crate::ProbeKind::Liveness, &PodUid::new("u1"), &id, crate::ProbeOutcome::Failure);
+        let result = rt.sync_pod(&pod, &status, &backoff, &probes).await;
+        assert!(!result.is_err(), "{result:?}");
+        let status = rt.get_pod_status(&PodUid::new("u1"), "", "").await.unwrap();
+        let newest = status.container_status("a").unwrap();
+        if restarted {
+            assert_eq!((newest.state, newest.restart_count), (ContainerState::Running, 1), "{policy}");
+            assert_ne!(newest.id, id);
+        } else {
+            assert_eq!((newest.state, newest.id.as_str()), (ContainerState::Exited, id.as_str()), "{policy}");
+        }
+    }
 }

@@ -416,3 +416,39 @@ mod api {
         assert_eq!((got.phase.as_deref(), got.reason.as_deref()), (Some(FAILED), Some("DeadlineExceeded")));
     }
 }
+
+#[test]
+fn probes_decide_started_and_ready_of_running_containers() {
+    use k8s_openapi::api::core::v1::Probe;
+    use kubelet_core::{PodUid, ProbeKind, ProbeOutcome, ProbeResults, runtime::ContainerStatus as Runtime};
+
+    let mut gated = c("gated");
+    gated.startup_probe = Some(Probe::default());
+    gated.readiness_probe = Some(Probe::default());
+    let containers = [gated, c("plain")];
+    let mut runtime = runtime::PodStatus::new(PodUid::new("u"), "p", "default");
+    runtime.container_statuses.push(Runtime::new("id-g", "gated", RuntimeState::Running));
+    runtime.container_statuses.push(Runtime::new("id-p", "plain", RuntimeState::Running));
+    let statuses = || {
+        let mut s = vec![run("gated"), run("plain")];
+        for status in &mut s {
+            status.started = Some(true);
+            status.ready = true;
+        }
+        s
+    };
+    let results = ProbeResults::new();
+    let uid = PodUid::new("u");
+    let flags = |results: &ProbeResults| {
+        let mut s = statuses();
+        apply_probes(&mut s, &containers, &runtime, results);
+        s.iter().map(|s| (s.started, s.ready)).collect::<Vec<_>>()
+    };
+    assert_eq!(flags(&results), [(Some(false), false), (Some(true), true)], "no verdict yet: not started");
+    results.set(ProbeKind::Startup, &uid, "id-g", ProbeOutcome::Success);
+    assert_eq!(flags(&results)[0], (Some(true), false), "started, not ready");
+    results.set(ProbeKind::Readiness, &uid, "id-g", ProbeOutcome::Success);
+    assert_eq!(flags(&results)[0], (Some(true), true));
+    results.set(ProbeKind::Readiness, &uid, "id-g", ProbeOutcome::Failure);
+    assert_eq!(flags(&results)[0], (Some(true), false));
+}

@@ -49,7 +49,7 @@ impl Harness {
             ..ApiPod::default()
         };
         let status = self.runtime.get_pod_status(&PodUid::new(uid), "", "").await.unwrap();
-        self.runtime.sync_pod(&pod, &status, &Backoff::default()).await;
+        self.runtime.sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
     }
 
     /// Events that arrive within `within` of virtual time.
@@ -200,38 +200,34 @@ async fn without_events_each_hint_makes_the_pleg_relist_at_once_and_idle_costs_n
     h.stop().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_hint_ahead_of_the_runtime_state_is_caught_by_a_follow_up_relist() {
+/// containerd publishes a task's exit before its CRI plugin records it: `hint` comes first, the
+/// relist 10 ms later sees nothing, and the death shows 20 ms after the hint; it is seen within
+/// `within` after that.
+async fn a_hint_ahead_of_a_death_is_caught_within(hint: ChangeHint, within: Duration) {
     let mut h = start(hinting());
     h.sync("p1").await;
     assert_eq!(h.events_within(Duration::from_millis(20)).await, [Started, Started]);
     let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // containerd publishes a task's exit before its CRI plugin records it: the hint comes first,
-    // the relist 10 ms later sees nothing, and the change shows after it.
-    h.runtime.send_hint(ChangeHint::Changed);
+    h.runtime.send_hint(hint);
     tokio::time::sleep(Duration::from_millis(20)).await;
     h.runtime.set_events_muted(true);
     h.runtime.stop_container(&id, 1).unwrap();
     h.runtime.set_events_muted(false);
-    assert_eq!(h.events_within(Duration::from_millis(100)).await, [Died], "the follow-up relist at 110 ms saw it");
+    assert_eq!(h.events_within(within).await, [Died], "{hint:?}");
     h.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_hint_ahead_of_the_runtime_state_is_caught_by_a_follow_up_relist() {
+    // The follow-up relist at 110 ms sees it.
+    a_hint_ahead_of_a_death_is_caught_within(ChangeHint::Changed, Duration::from_millis(100)).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_exit_hint_ahead_of_the_runtime_state_is_caught_within_tens_of_milliseconds() {
-    let mut h = start(hinting());
-    h.sync("p1").await;
-    assert_eq!(h.events_within(Duration::from_millis(20)).await, [Started, Started]);
-    let id = h.cache.get(&PodUid::new("p1")).status.container_statuses[0].id.clone();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    h.runtime.send_hint(ChangeHint::Exited);
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    h.runtime.set_events_muted(true);
-    h.runtime.stop_container(&id, 1).unwrap();
-    h.runtime.set_events_muted(false);
-    assert_eq!(h.events_within(Duration::from_millis(20)).await, [Died], "the follow-up relist at 35 ms saw it");
-    h.stop().await;
+    // The follow-up relist at 35 ms sees it.
+    a_hint_ahead_of_a_death_is_caught_within(ChangeHint::Exited, Duration::from_millis(20)).await;
 }
 
 #[tokio::test(start_paused = true)]
