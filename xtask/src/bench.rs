@@ -14,6 +14,8 @@
 //! - Idle cost with 0 and with 50 pods: CPU seconds per minute, resident memory, threads, open
 //!   files, and the relists per minute and their mean time from the agent's own
 //!   `kubelet_pleg_relist_duration_seconds` (no time row when no relist ran).
+//! - Probing: CPU seconds per minute of the agent while 100 containers each have an exec and an
+//!   httpGet probe at a 1 s period.
 //! - The release binary's size, and (unless `--quick`) two criterion benchmarks on the fake
 //!   runtime: a relist of 10,000 unchanged containers and a pod-worker dispatch of 10,000 pods.
 
@@ -306,6 +308,11 @@ fn measure(options: &Options) -> Result<Results> {
         Figure::new("replacement started by the runtime → restarted and Running in /pods", "s", &runs.restart_seen)
             .target(Target::AtMost(0.05)),
     );
+    results.figures.push(Figure::new(
+        format!("agent CPU probing {PROBED_CONTAINERS} containers (an exec and an httpGet probe each, 1 s period)"),
+        "s/min",
+        &runs.probing,
+    ));
     for (pods, idle) in &runs.idle {
         let (cpu, rss) = if *pods == 0 { (0.05, 12.0) } else { (0.3, 20.0) };
         results
@@ -364,6 +371,8 @@ struct AgentRuns {
     /// The replacement started by the runtime → restarted and running in `/pods`.
     restart_seen: Vec<f64>,
     idle: Vec<(usize, Idle)>,
+    /// CPU seconds per minute of the agent probing 100 containers.
+    probing: Vec<f64>,
 }
 
 fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: usize) -> Result<AgentRuns> {
@@ -393,7 +402,34 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
             runs.teardown.entry(n).or_default().push(stop_pods(agent, tool)?);
         }
     }
+    runs.probing = probing_cost(agent, tool, options)?;
     Ok(runs)
+}
+
+/// Containers of the probing figure, two per pod.
+const PROBED_CONTAINERS: usize = 100;
+
+/// Runs 50 pods of two containers, each with an exec and an httpGet probe at a 1 s period, and
+/// measures the agent's CPU while they only run and are probed.
+fn probing_cost(agent: &mut Agent, tool: &CriTool, options: &Options) -> Result<Vec<f64>> {
+    let pods = PROBED_CONTAINERS / 2;
+    progress(&format!("probing, {PROBED_CONTAINERS} containers: {} windows of {:?}", options.windows, options.window));
+    let manifests = agent.dir.join("manifests");
+    for i in 0..pods {
+        let name = format!("probed-{i}");
+        write_manifest(&manifests, &name, &harness::probed_manifest(&name))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while agent.ready()? < pods {
+        if Instant::now() > deadline {
+            bail!("{pods} probed pods were not all Ready within 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let cpu = idle_windows(agent, options)?.cpu;
+    stop_pods(agent, tool)?;
+    Ok(cpu)
 }
 
 fn idle_windows(agent: &Agent, options: &Options) -> Result<Idle> {

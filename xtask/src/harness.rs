@@ -71,6 +71,25 @@ pub(crate) fn manifest(name: &str) -> String {
     )
 }
 
+/// A pod of two containers, each serving HTTP and probed at a 1 s period twice: an exec liveness
+/// probe and an httpGet readiness probe (the probing cost figure).
+pub(crate) fn probed_manifest(name: &str) -> String {
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\nspec:\n  \
+         terminationGracePeriodSeconds: 2\n  containers:\n"
+    );
+    for (container, port) in [("a", 8080), ("b", 8081)] {
+        yaml.push_str(&format!(
+            "  - name: {container}\n    image: {image}\n    imagePullPolicy: IfNotPresent\n    \
+             command: [sh, -c, \"mkdir -p /w && echo ok > /w/index.html && exec httpd -f -p {port} -h /w\"]\n    \
+             livenessProbe: {{exec: {{command: [\"true\"]}}, periodSeconds: 1}}\n    \
+             readinessProbe: {{httpGet: {{port: {port}, path: /}}, periodSeconds: 1}}\n",
+            image = images::BUSYBOX.reference()
+        ));
+    }
+    yaml
+}
+
 /// Writes `name.yaml` into `dir` whole: a temporary dotfile renamed into place.
 pub(crate) fn write_manifest(dir: &Path, name: &str, content: &str) -> Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
@@ -182,6 +201,23 @@ impl Agent {
     }
 
     /// Pods of the harness namespace that are Running in `/pods`.
+    /// How many of the bench's pods have the Ready condition True in `/pods`.
+    pub(crate) fn ready(&self) -> Result<usize> {
+        let (code, body) = get(&self.socket(), "/pods")?;
+        if code != 200 {
+            bail!("/pods answered {code}");
+        }
+        let list: serde_json::Value = serde_json::from_str(&body).context("decoding /pods")?;
+        let ready = |p: &&serde_json::Value| {
+            p["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        };
+        Ok(list["items"]
+            .as_array()
+            .map_or(0, |items| items.iter().filter(|p| p["metadata"]["namespace"] == NAMESPACE).filter(ready).count()))
+    }
+
     pub(crate) fn running(&self) -> usize {
         self.pods().map(|pods| pods.iter().filter(|(_, phase)| phase == "Running").count()).unwrap_or(0)
     }

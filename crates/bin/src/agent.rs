@@ -49,7 +49,11 @@ pub(crate) async fn run(
         .node_ip(&settings.node_ip)
         .image_pull_limit(file.image_pull_limit());
     let startup = Arc::new(StartupTracker::new());
-    let runtime = Arc::new(CriRuntime::new(client, runtime_config, recorder.clone()).startup_tracker(startup.clone()));
+    let runtime = Arc::new(
+        CriRuntime::new(client, runtime_config, recorder.clone())
+            .startup_tracker(startup.clone())
+            .hooks(Arc::new(prober::Hooks::default())),
+    );
     run_on(runtime, recorder, startup, settings, metrics, cancel).await
 }
 

@@ -140,6 +140,41 @@ async fn find_pod(socket: &Path, namespace: &str, name: &str) -> Result<Pod> {
         .with_context(|| format!("pod {namespace}/{name} not found"))
 }
 
+/// A probe as `kubectl describe` shows it: the action, then delays and thresholds with the
+/// API's defaults filled in.
+fn describe_probe(probe: &k8s_openapi::api::core::v1::Probe) -> String {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let port = |p: &IntOrString| match p {
+        IntOrString::Int(n) => n.to_string(),
+        IntOrString::String(s) => s.clone(),
+    };
+    let action = if let Some(exec) = &probe.exec {
+        format!("exec [{}]", exec.command.clone().unwrap_or_default().join(" "))
+    } else if let Some(http) = &probe.http_get {
+        format!(
+            "http-get {}://{}:{}{}",
+            http.scheme.as_deref().unwrap_or("HTTP").to_lowercase(),
+            http.host.clone().unwrap_or_default(),
+            port(&http.port),
+            http.path.clone().unwrap_or_default()
+        )
+    } else if let Some(tcp) = &probe.tcp_socket {
+        format!("tcp-socket {}:{}", tcp.host.clone().unwrap_or_default(), port(&tcp.port))
+    } else if let Some(grpc) = &probe.grpc {
+        format!("grpc <pod>:{} {}", grpc.port, grpc.service.clone().unwrap_or_default())
+    } else {
+        "unknown".to_owned()
+    };
+    format!(
+        "{action} delay={}s timeout={}s period={}s #success={} #failure={}",
+        probe.initial_delay_seconds.unwrap_or(0),
+        probe.timeout_seconds.unwrap_or(1),
+        probe.period_seconds.unwrap_or(10),
+        probe.success_threshold.unwrap_or(1),
+        probe.failure_threshold.unwrap_or(3)
+    )
+}
+
 /// `kubectl describe pod`'s layout, for what a standalone node knows.
 fn describe_pod(pod: &Pod, events: &[serde_json::Value], now: i64) -> String {
     use std::fmt::Write as _;
@@ -222,6 +257,19 @@ fn describe_pod(pod: &Pod, events: &[serde_json::Value], now: i64) -> String {
             let _ =
                 writeln!(out, "    Ready:          {}", if found.is_some_and(|s| s.ready) { "True" } else { "False" });
             let _ = writeln!(out, "    Restart Count:  {}", found.map_or(0, |s| s.restart_count));
+            if container.startup_probe.is_some() {
+                let started = found.and_then(|s| s.started).unwrap_or(false);
+                let _ = writeln!(out, "    Started:        {}", if started { "True" } else { "False" });
+            }
+            for (kind, probe) in [
+                ("Liveness", &container.liveness_probe),
+                ("Readiness", &container.readiness_probe),
+                ("Startup", &container.startup_probe),
+            ] {
+                if let Some(probe) = probe {
+                    let _ = writeln!(out, "    {:<16}{}", format!("{kind}:"), describe_probe(probe));
+                }
+            }
             for (kind, list) in [
                 ("Limits", container.resources.as_ref().and_then(|r| r.limits.clone())),
                 ("Requests", container.resources.as_ref().and_then(|r| r.requests.clone())),
@@ -518,10 +566,13 @@ mod tests {
     fn describe_shows_spec_states_conditions_and_events() {
         let web = pod(json!({"metadata":{"name":"web-n","namespace":"default","uid":"u1","labels":{"app":"web"}},
             "spec":{"nodeName":"n","containers":[{"name":"httpd","image":"busybox","command":["httpd","-f"],
-                "ports":[{"containerPort":8080}],"resources":{"requests":{"cpu":"50m"}}}]},
+                "ports":[{"containerPort":8080,"name":"http"}],"resources":{"requests":{"cpu":"50m"}},
+                "livenessProbe":{"exec":{"command":["cat","/tmp/healthy"]},"periodSeconds":1,"failureThreshold":2},
+                "readinessProbe":{"httpGet":{"port":"http","path":"/"}},
+                "startupProbe":{"tcpSocket":{"port":8080},"initialDelaySeconds":2,"failureThreshold":30}}]},
             "status":{"phase":"Running","podIP":"10.85.0.7","qosClass":"Burstable",
                 "conditions":[{"type":"Ready","status":"True"}],
-                "containerStatuses":[{"name":"httpd","ready":true,"restartCount":1,"image":"busybox","imageID":"",
+                "containerStatuses":[{"name":"httpd","ready":true,"started":true,"restartCount":1,"image":"busybox","imageID":"",
                     "state":{"running":{"startedAt":"2026-11-22T10:00:00Z"}},
                     "lastState":{"terminated":{"exitCode":137,"reason":"Error"}}}]}}));
         let events = [
@@ -540,6 +591,10 @@ mod tests {
             "    Last State:     Terminated",
             "      Exit Code:    137",
             "    Restart Count:  1",
+            "    Started:        True",
+            "    Liveness:       exec [cat /tmp/healthy] delay=0s timeout=1s period=1s #success=1 #failure=2",
+            "    Readiness:      http-get http://:http/ delay=0s timeout=1s period=10s #success=1 #failure=3",
+            "    Startup:        tcp-socket :8080 delay=2s timeout=1s period=10s #success=1 #failure=30",
             "      cpu:  50m",
             "  Ready             True",
             "QoS Class:    Burstable",

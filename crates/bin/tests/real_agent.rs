@@ -593,6 +593,133 @@ async fn real_probes_restart_dead_containers_and_gate_readiness() {
     run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
 }
 
+/// An HTTP server on 127.0.0.1 that answers 200 to everything and keeps each request's path.
+async fn recording_server() -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let paths = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = paths.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buf = vec![0; 4096];
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+            seen.lock().unwrap().push(head.split_whitespace().nth(1).unwrap_or_default().to_owned());
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+        }
+    });
+    (port, paths)
+}
+
+#[tokio::test]
+async fn real_hooks_run_after_start_and_before_stop() {
+    let Some(rt) = RealRuntime::from_env("real_hooks_run_after_start_and_before_stop") else { return };
+    let (dir, node) = scratch(&rt, "agent-hooks", "hooks");
+    let port = free_port();
+    let (hook_port, hook_paths) = recording_server().await;
+    let image = rt.busybox_image.clone();
+    let manifests = dir.join("manifests");
+    // `app`'s postStart writes the file its readiness probe reads; its preStop sleeps far past
+    // the 5 s grace period. `web`'s hooks are httpGet requests the agent makes to this test.
+    let hooked = [
+        "apiVersion: v1",
+        "kind: Pod",
+        "metadata:",
+        "  name: hooked",
+        "spec:",
+        "  terminationGracePeriodSeconds: 5",
+        "  containers:",
+        "  - name: app",
+        &format!("    image: {image}"),
+        "    command: [sh, -c, 'exec sleep 3600']",
+        "    lifecycle:",
+        "      postStart:",
+        "        exec:",
+        "          command: [sh, -c, 'echo started > /tmp/poststart']",
+        "      preStop:",
+        "        sleep:",
+        "          seconds: 60",
+        "    readinessProbe:",
+        "      exec:",
+        "        command: [cat, /tmp/poststart]",
+        "      periodSeconds: 1",
+        "  - name: web",
+        &format!("    image: {image}"),
+        "    command: [sh, -c, 'exec sleep 3600']",
+        "    lifecycle:",
+        "      postStart:",
+        &format!("        httpGet: {{host: 127.0.0.1, port: {hook_port}, path: /poststart}}"),
+        "      preStop:",
+        &format!("        httpGet: {{host: 127.0.0.1, port: {hook_port}, path: /prestop}}"),
+        "",
+    ]
+    .join("\n");
+    std::fs::write(manifests.join("hooked.yaml"), hooked).unwrap();
+    // A postStart hook that fails: the container is killed and started again.
+    let failing = probed_pod_yaml(
+        "badstart",
+        &image,
+        "exec sleep 3600",
+        "    lifecycle:\n      postStart:\n        exec:\n          command: [\"false\"]\n",
+    );
+    std::fs::write(manifests.join("badstart.yaml"), failing).unwrap();
+    let agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+    let root = dir.join("root").to_string_lossy().into_owned();
+    let runtime = test_runtime(&rt, &dir, &node);
+
+    let outcome = {
+        let node = node.clone();
+        let dir = dir.clone();
+        let rt_for_body = test_runtime(&rt, &dir, &node);
+        async move {
+            let _agent = agent;
+            let hooked = format!("hooked-{node}");
+            let status = pod_status(port, &hooked, "hooked to be ready", |s| condition(s, "Ready") == "True").await;
+            assert_eq!(status["containerStatuses"][0]["restartCount"], 0, "{status}");
+            assert_eq!(*hook_paths.lock().unwrap(), ["/poststart"], "web's postStart request");
+
+            let bad = pod_status(port, &format!("badstart-{node}"), "the restart after the failed postStart", |s| {
+                s["containerStatuses"][0]["restartCount"].as_i64() >= Some(1)
+            })
+            .await;
+            assert!(bad["containerStatuses"][0]["lastState"]["terminated"].is_object(), "{bad}");
+            let (ok, described, err) =
+                kubelet_rs(&["describe", "pod", &format!("badstart-{node}"), "--root-dir", &root]);
+            assert!(ok, "describe: {err}");
+            for want in ["FailedPostStartHook  ", "PostStartHook failed", "Killing  ", "  FailedPostStartHook\n"] {
+                assert!(described.contains(want), "{want:?} missing from:\n{described}");
+            }
+
+            // Removing the manifest: app's preStop holds its stop for the whole 5 s grace period,
+            // then StopContainer gets the 2 s floor; web's preStop request arrives.
+            let removed = tokio::time::Instant::now();
+            std::fs::remove_file(dir.join("manifests/hooked.yaml")).unwrap();
+            let app_running = || async {
+                rt_for_body
+                    .get_pods(true)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .filter(|p| p.name == hooked)
+                    .any(|p| p.containers.iter().any(|c| c.name == "app" && c.state == ContainerState::Running))
+            };
+            for _ in 0..300 {
+                if !app_running().await {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let took = removed.elapsed();
+            assert!(!app_running().await, "app still runs {took:?} after its manifest went");
+            assert!(took >= Duration::from_secs(5), "the preStop hook ran within the grace period: {took:?}");
+            assert!(took < Duration::from_secs(20), "the preStop hook was cut at the grace period: {took:?}");
+            assert_eq!(*hook_paths.lock().unwrap(), ["/poststart", "/prestop"], "web's preStop request");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 #[tokio::test]
 async fn real_config_file_and_flags_take_upstream_precedence() {
     let Some(rt) = RealRuntime::from_env("real_config_file_and_flags_take_upstream_precedence") else { return };

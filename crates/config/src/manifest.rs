@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, collections::HashSet, fmt, path::PathBuf};
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus, Probe, Toleration};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodSpec, PodStatus, Probe, Toleration};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -363,6 +363,11 @@ fn validate_container(c: &Container, path: &str, volumes: &HashSet<&str>) -> Res
             validate_probe(probe, &format!("{path}.{name}"), name != "readinessProbe")?;
         }
     }
+    for (name, handler) in c.lifecycle.iter().flat_map(|l| [("postStart", &l.post_start), ("preStop", &l.pre_stop)]) {
+        if let Some(handler) = handler {
+            validate_hook(handler, &format!("{path}.lifecycle.{name}"))?;
+        }
+    }
     for (i, mount) in c.volume_mounts.iter().flatten().enumerate() {
         if !volumes.contains(mount.name.as_str()) {
             return Err(field_error(
@@ -404,6 +409,24 @@ fn validate_probe(probe: &Probe, path: &str, success_must_be_one: bool) -> Resul
         return Err(field_error(
             format!("{path}.terminationGracePeriodSeconds"),
             format!("invalid value {grace}: must be greater than 0"),
+        ));
+    }
+    Ok(())
+}
+
+/// Upstream `validateLifecycleHandler`: one handler, and a sleep that is not negative.
+fn validate_hook(handler: &LifecycleHandler, path: &str) -> Result<(), FieldError> {
+    let handlers =
+        [handler.exec.is_some(), handler.http_get.is_some(), handler.tcp_socket.is_some(), handler.sleep.is_some()];
+    match handlers.iter().filter(|h| **h).count() {
+        0 => return Err(field_error(path, "required value: must specify a handler type")),
+        1 => {}
+        _ => return Err(field_error(path, "forbidden: may not specify more than 1 handler type")),
+    }
+    if let Some(seconds) = handler.sleep.as_ref().map(|s| s.seconds).filter(|s| *s < 0) {
+        return Err(field_error(
+            format!("{path}.sleep.seconds"),
+            format!("invalid value {seconds}: must be greater than or equal to 0"),
         ));
     }
     Ok(())

@@ -7,7 +7,10 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::{
+    api::core::v1::{Container, Lifecycle, LifecycleHandler, Pod, PodSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 
 /// Label: the pod's name.
 pub const POD_NAME: &str = "io.kubernetes.pod.name";
@@ -31,6 +34,8 @@ pub const POD_DELETION_GRACE_PERIOD: &str = "io.kubernetes.pod.deletionGracePeri
 pub const POD_TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
 /// Annotation: the container's ports, JSON.
 pub const CONTAINER_PORTS: &str = "io.kubernetes.container.ports";
+/// Annotation: the container's preStop handler, JSON, to run it without the spec.
+pub const PRE_STOP_HANDLER: &str = "io.kubernetes.container.preStopHandler";
 
 fn meta(pod: &Pod) -> (&str, &str, &str) {
     (
@@ -67,7 +72,7 @@ pub fn container_labels(pod: &Pod, container: &Container) -> HashMap<String, Str
 }
 
 /// A container's annotations: hash, restart count, termination message settings, the pod's
-/// grace periods and the container's ports.
+/// grace periods, the container's ports and its preStop handler.
 pub fn container_annotations(
     pod: &Pod,
     container: &Container,
@@ -91,6 +96,11 @@ pub fn container_annotations(
     {
         annotations.insert(CONTAINER_PORTS.to_owned(), json);
     }
+    if let Some(pre_stop) = container.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref())
+        && let Ok(json) = serde_json::to_string(pre_stop)
+    {
+        annotations.insert(PRE_STOP_HANDLER.to_owned(), json);
+    }
     annotations
 }
 
@@ -109,11 +119,50 @@ pub fn termination_grace_of(annotations: &HashMap<String, String>) -> Option<i64
     annotations.get(POD_TERMINATION_GRACE_PERIOD).and_then(|g| g.parse().ok())
 }
 
+/// The pod deletion grace period recorded in a container's annotations.
+pub fn deletion_grace_of(annotations: &HashMap<String, String>) -> Option<i64> {
+    annotations.get(POD_DELETION_GRACE_PERIOD).and_then(|g| g.parse().ok())
+}
+
+/// The preStop handler recorded in a container's annotations (`None` when absent or unreadable).
+pub fn pre_stop_of(annotations: &HashMap<String, String>) -> Option<LifecycleHandler> {
+    annotations.get(PRE_STOP_HANDLER).and_then(|json| serde_json::from_str(json).ok())
+}
+
+/// What upstream's `restoreSpecsFromContainerLabels` rebuilds from a container's labels and
+/// annotations to kill it without the pod's spec: a pod with its name, namespace, UID and grace
+/// periods, and a container with its name, ports and preStop handler.
+pub fn restore_specs(labels: &HashMap<String, String>, annotations: &HashMap<String, String>) -> (Pod, Container) {
+    let label = |key: &str| labels.get(key).cloned();
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: label(POD_NAME),
+            namespace: label(POD_NAMESPACE),
+            uid: label(POD_UID),
+            deletion_grace_period_seconds: deletion_grace_of(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            termination_grace_period_seconds: termination_grace_of(annotations),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    let container = Container {
+        name: label(CONTAINER_NAME).unwrap_or_default(),
+        ports: annotations.get(CONTAINER_PORTS).and_then(|json| serde_json::from_str(json).ok()),
+        lifecycle: pre_stop_of(annotations)
+            .map(|pre_stop| Lifecycle { pre_stop: Some(pre_stop), ..Lifecycle::default() }),
+        ..Container::default()
+    };
+    (pod, container)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::{api::core::v1::PodSpec, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+    use k8s_openapi::api::core::v1::{ContainerPort, SleepAction};
 
     use super::*;
 
@@ -130,9 +179,16 @@ mod tests {
             spec: Some(PodSpec { termination_grace_period_seconds: Some(30), ..PodSpec::default() }),
             ..Pod::default()
         };
+        let pre_stop = LifecycleHandler { sleep: Some(SleepAction { seconds: 5 }), ..LifecycleHandler::default() };
         let container = Container {
             name: "httpd".into(),
             termination_message_path: Some("/dev/termination-log".into()),
+            ports: Some(vec![ContainerPort {
+                name: Some("http".into()),
+                container_port: 80,
+                ..ContainerPort::default()
+            }]),
+            lifecycle: Some(Lifecycle { pre_stop: Some(pre_stop.clone()), ..Lifecycle::default() }),
             ..Container::default()
         };
         let labels = sandbox_labels(&pod);
@@ -143,5 +199,13 @@ mod tests {
         assert_eq!(restart_count_of(&annotations), 3);
         assert_eq!(termination_grace_of(&annotations), Some(30));
         assert_eq!(hash_of(&HashMap::new()), 0);
+        // Without the spec, enough comes back to kill the container as the spec says.
+        let (restored_pod, restored) = restore_specs(&container_labels(&pod, &container), &annotations);
+        assert_eq!(restored_pod.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(restored_pod.spec.and_then(|s| s.termination_grace_period_seconds), Some(30));
+        assert_eq!(restored.name, "httpd");
+        assert_eq!(restored.ports, container.ports);
+        assert_eq!(restored.lifecycle.and_then(|l| l.pre_stop), Some(pre_stop));
+        assert_eq!(pre_stop_of(&HashMap::from([(PRE_STOP_HANDLER.to_owned(), "{".to_owned())])), None);
     }
 }

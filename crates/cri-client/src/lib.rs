@@ -7,6 +7,10 @@
 //! statuses into [`Error`]s that can be classified without string matching.
 //! The generated protocol types come from the `k8s-cri` crate and are re-exported as [`pb`].
 //!
+//! [`CriRuntime`] is upstream's runtime manager (`kuberuntime`) on top of it; given a
+//! `kubelet_core::HookRunner` ([`CriRuntime::hooks`]) it runs containers' postStart and preStop
+//! hooks as upstream does.
+//!
 //! # Example
 //!
 //! ```no_run

@@ -10,7 +10,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::{Container as ApiContainer, Pod as ApiPod};
 use kubelet_core::{
-    Backoff, PodUid, Runtime,
+    Backoff, HookRunner, PodUid, Runtime,
     events::{Event, EventRecorder, EventType, ObjectRef},
     runtime::{
         self, ContainerState, ExecResult, GcPolicy, Image, PodStatus, PodSyncResult, RuntimeCondition, RuntimeStatus,
@@ -133,6 +133,7 @@ pub struct CriRuntime {
     memory_capacity: i64,
     image_pulls: Option<tokio::sync::Semaphore>,
     startup: Option<Arc<kubelet_core::StartupTracker>>,
+    hooks: Option<Arc<dyn HookRunner>>,
 }
 
 impl std::fmt::Debug for CriRuntime {
@@ -168,6 +169,7 @@ impl CriRuntime {
             memory_capacity: memory_capacity(),
             image_pulls: config.image_pull_limit.map(tokio::sync::Semaphore::new),
             startup: None,
+            hooks: None,
             config,
         }
     }
@@ -177,6 +179,28 @@ impl CriRuntime {
     pub fn startup_tracker(mut self, tracker: Arc<kubelet_core::StartupTracker>) -> Self {
         self.startup = Some(tracker);
         self
+    }
+
+    /// Runs containers' `postStart` and `preStop` hooks with `runner` (without one, the runtime
+    /// runs none, and the kubelet refuses pods that have them).
+    #[must_use]
+    pub fn hooks(mut self, runner: Arc<dyn HookRunner>) -> Self {
+        self.hooks = Some(runner);
+        self
+    }
+
+    /// Where an httpGet hook without a host goes: the node's IP for a host-network pod, else
+    /// the pod's first IP (read from the runtime when `known` is empty).
+    async fn hook_ip(&self, pod: &ApiPod, known: &[String]) -> Option<String> {
+        if pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false) {
+            return Some(self.config.node_ip.clone()).filter(|ip| !ip.is_empty());
+        }
+        if let Some(ip) = known.first() {
+            return Some(ip.clone());
+        }
+        let (name, namespace, uid) = pod_meta(pod);
+        let status = self.get_pod_status(&PodUid::new(uid), name, namespace).await.ok()?;
+        status.ips.into_iter().next()
     }
 
     /// The CRI client.
@@ -228,6 +252,10 @@ impl Runtime for CriRuntime {
     async fn version(&self) -> Result<Version, Error> {
         let v = self.client.version().await?;
         Ok(Version::new(v.runtime_name, v.runtime_version, v.runtime_api_version))
+    }
+
+    fn runs_hooks(&self) -> bool {
+        self.hooks.is_some()
     }
 
     async fn status(&self) -> Result<RuntimeStatus, Error> {

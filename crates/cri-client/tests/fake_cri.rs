@@ -40,6 +40,10 @@ struct FakeCri {
     calls: Arc<Mutex<Vec<&'static str>>>,
     /// What `ListContainers` answers; `RemoveContainer` removes from it.
     containers: Arc<Mutex<Vec<pb::Container>>>,
+    /// What `ContainerStatus` answers; unimplemented when unset.
+    container_status: Arc<Mutex<Option<pb::ContainerStatus>>>,
+    /// The timeout of every `StopContainer`, in order.
+    stop_timeouts: Arc<Mutex<Vec<i64>>>,
 }
 
 impl FakeCri {
@@ -101,10 +105,22 @@ impl pb::runtime_service_server::RuntimeService for FakeCri {
 
     async fn stop_container(
         &self,
-        _: Request<pb::StopContainerRequest>,
+        request: Request<pb::StopContainerRequest>,
     ) -> Result<Response<pb::StopContainerResponse>, Status> {
         self.enter("stop_container").await?;
+        self.stop_timeouts.lock().unwrap().push(request.into_inner().timeout);
         Ok(Response::new(pb::StopContainerResponse {}))
+    }
+
+    async fn container_status(
+        &self,
+        _: Request<pb::ContainerStatusRequest>,
+    ) -> Result<Response<pb::ContainerStatusResponse>, Status> {
+        self.enter("container_status").await?;
+        let Some(status) = self.container_status.lock().unwrap().clone() else {
+            return Err(Status::unimplemented("method container_status not implemented"));
+        };
+        Ok(Response::new(pb::ContainerStatusResponse { status: Some(status), ..Default::default() }))
     }
 
     async fn stop_pod_sandbox(
@@ -172,7 +188,6 @@ impl pb::runtime_service_server::RuntimeService for FakeCri {
         pod_sandbox_status: pb::PodSandboxStatusRequest => pb::PodSandboxStatusResponse,
         create_container: pb::CreateContainerRequest => pb::CreateContainerResponse,
         start_container: pb::StartContainerRequest => pb::StartContainerResponse,
-        container_status: pb::ContainerStatusRequest => pb::ContainerStatusResponse,
         update_container_resources: pb::UpdateContainerResourcesRequest => pb::UpdateContainerResourcesResponse,
         reopen_container_log: pb::ReopenContainerLogRequest => pb::ReopenContainerLogResponse,
         exec_sync: pb::ExecSyncRequest => pb::ExecSyncResponse,
@@ -257,7 +272,8 @@ async fn not_found_on_stop_counts_as_stopped() {
     running.containers.push(runtime::Container::new("c1", "app", ContainerState::Running));
     running.sandboxes.push(runtime::Sandbox::new("s1", 0, SandboxState::Ready));
     runtime.kill_pod(None, &running, Some(1)).await.unwrap();
-    assert_eq!(*f.fake.calls.lock().unwrap(), ["stop_container", "stop_pod_sandbox"]);
+    // Without the spec, the container's annotations are asked for first (here: unanswered).
+    assert_eq!(*f.fake.calls.lock().unwrap(), ["container_status", "stop_container", "stop_pod_sandbox"]);
 
     // Any other error is an error.
     f.fake.fail("stop_container", Status::internal("boom"));
@@ -517,5 +533,67 @@ async fn every_call_is_measured_with_upstream_metric_names() {
     assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"version\"} 2"), "{text}");
     assert!(text.contains("kubelet_runtime_operations_errors_total{operation_type=\"runtime_config\"} 1"), "{text}");
     assert!(text.contains("kubelet_runtime_operations_duration_seconds"), "{text}");
+    f.server.abort();
+}
+
+/// A hook runner that records the handlers it is given and sleeps a sleep handler's seconds.
+#[derive(Default)]
+struct SleepHooks {
+    ran: Mutex<Vec<String>>,
+}
+
+impl kubelet_core::HookRunner for SleepHooks {
+    fn run<'a>(
+        &'a self,
+        _exec: &'a dyn kubelet_core::hook::Exec,
+        target: kubelet_core::hook::Target<'a>,
+        handler: &'a k8s_openapi::api::core::v1::LifecycleHandler,
+    ) -> kubelet_core::hook::BoxFuture<'a, Result<(), kubelet_core::hook::HookError>> {
+        Box::pin(async move {
+            self.ran.lock().unwrap().push(format!("{} in {}", target.container.name, target.container_id));
+            let seconds = handler.sleep.as_ref().map_or(0, |s| s.seconds);
+            tokio::time::sleep(Duration::from_secs(u64::try_from(seconds).unwrap())).await;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn without_the_spec_the_annotations_bring_back_the_pre_stop_hook_and_its_grace() {
+    let f = start();
+    // What the runtime kept of a pod whose manifest is gone: a 1 s preStop and a 30 s grace.
+    let pre_stop = r#"{"sleep":{"seconds":1}}"#;
+    *f.fake.container_status.lock().unwrap() = Some(pb::ContainerStatus {
+        id: "c1".into(),
+        labels: HashMap::from([
+            ("io.kubernetes.pod.name".into(), "p".into()),
+            ("io.kubernetes.pod.namespace".into(), "ns".into()),
+            ("io.kubernetes.pod.uid".into(), "u".into()),
+            ("io.kubernetes.container.name".into(), "app".into()),
+        ]),
+        annotations: HashMap::from([
+            ("io.kubernetes.pod.terminationGracePeriod".into(), "30".into()),
+            ("io.kubernetes.container.preStopHandler".into(), pre_stop.into()),
+        ]),
+        ..Default::default()
+    });
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let hooks = Arc::new(SleepHooks::default());
+    let recorder = Arc::new(RingRecorder::default());
+    let runtime = CriRuntime::new(client, manager_config(f.dir.path()), recorder.clone()).hooks(hooks.clone());
+    assert!(runtime.runs_hooks());
+    let mut running = runtime::Pod::new(PodUid::new("u"), "p", "ns");
+    running.containers.push(runtime::Container::new("c1", "app", ContainerState::Running));
+    runtime.kill_pod(None, &running, None).await.unwrap();
+    assert_eq!(*hooks.ran.lock().unwrap(), ["app in c1"], "the preStop hook ran without the spec");
+    // The hook's whole second comes off the grace period StopContainer gets.
+    assert_eq!(*f.fake.stop_timeouts.lock().unwrap(), [29]);
+    let killing = recorder.events_for("u");
+    assert!(killing.iter().any(|e| e.reason == "Killing"), "{killing:?}");
+
+    // A grace override of 0 (a forced removal) runs no hook and stays 0.
+    runtime.kill_pod(None, &running, Some(0)).await.unwrap();
+    assert_eq!(hooks.ran.lock().unwrap().len(), 1);
+    assert_eq!(*f.fake.stop_timeouts.lock().unwrap(), [29, 0]);
     f.server.abort();
 }

@@ -7,6 +7,8 @@
 //! - The traits an agent is assembled from: [`Runtime`] (the container runtime), [`Pleg`] (the pod
 //!   lifecycle event generator), [`PodWorkers`] (one serialized worker per pod) and the
 //!   [`PodSyncer`] callbacks they call, and [`SyncHandler`] (what the sync loop dispatches to).
+//! - The hooks of a runtime: [`HookRunner`] runs a container's postStart or preStop handler
+//!   (module [`hook`]), [`ProbeManager`] is the prober the kubelet drives (module [`probe`]).
 //! - The data they exchange: config updates ([`PodUpdate`]), the runtime's view of pods
 //!   ([`runtime::Pod`], [`runtime::PodStatus`]) and lifecycle events ([`PodLifecycleEvent`]).
 //! - Machinery: the status [`Cache`] with its "newer than" barrier, the [`PodManager`], the delayed
@@ -96,6 +98,7 @@ pub mod clock;
 mod error;
 pub mod events;
 mod handler;
+pub mod hook;
 pub mod metrics;
 mod pleg;
 mod podmanager;
@@ -124,6 +127,7 @@ pub use crate::{
     cache::{Cache, CachedStatus, StatusError},
     error::ErrorChain,
     handler::SyncHandler,
+    hook::HookRunner,
     pleg::{Pleg, PodLifecycleEvent, PodLifecycleEventKind},
     podmanager::PodManager,
     probe::{ProbeKind, ProbeManager, ProbeOutcome, ProbeResult, ProbeResults},

@@ -645,6 +645,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// The runtime's name and versions.
     fn version(&self) -> impl Future<Output = Result<Version, Self::Error>> + Send;
 
+    /// Whether the runtime runs containers' `postStart` and `preStop` hooks (through a
+    /// [`HookRunner`](crate::HookRunner)); the kubelet refuses pods with hooks when it does not.
+    fn runs_hooks(&self) -> bool {
+        false
+    }
+
     /// The runtime's conditions (`RuntimeReady`, `NetworkReady`).
     fn status(&self) -> impl Future<Output = Result<RuntimeStatus, Self::Error>> + Send;
 

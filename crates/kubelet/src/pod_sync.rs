@@ -192,6 +192,12 @@ impl<R: Runtime> PodSync<R> {
         self
     }
 
+    /// What this agent implements beyond the fixed set of pod fields: probes with a prober,
+    /// lifecycle hooks when the runtime runs them.
+    pub(crate) fn abilities(&self) -> crate::unsupported::Abilities {
+        crate::unsupported::Abilities::new(self.prober.is_some(), self.runtime.runs_hooks())
+    }
+
     /// Calls `hook` after every sync that may have changed the runtime (for example
     /// `Pleg::relist_now`, so the change is seen at once).
     #[must_use]

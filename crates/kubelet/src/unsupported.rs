@@ -29,7 +29,11 @@ pub const FIELDS: &[&str] = &[
     "spec.containers[*].livenessProbe.httpGet.scheme",
     "spec.containers[*].readinessProbe.httpGet.scheme",
     "spec.containers[*].startupProbe.httpGet.scheme",
-    "spec.containers[*].lifecycle",
+    "spec.containers[*].lifecycle.postStart.httpGet.scheme",
+    "spec.containers[*].lifecycle.preStop.httpGet.scheme",
+    "spec.containers[*].lifecycle.postStart.tcpSocket",
+    "spec.containers[*].lifecycle.preStop.tcpSocket",
+    "spec.containers[*].lifecycle.stopSignal",
     "spec.containers[*].resources.claims",
     "spec.containers[*].securityContext.seLinuxOptions",
     "spec.containers[*].securityContext.appArmorProfile",
@@ -44,14 +48,38 @@ pub const FIELDS: &[&str] = &[
 pub const PROBE_FIELDS: &[&str] =
     &["spec.containers[*].livenessProbe", "spec.containers[*].readinessProbe", "spec.containers[*].startupProbe"];
 
+/// The lifecycle hooks, refused as well when the runtime runs no hooks, and on containers that
+/// never run them (regular init containers and ephemeral containers, where upstream's API
+/// validation forbids them).
+pub const HOOK_FIELDS: &[&str] = &["spec.containers[*].lifecycle"];
+
+/// What the agent at hand can do beyond the fixed set of fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Abilities {
+    /// The agent has a prober: the [`PROBE_FIELDS`] are implemented.
+    pub probes: bool,
+    /// The runtime runs lifecycle hooks: the [`HOOK_FIELDS`] are implemented.
+    pub hooks: bool,
+}
+
+impl Abilities {
+    /// An agent with a prober and a runtime that runs hooks.
+    pub const ALL: Abilities = Abilities { probes: true, hooks: true };
+
+    /// What an agent with (or without) a prober and hooks can do.
+    pub fn new(probes: bool, hooks: bool) -> Self {
+        Abilities { probes, hooks }
+    }
+}
+
 /// The fields of `pod` this agent does not implement, as concrete paths
-/// (`spec.volumes[0].configMap`, `spec.containers[1].lifecycle`), in spec order; `probing` says
-/// whether the agent has a prober.
-pub fn unsupported_fields(pod: &Pod, probing: bool) -> Vec<String> {
+/// (`spec.volumes[0].configMap`, `spec.containers[1].lifecycle`), in spec order.
+pub fn unsupported_fields(pod: &Pod, abilities: Abilities) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
     let mut found = pod_fields(spec);
     for (path, container) in containers(spec) {
-        container_fields(&path, &container, probing, &mut found);
+        container_fields(&path, &container, abilities, &mut found);
     }
     found
 }
@@ -129,11 +157,13 @@ fn containers(spec: &PodSpec) -> Vec<(String, Container)> {
     init.chain(regular).chain(ephemeral).collect()
 }
 
-fn container_fields(path: &str, c: &Container, probing: bool, found: &mut Vec<String>) {
+fn container_fields(path: &str, c: &Container, abilities: Abilities, found: &mut Vec<String>) {
     // A container's own restart policy is honoured only as a sidecar's: `Always` on an init
     // container. Elsewhere (upstream's container restart rules) it would be ignored.
     let sidecar = path.starts_with("spec.initContainers") && kubelet_core::types::is_sidecar(c);
-    let probed = probing && (path.starts_with("spec.containers") || sidecar);
+    let long_running = path.starts_with("spec.containers") || sidecar;
+    let probed = abilities.probes && long_running;
+    let hooked = abilities.hooks && long_running;
     let mut check = |used: bool, field: &str| {
         if used {
             found.push(format!("{path}.{field}"));
@@ -152,7 +182,17 @@ fn container_fields(path: &str, c: &Container, probing: bool, found: &mut Vec<St
         let scheme = probe.http_get.as_ref().and_then(|h| h.scheme.as_deref()).unwrap_or("HTTP");
         check(probed && !scheme.eq_ignore_ascii_case("HTTP"), &format!("{name}.httpGet.scheme"));
     }
-    check(c.lifecycle.is_some(), "lifecycle");
+    if let Some(lifecycle) = &c.lifecycle {
+        check(!hooked, "lifecycle");
+        for (name, handler) in [("postStart", &lifecycle.post_start), ("preStop", &lifecycle.pre_stop)] {
+            let Some(handler) = handler.as_ref().filter(|_| hooked) else { continue };
+            let scheme = handler.http_get.as_ref().and_then(|h| h.scheme.as_deref()).unwrap_or("HTTP");
+            check(!scheme.eq_ignore_ascii_case("HTTP"), &format!("lifecycle.{name}.httpGet.scheme"));
+            // Upstream keeps the field for compatibility only; the hook would fail every time.
+            check(handler.tcp_socket.is_some(), &format!("lifecycle.{name}.tcpSocket"));
+        }
+        check(hooked && lifecycle.stop_signal.is_some(), "lifecycle.stopSignal");
+    }
     check(c.resources.as_ref().and_then(|r| r.claims.as_ref()).is_some_and(|c| !c.is_empty()), "resources.claims");
     let sc: Option<&SecurityContext> = c.security_context.as_ref();
     check(sc.is_some_and(|s| s.se_linux_options.is_some()), "securityContext.seLinuxOptions");
@@ -166,9 +206,9 @@ fn container_fields(path: &str, c: &Container, probing: bool, found: &mut Vec<St
 mod tests {
     use k8s_openapi::api::core::v1::{
         AppArmorProfile, ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
-        EphemeralContainer, HTTPGetAction, HostAlias, Lifecycle, PodReadinessGate, PodResourceClaim,
-        PodSecurityContext, Probe, ResourceClaim, ResourceRequirements, SELinuxOptions, Volume, VolumeDevice,
-        VolumeMount,
+        EphemeralContainer, HTTPGetAction, HostAlias, Lifecycle, LifecycleHandler, PodReadinessGate, PodResourceClaim,
+        PodSecurityContext, Probe, ResourceClaim, ResourceRequirements, SELinuxOptions, TCPSocketAction, Volume,
+        VolumeDevice, VolumeMount,
     };
 
     use super::*;
@@ -237,6 +277,13 @@ mod tests {
             "spec.containers[*].readinessProbe.httpGet.scheme" => c.readiness_probe = Some(https()),
             "spec.containers[*].startupProbe.httpGet.scheme" => c.startup_probe = Some(https()),
             "spec.containers[*].lifecycle" => c.lifecycle = Some(Lifecycle::default()),
+            "spec.containers[*].lifecycle.postStart.httpGet.scheme" => c.lifecycle = Some(hook(true, https_hook())),
+            "spec.containers[*].lifecycle.preStop.httpGet.scheme" => c.lifecycle = Some(hook(false, https_hook())),
+            "spec.containers[*].lifecycle.postStart.tcpSocket" => c.lifecycle = Some(hook(true, tcp_hook())),
+            "spec.containers[*].lifecycle.preStop.tcpSocket" => c.lifecycle = Some(hook(false, tcp_hook())),
+            "spec.containers[*].lifecycle.stopSignal" => {
+                c.lifecycle = Some(Lifecycle { stop_signal: Some("SIGUSR1".into()), ..Lifecycle::default() });
+            }
             "spec.containers[*].resources.claims" => {
                 c.resources = Some(ResourceRequirements {
                     claims: Some(vec![ResourceClaim { name: "gpu".into(), ..ResourceClaim::default() }]),
@@ -264,6 +311,23 @@ mod tests {
         pod
     }
 
+    fn hook(post_start: bool, handler: LifecycleHandler) -> Lifecycle {
+        if post_start {
+            Lifecycle { post_start: Some(handler), ..Lifecycle::default() }
+        } else {
+            Lifecycle { pre_stop: Some(handler), ..Lifecycle::default() }
+        }
+    }
+
+    fn https_hook() -> LifecycleHandler {
+        let http_get = HTTPGetAction { scheme: Some("HTTPS".into()), ..HTTPGetAction::default() };
+        LifecycleHandler { http_get: Some(http_get), ..LifecycleHandler::default() }
+    }
+
+    fn tcp_hook() -> LifecycleHandler {
+        LifecycleHandler { tcp_socket: Some(TCPSocketAction::default()), ..LifecycleHandler::default() }
+    }
+
     fn https() -> Probe {
         Probe {
             http_get: Some(HTTPGetAction { scheme: Some("HTTPS".into()), ..HTTPGetAction::default() }),
@@ -287,17 +351,20 @@ mod tests {
 
     #[test]
     fn every_listed_field_is_found_and_named() {
-        assert!(unsupported_fields(&pod(), true).is_empty(), "a plain pod uses nothing unsupported");
+        assert!(unsupported_fields(&pod(), Abilities::ALL).is_empty(), "a plain pod uses nothing unsupported");
         for field in FIELDS {
-            let found = unsupported_fields(&using(field), true);
+            let found = unsupported_fields(&using(field), Abilities::ALL);
             assert_eq!(found.len(), 1, "{field}: {found:?}");
             assert!(matches(field, &found[0]), "{field} found as {}", found[0]);
         }
-        for field in PROBE_FIELDS {
-            assert!(unsupported_fields(&using(field), true).is_empty(), "{field} with a prober");
-            let found = unsupported_fields(&using(field), false);
-            assert_eq!(found.len(), 1, "{field}: {found:?}");
-            assert!(matches(field, &found[0]), "{field} found as {}", found[0]);
+        let without = [(PROBE_FIELDS, Abilities::new(false, true)), (HOOK_FIELDS, Abilities::new(true, false))];
+        for (fields, lacking) in without {
+            for field in fields {
+                assert!(unsupported_fields(&using(field), Abilities::ALL).is_empty(), "{field} when implemented");
+                let found = unsupported_fields(&using(field), lacking);
+                assert_eq!(found.len(), 1, "{field}: {found:?}");
+                assert!(matches(field, &found[0]), "{field} found as {}", found[0]);
+            }
         }
     }
 
@@ -318,7 +385,7 @@ mod tests {
             ..EphemeralContainer::default()
         }]);
         assert_eq!(
-            unsupported_fields(&pod, true),
+            unsupported_fields(&pod, Abilities::ALL),
             ["spec.initContainers[1].readinessProbe", "spec.ephemeralContainers[0].livenessProbe"]
         );
     }
@@ -340,7 +407,7 @@ mod tests {
             lifecycle: Some(Lifecycle::default()),
             ..EphemeralContainer::default()
         }]);
-        let found = unsupported_fields(&pod, true);
+        let found = unsupported_fields(&pod, Abilities::ALL);
         assert_eq!(
             found,
             [
@@ -366,7 +433,7 @@ mod tests {
             ..ApiContainer::default()
         };
         spec.init_containers = Some(vec![init("sidecar", "Always"), init("once", "Never")]);
-        assert_eq!(unsupported_fields(&pod, true), ["spec.initContainers[1].restartPolicy"]);
+        assert_eq!(unsupported_fields(&pod, Abilities::ALL), ["spec.initContainers[1].restartPolicy"]);
     }
 
     #[test]
@@ -382,6 +449,6 @@ mod tests {
         });
         spec.containers[0].security_context =
             Some(SecurityContext { proc_mount: Some("Default".into()), ..SecurityContext::default() });
-        assert!(unsupported_fields(&pod, true).is_empty());
+        assert!(unsupported_fields(&pod, Abilities::ALL).is_empty());
     }
 }

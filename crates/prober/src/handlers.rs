@@ -119,9 +119,37 @@ pub(crate) async fn http(target: &HttpTarget, user_agent: &str, timeout: Duratio
 }
 
 async fn http_follow(
-    mut target: HttpTarget,
+    target: HttpTarget,
     user_agent: &str,
 ) -> Result<Verdict, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(match follow(target, user_agent).await? {
+        Answer::Final(status) if status.as_u16() >= 200 && status.as_u16() < 400 => Verdict::Success,
+        Answer::Final(status) => Verdict::Failure(format!("HTTP probe failed with statuscode: {}", status.as_u16())),
+        Answer::Elsewhere(body) => {
+            Verdict::Warning(format!("Probe terminated redirects, Response body: {}", limited(&body)))
+        }
+    })
+}
+
+/// `httpGet` for a lifecycle hook: any answer passes (upstream's hook does not check the status),
+/// after redirects on the same host; only a request that gets no answer fails.
+pub(crate) async fn http_answer(
+    target: &HttpTarget,
+    user_agent: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    follow(target.clone(), user_agent).await.map(drop)
+}
+
+/// Where a GET ended.
+enum Answer {
+    /// A status that is not a redirect, or a redirect without a location.
+    Final(StatusCode),
+    /// A redirect to another host, not followed; the body of the redirect.
+    Elsewhere(Vec<u8>),
+}
+
+/// GETs `target`, following redirects on the same host, at most [`MAX_REDIRECTS`].
+async fn follow(mut target: HttpTarget, user_agent: &str) -> Result<Answer, Box<dyn std::error::Error + Send + Sync>> {
     for _ in 0..=MAX_REDIRECTS {
         let (status, location, body) = http_once(&target, user_agent).await?;
         if status.is_redirection()
@@ -132,19 +160,10 @@ async fn http_follow(
                     target = next;
                     continue;
                 }
-                None => {
-                    return Ok(Verdict::Warning(format!(
-                        "Probe terminated redirects, Response body: {}",
-                        limited(&body)
-                    )));
-                }
+                None => return Ok(Answer::Elsewhere(body)),
             }
         }
-        return Ok(if status.as_u16() >= 200 && status.as_u16() < 400 {
-            Verdict::Success
-        } else {
-            Verdict::Failure(format!("HTTP probe failed with statuscode: {}", status.as_u16()))
-        });
+        return Ok(Answer::Final(status));
     }
     Err("stopped after 10 redirects".into())
 }

@@ -18,8 +18,12 @@
 //! `prober_probe_total` and `prober_probe_duration_seconds` metrics.
 //! The decisions are a pure state machine (`worker.rs`), tested with paused time.
 //!
+//! [`Hooks`] implements `kubelet_core::HookRunner` with the same actions: it runs one `postStart`
+//! or `preStop` handler (exec, httpGet, sleep) when a runtime asks; the runtime decides when, and
+//! what a failure means.
+//!
 //! Differences from upstream: httpGet probes speak plain HTTP only (the kubelet refuses
-//! `scheme: HTTPS` until the agent carries a TLS client).
+//! `scheme: HTTPS` until the agent carries a TLS client), and so do httpGet hooks.
 //!
 //! # Example
 //!
@@ -54,7 +58,11 @@
 
 mod grpc;
 mod handlers;
+mod hook;
 mod manager;
 mod worker;
 
-pub use crate::manager::{Config, Manager};
+pub use crate::{
+    hook::Hooks,
+    manager::{Config, Manager},
+};

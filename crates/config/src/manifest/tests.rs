@@ -268,6 +268,18 @@ fn validation_names_the_field() {
             "metadata: {name: w}\nspec: {containers: [{name: c, image: i, livenessProbe: {exec: {command: [x]}, terminationGracePeriodSeconds: 0}}]}\n",
             "spec.containers[0].livenessProbe.terminationGracePeriodSeconds",
         ),
+        (
+            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, lifecycle: {postStart: {}}}]}\n",
+            "spec.containers[0].lifecycle.postStart",
+        ),
+        (
+            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, lifecycle: {preStop: {sleep: {seconds: 1}, exec: {command: [x]}}}}]}\n",
+            "spec.containers[0].lifecycle.preStop",
+        ),
+        (
+            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, lifecycle: {preStop: {sleep: {seconds: -1}}}}]}\n",
+            "spec.containers[0].lifecycle.preStop.sleep.seconds",
+        ),
     ];
     for (manifest, field) in cases {
         assert_eq!(invalid_field(manifest), field, "{manifest}");

@@ -158,7 +158,30 @@ impl CriRuntime {
                 warn!(error = %err, link = %link.display(), "cannot create the container log symlink");
             }
         }
-        Ok(())
+        self.post_start(pod, spec, &id, pod_ips).await
+    }
+
+    /// Runs the container's postStart hook, if any; a failure kills the container (upstream
+    /// `startContainer` step 4): event `FailedPostStartHook`, waiting reason `PostStartHookError`.
+    async fn post_start(
+        &self,
+        pod: &ApiPod,
+        spec: &ApiContainer,
+        id: &str,
+        pod_ips: &[String],
+    ) -> Result<(), SyncFailure> {
+        let Some(handler) = spec.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) else { return Ok(()) };
+        let Some(hooks) = &self.hooks else { return Ok(()) };
+        let ip = if handler.http_get.is_some() { self.hook_ip(pod, pod_ips).await } else { None };
+        let target = kubelet_core::hook::Target::new(pod, spec, id, ip.as_deref());
+        let Err(err) = hooks.run(self, target, handler).await else { return Ok(()) };
+        warn!(error = %err, container.name = %spec.name, "the postStart hook failed");
+        // The message stays out of the event, as upstream's: it may carry secrets.
+        self.event(pod, EventType::Warning, "FailedPostStartHook", "PostStartHook failed".to_owned());
+        if let Err(kill) = self.kill_container(Some(pod), id, &spec.name, None, None, "FailedPostStartHook").await {
+            warn!(error = %kill, container.name = %spec.name, "cannot kill the container whose postStart hook failed");
+        }
+        Err(SyncFailure::new(reasons::POST_START_HOOK_ERROR, err.to_string()))
     }
 
     /// Removes every exited instance of each init container but the newest
