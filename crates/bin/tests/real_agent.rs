@@ -546,6 +546,17 @@ async fn real_probes_restart_dead_containers_and_gate_readiness() {
             "    readinessProbe:\n      exec:\n        command: [\"false\"]\n      periodSeconds: 1\n",
         ),
     );
+    // Never started: its startup probe fails, so after 3 x 1 s it is restarted, and its
+    // failing liveness probe never runs.
+    write(
+        "neverstarts.yaml",
+        probed_pod_yaml(
+            "neverstarts",
+            &image,
+            "exec sleep 3600",
+            "    startupProbe:\n      exec:\n        command: [\"false\"]\n      periodSeconds: 1\n      failureThreshold: 3\n    livenessProbe:\n      exec:\n        command: [\"false\"]\n      periodSeconds: 1\n      failureThreshold: 1\n",
+        ),
+    );
     let agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
 
     let outcome = {
@@ -579,7 +590,25 @@ async fn real_probes_restart_dead_containers_and_gate_readiness() {
             .await;
             let last = &live["containerStatuses"][0]["lastState"]["terminated"];
             assert!(last.is_object(), "the killed instance is the last state: {live}");
+            let never = format!("neverstarts-{node}");
+            let status = pod_status(port, &never, "the restart after the startup probe's 3 failures", |s| {
+                s["containerStatuses"][0]["restartCount"].as_i64() >= Some(1)
+            })
+            .await;
+            assert_eq!(status["containerStatuses"][0]["started"], false, "{status}");
             let (_, metrics) = get(port, "/metrics").await;
+            let never_probes: Vec<&str> = metrics
+                .lines()
+                .filter(|l| l.starts_with("prober_probe_total{") && l.contains(&format!("pod=\"{never}\"")))
+                .collect();
+            assert!(
+                never_probes.iter().any(|l| l.contains("probe_type=\"Startup\"") && l.contains("result=\"failed\"")),
+                "{never_probes:?}"
+            );
+            assert!(
+                !never_probes.iter().any(|l| l.contains("probe_type=\"Liveness\"")),
+                "no liveness probe before the startup probe passed: {never_probes:?}"
+            );
             for line in [
                 "prober_probe_total{probe_type=\"Liveness\",result=\"failed\"",
                 "prober_probe_total{probe_type=\"Readiness\",result=\"successful\"",

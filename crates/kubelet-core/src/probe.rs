@@ -151,6 +151,12 @@ pub trait ProbeManager: Send + Sync + 'static {
 
     /// Housekeeping: stop probing every pod not in `desired`.
     fn cleanup_pods(&self, desired: &HashSet<PodUid>);
+
+    /// Resolves once every probe task has stopped, after the agent's cancellation token fired
+    /// (by default at once: nothing runs in the background).
+    fn stopped(&self) -> crate::hook::BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 #[cfg(test)]

@@ -334,6 +334,7 @@ impl<R: Runtime, P: Pleg, W: PodWorkers> Agent<R, P, W> {
         tracker.close();
         tracker.wait().await;
         workers.wait().await;
+        kubelet.prober_stopped().await;
     }
 }
 

@@ -67,6 +67,13 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
         &self.cleanups
     }
 
+    /// Resolves once the prober's tasks have stopped (at once without a prober).
+    pub async fn prober_stopped(&self) {
+        if let Some(prober) = &self.sync.prober {
+            prober.stopped().await;
+        }
+    }
+
     fn dispatch(&self, pod: Arc<Pod>, kind: SyncPodType) {
         let mirror = self.pods.mirror_pod_of(&pod);
         self.workers

@@ -199,6 +199,10 @@ impl<R: Runtime> ProbeManager for Manager<R> {
     fn cleanup_pods(&self, desired: &HashSet<PodUid>) {
         self.stop_where(|(uid, _, _)| !desired.contains(uid));
     }
+
+    fn stopped(&self) -> kubelet_core::hook::BoxFuture<'_, ()> {
+        Box::pin(self.wait())
+    }
 }
 
 /// One worker's task.

@@ -4,7 +4,14 @@
 use super::*;
 
 impl CriRuntime {
-    pub(super) async fn ensure_image(&self, pod: &ApiPod, container: &ApiContainer) -> Result<String, SyncFailure> {
+    /// Makes sure the container's image is present (upstream `EnsureImageExists`); returns its
+    /// reference, and its user when the image was already present (one `ImageStatus` answers
+    /// both, where upstream asks twice).
+    pub(super) async fn ensure_image(
+        &self,
+        pod: &ApiPod,
+        container: &ApiContainer,
+    ) -> Result<(String, Option<container::ImageUser>), SyncFailure> {
         let image = container.image.clone().unwrap_or_default();
         if image.trim().is_empty() {
             return Err(SyncFailure::new(
@@ -13,18 +20,17 @@ impl CriRuntime {
             ));
         }
         let policy = container.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
-        let present = self
-            .image_ref(&image)
+        let present = image_status(self, &image)
             .await
             .map_err(|e| SyncFailure::new("ImageInspectError", format!("Failed to inspect image {image:?}: {e}")))?;
-        if let Some(reference) = present.as_ref().filter(|_| policy != "Always") {
+        if let Some(found) = present.as_ref().filter(|_| policy != "Always") {
             self.event(
                 pod,
                 EventType::Normal,
                 "Pulled",
                 format!("Container image {image:?} already present on machine"),
             );
-            return Ok(reference.clone());
+            return Ok((found.id.clone(), Some(user_of(found))));
         }
         if policy == "Never" {
             let message = format!("Container image {image:?} is not present with pull policy of Never");
@@ -59,7 +65,7 @@ impl CriRuntime {
                     "Pulled",
                     format!("Successfully pulled image {image:?} in {:?}", started.elapsed()),
                 );
-                Ok(reference)
+                Ok((reference, None))
             }
             Err(err) => {
                 self.image_backoff.next(&key, Instant::now());
@@ -81,9 +87,24 @@ impl CriRuntime {
             Ok(response) => response.into_inner().image,
             Err(_) => None,
         };
-        let Some(image) = image else { return container::ImageUser::default() };
-        container::ImageUser { uid: image.uid.map(|u| u.value), username: image.username }
+        image.as_ref().map(user_of).unwrap_or_default()
     }
+}
+
+/// The user an image runs as.
+fn user_of(image: &pb::Image) -> container::ImageUser {
+    container::ImageUser { uid: image.uid.as_ref().map(|u| u.value), username: image.username.clone() }
+}
+
+/// The runtime's record of `image`, or `None` when it is not present.
+async fn image_status(rt: &CriRuntime, image: &str) -> Result<Option<pb::Image>, Error> {
+    let request = pb::ImageStatusRequest {
+        image: Some(pb::ImageSpec { image: image.to_owned(), ..Default::default() }),
+        verbose: false,
+    };
+    let response =
+        rt.client.image_service().image_status(request).await.map_err(|s| Error::status("ImageStatus", s))?;
+    Ok(response.into_inner().image)
 }
 
 pub(super) async fn pull_image(rt: &CriRuntime, image: &str) -> Result<String, Error> {
@@ -107,13 +128,7 @@ pub(super) async fn pull_image(rt: &CriRuntime, image: &str) -> Result<String, E
 }
 
 pub(super) async fn image_ref(rt: &CriRuntime, image: &str) -> Result<Option<String>, Error> {
-    let request = pb::ImageStatusRequest {
-        image: Some(pb::ImageSpec { image: image.to_owned(), ..Default::default() }),
-        verbose: false,
-    };
-    let response =
-        rt.client.image_service().image_status(request).await.map_err(|s| Error::status("ImageStatus", s))?;
-    Ok(response.into_inner().image.map(|i| i.id))
+    Ok(image_status(rt, image).await?.map(|i| i.id))
 }
 
 pub(super) async fn list_images(rt: &CriRuntime) -> Result<Vec<Image>, Error> {

@@ -70,13 +70,16 @@ impl CriRuntime {
             }
             backoff.next(&key, now);
         }
-        let image_ref = self.ensure_image(pod, spec).await?;
+        let (image_ref, image_user) = self.ensure_image(pod, spec).await?;
         let log_dir = self.pod_log_dir(pod);
         let restart_count = match previous {
             Some(p) => p.restart_count + 1,
             None => restart_count_from_logs(&log_dir.join(&spec.name)),
         };
-        let image_user = self.image_user(&image_ref).await;
+        let image_user = match image_user {
+            Some(user) => user,
+            None => self.image_user(&image_ref).await,
+        };
         let input = container::ConfigInput {
             pod,
             container: spec,
