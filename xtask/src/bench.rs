@@ -311,7 +311,12 @@ fn measure(options: &Options) -> Result<Results> {
     results.figures.push(Figure::new(
         format!("agent CPU probing {PROBED_CONTAINERS} containers (an exec and an httpGet probe each, 1 s period)"),
         "s/min",
-        &runs.probing,
+        &runs.probing.cpu,
+    ));
+    results.figures.push(Figure::new(
+        format!("probes run per second (of {}; {} of 50 pods Ready)", PROBED_CONTAINERS * 2, runs.probing.ready),
+        "/s",
+        &runs.probing.rate,
     ));
     for (pods, idle) in &runs.idle {
         let (cpu, rss) = if *pods == 0 { (0.05, 12.0) } else { (0.3, 20.0) };
@@ -371,8 +376,8 @@ struct AgentRuns {
     /// The replacement started by the runtime → restarted and running in `/pods`.
     restart_seen: Vec<f64>,
     idle: Vec<(usize, Idle)>,
-    /// CPU seconds per minute of the agent probing 100 containers.
-    probing: Vec<f64>,
+    /// The agent probing 100 containers.
+    probing: Probing,
 }
 
 fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: usize) -> Result<AgentRuns> {
@@ -411,7 +416,7 @@ const PROBED_CONTAINERS: usize = 100;
 
 /// Runs 50 pods of two containers, each with an exec and an httpGet probe at a 1 s period, and
 /// measures the agent's CPU while they only run and are probed.
-fn probing_cost(agent: &mut Agent, tool: &CriTool, options: &Options) -> Result<Vec<f64>> {
+fn probing_cost(agent: &mut Agent, tool: &CriTool, options: &Options) -> Result<Probing> {
     let pods = PROBED_CONTAINERS / 2;
     progress(&format!("probing, {PROBED_CONTAINERS} containers: {} windows of {:?}", options.windows, options.window));
     let manifests = agent.dir.join("manifests");
@@ -420,16 +425,39 @@ fn probing_cost(agent: &mut Agent, tool: &CriTool, options: &Options) -> Result<
         write_manifest(&manifests, &name, &harness::probed_manifest(&name))?;
     }
     let deadline = Instant::now() + Duration::from_secs(180);
-    while agent.ready()? < pods {
+    while agent.running() < pods {
         if Instant::now() > deadline {
-            bail!("{pods} probed pods were not all Ready within 180 s");
+            bail!("{pods} probed pods were not all Running within 180 s");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_secs(5));
-    let cpu = idle_windows(agent, options)?.cpu;
+    let mut probing = Probing::default();
+    for _ in 0..options.windows {
+        let (_, probes0) = agent.metric_sum_count("prober_probe_duration_seconds")?;
+        let cpu0 = agent.cpu_ns();
+        let began = Instant::now();
+        std::thread::sleep(options.window);
+        let cpu1 = agent.cpu_ns();
+        let took = began.elapsed().as_secs_f64();
+        let (_, probes1) = agent.metric_sum_count("prober_probe_duration_seconds")?;
+        probing.cpu.push((cpu1.saturating_sub(cpu0)) as f64 / 1e9 * 60.0 / took);
+        probing.rate.push((probes1 - probes0) / took);
+    }
+    probing.ready = agent.ready()?;
     stop_pods(agent, tool)?;
-    Ok(cpu)
+    Ok(probing)
+}
+
+/// The probing figure's samples.
+#[derive(Debug, Default)]
+struct Probing {
+    /// The agent's CPU seconds per minute.
+    cpu: Vec<f64>,
+    /// Probes run per second (200 when every probe keeps its period).
+    rate: Vec<f64>,
+    /// Pods Ready at the end (the exec probes pass only when the runtime keeps up).
+    ready: usize,
 }
 
 fn idle_windows(agent: &Agent, options: &Options) -> Result<Idle> {
