@@ -161,6 +161,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         .recorder(recorder.clone())
         .startup_tracker(startup)
         .cancel(cancel.clone())
+        .volumes(volumes::Manager::new(settings.root_dir.join("pods")))
         .prober({
             let config = prober::Config::default().node_ip(&settings.node_ip);
             move |parts| {

@@ -988,3 +988,136 @@ async fn real_healthz_fails_while_the_runtime_socket_is_gone() {
     };
     run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
 }
+
+/// The pod of the volumes test: every node-local volume type, with a fixed UID so an edit of its
+/// labels updates it in place.
+fn volumes_pod_yaml(uid: &str, app: &str, image: &str, host: &Path) -> String {
+    [
+        "apiVersion: v1",
+        "kind: Pod",
+        "metadata:",
+        "  name: vols",
+        &format!("  uid: {uid}"),
+        &format!("  labels: {{app: {app}}}"),
+        "spec:",
+        "  terminationGracePeriodSeconds: 2",
+        "  volumes:",
+        "  - {name: cache, emptyDir: {}}",
+        "  - {name: shm, emptyDir: {medium: Memory, sizeLimit: 16Mi}}",
+        &format!("  - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}", host.display()),
+        "  - name: info",
+        "    downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}",
+        "  - name: proj",
+        "    projected: {sources: [{downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}}]}",
+        "  initContainers:",
+        "  - name: setup",
+        &format!("    image: {image}"),
+        "    command: [sh, -c, 'echo hello > /cache/greeting']",
+        "    volumeMounts: [{name: cache, mountPath: /cache}]",
+        "  containers:",
+        "  - name: app",
+        &format!("    image: {image}"),
+        "    command: [sh, -c, 'exec sleep 3600']",
+        "    volumeMounts:",
+        "    - {name: cache, mountPath: /cache}",
+        "    - {name: shm, mountPath: /shm}",
+        "    - {name: host, mountPath: /host}",
+        "    - {name: info, mountPath: /info, readOnly: true}",
+        "    - {name: proj, mountPath: /proj}",
+        "    - {name: cache, mountPath: /sub, subPath: nested}",
+        "",
+    ]
+    .join("\n")
+}
+
+/// Runs `command` in the running container `app` of the pod named `name`; its stdout.
+async fn exec_in_app(runtime: &CriRuntime, name: &str, command: &[&str]) -> String {
+    let status = wait_for(runtime, name, "app to run", running).await;
+    let id = status.container_status("app").unwrap().id.clone();
+    let command: Vec<String> = command.iter().map(|s| (*s).to_owned()).collect();
+    let result = runtime.exec_sync(&id, &command, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(result.exit_code, 0, "{command:?}: {}", String::from_utf8_lossy(&result.stderr));
+    String::from_utf8_lossy(&result.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn real_volumes_for_node_local_pods() {
+    let Some(rt) = RealRuntime::from_env("real_volumes_for_node_local_pods") else { return };
+    let (dir, node) = scratch(&rt, "agent-volumes", "volumes");
+    let port = free_port();
+    let uid = format!("vols-{node}");
+    let host = dir.join("host/made");
+    let manifest = dir.join("manifests/vols.yaml");
+    std::fs::write(&manifest, volumes_pod_yaml(&uid, "one", &rt.busybox_image, &host)).unwrap();
+    let secret = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: secret}}\nspec:\n  volumes: [{{name: creds, secret: {{secretName: db}}}}]\n  containers: [{{name: app, image: {}, volumeMounts: [{{name: creds, mountPath: /creds}}]}}]\n",
+        rt.busybox_image
+    );
+    std::fs::write(dir.join("manifests/secret.yaml"), secret).unwrap();
+    let agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+    let runtime = test_runtime(&rt, &dir, &node);
+
+    let outcome = {
+        let (node, dir, image) = (node.clone(), dir.clone(), rt.busybox_image.clone());
+        let rt_for_body = test_runtime(&rt, &dir, &node);
+        async move {
+            let _agent = agent;
+            let name = format!("vols-{node}");
+            pod_status(port, &name, "vols to run", |s| s["phase"] == "Running").await;
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
+            let refused = format!(
+                "{}: pod \"secret-{node}\" has forbidden references to API objects: Secret \"db\", Secret volume \"creds\"",
+                dir.join("manifests/secret.yaml").display()
+            );
+            assert!(log.contains(&refused), "the static pod with a secret is refused in upstream's words: {log}");
+            let (_, pods) = get(port, "/pods").await;
+            assert!(!pods.contains(&format!("\"secret-{node}\"")), "the refused static pod is not a pod of the agent");
+            let exec = |command: &'static [&'static str]| exec_in_app(&rt_for_body, &name, command);
+            assert_eq!(exec(&["cat", "/cache/greeting"]).await, "hello\n", "the init container's file");
+            let df = exec(&["df", "-k", "/shm"]).await;
+            assert!(df.contains("tmpfs") && df.contains("16384"), "a 16 MiB tmpfs: {df}");
+            assert!(host.is_dir(), "DirectoryOrCreate made the host directory");
+            exec(&["touch", "/host/from-the-pod"]).await;
+            assert!(host.join("from-the-pod").exists(), "the hostPath is the host's directory");
+            assert_eq!(exec(&["cat", "/info/labels"]).await, "app=\"one\"");
+            assert_eq!(exec(&["cat", "/proj/name"]).await, name);
+            exec(&["touch", "/sub/x"]).await;
+            assert_eq!(exec(&["ls", "/cache/nested"]).await, "x\n", "the subPath is inside the volume");
+            let pod_dir = dir.join("root/pods").join(&uid);
+            let mounted = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            assert!(mounted.contains(&pod_dir.join("volumes/kubernetes.io~empty-dir/shm").display().to_string()));
+
+            // A restarted container finds the emptyDir as it was.
+            let id = wait_for(&rt_for_body, &name, "app", running).await.container_status("app").unwrap().id.clone();
+            let stop = pb::StopContainerRequest { container_id: id, timeout: 0 };
+            rt_for_body.client().runtime_service().stop_container(stop).await.unwrap();
+            pod_status(port, &name, "app's restart", |s| {
+                s["containerStatuses"][0]["restartCount"].as_i64() >= Some(1)
+                    && s["containerStatuses"][0]["state"]["running"].is_object()
+            })
+            .await;
+            assert_eq!(exec(&["cat", "/cache/greeting"]).await, "hello\n", "the emptyDir outlives a restart");
+
+            // New labels, same UID: the downwardAPI file follows.
+            std::fs::write(dir.join("manifests/vols.yaml"), volumes_pod_yaml(&uid, "two", &image, &host)).unwrap();
+            let mut labels = String::new();
+            for _ in 0..200 {
+                labels = exec(&["cat", "/info/labels"]).await;
+                if labels == "app=\"two\"" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(labels, "app=\"two\"", "the labels file is refreshed");
+
+            // Removed: the volumes go, the tmpfs first; the host's directory stays.
+            std::fs::remove_file(dir.join("manifests/vols.yaml")).unwrap();
+            wait_until_gone(&rt_for_body, &dir, &kubelet_core::PodUid::new(&uid)).await;
+            let mounted = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            assert!(!mounted.contains(&pod_dir.display().to_string()), "nothing of the pod is mounted");
+            assert!(!pod_dir.exists(), "the pod's directory is gone");
+            assert!(host.join("from-the-pod").exists(), "the host's directory stays");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}

@@ -87,6 +87,16 @@ pub enum ManifestError {
         /// What is wrong with it.
         message: String,
     },
+    /// A static pod references API objects (upstream's wording).
+    #[error("{origin}: pod {pod:?} has forbidden references to API objects: {}", references.join(", "))]
+    ApiReferences {
+        /// Where it came from.
+        origin: Origin,
+        /// The pod's name.
+        pod: String,
+        /// What it references, as [`api_references`] names them.
+        references: Vec<String>,
+    },
 }
 
 impl ManifestError {
@@ -97,7 +107,8 @@ impl ManifestError {
             | ManifestError::Decode { origin, .. }
             | ManifestError::WrongKind { origin, .. }
             | ManifestError::Read { origin, .. }
-            | ManifestError::Invalid { origin, .. } => origin,
+            | ManifestError::Invalid { origin, .. }
+            | ManifestError::ApiReferences { origin, .. } => origin,
         }
     }
 }
@@ -432,9 +443,8 @@ fn validate_hook(handler: &LifecycleHandler, path: &str) -> Result<(), FieldErro
     Ok(())
 }
 
-/// Validates what the kubelet needs of a pod; `is_static` adds the static-pod rule that forbids
-/// references to API objects.
-pub fn validate_pod(pod: &Pod, is_static: bool) -> Result<(), FieldError> {
+/// Validates what the kubelet needs of a pod.
+pub fn validate_pod(pod: &Pod) -> Result<(), FieldError> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     if name.is_empty() {
         return Err(field_error("metadata.name", "required value"));
@@ -490,9 +500,6 @@ pub fn validate_pod(pod: &Pod, is_static: bool) -> Result<(), FieldError> {
             return Err(field_error(format!("{path}.name"), format!("duplicate value {:?}", container.name)));
         }
     }
-    if is_static {
-        validate_no_api_references(pod)?;
-    }
     Ok(())
 }
 
@@ -506,45 +513,117 @@ fn containers_with_paths(spec: &PodSpec) -> impl Iterator<Item = (String, &Conta
         .chain(spec.containers.iter().enumerate().map(|(i, c)| (format!("spec.containers[{i}]"), c)))
 }
 
-/// Static pods may not reference API objects (upstream `PreventStaticPodAPIReferences`).
-fn validate_no_api_references(pod: &Pod) -> Result<(), FieldError> {
-    let forbidden = |field: String| field_error(field, "forbidden: static pods may not reference API objects");
-    let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
-    if spec.service_account_name.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(forbidden("spec.serviceAccountName".to_owned()));
+/// The volume sources that need nothing of the API server (upstream's allow-list in
+/// `getAPIReferences`, `pkg/kubelet/config/common.go`).
+const NODE_LOCAL_SOURCES: &[&str] = &[
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "downwardAPI",
+    "emptyDir",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "gitRepo",
+    "glusterfs",
+    "hostPath",
+    "iscsi",
+    "nfs",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
+];
+
+/// The names of the fields set in `value` (a volume or projection source) other than `name`:
+/// which source it is, whatever the API version knows.
+fn source_keys<T: serde::Serialize>(value: &T) -> Vec<String> {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::Object(fields)) => fields.into_iter().map(|(k, _)| k).filter(|k| k != "name").collect(),
+        _ => Vec::new(),
     }
-    let containers = containers_with_paths(spec);
-    for (path, c) in containers {
-        if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-            return Err(forbidden(format!("{path}.envFrom")));
+}
+
+/// The API objects `pod` references, in upstream's words and order (sorted): `Secret "s"`,
+/// `ConfigMap volume "v"`, `ServiceAccount "sa"`...; a static pod may reference none.
+pub fn api_references(pod: &Pod) -> Vec<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
+    if let Some(account) = spec.service_account_name.as_deref().filter(|s| !s.is_empty()) {
+        found.insert(format!("ServiceAccount {account:?}"));
+    }
+    let mut secret = |name: Option<&str>| {
+        if let Some(name) = name.filter(|n| !n.is_empty()) {
+            found.insert(format!("Secret {name:?}"));
         }
-        for (i, env) in c.env.iter().flatten().enumerate() {
-            let source = env.value_from.as_ref();
-            if source.is_some_and(|s| s.secret_key_ref.is_some() || s.config_map_key_ref.is_some()) {
-                return Err(forbidden(format!("{path}.env[{i}].valueFrom")));
+    };
+    for reference in spec.image_pull_secrets.iter().flatten() {
+        secret(Some(&reference.name));
+    }
+    let envs = containers_with_paths(spec)
+        .map(|(_, c)| (c.env.as_deref(), c.env_from.as_deref()))
+        .chain(spec.ephemeral_containers.iter().flatten().map(|e| (e.env.as_deref(), e.env_from.as_deref())));
+    let mut config_maps = Vec::new();
+    for (env, env_from) in envs.collect::<Vec<_>>() {
+        for from in env_from.unwrap_or_default() {
+            secret(from.secret_ref.as_ref().map(|r| r.name.as_str()));
+            config_maps.extend(from.config_map_ref.as_ref().map(|r| r.name.clone()));
+        }
+        for source in env.unwrap_or_default().iter().filter_map(|e| e.value_from.as_ref()) {
+            secret(source.secret_key_ref.as_ref().map(|r| r.name.as_str()));
+            config_maps.extend(source.config_map_key_ref.as_ref().map(|r| r.name.clone()));
+        }
+    }
+    for volume in spec.volumes.iter().flatten() {
+        secret(volume.secret.as_ref().and_then(|s| s.secret_name.as_deref()));
+        config_maps.extend(volume.config_map.as_ref().map(|c| c.name.clone()));
+        secret(volume.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()).map(|r| r.name.as_str()));
+        for source in volume.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+            secret(source.secret.as_ref().map(|s| s.name.as_str()));
+            config_maps.extend(source.config_map.as_ref().map(|c| c.name.clone()));
+        }
+    }
+    for name in config_maps.into_iter().filter(|n| !n.is_empty()) {
+        found.insert(format!("ConfigMap {name:?}"));
+    }
+    for volume in spec.volumes.iter().flatten() {
+        let name = &volume.name;
+        let keys = source_keys(volume);
+        let Some(kind) = keys.first() else {
+            found.insert(format!("unknown type for volume {name:?}"));
+            continue;
+        };
+        match kind.as_str() {
+            kind if NODE_LOCAL_SOURCES.contains(&kind) => {}
+            "projected" => {
+                for source in volume.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+                    let kind = source_keys(source);
+                    match kind.first().map(String::as_str) {
+                        Some("downwardAPI") => {}
+                        Some(kind @ ("configMap" | "secret" | "serviceAccountToken")) => {
+                            found.insert(format!("{kind} projected volume {name:?}"));
+                        }
+                        _ => {
+                            found.insert(format!("unknown source for projected volume {name:?}"));
+                        }
+                    }
+                }
             }
+            "configMap" => _ = found.insert(format!("ConfigMap volume {name:?}")),
+            "csi" => _ = found.insert(format!("CSI volume {name:?}")),
+            "ephemeral" => _ = found.insert(format!("Ephemeral volume {name:?}")),
+            "persistentVolumeClaim" => _ = found.insert(format!("PersistentVolumeClaim volume {name:?}")),
+            "secret" => _ = found.insert(format!("Secret volume {name:?}")),
+            _ => _ = found.insert(format!("unknown type for volume {name:?}")),
         }
     }
-    for (i, v) in spec.volumes.iter().flatten().enumerate() {
-        let projected = v.projected.as_ref().is_some_and(|p| {
-            p.sources.iter().flatten().any(|s| {
-                s.secret.is_some()
-                    || s.config_map.is_some()
-                    || s.service_account_token.is_some()
-                    || s.cluster_trust_bundle.is_some()
-            })
-        });
-        if v.secret.is_some()
-            || v.config_map.is_some()
-            || v.persistent_volume_claim.is_some()
-            || v.csi.is_some()
-            || v.ephemeral.is_some()
-            || projected
-        {
-            return Err(forbidden(format!("spec.volumes[{i}]")));
-        }
-    }
-    Ok(())
+    found.into_iter().collect()
 }
 
 /// Decodes a manifest into static pods: decode, API defaults, static defaults, validation.
@@ -559,12 +638,17 @@ pub fn static_pods(
     for pod in &mut pods {
         apply_api_defaults(pod);
         apply_static_defaults(pod, node_name, origin);
-        validate_pod(pod, true).map_err(|e| ManifestError::Invalid {
+        let name = || pod.metadata.name.clone().unwrap_or_default();
+        validate_pod(pod).map_err(|e| ManifestError::Invalid {
             origin: origin.clone(),
-            pod: pod.metadata.name.clone().unwrap_or_default(),
+            pod: name(),
             field: e.field,
             message: e.message,
         })?;
+        let references = api_references(pod);
+        if !references.is_empty() {
+            return Err(ManifestError::ApiReferences { origin: origin.clone(), pod: name(), references });
+        }
     }
     Ok(pods)
 }

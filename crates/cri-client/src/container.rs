@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kubelet_core::resources::{container_resource, milli, qos_class, units};
+use kubelet_core::{
+    resources::{container_resource, milli, qos_class, units},
+    volume::PodVolumes,
+};
 
 use crate::{labels, pb};
 
@@ -54,26 +57,14 @@ pub struct Downward<'a> {
 }
 
 fn field_ref(pod: &Pod, path: &str, downward: &Downward<'_>) -> Result<String, String> {
-    let meta = &pod.metadata;
-    let map_key = |prefix: &str| path.strip_prefix(prefix).and_then(|r| r.strip_suffix("']")).map(str::to_owned);
     let value = match path {
-        "metadata.name" => meta.name.clone().unwrap_or_default(),
-        "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
-        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
         "spec.nodeName" => downward.node_name.to_owned(),
         "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
         "status.hostIP" | "status.hostIPs" => downward.host_ip.to_owned(),
         "status.podIP" => downward.pod_ips.first().cloned().unwrap_or_default(),
         "status.podIPs" => downward.pod_ips.join(","),
-        _ => {
-            if let Some(key) = map_key("metadata.labels['") {
-                meta.labels.as_ref().and_then(|l| l.get(&key)).cloned().unwrap_or_default()
-            } else if let Some(key) = map_key("metadata.annotations['") {
-                meta.annotations.as_ref().and_then(|a| a.get(&key)).cloned().unwrap_or_default()
-            } else {
-                return Err(format!("unsupported fieldRef fieldPath {path:?}"));
-            }
-        }
+        _ => kubelet_core::types::metadata_field(pod, path)
+            .ok_or_else(|| format!("unsupported fieldRef fieldPath {path:?}"))?,
     };
     Ok(value)
 }
@@ -233,6 +224,56 @@ pub fn security_context(
     })
 }
 
+/// Checks a `subPath` (upstream's validation): relative, without `..`.
+pub fn validate_sub_path(sub_path: &str) -> Result<(), String> {
+    let path = std::path::Path::new(sub_path);
+    if path.is_absolute() {
+        return Err(format!("subPath {sub_path:?} must be a relative path"));
+    }
+    if path.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return Err(format!("subPath {sub_path:?} must not contain '..'"));
+    }
+    Ok(())
+}
+
+/// The container's mounts from its `volumeMounts` and the pod's volumes' host paths (upstream
+/// `makeMounts`); an error (a volume that is not set up, a bad `subPath` or propagation) is a
+/// `CreateContainerConfigError` message.
+pub fn mounts(container: &Container, volumes: &PodVolumes) -> Result<Vec<pb::Mount>, String> {
+    let privileged = container.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false);
+    let mut mounts = Vec::new();
+    for mount in container.volume_mounts.iter().flatten() {
+        let volume = volumes.get(&mount.name).ok_or_else(|| {
+            format!("cannot find volume {:?} to mount into container {:?}", mount.name, container.name)
+        })?;
+        let mut host_path = volume.to_owned();
+        if let Some(sub_path) = mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            validate_sub_path(sub_path)?;
+            host_path = host_path.join(sub_path);
+        }
+        let propagation = match mount.mount_propagation.as_deref().unwrap_or("None") {
+            "None" => pb::MountPropagation::PropagationPrivate,
+            "HostToContainer" => pb::MountPropagation::PropagationHostToContainer,
+            "Bidirectional" if privileged => pb::MountPropagation::PropagationBidirectional,
+            "Bidirectional" => {
+                return Err(format!(
+                    "volume mount {:?}: Bidirectional propagation needs a privileged container",
+                    mount.name
+                ));
+            }
+            other => return Err(format!("volume mount {:?}: unknown mountPropagation {other:?}", mount.name)),
+        };
+        mounts.push(pb::Mount {
+            container_path: mount.mount_path.clone(),
+            host_path: host_path.display().to_string(),
+            readonly: mount.read_only.unwrap_or(false),
+            propagation: propagation as i32,
+            ..pb::Mount::default()
+        });
+    }
+    Ok(mounts)
+}
+
 /// Everything a container config is made from.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -251,12 +292,15 @@ pub struct ConfigInput<'a> {
     pub downward: Downward<'a>,
     /// The node's memory capacity in bytes, for the OOM score of Burstable pods.
     pub memory_capacity: i64,
+    /// The host paths of the pod's volumes, for the container's `volumeMounts`.
+    pub volumes: &'a PodVolumes,
 }
 
 /// The container config; an error is a `CreateContainerConfigError` message.
 pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, String> {
     let ConfigInput { pod, container, restart_count, .. } = *input;
     let env = environment(pod, container, &input.downward)?;
+    let mounts = mounts(container, input.volumes)?;
     let defined: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let lookup = |name: &str| defined.get(name).map(|v| (*v).to_owned());
     let expand_all = |list: &Option<Vec<String>>| list.iter().flatten().map(|s| expand(s, &lookup)).collect::<Vec<_>>();
@@ -274,6 +318,7 @@ pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, 
         labels: labels::container_labels(pod, container),
         annotations: labels::container_annotations(pod, container, restart_count, crate::actions::hash(container)),
         log_path: format!("{}/{restart_count}.log", container.name),
+        mounts,
         stdin: container.stdin.unwrap_or(false),
         stdin_once: container.stdin_once.unwrap_or(false),
         tty: container.tty.unwrap_or(false),

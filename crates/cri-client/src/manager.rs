@@ -16,6 +16,7 @@ use kubelet_core::{
         self, ContainerState, ExecResult, GcPolicy, Image, PodStatus, PodSyncResult, RuntimeCondition, RuntimeStatus,
         SandboxState, SyncAction, SyncFailure, SyncResult, Version, reasons,
     },
+    volume::PodVolumes,
 };
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -283,8 +284,9 @@ impl Runtime for CriRuntime {
         status: &PodStatus,
         backoff: &Backoff,
         probes: &kubelet_core::ProbeResults,
+        volumes: &kubelet_core::volume::PodVolumes,
     ) -> PodSyncResult {
-        sync::sync_pod(self, pod, status, backoff, probes).await
+        sync::sync_pod(self, pod, status, backoff, probes, volumes).await
     }
 
     async fn kill_pod(

@@ -447,6 +447,7 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
             &PodStatus::new(PodUid::new("u"), "p", "ns"),
             &Backoff::default(),
             &kubelet_core::ProbeResults::new(),
+            &Default::default(),
         )
         .await;
     let failure = result.errors().next().expect("a sync error");
@@ -459,7 +460,9 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
     // A stopped sandbox is replaced: now the event says so.
     let mut status = PodStatus::new(PodUid::new("u"), "p", "ns");
     status.sandbox_statuses.push(runtime::SandboxStatus::new("sb-0", 0, SandboxState::NotReady));
-    let _ = runtime.sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+    let _ = runtime
+        .sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
+        .await;
     assert!(reasons_of(&recorder).contains(&"SandboxChanged".to_owned()), "{:?}", reasons_of(&recorder));
     f.server.abort();
 }

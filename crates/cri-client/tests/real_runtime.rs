@@ -97,7 +97,7 @@ impl Env {
 
     async fn sync(&self, pod: &Pod, backoff: &Backoff) -> kubelet_core::runtime::PodSyncResult {
         let status = self.status(pod).await;
-        self.runtime.sync_pod(pod, &status, backoff, &kubelet_core::ProbeResults::new()).await
+        self.runtime.sync_pod(pod, &status, backoff, &kubelet_core::ProbeResults::new(), &Default::default()).await
     }
 
     /// A guard that removes `pod` if the test panics before [`Env::cleanup`].
@@ -394,7 +394,8 @@ async fn real_a_new_manager_readopts_everything() {
             && actions.containers_to_start.is_empty()
             && actions.containers_to_kill.is_empty()
     );
-    let result = fresh.sync_pod(&p, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+    let result =
+        fresh.sync_pod(&p, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default()).await;
     assert!(result.results.is_empty(), "nothing to do: {result:?}");
     env.cleanup(&p).await;
 }

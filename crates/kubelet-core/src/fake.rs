@@ -605,6 +605,7 @@ impl Runtime for FakeRuntime {
         _status: &PodStatus,
         backoff: &Backoff,
         probes: &ProbeResults,
+        _volumes: &crate::volume::PodVolumes,
     ) -> PodSyncResult {
         let uid = PodUid::of(pod);
         let mut result = PodSyncResult::default();

@@ -49,7 +49,7 @@
 //!     async fn handle_pod_additions(&self, pods: Vec<Arc<Pod>>) {
 //!         for pod in pods {
 //!             let status = kubelet_core::runtime::PodStatus::new(kubelet_core::PodUid::of(&pod), "", "");
-//!             let result = self.runtime.sync_pod(&pod, &status, &self.backoff, &ProbeResults::new()).await;
+//!             let result = self.runtime.sync_pod(&pod, &status, &self.backoff, &ProbeResults::new(), &Default::default()).await;
 //!             println!("synced {:?}: {} steps", pod.metadata.name, result.results.len());
 //!         }
 //!     }
@@ -110,6 +110,7 @@ mod startup;
 mod state;
 pub mod sync_loop;
 pub mod types;
+pub mod volume;
 mod workers;
 
 #[cfg(feature = "fake-runtime")]
@@ -136,6 +137,7 @@ pub use crate::{
     startup::{StartupDurations, StartupTracker},
     state::{HealthCheck, HealthError, LoopHealth, RuntimeState, SourcesReady},
     types::{Operation, PodUid, PodUpdate, Source, SyncPodType},
+    volume::{VolumeManager, VolumePlugin},
     workers::{
         CompletionFn, KillPodOptions, NETWORK_NOT_READY_MESSAGE, PodStatusFn, PodSyncer, PodWorkers, UpdatePodOptions,
         WorkerState, WorkerSync,

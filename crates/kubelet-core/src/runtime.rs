@@ -667,13 +667,16 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Brings the pod's sandbox and containers in line with its spec; `backoff` is the crash-loop
     /// backoff, and a running container that failed its liveness or startup probe in `probes` is
-    /// killed and started again (an agent without a prober passes an empty store).
+    /// killed and started again (an agent without a prober passes an empty store); `volumes` are
+    /// the host paths of the pod's volumes, set up by the kubelet's volume manager, which the
+    /// containers' `volumeMounts` name.
     fn sync_pod(
         &self,
         pod: &ApiPod,
         status: &PodStatus,
         backoff: &Backoff,
         probes: &ProbeResults,
+        volumes: &crate::volume::PodVolumes,
     ) -> impl Future<Output = PodSyncResult> + Send;
 
     /// Kills every container and stops every sandbox of `running`.

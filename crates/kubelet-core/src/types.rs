@@ -174,6 +174,30 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
+/// A pod metadata field by upstream's field path (`fieldpath.ExtractFieldPathAsString`):
+/// `metadata.name`, `.namespace`, `.uid`, `.labels` and `.annotations` (all, as sorted
+/// `key="value"` lines), and one label or annotation (`metadata.labels['app']`, empty when
+/// unset); `None` for any other path.
+pub fn metadata_field(pod: &Pod, path: &str) -> Option<String> {
+    let meta = &pod.metadata;
+    let all = |map: Option<&std::collections::BTreeMap<String, String>>| {
+        map.into_iter().flatten().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join("\n")
+    };
+    let one = |map: Option<&std::collections::BTreeMap<String, String>>, prefix: &str| {
+        let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
+        Some(map.and_then(|m| m.get(key)).cloned().unwrap_or_default())
+    };
+    match path {
+        "metadata.name" => Some(meta.name.clone().unwrap_or_default()),
+        "metadata.namespace" => Some(meta.namespace.clone().unwrap_or_default()),
+        "metadata.uid" => Some(meta.uid.clone().unwrap_or_default()),
+        "metadata.labels" => Some(all(meta.labels.as_ref())),
+        "metadata.annotations" => Some(all(meta.annotations.as_ref())),
+        _ => one(meta.labels.as_ref(), "metadata.labels['")
+            .or_else(|| one(meta.annotations.as_ref(), "metadata.annotations['")),
+    }
+}
+
 /// Whether the pod is a static pod (it came from a file or HTTP source, not the API server).
 pub fn is_static_pod(pod: &Pod) -> bool {
     annotation(pod, annotations::CONFIG_SOURCE).is_some_and(|s| s != Source::Api.as_str())
@@ -193,4 +217,29 @@ pub fn is_sidecar(container: &k8s_openapi::api::core::v1::Container) -> bool {
 /// The hash a mirror pod records of its static pod, or a static pod's own hash.
 pub fn config_hash(pod: &Pod) -> Option<&str> {
     annotation(pod, annotations::CONFIG_MIRROR).or_else(|| annotation(pod, annotations::CONFIG_HASH))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    #[test]
+    fn metadata_fields_by_upstream_path() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                labels: Some([("b".to_owned(), "2".to_owned()), ("a".to_owned(), "x\"y".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        };
+        assert_eq!(metadata_field(&pod, "metadata.name").as_deref(), Some("web"));
+        assert_eq!(metadata_field(&pod, "metadata.namespace").as_deref(), Some(""));
+        assert_eq!(metadata_field(&pod, "metadata.labels").as_deref(), Some("a=\"x\\\"y\"\nb=\"2\""));
+        assert_eq!(metadata_field(&pod, "metadata.labels['b']").as_deref(), Some("2"));
+        assert_eq!(metadata_field(&pod, "metadata.annotations['none']").as_deref(), Some(""));
+        assert_eq!(metadata_field(&pod, "spec.nodeName"), None);
+    }
 }

@@ -11,7 +11,7 @@ use std::{sync::Arc, time::Duration};
 
 use kubelet_core::{
     Cache, LoopHealth, Pleg, PodLifecycleEvent, PodManager, PodUpdate, PodWorkers, ProbeManager, ProbeResult,
-    ProbeResults, Runtime, RuntimeState, Source, SourcesReady, StartupTracker, WorkQueue,
+    ProbeResults, Runtime, RuntimeState, Source, SourcesReady, StartupTracker, VolumeManager, WorkQueue,
     events::{EventRecorder, RingRecorder},
     sync_loop::{self, Inputs, Shared},
 };
@@ -106,6 +106,7 @@ pub struct Builder<R> {
     startup: Arc<StartupTracker>,
     cancel: CancellationToken,
     prober: Option<ProberFactory<R>>,
+    volumes: Option<Arc<dyn VolumeManager>>,
 }
 
 impl<R> std::fmt::Debug for Builder<R> {
@@ -137,6 +138,14 @@ impl<R: Runtime> Builder<R> {
         self
     }
 
+    /// Sets up pods' volumes with `volumes` (`kubelet-volumes`' `Manager`, say); without one,
+    /// pods with volumes are refused (`UnsupportedPodSpec`).
+    #[must_use]
+    pub fn volumes<V: VolumeManager>(mut self, volumes: V) -> Self {
+        self.volumes = Some(Arc::new(volumes));
+        self
+    }
+
     /// The token that stops the agent (default: a new one, cancelled by nobody).
     #[must_use]
     pub fn cancel(mut self, cancel: CancellationToken) -> Self {
@@ -155,7 +164,7 @@ impl<R: Runtime> Builder<R> {
         P: Pleg,
         W: PodWorkers,
     {
-        let Builder { runtime, config, recorder, startup, cancel, prober } = self;
+        let Builder { runtime, config, recorder, startup, cancel, prober, volumes } = self;
         let cache = Arc::new(Cache::new());
         let probe_results = Arc::new(ProbeResults::new());
         let (probe_tx, probes) = mpsc::channel(64);
@@ -193,6 +202,9 @@ impl<R: Runtime> Builder<R> {
         .startup_tracker(startup);
         if let Some(prober) = prober {
             syncer = syncer.prober(prober, probe_results);
+        }
+        if let Some(volumes) = volumes {
+            syncer = syncer.volumes(volumes);
         }
         let syncer = Arc::new(syncer);
         let workers = Arc::new(workers(WorkerParts {
@@ -255,6 +267,7 @@ impl<R: Runtime> Agent<R, (), ()> {
             startup: Arc::new(StartupTracker::new()),
             cancel: CancellationToken::new(),
             prober: None,
+            volumes: None,
         }
     }
 }

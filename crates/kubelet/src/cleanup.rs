@@ -7,7 +7,6 @@
 use std::{
     collections::{HashSet, VecDeque},
     mem::discriminant,
-    path::Path,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -184,7 +183,14 @@ impl<R: Runtime> Cleanups<R> {
             }
         };
         for (uid, dir) in orphans {
-            if let Some(mount) = mount_below(&mountinfo, &dir) {
+            // Volumes this agent set up (a pod gone while the agent was down) are torn down first.
+            if let Some(volumes) = &self.sync.volumes
+                && let Err(err) = volumes.unmount_pod(&uid).await
+            {
+                warn!(pod.uid = %uid, error = %err, "cannot tear down the volumes of an orphaned pod");
+            }
+            let mountinfo = tokio::fs::read_to_string("/proc/self/mountinfo").await.unwrap_or(mountinfo.clone());
+            if let Some(mount) = kubelet_core::volume::mount_below(&mountinfo, &dir) {
                 let message = format!(
                     "orphaned pod {uid} found, but {mount} is still mounted below {}; leaving its directory",
                     dir.display()
@@ -206,57 +212,5 @@ impl<R: Runtime> Cleanups<R> {
                 warn!(error = %err, dir = %dir.display(), "cannot remove an orphaned pod directory");
             }
         }
-    }
-}
-
-/// The first mount point at or below `dir` in `mountinfo` (`/proc/self/mountinfo`'s format:
-/// the fifth field is the mount point, with spaces and the like escaped as octal).
-pub(crate) fn mount_below(mountinfo: &str, dir: &Path) -> Option<String> {
-    mountinfo.lines().find_map(|line| {
-        let point = unescape(line.split(' ').nth(4)?);
-        Path::new(&point).starts_with(dir).then_some(point)
-    })
-}
-
-/// Undoes mountinfo's octal escapes (`\040` is a space).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && let Some(octal) = field.get(i + 1..i + 4)
-            && let Ok(byte) = u8::from_str_radix(octal, 8)
-        {
-            out.push(byte);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MOUNTINFO: &str = "\
-22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-98 22 0:45 / /var/lib/kubelet/pods/abc/volumes/kubernetes.io~empty-dir/cache rw - tmpfs tmpfs rw
-99 22 0:46 / /var/lib/kubelet/pods/with\\040space/x rw - tmpfs tmpfs rw
-";
-
-    #[test]
-    fn mounts_below_a_directory_are_found_and_unescaped() {
-        let pods = Path::new("/var/lib/kubelet/pods");
-        assert_eq!(
-            mount_below(MOUNTINFO, &pods.join("abc")).as_deref(),
-            Some("/var/lib/kubelet/pods/abc/volumes/kubernetes.io~empty-dir/cache")
-        );
-        assert_eq!(mount_below(MOUNTINFO, &pods.join("ab")), None, "a path prefix is not a parent");
-        assert_eq!(mount_below(MOUNTINFO, &pods.join("def")), None);
-        assert!(mount_below(MOUNTINFO, &pods.join("with space")).is_some());
     }
 }

@@ -126,7 +126,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             if !self.is_terminal(&pod) && !self.workers.is_pod_termination_requested(&uid) {
                 let active = self.active_pods(Some(&uid));
                 let active: Vec<&Pod> = active.iter().map(AsRef::as_ref).collect();
-                let unsupported = unsupported::unsupported_fields(&pod, self.sync.abilities());
+                let unsupported = self.sync.unsupported_fields(&pod);
                 if !unsupported.is_empty() {
                     warn!(pod = %pod_full_name(&pod), fields = ?unsupported, "pod refused: it uses fields this agent does not implement");
                     self.reject(&pod, unsupported::REASON, &unsupported::message(&unsupported));

@@ -20,6 +20,7 @@ use kubelet_core::{
     events::{Event, EventRecorder, EventType, ObjectRef},
     runtime::{self, ContainerState, PodStatus, Runtime, SyncAction},
     types::pod_full_name,
+    volume::{MOUNT_TIMEOUT, PodVolumes, VolumeError, VolumeManager},
 };
 use tracing::{debug, info};
 
@@ -110,6 +111,9 @@ pub enum Error {
     /// Containers still run after a successful kill.
     #[error("detected running containers after a successful KillPod, CRI violation: {0}")]
     StillRunning(String),
+    /// A volume could not be set up or torn down.
+    #[error(transparent)]
+    Volume(kubelet_core::volume::VolumeError),
     /// A pod directory could not be made.
     #[error("cannot make pod directories")]
     Io(#[from] std::io::Error),
@@ -142,6 +146,7 @@ pub struct PodSync<R> {
     dirs_made: Mutex<HashSet<PodUid>>,
     /// The prober, when the agent probes.
     pub(crate) prober: Option<Arc<dyn ProbeManager>>,
+    pub(crate) volumes: Option<Arc<dyn VolumeManager>>,
     /// The verdicts it writes (empty without one): the runtime acts on liveness and startup
     /// failures, the status shows readiness and start.
     probe_results: Arc<ProbeResults>,
@@ -179,6 +184,7 @@ impl<R: Runtime> PodSync<R> {
             startup: Arc::new(StartupTracker::new()),
             dirs_made: Mutex::new(HashSet::new()),
             prober: None,
+            volumes: None,
             probe_results: Arc::new(ProbeResults::new()),
         }
     }
@@ -192,10 +198,25 @@ impl<R: Runtime> PodSync<R> {
         self
     }
 
-    /// What this agent implements beyond the fixed set of pod fields: probes with a prober,
-    /// lifecycle hooks when the runtime runs them.
-    pub(crate) fn abilities(&self) -> crate::unsupported::Abilities {
-        crate::unsupported::Abilities::new(self.prober.is_some(), self.runtime.runs_hooks())
+    /// Sets up pods' volumes with `volumes` before their containers start, and tears them down
+    /// once they have terminated; without one, pods with volumes are refused.
+    #[must_use]
+    pub fn volumes(mut self, volumes: Arc<dyn VolumeManager>) -> Self {
+        self.volumes = Some(volumes);
+        self
+    }
+
+    /// The unsupported fields of `pod` for this agent: probes are implemented with a prober,
+    /// lifecycle hooks when the runtime runs them, volumes as far as the volume manager sets them up.
+    pub(crate) fn unsupported_fields(&self, pod: &Pod) -> Vec<String> {
+        let abilities = crate::unsupported::Abilities::new(self.prober.is_some(), self.runtime.runs_hooks());
+        match &self.volumes {
+            Some(volumes) => {
+                let supports = |volume: &k8s_openapi::api::core::v1::Volume| volumes.supports(volume);
+                crate::unsupported::unsupported_fields(pod, abilities.volumes(&supports))
+            }
+            None => crate::unsupported::unsupported_fields(pod, abilities),
+        }
     }
 
     /// Calls `hook` after every sync that may have changed the runtime (for example
@@ -376,7 +397,23 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             }
             lock(&self.dirs_made).insert(uid.clone());
         }
-        let result = self.runtime.sync_pod(pod, runtime_status, &self.backoff, &self.probe_results).await;
+        let volumes = match &self.volumes {
+            Some(manager) => {
+                let mounted = tokio::time::timeout(MOUNT_TIMEOUT, manager.mount_pod(pod)).await;
+                match mounted.unwrap_or(Err(VolumeError::TimedOut { seconds: MOUNT_TIMEOUT.as_secs() })) {
+                    Ok(volumes) => volumes,
+                    Err(err) => {
+                        // The containers keep waiting in ContainerCreating; the worker retries.
+                        let message = format!("Unable to attach or mount volumes: {err}");
+                        let event = Event::new(EventType::Warning, "FailedMount", message, ObjectRef::pod(pod));
+                        self.recorder.record(event);
+                        return Err(Error::Volume(err));
+                    }
+                }
+            }
+            None => PodVolumes::new(),
+        };
+        let result = self.runtime.sync_pod(pod, runtime_status, &self.backoff, &self.probe_results, &volumes).await;
         if self.record_failures(&uid, &result) {
             // The reasons show at once (upstream shows them from the next sync on).
             self.statuses.set(pod, self.api_status(pod, runtime_status, false));
@@ -461,6 +498,11 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
     async fn sync_terminated_pod(&self, pod: &Arc<Pod>, runtime_status: &PodStatus) -> Result<(), Error> {
         let status = self.api_status(pod, runtime_status, true);
         self.statuses.set(pod, status);
+        // Its volumes go now that nothing runs (upstream's volume manager unmounts them once the
+        // pod has terminated); a failure is retried.
+        if let Some(volumes) = &self.volumes {
+            volumes.unmount_pod(&PodUid::of(pod)).await.map_err(Error::Volume)?;
+        }
         // Its directories may go with its content; a pod that comes back with this UID makes them again.
         lock(&self.dirs_made).remove(&PodUid::of(pod));
         // Dead containers stay for GC, so their logs remain readable.

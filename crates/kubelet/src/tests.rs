@@ -609,3 +609,95 @@ async fn containers_still_running_after_a_successful_kill_fail_the_termination()
     let result = terminating.await.unwrap();
     assert!(matches!(result, Err(Error::StillRunning(ref names)) if names == "c"), "{result:?}");
 }
+
+/// A volume manager that does what the test says: set up, fail, or never finish.
+#[derive(Default)]
+struct ScriptedVolumes {
+    /// `Some(message)`: setting up fails with it; `None`: it succeeds.
+    fail: Mutex<Option<String>>,
+    hang: std::sync::atomic::AtomicBool,
+    unmounted: Mutex<Vec<PodUid>>,
+}
+
+impl kubelet_core::VolumeManager for ScriptedVolumes {
+    fn mount_pod<'a>(
+        &'a self,
+        pod: &'a Pod,
+    ) -> kubelet_core::hook::BoxFuture<'a, Result<kubelet_core::volume::PodVolumes, kubelet_core::volume::VolumeError>>
+    {
+        Box::pin(async move {
+            if self.hang.load(std::sync::atomic::Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+            let failure = lock(&self.fail).clone();
+            if let Some(message) = failure {
+                return Err(kubelet_core::volume::VolumeError::Failed { volume: "cache".into(), message });
+            }
+            let mut volumes = kubelet_core::volume::PodVolumes::new();
+            volumes.insert("cache", format!("/pods/{}/cache", PodUid::of(pod)));
+            Ok(volumes)
+        })
+    }
+
+    fn unmount_pod<'a>(
+        &'a self,
+        uid: &'a PodUid,
+    ) -> kubelet_core::hook::BoxFuture<'a, Result<(), kubelet_core::volume::VolumeError>> {
+        Box::pin(async move {
+            lock(&self.unmounted).push(uid.clone());
+            Ok(())
+        })
+    }
+
+    fn supports(&self, volume: &k8s_openapi::api::core::v1::Volume) -> bool {
+        volume.empty_dir.is_some()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn volumes_are_set_up_before_the_containers_and_torn_down_after_them() {
+    let mut f = fixture();
+    let volumes = Arc::new(ScriptedVolumes::default());
+    let config = Config::new("node-1").root_dir(f.root.path()).node(NodeResources::new(4000, 8 << 30));
+    f.sync = Arc::new(
+        PodSync::new(f.runtime.clone(), f.state.clone(), Arc::new(StatusStore::new()), f.events.clone(), config)
+            .volumes(volumes.clone()),
+    );
+    let p = pod("vol", "Always", &["app"]);
+    let failed_mounts = |f: &Fixture| f.events.events().into_iter().filter(|e| e.reason == "FailedMount").count();
+
+    // A failure: an event, no sandbox, the containers wait in ContainerCreating.
+    *lock(&volumes.fail) = Some("hostPath type check failed: /x is not a directory".into());
+    let err = f.sync(&p).await.unwrap_err();
+    assert!(matches!(err, Error::Volume(_)), "{err}");
+    let event = f.events.events().into_iter().find(|e| e.reason == "FailedMount").expect("a FailedMount event");
+    assert_eq!(
+        event.message,
+        "Unable to attach or mount volumes: volume \"cache\": hostPath type check failed: /x is not a directory"
+    );
+    assert!(f.runtime.get_pods(true).await.unwrap().is_empty(), "nothing starts without its volumes");
+    let status = f.stored(&p);
+    assert_eq!(status.phase.as_deref(), Some("Pending"));
+    let waiting = status.container_statuses.unwrap()[0].state.clone().unwrap().waiting.unwrap();
+    assert_eq!(waiting.reason.as_deref(), Some("ContainerCreating"));
+
+    // A set-up that never ends: the sync gives up after upstream's 2 min 3 s.
+    *lock(&volumes.fail) = None;
+    volumes.hang.store(true, std::sync::atomic::Ordering::Relaxed);
+    let started = Instant::now();
+    let err = f.sync(&p).await.unwrap_err();
+    assert_eq!(started.elapsed(), kubelet_core::volume::MOUNT_TIMEOUT);
+    assert!(err.to_string().contains("timed out after 123 s"), "{err}");
+    assert_eq!(failed_mounts(&f), 2);
+    assert!(f.runtime.get_pods(true).await.unwrap().is_empty());
+
+    // Set up: the pod starts; once terminated, its volumes go.
+    volumes.hang.store(false, std::sync::atomic::Ordering::Relaxed);
+    f.sync(&p).await.unwrap();
+    assert!(f.runtime_status(&p).await.is_running());
+    assert!(lock(&volumes.unmounted).is_empty(), "nothing is torn down while the pod runs");
+    let status = f.runtime_status(&p).await;
+    f.sync.sync_terminating_pod(&p, &status, 1, None).await.unwrap();
+    f.sync.sync_terminated_pod(&p, &f.runtime_status(&p).await).await.unwrap();
+    assert_eq!(*lock(&volumes.unmounted), [PodUid::of(&p)]);
+}

@@ -5,7 +5,7 @@
 //! readiness probe or hooks looks healthy until data is lost.
 //! The change that implements a field removes it from [`FIELDS`].
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext, Volume};
 
 /// Upstream-style reason of the rejection.
 pub const REASON: &str = "UnsupportedPodSpec";
@@ -24,7 +24,8 @@ pub const FIELDS: &[&str] = &[
     "spec.securityContext.seLinuxOptions",
     "spec.securityContext.appArmorProfile",
     "spec.securityContext.supplementalGroupsPolicy",
-    "spec.containers[*].volumeMounts",
+    "spec.containers[*].volumeMounts[*].subPathExpr",
+    "spec.containers[*].volumeMounts[*].recursiveReadOnly",
     "spec.containers[*].volumeDevices",
     "spec.containers[*].livenessProbe.httpGet.scheme",
     "spec.containers[*].readinessProbe.httpGet.scheme",
@@ -53,31 +54,51 @@ pub const PROBE_FIELDS: &[&str] =
 /// validation forbids them).
 pub const HOOK_FIELDS: &[&str] = &["spec.containers[*].lifecycle"];
 
+/// The volume mounts, refused as well when the agent has no volume manager (then every volume
+/// is refused too).
+pub const VOLUME_FIELDS: &[&str] = &["spec.containers[*].volumeMounts"];
+
 /// What the agent at hand can do beyond the fixed set of fields.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 #[non_exhaustive]
-pub struct Abilities {
+pub struct Abilities<'a> {
     /// The agent has a prober: the [`PROBE_FIELDS`] are implemented.
     pub probes: bool,
     /// The runtime runs lifecycle hooks: the [`HOOK_FIELDS`] are implemented.
     pub hooks: bool,
+    /// The agent's volume manager says which volumes it sets up; `None`: no volumes at all.
+    pub volumes: Option<&'a (dyn Fn(&Volume) -> bool + Sync)>,
 }
 
-impl Abilities {
-    /// An agent with a prober and a runtime that runs hooks.
-    pub const ALL: Abilities = Abilities { probes: true, hooks: true };
+impl std::fmt::Debug for Abilities<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Abilities")
+            .field("probes", &self.probes)
+            .field("hooks", &self.hooks)
+            .field("volumes", &self.volumes.is_some())
+            .finish()
+    }
+}
 
-    /// What an agent with (or without) a prober and hooks can do.
+impl<'a> Abilities<'a> {
+    /// What an agent with (or without) a prober and hooks, and without volumes, can do.
     pub fn new(probes: bool, hooks: bool) -> Self {
-        Abilities { probes, hooks }
+        Abilities { probes, hooks, volumes: None }
+    }
+
+    /// Volumes for which `supports` holds are implemented, and so are volume mounts.
+    #[must_use]
+    pub fn volumes(mut self, supports: &'a (dyn Fn(&Volume) -> bool + Sync)) -> Self {
+        self.volumes = Some(supports);
+        self
     }
 }
 
 /// The fields of `pod` this agent does not implement, as concrete paths
 /// (`spec.volumes[0].configMap`, `spec.containers[1].lifecycle`), in spec order.
-pub fn unsupported_fields(pod: &Pod, abilities: Abilities) -> Vec<String> {
+pub fn unsupported_fields(pod: &Pod, abilities: Abilities<'_>) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
-    let mut found = pod_fields(spec);
+    let mut found = pod_fields(spec, abilities);
     for (path, container) in containers(spec) {
         container_fields(&path, &container, abilities, &mut found);
     }
@@ -89,10 +110,12 @@ pub fn message(fields: &[String]) -> String {
     format!("this node agent does not implement {}", fields.join(", "))
 }
 
-fn pod_fields(spec: &PodSpec) -> Vec<String> {
+fn pod_fields(spec: &PodSpec, abilities: Abilities<'_>) -> Vec<String> {
     let mut found = Vec::new();
     for (i, volume) in spec.volumes.iter().flatten().enumerate() {
-        found.push(format!("spec.volumes[{i}]{}", volume_source(volume)));
+        if !abilities.volumes.is_some_and(|supports| supports(volume)) {
+            found.push(format!("spec.volumes[{i}]{}", volume_source(volume)));
+        }
     }
     let mut check = |used: bool, field: &str| {
         if used {
@@ -118,7 +141,7 @@ fn pod_fields(spec: &PodSpec) -> Vec<String> {
 }
 
 /// `.configMap` for a configMap volume: the name of the source field that is set.
-fn volume_source(volume: &k8s_openapi::api::core::v1::Volume) -> String {
+fn volume_source(volume: &Volume) -> String {
     match serde_json::to_value(volume) {
         Ok(serde_json::Value::Object(fields)) => {
             fields.keys().find(|k| *k != "name").map(|k| format!(".{k}")).unwrap_or_default()
@@ -157,7 +180,7 @@ fn containers(spec: &PodSpec) -> Vec<(String, Container)> {
     init.chain(regular).chain(ephemeral).collect()
 }
 
-fn container_fields(path: &str, c: &Container, abilities: Abilities, found: &mut Vec<String>) {
+fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: &mut Vec<String>) {
     // A container's own restart policy is honoured only as a sidecar's: `Always` on an init
     // container. Elsewhere (upstream's container restart rules) it would be ignored.
     let sidecar = path.starts_with("spec.initContainers") && kubelet_core::types::is_sidecar(c);
@@ -169,7 +192,15 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities, found: &mut
             found.push(format!("{path}.{field}"));
         }
     };
-    check(c.volume_mounts.as_ref().is_some_and(|m| !m.is_empty()), "volumeMounts");
+    let mounts = c.volume_mounts.as_deref().unwrap_or_default();
+    check(!mounts.is_empty() && abilities.volumes.is_none(), "volumeMounts");
+    for (j, mount) in mounts.iter().enumerate().filter(|_| abilities.volumes.is_some()) {
+        check(mount.sub_path_expr.as_ref().is_some_and(|e| !e.is_empty()), &format!("volumeMounts[{j}].subPathExpr"));
+        check(
+            mount.recursive_read_only.as_deref().is_some_and(|r| r != "Disabled"),
+            &format!("volumeMounts[{j}].recursiveReadOnly"),
+        );
+    }
     check(c.volume_devices.as_ref().is_some_and(|d| !d.is_empty()), "volumeDevices");
     for (name, probe) in [
         ("livenessProbe", &c.liveness_probe),
@@ -217,6 +248,16 @@ mod tests {
         kubelet_core::testing::pod("u", &["web"])
     }
 
+    /// The node-local volume types, as `kubelet-volumes` sets them up.
+    fn node_local(volume: &Volume) -> bool {
+        volume.empty_dir.is_some() || volume.host_path.is_some() || volume.downward_api.is_some()
+    }
+
+    /// Everything: a prober, hooks and node-local volumes.
+    fn all() -> Abilities<'static> {
+        Abilities::new(true, true).volumes(&node_local)
+    }
+
     /// A pod that uses `field` and nothing else unsupported, for every entry of [`FIELDS`].
     fn using(field: &str) -> Pod {
         let mut pod = pod();
@@ -228,8 +269,24 @@ mod tests {
             "spec.volumes[*]" => {
                 spec.volumes = Some(vec![Volume {
                     name: "v".into(),
-                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    config_map: Some(ConfigMapVolumeSource::default()),
                     ..Volume::default()
+                }]);
+            }
+            "spec.containers[*].volumeMounts[*].subPathExpr" => {
+                c.volume_mounts = Some(vec![VolumeMount {
+                    name: "v".into(),
+                    mount_path: "/v".into(),
+                    sub_path_expr: Some("$(POD)".into()),
+                    ..VolumeMount::default()
+                }]);
+            }
+            "spec.containers[*].volumeMounts[*].recursiveReadOnly" => {
+                c.volume_mounts = Some(vec![VolumeMount {
+                    name: "v".into(),
+                    mount_path: "/v".into(),
+                    recursive_read_only: Some("Enabled".into()),
+                    ..VolumeMount::default()
                 }]);
             }
             "spec.runtimeClassName" => spec.runtime_class_name = Some("gvisor".into()),
@@ -351,16 +408,20 @@ mod tests {
 
     #[test]
     fn every_listed_field_is_found_and_named() {
-        assert!(unsupported_fields(&pod(), Abilities::ALL).is_empty(), "a plain pod uses nothing unsupported");
+        assert!(unsupported_fields(&pod(), all()).is_empty(), "a plain pod uses nothing unsupported");
         for field in FIELDS {
-            let found = unsupported_fields(&using(field), Abilities::ALL);
+            let found = unsupported_fields(&using(field), all());
             assert_eq!(found.len(), 1, "{field}: {found:?}");
             assert!(matches(field, &found[0]), "{field} found as {}", found[0]);
         }
-        let without = [(PROBE_FIELDS, Abilities::new(false, true)), (HOOK_FIELDS, Abilities::new(true, false))];
+        let without = [
+            (PROBE_FIELDS, Abilities::new(false, true).volumes(&node_local)),
+            (HOOK_FIELDS, Abilities::new(true, false).volumes(&node_local)),
+            (VOLUME_FIELDS, Abilities::new(true, true)),
+        ];
         for (fields, lacking) in without {
             for field in fields {
-                assert!(unsupported_fields(&using(field), Abilities::ALL).is_empty(), "{field} when implemented");
+                assert!(unsupported_fields(&using(field), all()).is_empty(), "{field} when implemented");
                 let found = unsupported_fields(&using(field), lacking);
                 assert_eq!(found.len(), 1, "{field}: {found:?}");
                 assert!(matches(field, &found[0]), "{field} found as {}", found[0]);
@@ -385,7 +446,7 @@ mod tests {
             ..EphemeralContainer::default()
         }]);
         assert_eq!(
-            unsupported_fields(&pod, Abilities::ALL),
+            unsupported_fields(&pod, all()),
             ["spec.initContainers[1].readinessProbe", "spec.ephemeralContainers[0].livenessProbe"]
         );
     }
@@ -407,18 +468,22 @@ mod tests {
             lifecycle: Some(Lifecycle::default()),
             ..EphemeralContainer::default()
         }]);
-        let found = unsupported_fields(&pod, Abilities::ALL);
+        let found = unsupported_fields(&pod, all());
         assert_eq!(
             found,
             [
-                "spec.volumes[0].emptyDir",
                 "spec.volumes[1].configMap",
                 "spec.initContainers[0].startupProbe",
                 "spec.ephemeralContainers[0].lifecycle",
             ]
         );
         assert_eq!(
-            message(&found[2..]),
+            unsupported_fields(&pod, Abilities::new(true, true))[..2],
+            ["spec.volumes[0].emptyDir", "spec.volumes[1].configMap"],
+            "without a volume manager every volume is refused"
+        );
+        assert_eq!(
+            message(&found[1..]),
             "this node agent does not implement spec.initContainers[0].startupProbe, spec.ephemeralContainers[0].lifecycle"
         );
     }
@@ -433,7 +498,7 @@ mod tests {
             ..ApiContainer::default()
         };
         spec.init_containers = Some(vec![init("sidecar", "Always"), init("once", "Never")]);
-        assert_eq!(unsupported_fields(&pod, Abilities::ALL), ["spec.initContainers[1].restartPolicy"]);
+        assert_eq!(unsupported_fields(&pod, all()), ["spec.initContainers[1].restartPolicy"]);
     }
 
     #[test]
@@ -449,6 +514,6 @@ mod tests {
         });
         spec.containers[0].security_context =
             Some(SecurityContext { proc_mount: Some("Default".into()), ..SecurityContext::default() });
-        assert!(unsupported_fields(&pod, Abilities::ALL).is_empty());
+        assert!(unsupported_fields(&pod, all()).is_empty());
     }
 }

@@ -59,8 +59,9 @@ impl Runtime for FailingKills {
         status: &PodStatus,
         backoff: &Backoff,
         probes: &kubelet_core::ProbeResults,
+        volumes: &kubelet_core::volume::PodVolumes,
     ) -> PodSyncResult {
-        self.inner.sync_pod(pod, status, backoff, probes).await
+        self.inner.sync_pod(pod, status, backoff, probes, volumes).await
     }
     async fn kill_pod(&self, pod: Option<&ApiPod>, running: &Pod, grace: Option<i64>) -> Result<(), FailingError> {
         self.kills.fetch_add(1, Ordering::SeqCst);

@@ -35,7 +35,7 @@ fn main() {
         let started = std::time::Instant::now();
         for pod in &pods {
             let status = runtime.get_pod_status(&PodUid::of(pod), "", "").await.unwrap();
-            runtime.sync_pod(pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+            runtime.sync_pod(pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default()).await;
         }
         println!("pleg real: started 50 pods in {:?}", started.elapsed());
         let (pleg, mut events) = GenericPleg::new(runtime.clone(), Arc::new(Cache::new()), Config::default());

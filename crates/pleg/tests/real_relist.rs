@@ -71,7 +71,9 @@ async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
 
     let outcome = async {
         let status = runtime.get_pod_status(&uid, "pleg", "kubelet-rs-test").await.unwrap();
-        let result = runtime.sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+        let result = runtime
+            .sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
+            .await;
         assert!(!result.is_err(), "{result:?}");
         // The sandbox and the container start.
         let mut started = 0;
@@ -134,7 +136,9 @@ async fn real_evented_pleg_relists_on_containerd_hints_and_not_while_idle() {
     });
     let outcome = async {
         let status = runtime.get_pod_status(&uid, "evented", "kubelet-rs-test").await.unwrap();
-        let result = runtime.sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+        let result = runtime
+            .sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
+            .await;
         assert!(!result.is_err(), "{result:?}");
         let id = loop {
             let event = tokio::time::timeout(Duration::from_secs(2), events.recv())

@@ -294,38 +294,45 @@ fn validation_names_the_field() {
 
 #[test]
 fn static_pods_may_not_reference_api_objects() {
+    let c = "containers: [{name: c, image: i}]";
     let cases = [
+        (format!("serviceAccountName: builder, {c}"), r#"ServiceAccount "builder""#),
+        ("containers: [{name: c, image: i, envFrom: [{configMapRef: {name: cm}}]}]".to_owned(), r#"ConfigMap "cm""#),
         (
-            "metadata: {name: w}\nspec: {serviceAccountName: builder, containers: [{name: c, image: i}]}\n",
-            "spec.serviceAccountName",
+            "containers: [{name: c, image: i, env: [{name: P, valueFrom: {secretKeyRef: {name: s, key: k}}}]}]"
+                .to_owned(),
+            r#"Secret "s""#,
+        ),
+        (format!("volumes: [{{name: v, secret: {{secretName: s}}}}], {c}"), r#"Secret "s", Secret volume "v""#),
+        (format!("volumes: [{{name: v, configMap: {{name: cm}}}}], {c}"), r#"ConfigMap "cm", ConfigMap volume "v""#),
+        (
+            format!("volumes: [{{name: p, persistentVolumeClaim: {{claimName: p}}}}], {c}"),
+            r#"PersistentVolumeClaim volume "p""#,
         ),
         (
-            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, envFrom: [{configMapRef: {name: cm}}]}]}\n",
-            "spec.containers[0].envFrom",
+            format!("volumes: [{{name: t, projected: {{sources: [{{serviceAccountToken: {{path: t}}}}]}}}}], {c}"),
+            r#"serviceAccountToken projected volume "t""#,
         ),
         (
-            "metadata: {name: w}\nspec: {containers: [{name: c, image: i, env: [{name: P, valueFrom: {secretKeyRef: {name: s, key: k}}}]}]}\n",
-            "spec.containers[0].env[0].valueFrom",
-        ),
-        (
-            "metadata: {name: w}\nspec: {volumes: [{name: s, secret: {secretName: s}}], containers: [{name: c, image: i}]}\n",
-            "spec.volumes[0]",
-        ),
-        (
-            "metadata: {name: w}\nspec: {volumes: [{name: p, persistentVolumeClaim: {claimName: p}}], containers: [{name: c, image: i}]}\n",
-            "spec.volumes[0]",
-        ),
-        (
-            "metadata: {name: w}\nspec: {volumes: [{name: t, projected: {sources: [{serviceAccountToken: {path: t}}]}}], containers: [{name: c, image: i}]}\n",
-            "spec.volumes[0]",
+            format!("imagePullSecrets: [{{name: reg}}], volumes: [{{name: t}}], {c}"),
+            r#"Secret "reg", unknown type for volume "t""#,
         ),
     ];
-    for (manifest, field) in cases {
-        assert_eq!(invalid_field(manifest), field, "{manifest}");
+    for (spec, references) in cases {
+        let manifest = format!("metadata: {{name: w}}\nspec: {{{spec}}}\n");
+        let err = static_pods(manifest.as_bytes(), &file("bad.yaml"), "n", false).unwrap_err();
+        assert!(matches!(err, ManifestError::ApiReferences { .. }), "{manifest}: {err}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "/etc/kubernetes/manifests/bad.yaml: pod \"w-n\" has forbidden references to API objects: {references}"
+            ),
+            "{manifest}"
+        );
     }
-    // Downward-API env and hostPath volumes are fine.
+    // Downward-API env, hostPath, emptyDir and projected downward API volumes are fine.
     one(
-        "metadata: {name: w}\nspec:\n  volumes: [{name: h, hostPath: {path: /tmp}}]\n  containers: [{name: c, image: i, env: [{name: N, valueFrom: {fieldRef: {fieldPath: metadata.name}}}], volumeMounts: [{name: h, mountPath: /h}]}]\n",
+        "metadata: {name: w}\nspec:\n  volumes: [{name: h, hostPath: {path: /tmp}}, {name: e, emptyDir: {}}, {name: p, projected: {sources: [{downwardAPI: {items: [{path: n, fieldRef: {fieldPath: metadata.name}}]}}]}}]\n  containers: [{name: c, image: i, env: [{name: N, valueFrom: {fieldRef: {fieldPath: metadata.name}}}], volumeMounts: [{name: h, mountPath: /h}]}]\n",
     );
 }
 

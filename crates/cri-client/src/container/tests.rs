@@ -10,6 +10,8 @@ use k8s_openapi::{
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
 };
 
+use kubelet_core::volume::PodVolumes;
+
 use super::*;
 
 #[test]
@@ -170,6 +172,7 @@ fn container_config_has_log_path_attempt_labels_and_expanded_command() {
         image_user: &user,
         downward: Downward::default(),
         memory_capacity: 1 << 30,
+        volumes: &PodVolumes::new(),
     };
     let config = container_config(&input).unwrap();
     assert_eq!(config.log_path, "app/3.log");
@@ -179,4 +182,43 @@ fn container_config_has_log_path_attempt_labels_and_expanded_command() {
     assert_eq!(config.labels[labels::CONTAINER_NAME], "app");
     assert_eq!(labels::restart_count_of(&config.annotations), 3);
     assert_eq!(labels::hash_of(&config.annotations), crate::actions::hash(&c));
+}
+
+#[test]
+fn volume_mounts_become_cri_mounts_with_sub_paths_and_propagation() {
+    use k8s_openapi::api::core::v1::VolumeMount;
+    let mount = |name: &str, path: &str, sub: Option<&str>, propagation: Option<&str>| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        sub_path: sub.map(Into::into),
+        mount_propagation: propagation.map(Into::into),
+        read_only: Some(path == "/ro"),
+        ..VolumeMount::default()
+    };
+    let mut volumes = PodVolumes::new();
+    volumes.insert("cache", "/pods/u/volumes/kubernetes.io~empty-dir/cache");
+    let c = Container {
+        name: "app".into(),
+        volume_mounts: Some(vec![
+            mount("cache", "/cache", None, None),
+            mount("cache", "/ro", Some("a/b"), Some("HostToContainer")),
+        ]),
+        ..Container::default()
+    };
+    let found = mounts(&c, &volumes).unwrap();
+    assert_eq!(found.len(), 2);
+    assert_eq!((found[0].container_path.as_str(), found[0].readonly), ("/cache", false));
+    assert_eq!(found[0].host_path, "/pods/u/volumes/kubernetes.io~empty-dir/cache");
+    assert_eq!(found[0].propagation, pb::MountPropagation::PropagationPrivate as i32);
+    assert_eq!(found[1].host_path, "/pods/u/volumes/kubernetes.io~empty-dir/cache/a/b");
+    assert!(found[1].readonly);
+    assert_eq!(found[1].propagation, pb::MountPropagation::PropagationHostToContainer as i32);
+
+    let with = |m: VolumeMount| Container { name: "app".into(), volume_mounts: Some(vec![m]), ..Container::default() };
+    let err = mounts(&with(mount("gone", "/x", None, None)), &volumes).unwrap_err();
+    assert_eq!(err, "cannot find volume \"gone\" to mount into container \"app\"");
+    assert!(mounts(&with(mount("cache", "/x", Some("../up"), None)), &volumes).unwrap_err().contains("'..'"));
+    assert!(mounts(&with(mount("cache", "/x", Some("/abs"), None)), &volumes).unwrap_err().contains("relative"));
+    let bidirectional = mount("cache", "/x", None, Some("Bidirectional"));
+    assert!(mounts(&with(bidirectional), &volumes).unwrap_err().contains("privileged"));
 }

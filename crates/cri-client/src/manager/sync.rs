@@ -43,6 +43,7 @@ impl CriRuntime {
         sandbox_config: &pb::PodSandboxConfig,
         pod_ips: &[String],
         backoff: &Backoff,
+        volumes: &PodVolumes,
     ) -> Result<(), SyncFailure> {
         let previous = status.container_status(&spec.name);
         // Crash-loop backoff: the newest dead instance decides.
@@ -88,7 +89,12 @@ impl CriRuntime {
             image_user: &image_user,
             downward: container::Downward { pod_ips, node_name: &self.config.node_name, host_ip: &self.config.node_ip },
             memory_capacity: self.memory_capacity,
+            volumes,
         };
+        if let Err(message) = prepare_sub_paths(spec, volumes).await {
+            self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
+            return Err(SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message));
+        }
         let mut config = container::container_config(&input).map_err(|message| {
             self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
             SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
@@ -214,12 +220,45 @@ impl CriRuntime {
     }
 }
 
+/// Makes each `subPath` of the container's mounts that does not exist yet a directory (as
+/// upstream does), and refuses one that leads out of its volume through a symlink.
+async fn prepare_sub_paths(spec: &ApiContainer, volumes: &PodVolumes) -> Result<(), String> {
+    for mount in spec.volume_mounts.iter().flatten() {
+        let (Some(volume), Some(sub_path)) =
+            (volumes.get(&mount.name), mount.sub_path.as_deref().filter(|s| !s.is_empty()))
+        else {
+            continue;
+        };
+        container::validate_sub_path(sub_path)?;
+        let target = volume.join(sub_path);
+        if tokio::fs::symlink_metadata(&target).await.is_err() {
+            tokio::fs::create_dir_all(&target)
+                .await
+                .map_err(|e| format!("cannot create subPath {}: {e}", target.display()))?;
+        }
+        let (root, resolved) = (tokio::fs::canonicalize(volume).await, tokio::fs::canonicalize(&target).await);
+        match (root, resolved) {
+            (Ok(root), Ok(resolved)) if resolved.starts_with(&root) => {}
+            (Ok(_), Ok(resolved)) => {
+                return Err(format!(
+                    "subPath {sub_path:?} of volume {:?} leads out of the volume, to {}",
+                    mount.name,
+                    resolved.display()
+                ));
+            }
+            (Err(e), _) | (_, Err(e)) => return Err(format!("cannot resolve subPath {}: {e}", target.display())),
+        }
+    }
+    Ok(())
+}
+
 pub(super) async fn sync_pod(
     rt: &CriRuntime,
     pod: &ApiPod,
     status: &PodStatus,
     backoff: &Backoff,
     results: &kubelet_core::ProbeResults,
+    volumes: &PodVolumes,
 ) -> PodSyncResult {
     let mut result = PodSyncResult::default();
     let full_name = kubelet_core::types::pod_full_name(pod);
@@ -355,10 +394,12 @@ pub(super) async fn sync_pod(
             security_context: ephemeral.security_context.clone(),
             stdin: ephemeral.stdin,
             tty: ephemeral.tty,
+            volume_mounts: ephemeral.volume_mounts.clone(),
             ..ApiContainer::default()
         };
-        let outcome =
-            rt.start_container(pod, status, &as_container, &sandbox_id, &sandbox_config, &pod_ips, backoff).await;
+        let outcome = rt
+            .start_container(pod, status, &as_container, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes)
+            .await;
         result.push(match outcome {
             Ok(()) => SyncResult::ok(SyncAction::StartContainer, &as_container.name),
             Err(failure) => SyncResult::failed(SyncAction::StartContainer, &as_container.name, failure),
@@ -366,7 +407,8 @@ pub(super) async fn sync_pod(
     }
     for &i in &actions.init_containers_to_start {
         let Some(init) = spec.init_containers.as_ref().and_then(|c| c.get(i)) else { continue };
-        let outcome = rt.start_container(pod, status, init, &sandbox_id, &sandbox_config, &pod_ips, backoff).await;
+        let outcome =
+            rt.start_container(pod, status, init, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes).await;
         let failed = outcome.is_err();
         result.push(match outcome {
             Ok(()) => SyncResult::ok(SyncAction::InitContainer, &init.name),
@@ -380,7 +422,8 @@ pub(super) async fn sync_pod(
     }
     for &i in &actions.containers_to_start {
         let Some(c) = spec.containers.get(i) else { continue };
-        let outcome = rt.start_container(pod, status, c, &sandbox_id, &sandbox_config, &pod_ips, backoff).await;
+        let outcome =
+            rt.start_container(pod, status, c, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes).await;
         result.push(match outcome {
             Ok(()) => SyncResult::ok(SyncAction::StartContainer, &c.name),
             Err(failure) => SyncResult::failed(SyncAction::StartContainer, &c.name, failure),

@@ -34,7 +34,7 @@ fn api_pod(uid: &str, policy: &str, init: &[&str], containers: &[&str]) -> ApiPo
 async fn sync(rt: &FakeRuntime, pod: &ApiPod, backoff: &Backoff) -> (PodSyncResult, PodStatus) {
     let uid = PodUid::of(pod);
     let status = rt.get_pod_status(&uid, "", "").await.unwrap();
-    let result = rt.sync_pod(pod, &status, backoff, &crate::ProbeResults::new()).await;
+    let result = rt.sync_pod(pod, &status, backoff, &crate::ProbeResults::new(), &Default::default()).await;
     (result, rt.get_pod_status(&uid, "", "").await.unwrap())
 }
 
@@ -242,7 +242,7 @@ async fn a_failed_liveness_probe_kills_and_restarts_as_the_policy_allows() {
         let id = status.container_status("a").unwrap().id.clone();
         let probes = crate::ProbeResults::new();
         probes.set(crate::ProbeKind::Liveness, &PodUid::new("u1"), &id, crate::ProbeOutcome::Failure);
-        let result = rt.sync_pod(&pod, &status, &backoff, &probes).await;
+        let result = rt.sync_pod(&pod, &status, &backoff, &probes, &Default::default()).await;
         assert!(!result.is_err(), "{result:?}");
         let status = rt.get_pod_status(&PodUid::new("u1"), "", "").await.unwrap();
         let newest = status.container_status("a").unwrap();

@@ -49,7 +49,9 @@ impl Harness {
             ..ApiPod::default()
         };
         let status = self.runtime.get_pod_status(&PodUid::new(uid), "", "").await.unwrap();
-        self.runtime.sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+        self.runtime
+            .sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
+            .await;
     }
 
     /// Events that arrive within `within` of virtual time.

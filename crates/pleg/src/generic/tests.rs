@@ -31,8 +31,10 @@ impl Harness {
     async fn start(&self, uid: &str, containers: &[&str]) {
         let pod = api_pod(uid, containers);
         let status = self.runtime.get_pod_status(&PodUid::new(uid), "", "").await.unwrap();
-        let result =
-            self.runtime.sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+        let result = self
+            .runtime
+            .sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
+            .await;
         assert!(!result.is_err(), "{result:?}");
     }
 

@@ -175,7 +175,12 @@ async fn exec_passes_on_exit_zero_and_fails_with_the_output() {
     let runtime = FakeRuntime::new();
     let pod = kubelet_core::testing::pod("p1", &["app"]);
     let status = PodStatus::new(PodUid::new("p1"), "p1", "default");
-    assert!(!runtime.sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await.is_err());
+    assert!(
+        !runtime
+            .sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
+            .await
+            .is_err()
+    );
     let status = runtime.get_pod_status(&PodUid::new("p1"), "p1", "default").await.unwrap();
     let id = status.container_statuses[0].id.clone();
     let action = ExecAction { command: Some(vec!["check".into()]) };

@@ -20,7 +20,9 @@ async fn running() -> (FakeRuntime, Pod, String) {
     let runtime = FakeRuntime::new();
     let pod = kubelet_core::testing::pod("p1", &["app"]);
     let status = PodStatus::new(PodUid::new("p1"), "p1", "default");
-    assert!(!runtime.sync_pod(&pod, &status, &Backoff::default(), &ProbeResults::new()).await.is_err());
+    assert!(
+        !runtime.sync_pod(&pod, &status, &Backoff::default(), &ProbeResults::new(), &Default::default()).await.is_err()
+    );
     let status = runtime.get_pod_status(&PodUid::new("p1"), "p1", "default").await.unwrap();
     let id = status.container_statuses[0].id.clone();
     (runtime, pod, id)

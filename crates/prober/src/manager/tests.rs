@@ -66,7 +66,10 @@ impl Harness {
     async fn run(&self, pod: &Pod) -> String {
         let uid = PodUid::of(pod);
         let empty = PodStatus::new(uid.clone(), "", "");
-        let result = self.runtime.sync_pod(pod, &empty, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+        let result = self
+            .runtime
+            .sync_pod(pod, &empty, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
+            .await;
         assert!(!result.is_err(), "{result:?}");
         self.refresh(&uid).await;
         self.cache.get(&uid).status.container_statuses[0].id.clone()
@@ -137,7 +140,10 @@ async fn liveness_fails_after_its_threshold_with_events_then_holds_until_a_new_c
     h.runtime.stop_container(&id, 137).unwrap();
     let uid = PodUid::new("p1");
     let status = h.runtime.get_pod_status(&uid, "p1", "default").await.unwrap();
-    let result = h.runtime.sync_pod(&p, &status, &Backoff::default(), &kubelet_core::ProbeResults::new()).await;
+    let result = h
+        .runtime
+        .sync_pod(&p, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
+        .await;
     assert!(!result.is_err(), "{result:?}");
     h.refresh(&uid).await;
     h.runtime.set_exec_result("app", exit(0));

@@ -1,0 +1,183 @@
+//! Volume vocabulary (upstream `pkg/volume` and `pkg/kubelet/volumemanager`): where a pod's
+//! volumes live on the host, the host paths the runtime mounts, and the [`VolumeManager`] and
+//! [`VolumePlugin`] traits an agent plugs volume types in with.
+//!
+//! A volume of pod `uid` lives in `<pods-dir>/<uid>/volumes/<plugin>/<name>` ([`volume_dir`]),
+//! as upstream lays it out, so a restarted agent, and upstream's tools, find it again; a hostPath
+//! volume is the host's own path.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use k8s_openapi::api::core::v1::{Pod, Volume};
+
+use crate::{PodUid, hook::BoxFuture};
+
+/// The directory name of the emptyDir plugin under a pod's `volumes/`.
+pub const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
+/// The directory name of the downwardAPI plugin under a pod's `volumes/`.
+pub const DOWNWARD_API: &str = "kubernetes.io~downward-api";
+/// The directory name of the projected plugin under a pod's `volumes/`.
+pub const PROJECTED: &str = "kubernetes.io~projected";
+
+/// How long a sync waits for a pod's volumes before it fails with `FailedMount` and is retried
+/// (upstream `podAttachAndMountTimeout`, 2 min 3 s).
+pub const MOUNT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(123);
+
+/// Where volume `name` of plugin `plugin` of pod `uid` lives: `<pods_dir>/<uid>/volumes/<plugin>/<name>`.
+pub fn volume_dir(pods_dir: &Path, uid: &PodUid, plugin: &str, name: &str) -> PathBuf {
+    pods_dir.join(uid.as_str()).join("volumes").join(plugin).join(name)
+}
+
+/// The host paths of a pod's volumes, by volume name: what the runtime mounts into containers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodVolumes {
+    paths: BTreeMap<String, PathBuf>,
+}
+
+impl PodVolumes {
+    /// No volumes.
+    pub fn new() -> Self {
+        PodVolumes::default()
+    }
+
+    /// Records that volume `name` is at `path` on the host.
+    pub fn insert(&mut self, name: impl Into<String>, path: impl Into<PathBuf>) {
+        self.paths.insert(name.into(), path.into());
+    }
+
+    /// The host path of volume `name`, when it is set up.
+    pub fn get(&self, name: &str) -> Option<&Path> {
+        self.paths.get(name).map(PathBuf::as_path)
+    }
+
+    /// Every volume with its host path, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Path)> {
+        self.paths.iter().map(|(name, path)| (name.as_str(), path.as_path()))
+    }
+
+    /// Whether no volume is set up.
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+}
+
+/// A volume that could not be set up or torn down.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum VolumeError {
+    /// No plugin handles the volume's type.
+    #[error("volume {volume:?}: no volume plugin handles this volume type")]
+    Unsupported {
+        /// The volume's name.
+        volume: String,
+    },
+    /// Setting up the pod's volumes took longer than [`MOUNT_TIMEOUT`].
+    #[error("timed out after {seconds} s waiting for the volumes to be set up")]
+    TimedOut {
+        /// How long it waited.
+        seconds: u64,
+    },
+    /// A plugin failed; `message` says why.
+    #[error("volume {volume:?}: {message}")]
+    Failed {
+        /// The volume's name.
+        volume: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// One volume type (upstream `volume.VolumePlugin` with its mounter and unmounter in one).
+pub trait VolumePlugin: Send + Sync {
+    /// The plugin's directory name under a pod's `volumes/` (`kubernetes.io~empty-dir`).
+    fn name(&self) -> &str;
+
+    /// Whether this plugin handles `volume`.
+    fn supports(&self, volume: &Volume) -> bool;
+
+    /// Sets up `volume` of `pod` (again on every sync: it must be idempotent, and it refreshes
+    /// what may change, such as downward API files) in `dir`, the volume's directory, and returns
+    /// the host path containers mount (`dir`, or a host path of the plugin's own).
+    fn set_up<'a>(&'a self, pod: &'a Pod, volume: &'a Volume, dir: &'a Path) -> BoxFuture<'a, Result<PathBuf, String>>;
+
+    /// Tears down the volume in `dir` (unmounts what the plugin mounted, then removes `dir`),
+    /// never following a mount out of it.
+    fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// The volume manager the kubelet calls (upstream `volumemanager.VolumeManager`).
+pub trait VolumeManager: Send + Sync + 'static {
+    /// Sets up every volume of `pod` before its containers start (and on each sync after) and
+    /// returns their host paths.
+    fn mount_pod<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<PodVolumes, VolumeError>>;
+
+    /// Tears down every volume of the terminated pod `uid`.
+    fn unmount_pod<'a>(&'a self, uid: &'a PodUid) -> BoxFuture<'a, Result<(), VolumeError>>;
+
+    /// Whether the manager can set up `volume` (the kubelet refuses pods with others).
+    fn supports(&self, volume: &Volume) -> bool;
+}
+
+/// The first mount point at or below `dir` in `mountinfo` (`/proc/self/mountinfo`'s format:
+/// the fifth field is the mount point, with spaces and the like escaped as octal).
+pub fn mount_below(mountinfo: &str, dir: &Path) -> Option<String> {
+    mountinfo.lines().find_map(|line| {
+        let point = unescape(line.split(' ').nth(4)?);
+        Path::new(&point).starts_with(dir).then_some(point)
+    })
+}
+
+/// Undoes mountinfo's octal escapes (`\040` is a space).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(octal) = field.get(i + 1..i + 4)
+            && let Ok(byte) = u8::from_str_radix(octal, 8)
+        {
+            out.push(byte);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+        90 22 0:50 / /var/lib/kubelet/pods/abc/volumes/kubernetes.io~empty-dir/cache rw - tmpfs tmpfs rw\n\
+        91 22 0:51 / /var/lib/kubelet/pods/with\\040space/x rw - tmpfs tmpfs rw\n";
+
+    #[test]
+    fn volumes_live_under_the_pod_by_plugin_and_name() {
+        let dir = volume_dir(Path::new("/var/lib/kubelet/pods"), &PodUid::new("u1"), EMPTY_DIR, "cache");
+        assert_eq!(dir, Path::new("/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/cache"));
+        let mut volumes = PodVolumes::new();
+        assert!(volumes.is_empty());
+        volumes.insert("cache", &dir);
+        assert_eq!(volumes.get("cache"), Some(dir.as_path()));
+        assert_eq!(volumes.get("other"), None);
+    }
+
+    #[test]
+    fn mounts_below_a_directory_are_found_and_unescaped() {
+        let pods = Path::new("/var/lib/kubelet/pods");
+        assert_eq!(
+            mount_below(MOUNTINFO, &pods.join("abc")).as_deref(),
+            Some("/var/lib/kubelet/pods/abc/volumes/kubernetes.io~empty-dir/cache")
+        );
+        assert_eq!(mount_below(MOUNTINFO, &pods.join("ab")), None, "a path prefix is not a parent");
+        assert_eq!(mount_below(MOUNTINFO, &pods.join("def")), None);
+        assert!(mount_below(MOUNTINFO, &pods.join("with space")).is_some());
+    }
+}

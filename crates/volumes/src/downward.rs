@@ -1,0 +1,219 @@
+//! downwardAPI volumes and projected volumes of downwardAPI sources (upstream
+//! `pkg/volume/downwardapi`, `pkg/volume/projected`): the pod's metadata and its containers'
+//! resources as files, written atomically and refreshed on every sync.
+
+use std::{collections::BTreeMap, path::Path, path::PathBuf};
+
+use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, Pod, Volume, VolumeProjection};
+use kubelet_core::{
+    hook::BoxFuture,
+    resources::{container_resource, parse_quantity},
+    volume::{DOWNWARD_API, PROJECTED, VolumePlugin},
+};
+
+use crate::atomic::{self, File};
+
+/// Files' mode when the volume sets none (upstream `DownwardAPIVolumeSourceDefaultMode`).
+const DEFAULT_MODE: i32 = 0o644;
+
+/// downwardAPI volumes.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DownwardApi;
+
+/// Projected volumes whose sources are all downwardAPI.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Projected;
+
+/// Whether a projection is one this agent writes (downwardAPI only: the others need the API server).
+pub(crate) fn projectable(source: &VolumeProjection) -> bool {
+    source.downward_api.is_some()
+        && source.config_map.is_none()
+        && source.secret.is_none()
+        && source.service_account_token.is_none()
+        && source.cluster_trust_bundle.is_none()
+        && source.pod_certificate.is_none()
+}
+
+impl VolumePlugin for DownwardApi {
+    fn name(&self) -> &str {
+        DOWNWARD_API
+    }
+
+    fn supports(&self, volume: &Volume) -> bool {
+        volume.downward_api.is_some()
+    }
+
+    fn set_up<'a>(&'a self, pod: &'a Pod, volume: &'a Volume, dir: &'a Path) -> BoxFuture<'a, Result<PathBuf, String>> {
+        Box::pin(async move {
+            let source = volume.downward_api.as_ref().ok_or("not a downwardAPI volume")?;
+            let mode = source.default_mode.unwrap_or(DEFAULT_MODE);
+            let payload = files(pod, source.items.iter().flatten(), mode)?;
+            write(dir, payload).await
+        })
+    }
+
+    fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(crate::remove_unmounted(dir))
+    }
+}
+
+impl VolumePlugin for Projected {
+    fn name(&self) -> &str {
+        PROJECTED
+    }
+
+    fn supports(&self, volume: &Volume) -> bool {
+        volume.projected.as_ref().is_some_and(|p| p.sources.iter().flatten().all(projectable))
+    }
+
+    fn set_up<'a>(&'a self, pod: &'a Pod, volume: &'a Volume, dir: &'a Path) -> BoxFuture<'a, Result<PathBuf, String>> {
+        Box::pin(async move {
+            let source = volume.projected.as_ref().ok_or("not a projected volume")?;
+            let mode = source.default_mode.unwrap_or(DEFAULT_MODE);
+            let items = source
+                .sources
+                .iter()
+                .flatten()
+                .filter_map(|s| s.downward_api.as_ref())
+                .flat_map(|d| d.items.iter().flatten());
+            let payload = files(pod, items, mode)?;
+            write(dir, payload).await
+        })
+    }
+
+    fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(crate::remove_unmounted(dir))
+    }
+}
+
+async fn write(dir: &Path, payload: BTreeMap<String, File>) -> Result<PathBuf, String> {
+    let target = dir.to_owned();
+    let stamp = kubelet_core::clock::wall_now().strftime("%Y_%m_%d_%H_%M_%S.%f").to_string();
+    tokio::task::spawn_blocking(move || atomic::write(&target, &payload, &stamp))
+        .await
+        .map_err(|e| format!("the writer failed: {e}"))??;
+    Ok(dir.to_owned())
+}
+
+/// The files of `items` for `pod`, each with its own mode or `default_mode`.
+pub(crate) fn files<'a>(
+    pod: &Pod,
+    items: impl Iterator<Item = &'a DownwardAPIVolumeFile>,
+    default_mode: i32,
+) -> Result<BTreeMap<String, File>, String> {
+    let mut payload = BTreeMap::new();
+    for item in items {
+        atomic::validate_path(&item.path)?;
+        let content = if let Some(field) = &item.field_ref {
+            field_value(pod, &field.field_path)?
+        } else if let Some(resource) = &item.resource_field_ref {
+            resource_value(pod, resource)?
+        } else {
+            return Err(format!("{:?}: neither fieldRef nor resourceFieldRef", item.path));
+        };
+        let mode = u32::try_from(item.mode.unwrap_or(default_mode) & 0o777).unwrap_or(0o644);
+        payload.insert(item.path.clone(), File { content: content.into_bytes(), mode });
+    }
+    Ok(payload)
+}
+
+/// A `fieldRef` of a downwardAPI volume: the pod's name, namespace, UID, labels and
+/// annotations (all, or one by key).
+fn field_value(pod: &Pod, path: &str) -> Result<String, String> {
+    kubelet_core::types::metadata_field(pod, path)
+        .ok_or_else(|| format!("unsupported fieldPath {path:?} in a downwardAPI volume"))
+}
+
+/// A `resourceFieldRef`: the named container's request or limit, in units of the divisor,
+/// rounded up. A limit the container does not set is refused (upstream falls back to the
+/// node's allocatable, which this agent does not track per resource).
+fn resource_value(pod: &Pod, selector: &k8s_openapi::api::core::v1::ResourceFieldSelector) -> Result<String, String> {
+    let name = selector.container_name.as_deref().unwrap_or_default();
+    let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
+    let container = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)
+        .ok_or_else(|| format!("resourceFieldRef names unknown container {name:?}"))?;
+    let (limit, resource) = match selector.resource.split_once('.') {
+        Some(("limits", resource)) => (true, resource),
+        Some(("requests", resource)) => (false, resource),
+        _ => return Err(format!("unsupported resourceFieldRef resource {:?}", selector.resource)),
+    };
+    let divisor = selector.divisor.as_ref().and_then(|d| parse_quantity(&d.0)).filter(|d| *d > 0.0).unwrap_or(1.0);
+    let value = match container_resource(container, resource, limit).and_then(|q| parse_quantity(&q.0)) {
+        Some(value) => value,
+        None if !limit => 0.0,
+        None => {
+            return Err(format!(
+                "container {name:?} sets no {}: this agent cannot default it to the node's allocatable",
+                selector.resource
+            ));
+        }
+    };
+    #[allow(clippy::cast_possible_truncation)] // Reason: resource values are far below 2^63.
+    Ok(((value / divisor).ceil() as i64).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::core::v1::{Container, ObjectFieldSelector, PodSpec, ResourceFieldSelector, ResourceRequirements},
+        apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
+    };
+
+    use super::*;
+
+    fn item(path: &str, field: Option<&str>, resource: Option<(&str, &str)>) -> DownwardAPIVolumeFile {
+        DownwardAPIVolumeFile {
+            path: path.into(),
+            field_ref: field.map(|f| ObjectFieldSelector { field_path: f.into(), ..ObjectFieldSelector::default() }),
+            resource_field_ref: resource.map(|(c, r)| ResourceFieldSelector {
+                container_name: Some(c.into()),
+                resource: r.into(),
+                divisor: Some(Quantity("1Mi".into())),
+            }),
+            mode: None,
+        }
+    }
+
+    #[test]
+    fn metadata_and_resources_become_files() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                uid: Some("u1".into()),
+                labels: Some(BTreeMap::from([("tier".into(), "front".into()), ("app".into(), "web".into())])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "app".into(),
+                    resources: Some(ResourceRequirements {
+                        limits: Some(BTreeMap::from([("memory".into(), Quantity("64Mi".into()))])),
+                        ..ResourceRequirements::default()
+                    }),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        let items = [
+            item("labels", Some("metadata.labels"), None),
+            item("name", Some("metadata.name"), None),
+            item("app", Some("metadata.labels['app']"), None),
+            item("mem", None, Some(("app", "limits.memory"))),
+        ];
+        let files = files(&pod, items.iter(), 0o600).unwrap();
+        let text = |p: &str| String::from_utf8(files[p].content.clone()).unwrap();
+        assert_eq!(text("labels"), "app=\"web\"\ntier=\"front\"");
+        assert_eq!((text("name").as_str(), text("app").as_str(), text("mem").as_str()), ("web", "web", "64"));
+        assert_eq!(files["name"].mode, 0o600);
+        let unset = [item("cpu", None, Some(("app", "limits.cpu")))];
+        assert!(super::files(&pod, unset.iter(), 0o644).unwrap_err().contains("sets no limits.cpu"));
+        let escape = [item("../x", Some("metadata.name"), None)];
+        assert!(super::files(&pod, escape.iter(), 0o644).is_err());
+    }
+}
