@@ -712,14 +712,16 @@ fn wait_for_reason(agent: &Agent, name: &str, reasons: &[&str], timeout: Duratio
     None
 }
 
-/// Waits for a Warning event about pod `name`; returns its reason and message.
+/// Waits for the Warning event that says pod `name` got no sandbox; returns its reason and
+/// message.
 fn wait_for_event(agent: &Agent, name: &str, timeout: Duration) -> Option<String> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if let Ok((200, body)) = harness::get(&agent.socket(), &format!("/events/{NAMESPACE}/{name}-{NODE}"))
             && let Ok(list) = serde_json::from_str::<serde_json::Value>(&body)
-            && let Some(event) =
-                list["items"].as_array().and_then(|items| items.iter().find(|e| e["type"] == "Warning"))
+            && let Some(event) = list["items"].as_array().and_then(|items| {
+                items.iter().find(|e| e["type"] == "Warning" && e["reason"] == "FailedCreatePodSandBox")
+            })
         {
             let message: String = event["message"].as_str().unwrap_or_default().chars().take(120).collect();
             return Some(format!("{}: {message}", event["reason"].as_str().unwrap_or_default()));

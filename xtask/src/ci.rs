@@ -1,10 +1,11 @@
 //! `cargo xtask ci`: everything CI runs, in order, so a green run here means a green CI.
 //!
-//! fmt, clippy, unit and integration tests, docs, tidy, the toolchain against `rust-version`,
+//! fmt, clippy, unit and integration tests, the example agent run on a static pod, docs, tidy, the toolchain against `rust-version`,
 //! every feature combination of the library crates (cargo-hack), the licence and dependency
-//! policy (cargo-deny, `deny.toml`), that the benchmarks build, then the tests against the real
-//! runtime (test functions named `real_*`), which the earlier test step leaves out, the short
-//! version of the chaos scenarios on the release binary, and the demo's check.
+//! policy (cargo-deny, `deny.toml`), that each library builds from its own package, that the
+//! benchmarks build, then the tests against the real runtime (test functions named `real_*`),
+//! which the earlier test step leaves out, the short version of the chaos scenarios on the
+//! release binary, and the demo's check.
 
 use std::{
     process::Command,
@@ -21,7 +22,7 @@ use crate::{
 /// Test functions whose names match this run only in the real-runtime step.
 const REAL_FILTER: &str = "test(/(^|::)real_/)";
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
     if let Ok(root) = project_root() {
         cmd.current_dir(root);
@@ -64,6 +65,7 @@ pub(crate) fn run_ci(repeat: u32) -> Result<()> {
             run(cargo().args(["test", "--workspace", "--locked", "--", "--skip", "real_"]))
         }
     })?;
+    step("example", &mut crate::example::check)?;
     step("doc", &mut || {
         run(cargo()
             .args(["doc", "--workspace", "--no-deps", "--all-features", "--locked"])
@@ -104,6 +106,11 @@ pub(crate) fn run_ci(repeat: u32) -> Result<()> {
             return Ok(());
         }
         run(cargo().args(["deny", "--locked", "check", "bans", "licenses", "sources"]))
+    })?;
+    step("package", &mut || {
+        // Each library as crates.io gets it: packaged, then built from its own tarball (the
+        // workspace's crates come from the packages made in the same run).
+        run(cargo().args(["package", "--workspace", "--locked", "--exclude", "kubelet-rs", "--exclude", "xtask"]))
     })?;
     step("bench-build", &mut || run(cargo().args(["bench", "--workspace", "--locked", "--no-run"])))?;
     step("real-runtime", &mut || real_runtime_tests(repeat))?;

@@ -9,6 +9,7 @@ mod bench;
 mod chaos;
 mod ci;
 mod demo;
+mod example;
 mod harness;
 mod images;
 mod layout;
@@ -32,6 +33,7 @@ commands:
                           (root) the project's own containerd and local registry
   images                  (root) rebuild the test images (and load them if the runtime runs)
   tidy                    project rules no compiler checks
+  example                 the example agent (crates/kubelet/examples/process_agent.rs) running a pod
   bench [--quick] [--repeat N]
                           (root) the agent against the bare CRI floor: start-up, teardown, idle cost;
                           one table, also under target/bench/ as Markdown, JSON and SVG
@@ -61,6 +63,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         ["tidy"] => tidy::run_tidy(),
+        ["example"] => example::check(),
         ["bench", "criterion"] => ci::run_bench(),
         ["bench", rest @ ..] => bench::run_bench(rest),
         ["chaos", rest @ ..] => chaos::run_chaos(rest),

@@ -9,9 +9,9 @@ use std::{sync::Arc, time::Duration};
 use anyhow::{Context, Result};
 use config::{PodConfig, file, http};
 use cri_client::{Client, Config as CriConfig, CriRuntime, manager};
-use kubelet::{Agent, admission::NodeResources, agent};
+use kubelet::{Agent, admission::NodeResources, agent, server};
 use kubelet_core::{
-    Pleg, Runtime, Source, StartupTracker,
+    Runtime, Source, StartupTracker,
     events::RingRecorder,
     fake::{FakeRuntime, Method},
     runtime::RuntimeEvents,
@@ -47,7 +47,12 @@ pub(crate) async fn run(
         .pods_dir(settings.root_dir.join("pods"))
         .cgroup_root(&settings.pods_cgroup)
         .node_ip(&settings.node_ip)
-        .image_pull_limit(file.image_pull_limit());
+        .image_pull_limit(file.image_pull_limit())
+        .dns(
+            file.resolv_conf.clone(),
+            file.cluster_dns.iter().map(ToString::to_string).collect(),
+            file.cluster_domain.clone(),
+        );
     let startup = Arc::new(StartupTracker::new());
     let runtime = Arc::new(
         CriRuntime::new(client, runtime_config, recorder.clone())
@@ -206,33 +211,24 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         tracker.spawn(source.run(cancel.child_token()).instrument(info_span!("http_source")));
     }
 
-    let api_state = Arc::new(crate::api::ApiState {
-        pods: agent.pods().clone(),
-        statuses: agent.statuses().clone(),
-        runtime: agent.runtime().clone(),
-        loop_health: agent.loop_health().clone(),
-        pleg_health: {
-            let pleg = agent.pleg().clone();
-            Arc::new(move || pleg.healthy().map_err(|e| e.to_string()))
-        },
-        metrics,
-        pod_logs_dir: file.pod_logs_dir.clone(),
-        events: recorder,
-        runtime_state: agent.runtime_state().clone(),
-    });
+    let mut api_state = server::ApiState::of(&agent, recorder, file.pod_logs_dir.clone());
+    if let Some(handle) = metrics {
+        api_state = api_state.metrics(Arc::new(move || handle.render()));
+    }
+    let api_state = Arc::new(api_state);
     let mut servers = vec![
-        crate::api::serve_unix(
-            &crate::api::socket_path(&settings.root_dir),
-            crate::api::local_router(api_state.clone()),
+        server::serve_unix(
+            &server::socket_path(&settings.root_dir),
+            server::local_router(api_state.clone()),
             cancel.child_token(),
         )
         .await?,
     ];
     if let Some(addr) = settings.read_only {
-        servers.push(crate::api::serve(addr, crate::api::router(api_state.clone()), cancel.child_token()).await?);
+        servers.push(server::serve(addr, server::router(api_state.clone()), cancel.child_token()).await?);
     }
     if let Some(addr) = settings.healthz {
-        servers.push(crate::api::serve(addr, crate::api::healthz_router(api_state), cancel.child_token()).await?);
+        servers.push(server::serve(addr, server::healthz_router(api_state), cancel.child_token()).await?);
     }
     // The config stays alive for the sources as long as the agent runs.
     agent.run(updates).await;

@@ -115,7 +115,7 @@ pub(crate) fn describe(args: DescribeArgs) -> Result<ExitCode> {
     let DescribeWhat::Pod(args) = args.what;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let socket = crate::api::socket_path(&args.root_dir);
+        let socket = kubelet::server::socket_path(&args.root_dir);
         let pod = find_pod(&socket, &args.namespace, &args.name).await?;
         let (_, body) = request(&socket, &format!("/events/{}/{}", args.namespace, args.name)).await?;
         let events: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
@@ -335,7 +335,7 @@ pub(crate) fn logs(args: LogsArgs) -> Result<ExitCode> {
 }
 
 async fn get_pods(args: GetPodsArgs) -> Result<ExitCode> {
-    let socket = crate::api::socket_path(&args.root_dir);
+    let socket = kubelet::server::socket_path(&args.root_dir);
     let mut shown = String::new();
     loop {
         let (status, body) = request(&socket, "/pods").await?;
@@ -367,7 +367,7 @@ async fn get_pods(args: GetPodsArgs) -> Result<ExitCode> {
 }
 
 async fn container_logs(args: LogsArgs) -> Result<ExitCode> {
-    let socket = crate::api::socket_path(&args.root_dir);
+    let socket = kubelet::server::socket_path(&args.root_dir);
     let container = match args.container {
         Some(container) => container,
         None => {

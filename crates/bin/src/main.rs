@@ -1,31 +1,39 @@
 //! The kubelet-rs reference node binary: parses flags, sets up logging, builds the agent from the
 //! library crates, and runs it until SIGTERM or SIGINT.
 //!
-//! `kubelet-rs run` is the agent; `get`, `describe` and `logs` talk to a running agent over its
-//! unix socket; `cni` is cnitool; `version` and `check-runtime` are small helpers.
+//! `kubelet-rs` with upstream's flags (or `kubelet-rs run`) is the agent; `get`, `describe` and
+//! `logs` talk to a running agent over its unix socket; `cni` is cnitool; `version` and
+//! `check-runtime` are small helpers.
 
 mod agent;
-mod api;
 mod cli;
 mod cnitool;
-mod logs;
+mod flags;
 mod settings;
 
 use std::{process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use cri_client::{Client, Config};
 use settings::{LogFormat, RunArgs, Settings};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// Command-line interface.
+/// Command-line interface: upstream's kubelet invocation (flags, no subcommand) runs the agent,
+/// as `run` does.
 #[derive(Debug, Parser)]
-#[command(name = "kubelet-rs", version, about = "A Kubernetes node agent in Rust")]
+#[command(
+    name = "kubelet-rs",
+    version,
+    about = "A Kubernetes node agent in Rust",
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -51,8 +59,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli) {
+    // Upstream's flags beyond `RunArgs` come from a table, at the top level and on `run`.
+    let command = flags::register(Cli::command()).mut_subcommand("run", flags::register);
+    let matches = command.get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let run_matches = matches.subcommand_matches("run").unwrap_or(&matches).clone();
+    match run(cli, &run_matches) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -61,8 +73,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<ExitCode> {
-    match cli.command {
+fn run(cli: Cli, run_matches: &ArgMatches) -> Result<ExitCode> {
+    let Some(command) = cli.command else { return Ok(run_node(cli.run, run_matches)) };
+    match command {
         Command::Version => {
             println!("kubelet-rs {}", env!("CARGO_PKG_VERSION"));
             Ok(ExitCode::SUCCESS)
@@ -75,33 +88,83 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Get(args) => cli::get(args),
         Command::Describe(args) => cli::describe(args),
         Command::Logs(args) => cli::logs(args),
-        Command::Run(args) => {
-            init_logging(args.verbosity, args.logging_format);
-            let settings = match Settings::resolve(*args, host_name) {
-                Ok(settings) => settings,
-                Err(e) => {
-                    // Upstream exits with 2 on a configuration it cannot use.
-                    tracing::error!(error = %e, "invalid configuration");
-                    return Ok(ExitCode::from(2));
-                }
-            };
-            // Sized for a node agent, not a server: at most 4 workers and 8 blocking threads
-            // (file IO), so the agent stays within 16 threads however many pods run.
-            let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(AGENT_WORKER_THREADS));
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(workers)
-                .max_blocking_threads(AGENT_BLOCKING_THREADS)
-                .enable_all()
-                .build()?;
-            // Logging is set up by now, so the failure is a log line in the chosen format, as
-            // upstream's "command failed".
-            if let Err(err) = runtime.block_on(run_agent(settings)) {
-                tracing::error!(error = format!("{err:#}"), "command failed");
-                return Ok(ExitCode::FAILURE);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Run(args) => Ok(run_node(*args, run_matches)),
     }
+}
+
+/// The agent: resolves its configuration, sets up logging, checks the node, and runs.
+fn run_node(args: RunArgs, matches: &ArgMatches) -> ExitCode {
+    let given = match flags::given(matches) {
+        Ok(given) => given,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    // pflag's own words, on stderr, before anything else.
+    for line in &given.deprecations {
+        eprintln!("{line}");
+    }
+    let settings = match Settings::resolve(args, given, host_name) {
+        Ok(settings) => settings,
+        Err(e) => {
+            init_logging(0, LogFormat::Text);
+            // Upstream exits with 2 on a configuration it cannot use.
+            tracing::error!(error = %e, "invalid configuration");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(settings.verbosity, settings.log_format);
+    if !settings.without_effect.is_empty() {
+        warn!("set but without effect in kubelet-rs: {}", settings.without_effect.join(", "));
+    }
+    if let Err(err) = check_node(&settings) {
+        tracing::error!(error = format!("{err:#}"), "failed to run Kubelet");
+        return ExitCode::FAILURE;
+    }
+    // Sized for a node agent, not a server: at most 4 workers and 8 blocking threads
+    // (file IO), so the agent stays within 16 threads however many pods run.
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(AGENT_WORKER_THREADS));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .max_blocking_threads(AGENT_BLOCKING_THREADS)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Logging is set up by now, so the failure is a log line in the chosen format, as
+    // upstream's "command failed".
+    if let Err(err) = runtime.block_on(run_agent(settings)) {
+        tracing::error!(error = format!("{err:#}"), "command failed");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// What upstream checks of the node before it starts: swap (`failSwapOn`) and the cgroup
+/// version (`failCgroupV1`).
+fn check_node(settings: &Settings) -> Result<()> {
+    if settings.file.fail_swap_on {
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        let active: Vec<&str> = swaps.lines().skip(1).filter(|l| !l.trim().is_empty()).collect();
+        anyhow::ensure!(
+            active.is_empty(),
+            "running with swap on is not supported, please disable swap or set --fail-swap-on flag to false. /proc/swaps contained: {active:?}"
+        );
+    }
+    if settings.file.fail_cgroup_v1 {
+        let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        anyhow::ensure!(
+            v2,
+            "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is unsupported and will be removed in a future release"
+        );
+    }
+    Ok(())
 }
 
 /// The agent's tokio worker threads, at most.
@@ -130,14 +193,12 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "localhost".to_owned())
 }
 
-/// Upstream's `KubeletOOMScoreAdj`: the agent is among the last things the OOM killer picks.
-const AGENT_OOM_SCORE_ADJ: i32 = -999;
-
 async fn run_agent(config: Settings) -> Result<()> {
     info!(node = %config.node_name, "starting kubelet-rs");
     // Lowering it needs CAP_SYS_RESOURCE; without it the agent runs on with a warning.
-    if let Err(err) = std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ.to_string()) {
-        warn!(error = %err, "cannot set the agent's oom_score_adj to {AGENT_OOM_SCORE_ADJ}; continuing");
+    let adj = config.file.oom_score_adj;
+    if let Err(err) = std::fs::write("/proc/self/oom_score_adj", adj.to_string()) {
+        warn!(error = %err, "cannot set the agent's oom_score_adj to {adj}; continuing");
     }
     let cancel = CancellationToken::new();
     let metrics = install_metrics(&cancel)?;

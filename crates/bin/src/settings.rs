@@ -1,23 +1,25 @@
 //! `kubelet-rs run`'s flags and configuration file, resolved as upstream does: a flag given on
-//! the command line wins over the `--config` file, which wins over the defaults.
+//! the command line wins over the drop-in directory (`--config-dir`), which wins over the
+//! `--config` file, which wins over the defaults.
 
-use std::{net::IpAddr, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, ValueEnum};
 use config::KubeletConfiguration;
+use serde_json::{Map, Value};
 
-/// Flags of `run`, with upstream's names. Unset flags fall back to the file, then the defaults.
+use crate::flags::Given;
+
+/// The flags this binary declares itself; every other upstream flag is in [`crate::flags::FLAGS`].
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// A `KubeletConfiguration` (kubelet.config.k8s.io/v1beta1) YAML file.
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
-    /// The CRI endpoint of the container runtime [file: containerRuntimeEndpoint].
+    /// A directory of drop-in `KubeletConfiguration` files (`*.conf`, in lexical order) that
+    /// override the `--config` file.
     #[arg(long)]
-    container_runtime_endpoint: Option<String>,
-    /// Static pod manifests: a directory or one file [file: staticPodPath].
-    #[arg(long)]
-    pod_manifest_path: Option<PathBuf>,
+    config_dir: Option<PathBuf>,
     /// The kubelet's state directory; the local API socket lives here.
     #[arg(long, default_value = "/var/lib/kubelet")]
     root_dir: PathBuf,
@@ -27,33 +29,18 @@ pub(crate) struct RunArgs {
     /// The node's IP.
     #[arg(long, default_value = "")]
     node_ip: String,
-    /// Where pod log directories go [file: podLogsDir].
+    /// Where pod log directories go (kubelet-rs's own flag) [file: podLogsDir].
     #[arg(long)]
     pod_logs_dir: Option<PathBuf>,
-    /// Where the legacy container log links go.
+    /// Where the legacy container log links go (kubelet-rs's own flag).
     #[arg(long, default_value = "/var/log/containers")]
     container_logs_dir: PathBuf,
-    /// The cgroup under which the pods' `kubepods` hierarchy goes [file: cgroupRoot].
-    #[arg(long)]
-    cgroup_root: Option<String>,
-    /// The address of the read-only API [file: address].
-    #[arg(long)]
-    address: Option<IpAddr>,
-    /// The port of the read-only API (`/healthz`, `/pods`, `/runningpods/`, `/metrics`); 0 disables it [file: readOnlyPort].
-    #[arg(long)]
-    read_only_port: Option<u16>,
-    /// The address of the healthz endpoint [file: healthzBindAddress].
-    #[arg(long)]
-    healthz_bind_address: Option<IpAddr>,
-    /// The port of the healthz endpoint; 0 disables it [file: healthzPort].
-    #[arg(long)]
-    healthz_port: Option<u16>,
-    /// Log verbosity, as klog's `-v`: 0-1 info, 2-4 debug, 5 and up trace. `RUST_LOG` wins when set.
-    #[arg(long = "v", default_value_t = 0)]
-    pub(crate) verbosity: u8,
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub(crate) logging_format: LogFormat,
+    /// Log verbosity, as klog's `-v`: 0-1 info, 2-4 debug, 5 and up trace. `RUST_LOG` wins when set [file: logging.verbosity].
+    #[arg(long = "v")]
+    verbosity: Option<u8>,
+    /// Log format [file: logging.format].
+    #[arg(long, value_enum)]
+    logging_format: Option<LogFormat>,
 }
 
 /// `--logging-format`.
@@ -77,56 +64,105 @@ pub(crate) struct Settings {
     pub(crate) pods_cgroup: String,
     pub(crate) read_only: Option<std::net::SocketAddr>,
     pub(crate) healthz: Option<std::net::SocketAddr>,
+    pub(crate) verbosity: u8,
+    pub(crate) log_format: LogFormat,
+    /// What was set without effect: configuration fields (by file or flag) and flags, for the
+    /// start-up warning.
+    pub(crate) without_effect: Vec<String>,
 }
 
-/// A configuration file that cannot be used: the process exits with code 2, as upstream's.
+/// A configuration that cannot be used: the process exits with code 2, as upstream's.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: {message}", path.display())]
+#[error("{origin}: {message}")]
 pub(crate) struct ConfigFileError {
-    path: PathBuf,
+    /// The file, or the flag, at fault.
+    origin: String,
     message: String,
 }
 
+/// Merges `layer` into `base` as upstream merges drop-ins: objects key by key, anything else
+/// replaced.
+fn deep_merge(base: &mut Map<String, Value>, layer: Map<String, Value>) {
+    for (key, value) in layer {
+        match (base.get_mut(&key), value) {
+            (Some(Value::Object(old)), Value::Object(new)) => deep_merge(old, new),
+            (_, value) => _ = base.insert(key, value),
+        }
+    }
+}
+
+/// A configuration file's text, checked on its own (so its errors carry its lines), as fields.
+fn read_layer(path: &std::path::Path) -> Result<Map<String, Value>, ConfigFileError> {
+    let error = |message: String| ConfigFileError { origin: path.display().to_string(), message };
+    let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+    KubeletConfiguration::from_yaml(&text).map_err(|e| error(e.to_string()))?;
+    serde_saphyr::from_str(&text).map_err(|e| error(e.to_string()))
+}
+
 impl Settings {
-    /// The file (if any) with the flags applied over it.
-    pub(crate) fn resolve(args: RunArgs, host_name: impl FnOnce() -> String) -> Result<Self, ConfigFileError> {
-        let mut file = match &args.config {
-            None => KubeletConfiguration::default(),
-            Some(path) => {
-                let error = |message: String| ConfigFileError { path: path.clone(), message };
-                let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
-                KubeletConfiguration::from_yaml(&text).map_err(|e| error(e.to_string()))?
-            }
+    /// The file (if any), the drop-ins over it, and the flags over both.
+    pub(crate) fn resolve(
+        args: RunArgs,
+        given: Given,
+        host_name: impl FnOnce() -> String,
+    ) -> Result<Self, ConfigFileError> {
+        let mut fields = match &args.config {
+            Some(path) => read_layer(path)?,
+            None => Map::from_iter([
+                ("apiVersion".to_owned(), Value::from(config::configuration::API_VERSION)),
+                ("kind".to_owned(), Value::from(config::configuration::KIND)),
+            ]),
         };
-        if let Some(endpoint) = args.container_runtime_endpoint {
-            file.container_runtime_endpoint = endpoint;
+        let mut layered = false;
+        if let Some(dir) = &args.config_dir {
+            let error = |message: String| ConfigFileError { origin: dir.display().to_string(), message };
+            let mut drop_ins: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(|e| error(e.to_string()))?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "conf"))
+                .collect();
+            drop_ins.sort();
+            for path in drop_ins {
+                deep_merge(&mut fields, read_layer(&path)?);
+                layered = true;
+            }
         }
-        if let Some(path) = args.pod_manifest_path {
-            file.static_pod_path = Some(path);
+        for (field, value) in given.fields {
+            fields.insert(field, value);
+            layered = true;
         }
+        // Every layer was valid alone: what fails now is a flag's value, or a drop-in's
+        // combination with the file.
+        let text = serde_json::to_string(&Value::Object(fields)).unwrap_or_default();
+        let mut file = KubeletConfiguration::from_yaml(&text).map_err(|e| {
+            let field = e.field.clone().unwrap_or_default();
+            let flag = given.flag_of.iter().rev().find(|(f, _)| *f == field).map(|(_, flag)| flag.clone());
+            let origin = match (flag, layered) {
+                (Some(flag), _) => flag,
+                (None, true) => "the configuration with its drop-ins".to_owned(),
+                (None, false) => "the configuration".to_owned(),
+            };
+            ConfigFileError { origin, message: e.to_string() }
+        })?;
         if let Some(dir) = args.pod_logs_dir {
             file.pod_logs_dir = dir;
         }
-        if let Some(root) = args.cgroup_root {
-            file.cgroup_root = root;
-        }
-        if let Some(address) = args.address {
-            file.address = address;
-        }
-        if let Some(port) = args.read_only_port {
-            file.read_only_port = port;
-        }
-        if let Some(address) = args.healthz_bind_address {
-            file.healthz_bind_address = address;
-        }
-        if let Some(port) = args.healthz_port {
-            file.healthz_port = port;
-        }
         let socket = |ip, port: u16| (port != 0).then(|| std::net::SocketAddr::new(ip, port));
+        let log_format = match args.logging_format {
+            Some(format) => format,
+            None if file.logging_format.as_deref() == Some("json") => LogFormat::Json,
+            None => LogFormat::Text,
+        };
+        let mut without_effect = std::mem::take(&mut file.without_effect);
+        without_effect.extend(given.missing);
         Ok(Settings {
             read_only: socket(file.address, file.read_only_port),
             healthz: socket(file.healthz_bind_address, file.healthz_port),
             pods_cgroup: format!("{}/kubepods", file.cgroup_root.trim_end_matches('/')),
+            verbosity: args.verbosity.or(file.verbosity).unwrap_or(0),
+            log_format,
+            without_effect,
             file,
             root_dir: args.root_dir,
             node_name: args.hostname_override.map(|h| h.to_lowercase()).unwrap_or_else(host_name),
@@ -154,8 +190,11 @@ mod tests {
     }
 
     fn resolve(argv: &[&str]) -> Result<Settings, ConfigFileError> {
-        let cli = Cli::try_parse_from(std::iter::once("kubelet-rs").chain(argv.iter().copied())).unwrap();
-        Settings::resolve(cli.args, || "host".to_owned())
+        use clap::{CommandFactory, FromArgMatches};
+        let command = crate::flags::register(Cli::command());
+        let matches = command.try_get_matches_from(std::iter::once("kubelet-rs").chain(argv.iter().copied())).unwrap();
+        let cli = Cli::from_arg_matches(&matches).unwrap();
+        Settings::resolve(cli.args, crate::flags::given(&matches).unwrap(), || "host".to_owned())
     }
 
     #[test]
@@ -198,5 +237,46 @@ mod tests {
         assert!(e.contains("config.yaml") && e.contains("maxPod") && e.contains("line 3"), "{e}");
         let e = resolve(&["--config", "/does/not/exist"]).unwrap_err().to_string();
         assert!(e.contains("/does/not/exist"), "{e}");
+    }
+
+    #[test]
+    fn a_kubeadm_file_drop_ins_and_upstream_flags_layer_as_upstream_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 50\nport: 10250\n\
+             authentication: {anonymous: {enabled: false}}\nevictionHard: {memory.available: 100Mi}\n\
+             staticPodPath: /etc/kubernetes/manifests\n",
+        )
+        .unwrap();
+        let drop_ins = dir.path().join("conf.d");
+        std::fs::create_dir(&drop_ins).unwrap();
+        let header = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+        std::fs::write(
+            drop_ins.join("10-pods.conf"),
+            format!("{header}maxPods: 60\nevictionHard: {{nodefs.available: 10%}}\n"),
+        )
+        .unwrap();
+        std::fs::write(drop_ins.join("20-pods.conf"), format!("{header}maxPods: 70\n")).unwrap();
+        std::fs::write(drop_ins.join("ignored.yaml"), "not: [a kubelet config").unwrap();
+        let (config, drop_ins) = (file.to_str().unwrap(), drop_ins.to_str().unwrap());
+
+        let settings =
+            resolve(&["--config", config, "--config-dir", drop_ins, "--kubeconfig", "/etc/kubernetes/kubelet.conf"])
+                .unwrap();
+        assert_eq!(settings.file.max_pods, 70, "the last drop-in wins over the file");
+        assert_eq!(settings.without_effect, ["authentication", "evictionHard", "port", "--kubeconfig"]);
+
+        let settings =
+            resolve(&["--config", config, "--config-dir", drop_ins, "--max-pods", "80", "--cluster-dns=10.96.0.10"])
+                .unwrap();
+        assert_eq!(settings.file.max_pods, 80, "a flag wins over every file");
+        assert_eq!(settings.file.cluster_dns, [std::net::IpAddr::from([10, 96, 0, 10])]);
+
+        let e = resolve(&["--config", config, "--cgroups-per-qos=false"]).unwrap_err().to_string();
+        assert!(e.starts_with("--cgroups-per-qos: field cgroupsPerQOS"), "the flag is named: {e}");
+        let e = resolve(&["--config", config, "--cluster-dns", "dns.local"]).unwrap_err().to_string();
+        assert!(e.starts_with("--cluster-dns:") && e.contains("not an IP address"), "{e}");
     }
 }

@@ -750,19 +750,25 @@ async fn real_hooks_run_after_start_and_before_stop() {
 }
 
 #[tokio::test]
-async fn real_config_file_and_flags_take_upstream_precedence() {
-    let Some(rt) = RealRuntime::from_env("real_config_file_and_flags_take_upstream_precedence") else { return };
+async fn real_upstream_invocation_with_a_kubeadm_configuration() {
+    let Some(rt) = RealRuntime::from_env("real_upstream_invocation_with_a_kubeadm_configuration") else { return };
     let (dir, node) = scratch(&rt, "agent-config", "config");
     let (file_port, flag_port, healthz_port) = (free_port(), free_port(), free_port());
     // The file names another manifest directory and a read-only port; the flags override both.
     // Its healthz port and sync frequency are not overridden, so they come from the file.
     let config = dir.join("kubelet.yaml");
+    // As kubeadm writes it: fields without effect here are accepted and named in one warning.
     std::fs::write(
         &config,
         format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
              staticPodPath: {}\nreadOnlyPort: {file_port}\nhealthzPort: {healthz_port}\nsyncFrequency: 30s\n\
-             fileCheckFrequency: 5s\nmaxPods: 20\nsystemReserved: {{cpu: 100m, memory: 64Mi}}\n",
+             fileCheckFrequency: 5s\nmaxPods: 20\nsystemReserved: {{cpu: 100m, memory: 64Mi}}\n\
+             authentication: {{anonymous: {{enabled: false}}, webhook: {{enabled: true, cacheTTL: 0s}}, x509: {{clientCAFile: /etc/kubernetes/pki/ca.crt}}}}\n\
+             authorization: {{mode: Webhook}}\nclusterDNS: [10.96.0.10]\nclusterDomain: cluster.local\n\
+             cgroupsPerQOS: true\nfailSwapOn: false\nport: 10250\nrotateCertificates: true\nserverTLSBootstrap: false\n\
+             evictionHard: {{memory.available: 100Mi}}\ncontainerLogMaxSize: 10Mi\ncontainerLogMaxFiles: 5\n\
+             featureGates: {{KubeletCrashLoopBackOffMax: false}}\n",
             dir.join("unused-manifests").display()
         ),
     )
@@ -778,8 +784,9 @@ async fn real_config_file_and_flags_take_upstream_precedence() {
         &flag_port_arg,
     ]));
 
+    let rt_for_body = rt.clone();
     let outcome = {
-        let node = node.clone();
+        let (node, dir) = (node.clone(), dir.clone());
         async move {
             // The flag's manifest path: the pod runs; the flag's port: it is reported there.
             let status =
@@ -789,6 +796,20 @@ async fn real_config_file_and_flags_take_upstream_precedence() {
             // The file's healthz port, as no flag names one.
             let (code, body) = get(healthz_port, "/healthz").await;
             assert_eq!((code, body.as_str()), (200, "ok"));
+            // clusterDNS and clusterDomain: a ClusterFirst pod resolves through the cluster.
+            let runtime = test_runtime(&rt_for_body, &dir, &node);
+            let resolv = exec_in_app(&runtime, &format!("web-{node}"), &["cat", "/etc/resolv.conf"]).await;
+            assert!(resolv.contains("nameserver 10.96.0.10"), "{resolv}");
+            assert!(resolv.contains("search default.svc.cluster.local svc.cluster.local cluster.local"), "{resolv}");
+            assert!(resolv.contains("ndots:5"), "{resolv}");
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
+            assert!(
+                log.contains(
+                    "set but without effect in kubelet-rs: authentication, authorization, containerLogMaxFiles, \
+                     containerLogMaxSize, evictionHard, featureGates, port, rotateCertificates, serverTLSBootstrap"
+                ),
+                "one warning names what the file sets without effect: {log}"
+            );
             agent.signal(Signal::SIGTERM);
             assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
         }

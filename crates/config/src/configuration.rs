@@ -1,8 +1,11 @@
 //! The kubelet's configuration file: `KubeletConfiguration` (`kubelet.config.k8s.io/v1beta1`).
 //!
-//! [`KubeletConfiguration::from_yaml`] reads the fields this agent implements, with upstream's
-//! defaults and Go's duration syntax (`"20s"`, `"1m0s"`, `"1h30m"`, `"500ms"`), and refuses
-//! unknown fields and invalid values with an [`Error`] naming the field and its line.
+//! [`KubeletConfiguration::from_yaml`] knows every field of upstream's file ([`FIELDS`]) and
+//! gives each one of three outcomes ([`Support`]): honoured, with upstream's defaults and Go's
+//! duration syntax (`"20s"`, `"1m0s"`, `"1h30m"`, `"500ms"`); accepted without effect, listed in
+//! [`KubeletConfiguration::without_effect`] for one start-up warning; or accepted only with a
+//! value that asks for nothing the agent lacks. Unknown fields (with the closest upstream name
+//! as a suggestion) and invalid values are an [`Error`] naming the field and its line.
 //! Upstream: `pkg/kubelet/apis/config/v1beta1/defaults.go`.
 
 use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
@@ -10,6 +13,10 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 use kubelet_core::resources::parse_quantity;
+
+mod fields;
+
+pub use fields::{FIELDS, Support, support};
 
 /// The only `apiVersion` accepted.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -75,6 +82,26 @@ pub struct KubeletConfiguration {
     pub serialize_image_pulls: bool,
     /// `maxParallelImagePulls`: the limit when pulls are not serialized (none: no limit).
     pub max_parallel_image_pulls: Option<u32>,
+    /// `clusterDNS`: the cluster's DNS servers, for `ClusterFirst` pods (none: the node's resolver).
+    pub cluster_dns: Vec<IpAddr>,
+    /// `clusterDomain`: the cluster's DNS domain, searched by `ClusterFirst` pods.
+    pub cluster_domain: String,
+    /// `resolvConf` (`/etc/resolv.conf`): the node's resolver configuration, the base of pods'
+    /// DNS; `None` (an empty string in the file) gives pods no DNS from the node.
+    pub resolv_conf: Option<PathBuf>,
+    /// `failSwapOn` (true): refuse to start on a node with swap on.
+    pub fail_swap_on: bool,
+    /// `oomScoreAdj` (-999): the agent's own `oom_score_adj`.
+    pub oom_score_adj: i32,
+    /// `failCgroupV1`: refuse to start on a cgroup v1 node (false here; upstream's default is true).
+    pub fail_cgroup_v1: bool,
+    /// `logging.format`: `text` or `json` (none: the flag's or text).
+    pub logging_format: Option<String>,
+    /// `logging.verbosity`, as `--v` (none: the flag's or 0).
+    pub verbosity: Option<u8>,
+    /// The fields set in the file that have no effect in this agent ([`Support::WithoutEffect`]),
+    /// for one start-up warning.
+    pub without_effect: Vec<String>,
 }
 
 impl Default for KubeletConfiguration {
@@ -101,13 +128,23 @@ impl Default for KubeletConfiguration {
             kube_reserved: BTreeMap::new(),
             serialize_image_pulls: true,
             max_parallel_image_pulls: None,
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            resolv_conf: Some(PathBuf::from("/etc/resolv.conf")),
+            fail_swap_on: true,
+            oom_score_adj: -999,
+            fail_cgroup_v1: false,
+            logging_format: None,
+            verbosity: None,
+            without_effect: Vec::new(),
         }
     }
 }
 
-/// The file as written: every field optional, durations and addresses as text.
+/// The honoured fields as written: every one optional, durations and addresses as text (the
+/// others are checked against [`FIELDS`] before).
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct Raw {
     api_version: Option<String>,
     kind: Option<String>,
@@ -134,14 +171,45 @@ struct Raw {
     kube_reserved: Option<BTreeMap<String, String>>,
     serialize_image_pulls: Option<bool>,
     max_parallel_image_pulls: Option<u32>,
+    #[serde(rename = "clusterDNS")]
+    cluster_dns: Option<Vec<String>>,
+    cluster_domain: Option<String>,
+    resolv_conf: Option<String>,
+    fail_swap_on: Option<bool>,
+    oom_score_adj: Option<i32>,
+    fail_cgroup_v1: Option<bool>,
+    logging: Option<RawLogging>,
+}
+
+/// The part of upstream's `LoggingConfiguration` this agent reads.
+#[derive(Debug, Deserialize)]
+struct RawLogging {
+    format: Option<String>,
+    verbosity: Option<u8>,
 }
 
 impl KubeletConfiguration {
     /// Reads a configuration file's text.
     pub fn from_yaml(text: &str) -> Result<Self, Error> {
-        let raw: Raw = serde_saphyr::from_str(text).map_err(|e| decode_error(text, &e.to_string()))?;
         let at =
             |field: &str, message: String| Error { field: Some(field.to_owned()), line: line_of(text, field), message };
+        // Every field is upstream's, and those this agent does not honour ask for nothing it lacks.
+        let fields: serde_json::Map<String, serde_json::Value> =
+            serde_saphyr::from_str(text).map_err(|e| decode_error(text, &e.to_string()))?;
+        let mut without_effect = Vec::new();
+        for (field, value) in &fields {
+            match support(field) {
+                Some(Support::Honoured) => {}
+                Some(Support::WithoutEffect) => without_effect.push(field.clone()),
+                Some(Support::DefaultOnly) => fields::check_default(field, value).map_err(|m| at(field, m))?,
+                None if field == "apiVersion" || field == "kind" => {}
+                None => {
+                    let hint = fields::closest(field).map(|c| format!(", did you mean {c:?}?")).unwrap_or_default();
+                    return Err(at(field, format!("unknown field {field:?}{hint}")));
+                }
+            }
+        }
+        let raw: Raw = serde_saphyr::from_str(text).map_err(|e| decode_error(text, &e.to_string()))?;
         match raw.api_version.as_deref() {
             Some(API_VERSION) => {}
             Some(other) => return Err(at("apiVersion", format!("must be {API_VERSION}, not {other:?}"))),
@@ -153,9 +221,13 @@ impl KubeletConfiguration {
             None => return Err(at("kind", format!("missing: must be {KIND}"))),
         }
         let mut config = KubeletConfiguration::default();
+        // Zero is "the default", as upstream's defaulting has it (kubeadm writes `0s` so).
         let duration = |field: &str, value: Option<String>, default: Duration| match value {
             None => Ok(default),
-            Some(text) => parse_duration(&text).map_err(|message| at(field, message)),
+            Some(text) => match parse_duration(&text).map_err(|message| at(field, message))? {
+                Duration::ZERO => Ok(default),
+                set => Ok(set),
+            },
         };
         config.file_check_frequency =
             duration("fileCheckFrequency", raw.file_check_frequency, config.file_check_frequency)?;
@@ -164,16 +236,6 @@ impl KubeletConfiguration {
         config.sync_frequency = duration("syncFrequency", raw.sync_frequency, config.sync_frequency)?;
         config.runtime_request_timeout =
             duration("runtimeRequestTimeout", raw.runtime_request_timeout, config.runtime_request_timeout)?;
-        for (field, value) in [
-            ("fileCheckFrequency", config.file_check_frequency),
-            ("httpCheckFrequency", config.http_check_frequency),
-            ("syncFrequency", config.sync_frequency),
-            ("runtimeRequestTimeout", config.runtime_request_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(at(field, "must be greater than zero".to_owned()));
-            }
-        }
         let address = |field: &str, value: Option<String>, default: IpAddr| match value {
             None => Ok(default),
             Some(text) => text.parse().map_err(|_| at(field, format!("{text:?} is not an IP address"))),
@@ -197,12 +259,8 @@ impl KubeletConfiguration {
             }
             config.pod_logs_dir = PathBuf::from(dir);
         }
-        if let Some(max_pods) = raw.max_pods {
-            if max_pods == 0 {
-                return Err(at("maxPods", "must be greater than zero".to_owned()));
-            }
-            config.max_pods = max_pods;
-        }
+        // 0 is "the default" too.
+        config.max_pods = raw.max_pods.filter(|m| *m > 0).unwrap_or(config.max_pods);
         config.read_only_port = raw.read_only_port.unwrap_or(config.read_only_port);
         config.healthz_port = raw.healthz_port.unwrap_or(config.healthz_port);
         if let Some(driver) = raw.cgroup_driver.filter(|d| d != "cgroupfs") {
@@ -229,6 +287,30 @@ impl KubeletConfiguration {
                 _ => config.kube_reserved = reserved,
             }
         }
+        for server in raw.cluster_dns.unwrap_or_default() {
+            let ip = server.parse().map_err(|_| at("clusterDNS", format!("{server:?} is not an IP address")))?;
+            config.cluster_dns.push(ip);
+        }
+        config.cluster_domain = raw.cluster_domain.unwrap_or_default().trim_end_matches('.').to_owned();
+        if let Some(path) = raw.resolv_conf {
+            config.resolv_conf = (!path.is_empty()).then(|| PathBuf::from(path));
+        }
+        config.fail_swap_on = raw.fail_swap_on.unwrap_or(true);
+        if let Some(adj) = raw.oom_score_adj {
+            if !(-1000..=1000).contains(&adj) {
+                return Err(at("oomScoreAdj", format!("{adj} is outside [-1000, 1000]")));
+            }
+            config.oom_score_adj = adj;
+        }
+        config.fail_cgroup_v1 = raw.fail_cgroup_v1.unwrap_or(false);
+        if let Some(logging) = raw.logging {
+            if let Some(format) = logging.format.as_deref().filter(|f| !matches!(*f, "text" | "json")) {
+                return Err(at("format", format!("{format:?} is not a log format: text or json")));
+            }
+            config.logging_format = logging.format;
+            config.verbosity = logging.verbosity;
+        }
+        config.without_effect = without_effect;
         config.serialize_image_pulls = raw.serialize_image_pulls.unwrap_or(true);
         config.max_parallel_image_pulls = raw.max_parallel_image_pulls;
         if let Some(max) = config.max_parallel_image_pulls {
@@ -415,7 +497,6 @@ maxParallelImagePulls: 3
             ("maxPods: 20\nsyncFrequencyy: 1m\n", "syncFrequencyy", 4, "unknown field"),
             ("syncFrequency: 1 minute\n", "syncFrequency", 3, "invalid duration"),
             ("maxPods: many\n", "maxPods", 3, ""),
-            ("maxPods: 0\n", "maxPods", 3, "greater than zero"),
             ("address: localhost\n", "address", 3, "not an IP address"),
             ("cgroupDriver: systemd\n", "cgroupDriver", 3, "only \"cgroupfs\""),
             ("podLogsDir: logs\n", "podLogsDir", 3, "absolute"),
@@ -423,7 +504,6 @@ maxParallelImagePulls: 3
             ("kubeReserved: {gpu: '1'}\n", "kubeReserved", 3, "only cpu and memory"),
             ("maxParallelImagePulls: 3\n", "maxParallelImagePulls", 3, "serializeImagePulls"),
             ("staticPodURL: ftp://x\n", "staticPodURL", 3, "http"),
-            ("syncFrequency: 0s\n", "syncFrequency", 3, "greater than zero"),
         ];
         for (body, field, line, words) in cases {
             let e = parse(body).unwrap_err();
@@ -438,5 +518,151 @@ maxParallelImagePulls: 3
         let e = KubeletConfiguration::from_yaml("apiVersion: kubelet.config.k8s.io/v1\nkind: KubeletConfiguration\n")
             .unwrap_err();
         assert_eq!((e.field.as_deref(), e.line), (Some("apiVersion"), Some(1)));
+    }
+
+    /// A configuration as kubeadm writes it.
+    pub(crate) const KUBEADM: &str = "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    cacheTTL: 0s
+    enabled: true
+  x509:
+    clientCAFile: /etc/kubernetes/pki/ca.crt
+authorization:
+  mode: Webhook
+  webhook:
+    cacheAuthorizedTTL: 0s
+    cacheUnauthorizedTTL: 0s
+cgroupDriver: cgroupfs
+cgroupsPerQOS: true
+clusterDNS:
+- 10.96.0.10
+clusterDomain: cluster.local
+containerLogMaxFiles: 5
+containerLogMaxSize: 10Mi
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+cpuManagerReconcilePeriod: 0s
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 10%
+evictionPressureTransitionPeriod: 0s
+failSwapOn: false
+featureGates:
+  KubeletCrashLoopBackOffMax: false
+fileCheckFrequency: 0s
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+httpCheckFrequency: 0s
+imageMaximumGCAge: 0s
+imageMinimumGCAge: 0s
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: \"0\"
+  verbosity: 0
+memorySwap: {}
+nodeStatusReportFrequency: 0s
+nodeStatusUpdateFrequency: 0s
+port: 10250
+rotateCertificates: true
+runtimeRequestTimeout: 0s
+serverTLSBootstrap: false
+shutdownGracePeriod: 0s
+shutdownGracePeriodCriticalPods: 0s
+staticPodPath: /etc/kubernetes/manifests
+streamingConnectionIdleTimeout: 0s
+syncFrequency: 0s
+volumeStatsAggPeriod: 0s
+";
+
+    #[test]
+    fn every_upstream_field_is_known_once() {
+        // Upstream's v1beta1 KubeletConfiguration has 126 fields besides apiVersion and kind.
+        assert_eq!(FIELDS.len(), 126);
+        let mut names: Vec<&str> = FIELDS.iter().map(|(name, _)| *name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FIELDS.len(), "no field twice");
+        for (name, _) in FIELDS {
+            assert!(name.chars().next().is_some_and(|c| c.is_ascii_lowercase()), "{name} is camelCase");
+        }
+        // What this agent reads is what the table calls honoured.
+        for field in ["staticPodPath", "clusterDNS", "resolvConf", "failSwapOn", "oomScoreAdj", "logging"] {
+            assert_eq!(support(field), Some(Support::Honoured), "{field}");
+        }
+        assert_eq!(support("authentication"), Some(Support::WithoutEffect));
+        assert_eq!(support("cgroupsPerQOS"), Some(Support::DefaultOnly));
+        assert_eq!(support("cgroupPerQOS"), None);
+    }
+
+    #[test]
+    fn a_kubeadm_configuration_reads_and_names_what_has_no_effect() {
+        let config = KubeletConfiguration::from_yaml(KUBEADM).unwrap();
+        assert_eq!(config.cluster_dns, [IpAddr::from([10, 96, 0, 10])]);
+        assert_eq!(config.cluster_domain, "cluster.local");
+        assert!(!config.fail_swap_on);
+        assert_eq!(config.static_pod_path, Some(PathBuf::from("/etc/kubernetes/manifests")));
+        assert_eq!(config.verbosity, Some(0));
+        // kubeadm writes zero durations for "the default": they are upstream's defaults here too.
+        assert_eq!(config.sync_frequency, Duration::from_secs(60));
+        assert_eq!(config.runtime_request_timeout, Duration::from_secs(120));
+        assert_eq!(
+            config.without_effect,
+            [
+                "authentication",
+                "authorization",
+                "containerLogMaxFiles",
+                "containerLogMaxSize",
+                "cpuManagerReconcilePeriod",
+                "evictionHard",
+                "evictionPressureTransitionPeriod",
+                "featureGates",
+                "imageMaximumGCAge",
+                "imageMinimumGCAge",
+                "nodeStatusReportFrequency",
+                "nodeStatusUpdateFrequency",
+                "port",
+                "rotateCertificates",
+                "serverTLSBootstrap",
+                "shutdownGracePeriod",
+                "shutdownGracePeriodCriticalPods",
+                "streamingConnectionIdleTimeout",
+                "volumeStatsAggPeriod",
+            ]
+        );
+    }
+
+    #[test]
+    fn values_asking_for_what_the_agent_lacks_are_errors() {
+        for (body, field, words) in [
+            ("cgroupsPerQOS: false\n", "cgroupsPerQOS", "QoS cgroups"),
+            ("cpuManagerPolicy: static\n", "cpuManagerPolicy", "exclusive CPUs"),
+            ("podPidsLimit: 1024\n", "podPidsLimit", "PID limit"),
+            ("seccompDefault: true\n", "seccompDefault", "Unconfined"),
+            ("memorySwap: {swapBehavior: LimitedSwap}\n", "memorySwap", "NoSwap"),
+            ("crashLoopBackOff: {maxContainerRestartPeriod: 10s}\n", "crashLoopBackOff", "backoff"),
+            ("oomScoreAdj: -1001\n", "oomScoreAdj", "[-1000, 1000]"),
+            ("clusterDNS: [dns.local]\n", "clusterDNS", "not an IP address"),
+        ] {
+            let e = parse(body).unwrap_err();
+            assert_eq!((e.field.as_deref(), e.line), (Some(field), Some(3)), "{body}: {e}");
+            assert!(e.message.contains(words), "{body}: {e}");
+        }
+        for body in ["cgroupsPerQOS: true\n", "cpuManagerPolicy: none\n", "podPidsLimit: -1\n", "memorySwap: {}\n"] {
+            parse(body).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_unknown_field_suggests_the_closest_upstream_name() {
+        let e = parse("staticPodPth: /etc/kubernetes/manifests\n").unwrap_err();
+        assert_eq!((e.field.as_deref(), e.line), (Some("staticPodPth"), Some(3)));
+        assert_eq!(e.message, "unknown field \"staticPodPth\", did you mean \"staticPodPath\"?");
+        let e = parse("bananas: 3\n").unwrap_err();
+        assert_eq!(e.message, "unknown field \"bananas\"");
     }
 }

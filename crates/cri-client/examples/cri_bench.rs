@@ -39,7 +39,7 @@ use k8s_openapi::{
 use kubelet_cri_client::{
     Client, Config, labels,
     pb::{self, runtime_service_client::RuntimeServiceClient},
-    sandbox::{ResolvConf, sandbox_config},
+    sandbox::{Dns, ResolvConf, sandbox_config},
 };
 
 type Rpc = RuntimeServiceClient<kubelet_cri_client::CriChannel>;
@@ -172,7 +172,8 @@ fn floor_pod(index: usize) -> Pod {
 async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Result<(String, String), BoxError> {
     let log_dir = logs.join(pod.metadata.uid.as_deref().unwrap_or_default());
     tokio::fs::create_dir_all(&log_dir).await?;
-    let mut config = sandbox_config(&pod, 0, &log_dir, "", &ResolvConf::default());
+    let mut config =
+        sandbox_config(&pod, 0, &log_dir, "", &Dns { host: Some(ResolvConf::default()), ..Dns::default() });
     if let Some(linux) = config.linux.as_mut() {
         // The runtime's own cgroup parent, which it removes with the sandbox.
         linux.cgroup_parent = String::new();

@@ -4,7 +4,8 @@
 //! A tower service around the gRPC channel sees every call the generated clients make, so no
 //! call site can forget to be measured: `kubelet_runtime_operations_total`,
 //! `kubelet_runtime_operations_errors_total` and `kubelet_runtime_operations_duration_seconds`,
-//! labelled by `operation_type` (the CRI method in snake case, e.g. `list_pod_sandbox`).
+//! labelled by `operation_type` with upstream's names (`list_podsandbox`, `update_container`;
+//! [`OPERATIONS`], from `pkg/kubelet/kuberuntime/instrumented_services.go`).
 //! It also applies the per-call timeout (`runtimeRequestTimeout`), except to the calls upstream
 //! leaves unbounded: `PullImage` (containerd has its own progress deadline) and the
 //! `GetContainerEvents` stream.
@@ -26,9 +27,53 @@ use tonic::{
 };
 use tracing::info;
 
-/// The CRI method of a gRPC path (`/runtime.v1.RuntimeService/ListPodSandbox`), in snake case.
+/// Each CRI method with the `operation_type` upstream's kubelet records it under
+/// (`pkg/kubelet/kuberuntime/instrumented_services.go`), so dashboards built on upstream's
+/// metrics work unchanged.
+pub const OPERATIONS: &[(&str, &str)] = &[
+    ("Version", "version"),
+    ("Status", "status"),
+    ("CreateContainer", "create_container"),
+    ("StartContainer", "start_container"),
+    ("StopContainer", "stop_container"),
+    ("RemoveContainer", "remove_container"),
+    ("ListContainers", "list_containers"),
+    ("ContainerStatus", "container_status"),
+    ("UpdateContainerResources", "update_container"),
+    ("ReopenContainerLog", "reopen_container_log"),
+    ("ExecSync", "exec_sync"),
+    ("Exec", "exec"),
+    ("Attach", "attach"),
+    ("RunPodSandbox", "run_podsandbox"),
+    ("StopPodSandbox", "stop_podsandbox"),
+    ("RemovePodSandbox", "remove_podsandbox"),
+    ("PodSandboxStatus", "podsandbox_status"),
+    ("ListPodSandbox", "list_podsandbox"),
+    ("ContainerStats", "container_stats"),
+    ("ListContainerStats", "list_container_stats"),
+    ("PodSandboxStats", "podsandbox_stats"),
+    ("ListPodSandboxStats", "list_podsandbox_stats"),
+    ("PortForward", "port_forward"),
+    ("UpdateRuntimeConfig", "update_runtime_config"),
+    ("ListImages", "list_images"),
+    ("ImageStatus", "image_status"),
+    ("PullImage", "pull_image"),
+    ("RemoveImage", "remove_image"),
+    ("ImageFsInfo", "image_fs_info"),
+    ("CheckpointContainer", "checkpoint_container"),
+    ("GetContainerEvents", "get_container_events"),
+    ("ListMetricDescriptors", "list_metric_descriptors"),
+    ("ListPodSandboxMetrics", "list_podsandbox_metrics"),
+    ("RuntimeConfig", "runtime_config"),
+];
+
+/// The `operation_type` of a gRPC path (`/runtime.v1.RuntimeService/ListPodSandbox` is
+/// `list_podsandbox`); a method upstream does not record (a newer CRI's) in snake case.
 pub(crate) fn operation(path: &str) -> String {
     let method = path.rsplit('/').next().unwrap_or(path);
+    if let Some((_, operation)) = OPERATIONS.iter().find(|(m, _)| *m == method) {
+        return (*operation).to_owned();
+    }
     let mut out = String::with_capacity(method.len() + 4);
     for (i, c) in method.chars().enumerate() {
         if c.is_ascii_uppercase() {
@@ -128,8 +173,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn operations_are_snake_case_method_names() {
-        assert_eq!(operation("/runtime.v1.RuntimeService/ListPodSandbox"), "list_pod_sandbox");
+    fn operations_carry_upstreams_names() {
+        assert_eq!(operation("/runtime.v1.RuntimeService/ListPodSandbox"), "list_podsandbox");
+        assert_eq!(operation("/runtime.v1.RuntimeService/RunPodSandbox"), "run_podsandbox");
+        assert_eq!(operation("/runtime.v1.RuntimeService/UpdateContainerResources"), "update_container");
+        assert_eq!(operation("/runtime.v1.RuntimeService/NewerMethod"), "newer_method");
         assert_eq!(operation("/runtime.v1.RuntimeService/Version"), "version");
         assert_eq!(operation("/runtime.v1.ImageService/PullImage"), "pull_image");
     }

@@ -50,7 +50,10 @@ pub mod pb {
 }
 
 #[doc(inline)]
-pub use crate::manager::{CriRuntime, MIN_GRACE_PERIOD_SECONDS};
+pub use crate::{
+    instrument::OPERATIONS,
+    manager::{CriRuntime, MIN_GRACE_PERIOD_SECONDS},
+};
 
 /// Re-exported so callers build requests and fake servers with the same tonic.
 pub use tonic;

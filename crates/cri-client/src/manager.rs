@@ -31,7 +31,7 @@ use crate::{
     Client, Error,
     actions::{self, ProbeVerdicts, compute_pod_actions},
     cgroups, container, convert, labels, pb,
-    sandbox::{self, ResolvConf},
+    sandbox::{self, Dns},
 };
 
 /// How the runtime manager lays things out on the node; defaults are upstream's.
@@ -48,8 +48,13 @@ pub struct Config {
     pub cgroup_mount: PathBuf,
     /// The runtime handler for sandboxes (empty: the runtime's default).
     pub runtime_handler: String,
-    /// The node's resolver configuration (`/etc/resolv.conf`).
-    pub resolv_conf: PathBuf,
+    /// The node's resolver configuration (`resolvConf`, `/etc/resolv.conf`); `None` gives
+    /// pods no DNS from the node.
+    pub resolv_conf: Option<PathBuf>,
+    /// The cluster's DNS servers (`clusterDNS`), for `ClusterFirst` pods.
+    pub cluster_dns: Vec<String>,
+    /// The cluster's domain (`clusterDomain`).
+    pub cluster_domain: String,
     /// The node's name, for the downward API.
     pub node_name: String,
     /// The node's IP, for the downward API.
@@ -71,7 +76,9 @@ impl Config {
             cgroup_root: "/kubepods".to_owned(),
             cgroup_mount: PathBuf::from(cgroups::CGROUP_ROOT),
             runtime_handler: String::new(),
-            resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            resolv_conf: Some(PathBuf::from("/etc/resolv.conf")),
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
             node_name: node_name.into(),
             node_ip: String::new(),
             pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
@@ -90,6 +97,17 @@ impl Config {
     #[must_use]
     pub fn pods_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.pods_dir = dir.into();
+        self
+    }
+
+    /// Sets what pods' DNS is built from: the node's resolver configuration (`resolvConf`;
+    /// `None` gives pods no DNS from the node), the cluster's DNS servers (`clusterDNS`) and
+    /// domain (`clusterDomain`).
+    #[must_use]
+    pub fn dns(mut self, resolv_conf: Option<PathBuf>, cluster_dns: Vec<String>, cluster_domain: String) -> Self {
+        self.resolv_conf = resolv_conf;
+        self.cluster_dns = cluster_dns;
+        self.cluster_domain = cluster_domain;
         self
     }
 

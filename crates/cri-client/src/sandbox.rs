@@ -1,16 +1,13 @@
 //! The pod sandbox config (upstream `kuberuntime_sandbox.go` `generatePodSandboxConfig`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::resources::qos_class;
 
 use crate::{labels, pb};
 
-/// The pod's log directory: `<pod_logs_dir>/<namespace>_<name>_<uid>`.
-pub fn pod_log_dir(pod_logs_dir: &Path, namespace: &str, name: &str, uid: &str) -> PathBuf {
-    pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
-}
+pub use kubelet_core::types::pod_log_dir;
 
 /// The pod's cgroup parent under the cgroupfs driver: `<root>/pod<uid>` for Guaranteed pods,
 /// `<root>/burstable/pod<uid>` and `<root>/besteffort/pod<uid>` for the others.
@@ -50,16 +47,65 @@ pub fn parse_resolv_conf(text: &str) -> ResolvConf {
     conf
 }
 
-/// The DNS config of the sandbox: the node's resolver for `Default` (and for `ClusterFirst`,
-/// since this kubelet has no cluster DNS service yet), only the pod's `dnsConfig` for `None`,
-/// with the pod's `dnsConfig` merged in.
-pub fn dns_config(pod: &Pod, host: &ResolvConf) -> pb::DnsConfig {
+/// What pods' DNS is built from: the node's resolver and the cluster's DNS settings
+/// (`resolvConf`, `clusterDNS`, `clusterDomain`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dns {
+    /// The node's resolver; `None` when `resolvConf` is empty, which gives `Default` pods the
+    /// local machine's resolver (`127.0.0.1`) and no searches.
+    pub host: Option<ResolvConf>,
+    /// The cluster's DNS servers; without any, `ClusterFirst` pods fall back to `Default`.
+    pub cluster_dns: Vec<String>,
+    /// The cluster's domain (`cluster.local`), searched by `ClusterFirst` pods.
+    pub cluster_domain: String,
+}
+
+/// Upstream's `ndots` for `ClusterFirst` pods.
+const CLUSTER_OPTIONS: &[&str] = &["ndots:5"];
+
+/// Whether `pod` asks for the cluster's DNS (`ClusterFirst` off the host network, or
+/// `ClusterFirstWithHostNet`), whatever the node has.
+pub fn wants_cluster_dns(pod: &Pod) -> bool {
+    let spec = pod.spec.as_ref();
+    let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+    match spec.and_then(|s| s.dns_policy.as_deref()).unwrap_or("ClusterFirst") {
+        "ClusterFirstWithHostNet" => true,
+        "ClusterFirst" => !host_network,
+        _ => false,
+    }
+}
+
+/// The DNS config of the sandbox (upstream `GetPodDNS`): the cluster's servers with the
+/// namespace's search path and `ndots:5` for `ClusterFirst` pods (the node's resolver when the
+/// node has no `clusterDNS`, or for host-network pods), the node's resolver for `Default`,
+/// nothing for `None`; the pod's `dnsConfig` merged in.
+pub fn dns_config(pod: &Pod, dns: &Dns) -> pb::DnsConfig {
     let spec = pod.spec.as_ref();
     let policy = spec.and_then(|s| s.dns_policy.as_deref()).unwrap_or("ClusterFirst");
+    let host = || match &dns.host {
+        Some(host) => pb::DnsConfig {
+            servers: host.servers.clone(),
+            searches: host.searches.clone(),
+            options: host.options.clone(),
+        },
+        None => {
+            pb::DnsConfig { servers: vec!["127.0.0.1".to_owned()], searches: vec![".".to_owned()], options: vec![] }
+        }
+    };
     let mut dns = if policy == "None" {
         pb::DnsConfig::default()
+    } else if wants_cluster_dns(pod) && !dns.cluster_dns.is_empty() {
+        let domain = dns.cluster_domain.as_str();
+        let mut searches = Vec::new();
+        if !domain.is_empty() {
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+            searches = vec![format!("{namespace}.svc.{domain}"), format!("svc.{domain}"), domain.to_owned()];
+        }
+        searches.extend(dns.host.iter().flat_map(|h| h.searches.iter().cloned()));
+        let options = CLUSTER_OPTIONS.iter().map(|o| (*o).to_owned()).collect();
+        pb::DnsConfig { servers: dns.cluster_dns.clone(), searches, options }
     } else {
-        pb::DnsConfig { servers: host.servers.clone(), searches: host.searches.clone(), options: host.options.clone() }
+        host()
     };
     if let Some(extra) = spec.and_then(|s| s.dns_config.as_ref()) {
         for server in extra.nameservers.iter().flatten() {
@@ -104,13 +150,7 @@ fn protocol(p: Option<&str>) -> i32 {
 }
 
 /// The sandbox config of `pod` at `attempt`.
-pub fn sandbox_config(
-    pod: &Pod,
-    attempt: u32,
-    log_dir: &Path,
-    cgroup_root: &str,
-    host_dns: &ResolvConf,
-) -> pb::PodSandboxConfig {
+pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_root: &str, dns: &Dns) -> pb::PodSandboxConfig {
     let spec = pod.spec.as_ref();
     let port_mappings = spec
         .map(|s| s.containers.iter().flat_map(|c| c.ports.iter().flatten()).collect::<Vec<_>>())
@@ -152,7 +192,7 @@ pub fn sandbox_config(
         }),
         hostname: hostname(pod),
         log_directory: log_dir.display().to_string(),
-        dns_config: Some(dns_config(pod, host_dns)),
+        dns_config: Some(dns_config(pod, dns)),
         port_mappings,
         labels: labels::sandbox_labels(pod),
         annotations: labels::sandbox_annotations(pod),
@@ -225,7 +265,8 @@ mod tests {
     #[test]
     fn sandbox_config_carries_identity_ports_cgroup_and_namespaces() {
         let host = parse_resolv_conf("# comment\nnameserver 192.0.2.53\nsearch example.test\noptions ndots:2\n");
-        let config = sandbox_config(&pod(), 2, Path::new("/var/log/pods/ns_web-_u1"), "/kubepods", &host);
+        let dns = Dns { host: Some(host), ..Dns::default() };
+        let config = sandbox_config(&pod(), 2, Path::new("/var/log/pods/ns_web-_u1"), "/kubepods", &dns);
         let meta = config.metadata.unwrap();
         assert_eq!((meta.name.as_str(), meta.uid.as_str(), meta.attempt), ("web-", "u1", 2));
         assert_eq!(config.hostname, "web", "trailing dash trimmed");
@@ -253,7 +294,7 @@ mod tests {
         spec.dns_policy = Some("None".into());
         spec.dns_config =
             Some(PodDNSConfig { nameservers: Some(vec!["198.51.100.1".into()]), ..PodDNSConfig::default() });
-        let dns = dns_config(&p, &parse_resolv_conf("nameserver 192.0.2.53\n"));
+        let dns = dns_config(&p, &Dns { host: Some(parse_resolv_conf("nameserver 192.0.2.53\n")), ..Dns::default() });
         assert_eq!(dns.servers, ["198.51.100.1"]);
         assert!(dns.searches.is_empty());
     }
@@ -262,9 +303,38 @@ mod tests {
     fn host_network_pods_use_the_node_namespace_and_hostname() {
         let mut p = pod();
         p.spec.as_mut().unwrap().host_network = Some(true);
-        let config = sandbox_config(&p, 0, Path::new("/l"), "/kubepods", &ResolvConf::default());
+        let config = sandbox_config(&p, 0, Path::new("/l"), "/kubepods", &Dns::default());
         assert_eq!(config.hostname, "");
         let ns = config.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
         assert_eq!(ns.network, pb::NamespaceMode::Node as i32);
+    }
+
+    #[test]
+    fn cluster_first_pods_use_the_cluster_dns_and_the_namespace_search_path() {
+        let host = parse_resolv_conf("nameserver 192.0.2.53\nsearch example.test\n");
+        let dns = Dns {
+            host: Some(host.clone()),
+            cluster_dns: vec!["10.96.0.10".into()],
+            cluster_domain: "cluster.local".into(),
+        };
+        let mut p = pod();
+        p.metadata.namespace = Some("shop".into());
+        let got = dns_config(&p, &dns);
+        assert_eq!(got.servers, ["10.96.0.10"]);
+        assert_eq!(got.searches, ["shop.svc.cluster.local", "svc.cluster.local", "cluster.local", "example.test"]);
+        assert_eq!(got.options, ["ndots:5"]);
+
+        // On the host network, ClusterFirst is Default; ClusterFirstWithHostNet is the cluster's.
+        p.spec.as_mut().unwrap().host_network = Some(true);
+        assert_eq!(dns_config(&p, &dns).servers, ["192.0.2.53"]);
+        p.spec.as_mut().unwrap().dns_policy = Some("ClusterFirstWithHostNet".into());
+        assert_eq!(dns_config(&p, &dns).servers, ["10.96.0.10"]);
+
+        // No clusterDNS: the node's resolver; an empty resolvConf: the local machine's, no search.
+        let node_only = Dns { host: Some(host), ..Dns::default() };
+        assert!(wants_cluster_dns(&p));
+        assert_eq!(dns_config(&p, &node_only).servers, ["192.0.2.53"]);
+        let got = dns_config(&pod(), &Dns::default());
+        assert_eq!((got.servers, got.searches), (vec!["127.0.0.1".to_owned()], vec![".".to_owned()]));
     }
 }

@@ -532,10 +532,65 @@ async fn every_call_is_measured_with_upstream_metric_names() {
     client.version().await.unwrap();
     client.version().await.unwrap();
     client.runtime_config().await.unwrap_err();
+    let mut service = client.runtime_service();
+    let _ = service.list_pod_sandbox(pb::ListPodSandboxRequest::default()).await;
+    let _ = service.run_pod_sandbox(pb::RunPodSandboxRequest::default()).await;
+    let _ = service.pod_sandbox_status(pb::PodSandboxStatusRequest::default()).await;
+    let _ = service.update_container_resources(pb::UpdateContainerResourcesRequest::default()).await;
+    let _ = service.list_pod_sandbox_stats(pb::ListPodSandboxStatsRequest::default()).await;
     let text = handle.render();
     assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"version\"} 2"), "{text}");
     assert!(text.contains("kubelet_runtime_operations_errors_total{operation_type=\"runtime_config\"} 1"), "{text}");
     assert!(text.contains("kubelet_runtime_operations_duration_seconds"), "{text}");
+    // Upstream's `operation_type` values (`pkg/kubelet/kuberuntime/instrumented_services.go`).
+    let upstream = [
+        "version",
+        "status",
+        "create_container",
+        "start_container",
+        "stop_container",
+        "remove_container",
+        "list_containers",
+        "container_status",
+        "update_container",
+        "reopen_container_log",
+        "exec_sync",
+        "exec",
+        "attach",
+        "run_podsandbox",
+        "stop_podsandbox",
+        "remove_podsandbox",
+        "podsandbox_status",
+        "list_podsandbox",
+        "container_stats",
+        "list_container_stats",
+        "podsandbox_stats",
+        "list_podsandbox_stats",
+        "port_forward",
+        "update_runtime_config",
+        "list_images",
+        "image_status",
+        "pull_image",
+        "remove_image",
+        "image_fs_info",
+        "checkpoint_container",
+        "get_container_events",
+        "list_metric_descriptors",
+        "list_podsandbox_metrics",
+        "runtime_config",
+    ];
+    let ours: Vec<&str> = kubelet_cri_client::OPERATIONS.iter().map(|(_, operation)| *operation).collect();
+    assert_eq!(ours, upstream);
+    let exported: std::collections::BTreeSet<&str> =
+        text.split("operation_type=\"").skip(1).filter_map(|rest| rest.split('"').next()).collect();
+    for expected in
+        ["list_podsandbox", "run_podsandbox", "podsandbox_status", "update_container", "list_podsandbox_stats"]
+    {
+        assert!(exported.contains(expected), "{expected} is exported: {exported:?}");
+    }
+    for label in &exported {
+        assert!(upstream.contains(label), "{label} is one of upstream's operation types");
+    }
     f.server.abort();
 }
 

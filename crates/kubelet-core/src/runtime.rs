@@ -68,6 +68,14 @@ impl RuntimeStatus {
         RuntimeStatus { conditions }
     }
 
+    /// Both conditions true: the runtime and its network are ready.
+    pub fn ready() -> Self {
+        RuntimeStatus::new(vec![
+            RuntimeCondition::new(RUNTIME_READY, true, "", ""),
+            RuntimeCondition::new(NETWORK_READY, true, "", ""),
+        ])
+    }
+
     /// The condition of the given type, if reported.
     pub fn condition(&self, kind: &str) -> Option<&RuntimeCondition> {
         self.conditions.iter().find(|c| c.kind == kind)
@@ -318,6 +326,13 @@ impl PodStatus {
             sandbox_statuses: Vec::new(),
             container_statuses: Vec::new(),
         }
+    }
+
+    /// An empty status for `pod`: its UID, name and namespace, nothing running.
+    pub fn of(pod: &ApiPod) -> Self {
+        let meta = &pod.metadata;
+        let (name, namespace) = (meta.name.clone().unwrap_or_default(), meta.namespace.clone().unwrap_or_default());
+        PodStatus::new(PodUid::of(pod), name, namespace)
     }
 
     /// The newest status of the container named `name`.
@@ -691,42 +706,74 @@ pub trait Runtime: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Pulls an image and returns its reference.
-    fn pull_image(&self, image: &str) -> impl Future<Output = Result<String, Self::Error>> + Send;
+    ///
+    /// The default is a runtime without an image store: the image is its own reference.
+    fn pull_image(&self, image: &str) -> impl Future<Output = Result<String, Self::Error>> + Send {
+        std::future::ready(Ok(image.to_owned()))
+    }
 
     /// The reference of a locally present image, or `None`.
-    fn image_ref(&self, image: &str) -> impl Future<Output = Result<Option<String>, Self::Error>> + Send;
+    ///
+    /// The default is a runtime without an image store: every image is present as itself.
+    fn image_ref(&self, image: &str) -> impl Future<Output = Result<Option<String>, Self::Error>> + Send {
+        std::future::ready(Ok(Some(image.to_owned())))
+    }
 
-    /// All locally stored images.
-    fn list_images(&self) -> impl Future<Output = Result<Vec<Image>, Self::Error>> + Send;
+    /// All locally stored images (by default none).
+    fn list_images(&self) -> impl Future<Output = Result<Vec<Image>, Self::Error>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
 
-    /// Removes an image.
-    fn remove_image(&self, image: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// Removes an image (by default there is nothing to remove).
+    fn remove_image(&self, _image: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        std::future::ready(Ok(()))
+    }
 
     /// Runs a command in a container and waits for it, at most `timeout`.
+    ///
+    /// The default is a runtime that cannot: exit code 126 (upstream's "cannot execute"), which
+    /// fails an exec probe or hook, with the reason on stderr.
     fn exec_sync(
         &self,
-        container_id: &str,
-        cmd: &[String],
-        timeout: Duration,
-    ) -> impl Future<Output = Result<ExecResult, Self::Error>> + Send;
+        _container_id: &str,
+        _cmd: &[String],
+        _timeout: Duration,
+    ) -> impl Future<Output = Result<ExecResult, Self::Error>> + Send {
+        let stderr = b"this runtime cannot run commands in containers".to_vec();
+        std::future::ready(Ok(ExecResult { stdout: Vec::new(), stderr, exit_code: 126 }))
+    }
 
     /// Removes a dead container.
-    fn delete_container(&self, container_id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    ///
+    /// The default suits a runtime that keeps nothing of exited containers; one that keeps
+    /// them (as a CRI runtime does) must override it, or they pile up.
+    fn delete_container(&self, _container_id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        std::future::ready(Ok(()))
+    }
 
     /// Removes everything left of a pod that is gone and has nothing running: its containers and
     /// sandboxes, and what the runtime keeps beside them (pod cgroups, log directory).
     /// Upstream leaves this to its periodic container GC; the kubelet calls it as soon as it knows
     /// the pod is gone, also for a pod the runtime holds nothing of (a start cut short may have
     /// left its log directory). A pod with a running container or a ready sandbox is an error.
-    fn remove_pod_content(&self, uid: &PodUid) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    ///
+    /// The default suits a runtime that keeps nothing of a pod once its containers are killed;
+    /// one that keeps containers, sandboxes or files must override it.
+    fn remove_pod_content(&self, _uid: &PodUid) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        std::future::ready(Ok(()))
+    }
 
     /// Removes dead containers and sandboxes according to `policy`.
+    ///
+    /// The default suits a runtime that keeps nothing dead; one that does must override it.
     fn garbage_collect(
         &self,
-        policy: &GcPolicy,
-        all_sources_ready: bool,
-        evict_non_deleted_pods: bool,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+        _policy: &GcPolicy,
+        _all_sources_ready: bool,
+        _evict_non_deleted_pods: bool,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// The hash of the container spec fields whose change restarts a running container.

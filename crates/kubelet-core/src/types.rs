@@ -174,6 +174,12 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
+/// A pod's log directory (upstream `BuildPodLogsDirectory`): `<pod_logs_dir>/<namespace>_<name>_<uid>`,
+/// where a runtime writes `<container>/<restartCount>.log` and readers find them.
+pub fn pod_log_dir(pod_logs_dir: &std::path::Path, namespace: &str, name: &str, uid: &str) -> std::path::PathBuf {
+    pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
+}
+
 /// A pod metadata field by upstream's field path (`fieldpath.ExtractFieldPathAsString`):
 /// `metadata.name`, `.namespace`, `.uid`, `.labels` and `.annotations` (all, as sorted
 /// `key="value"` lines), and one label or annotation (`metadata.labels['app']`, empty when

@@ -16,8 +16,12 @@
 //! - [`Agent`] builds the rest around them: cache, work queue, pod manager, runtime state, a
 //!   runtime status poll, and the sync loop.
 //!
+//! - [`server`] (feature `server`) is the local API: upstream's read-only API (`/healthz`,
+//!   `/pods`, `/runningpods/`, `/metrics`) and, on a unix socket, container logs and events.
+//!
 //! The crate names no concrete runtime, PLEG or pod workers: the caller picks them (the
 //! `kubelet-rs` binary picks `kubelet-cri-client`, `kubelet-pleg` and `kubelet-podworkers`).
+//! `examples/process_agent.rs` is a whole agent in 80 lines around a runtime of its own.
 //!
 //! # Example
 //!
@@ -54,6 +58,9 @@ pub mod agent;
 pub mod cleanup;
 mod handler;
 mod pod_sync;
+#[cfg(feature = "server")]
+#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
+pub mod server;
 pub mod status;
 pub mod status_store;
 pub mod unsupported;

@@ -5,13 +5,14 @@ use std::{
     process::{Command, Stdio},
 };
 
-/// `kubelet-rs run` on `endpoint` as node `node`, with every directory under `dir`
-/// (`manifests`, `root`, `pods`, `containers`) and its log in `dir/agent.log`.
+/// The agent as upstream's kubelet is started (flags, no subcommand) on `endpoint` as node
+/// `node`, with every directory under `dir` (`manifests`, `root`, `pods`, `containers`) and its
+/// log in `dir/agent.log`.
 pub(crate) fn agent_command(endpoint: &str, dir: &Path, node: &str) -> Command {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"));
     command
-        .args(["run", "--container-runtime-endpoint", endpoint, "--hostname-override", node])
+        .args(["--container-runtime-endpoint", endpoint, "--hostname-override", node])
         .arg("--pod-manifest-path")
         .arg(dir.join("manifests"))
         .arg("--root-dir")

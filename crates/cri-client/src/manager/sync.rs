@@ -215,8 +215,13 @@ impl CriRuntime {
         }
     }
 
-    pub(super) async fn host_dns(&self) -> ResolvConf {
-        sandbox::parse_resolv_conf(&tokio::fs::read_to_string(&self.config.resolv_conf).await.unwrap_or_default())
+    /// What pods' DNS is built from, with the node's resolver read now.
+    pub(super) async fn dns(&self) -> Dns {
+        let host = match &self.config.resolv_conf {
+            Some(path) => Some(sandbox::parse_resolv_conf(&tokio::fs::read_to_string(path).await.unwrap_or_default())),
+            None => None,
+        };
+        Dns { host, cluster_dns: self.config.cluster_dns.clone(), cluster_domain: self.config.cluster_domain.clone() }
     }
 }
 
@@ -327,7 +332,7 @@ pub(super) async fn sync_pod(
     }
 
     // Step 3: a new sandbox, if needed.
-    let host_dns = rt.host_dns().await;
+    let dns = rt.dns().await;
     let log_dir = rt.pod_log_dir(pod);
     let mut sandbox_id = actions.sandbox_id.clone();
     let mut pod_ips = status.ips.clone();
@@ -343,7 +348,14 @@ pub(super) async fn sync_pod(
             ));
             return result;
         }
-        let config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &host_dns);
+        if dns.cluster_dns.is_empty() && sandbox::wants_cluster_dns(pod) {
+            let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
+            let message = format!(
+                "kubelet does not have ClusterDNS IP configured and cannot create Pod using {policy:?} policy. Falling back to \"Default\" policy."
+            );
+            rt.event(pod, EventType::Warning, "MissingClusterDNS", message);
+        }
+        let config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &dns);
         let request =
             pb::RunPodSandboxRequest { config: Some(config), runtime_handler: rt.config.runtime_handler.clone() };
         metrics::counter!("kubelet_started_pods_total").increment(1);
@@ -378,7 +390,7 @@ pub(super) async fn sync_pod(
             }
         }
     }
-    let sandbox_config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &host_dns);
+    let sandbox_config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &dns);
 
     // Step 4: ephemeral, then the next init container, then regular containers.
     for &i in &actions.ephemeral_containers_to_start {

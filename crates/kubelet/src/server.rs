@@ -1,7 +1,12 @@
-//! The agent's local API, as upstream's read-only port serves it: `/healthz`, `/pods`,
-//! `/runningpods/` and `/metrics` (Prometheus text); and on the unix socket under the root
-//! directory also upstream's `/containerLogs/{namespace}/{pod}/{container}`, which the
-//! `kubelet-rs get` and `logs` commands use.
+//! The agent's local API (feature `server`), as upstream's read-only port serves it: `/healthz`,
+//! `/pods`, `/runningpods/` and `/metrics` (Prometheus text); and on the unix socket under the
+//! root directory also upstream's `/containerLogs/{namespace}/{pod}/{container}` and
+//! `/events/{namespace}/{pod}`, which `kubelet-rs get`, `describe` and `logs` use.
+//!
+//! [`ApiState::of`] reads an [`Agent`]; [`local_router`], [`router`] and
+//! [`healthz_router`] are the three APIs; [`serve_unix`] and [`serve`] run one until cancelled.
+
+mod logs;
 
 use std::{
     net::SocketAddr,
@@ -10,7 +15,6 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result};
 use axum::{
     Json, Router,
     body::{Body, Bytes},
@@ -23,26 +27,84 @@ use k8s_openapi::{
     api::core::v1::{Container, Pod, PodSpec},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
-use kubelet::StatusStore;
-use kubelet_core::{LoopHealth, PodManager, PodUid, Runtime};
-use metrics_exporter_prometheus::PrometheusHandle;
+use kubelet_core::{LoopHealth, Pleg, PodManager, PodUid, PodWorkers, Runtime, events::RingRecorder};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span};
 
+use crate::{Agent, StatusStore};
+
+/// The local API could not be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another agent serves the socket.
+    #[error("{} is in use: another agent runs with this root directory", .0.display())]
+    InUse(PathBuf),
+    /// The socket or port could not be set up.
+    #[error("cannot listen on {what}")]
+    Listen {
+        /// The socket path or address.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Renders the Prometheus text of the metrics an agent installed (the binary's exporter).
+pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// What the API reads.
-pub(crate) struct ApiState<R> {
-    pub(crate) pods: Arc<PodManager>,
-    pub(crate) statuses: Arc<StatusStore>,
-    pub(crate) runtime: Arc<R>,
-    pub(crate) loop_health: Arc<LoopHealth>,
-    pub(crate) pleg_health: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
-    pub(crate) metrics: Option<PrometheusHandle>,
+#[non_exhaustive]
+pub struct ApiState<R> {
+    /// The desired pods.
+    pub pods: Arc<PodManager>,
+    /// The statuses the kubelet computed.
+    pub statuses: Arc<StatusStore>,
+    /// The runtime, for `/runningpods/`.
+    pub runtime: Arc<R>,
+    /// The sync loop's health, for `/healthz`.
+    pub loop_health: Arc<LoopHealth>,
+    /// The PLEG's health, for `/healthz`.
+    pub pleg_health: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+    /// `/metrics`, when the agent exports metrics (without: 404).
+    pub metrics: Option<MetricsRender>,
     /// `podLogsDir`, where `/containerLogs` reads.
-    pub(crate) pod_logs_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
     /// The recent events, for `/events`.
-    pub(crate) events: Arc<kubelet_core::events::RingRecorder>,
+    pub events: Arc<RingRecorder>,
     /// The runtime's health from the status poll, for `/healthz`.
-    pub(crate) runtime_state: Arc<kubelet_core::RuntimeState>,
+    pub runtime_state: Arc<kubelet_core::RuntimeState>,
+}
+
+impl<R: Runtime> ApiState<R> {
+    /// What `agent` knows, with the events it records in `events` and the container logs under
+    /// `pod_logs_dir`; no `/metrics` until [`ApiState::metrics`].
+    pub fn of<P: Pleg + 'static, W: PodWorkers>(
+        agent: &Agent<R, P, W>,
+        events: Arc<RingRecorder>,
+        pod_logs_dir: impl Into<PathBuf>,
+    ) -> Self {
+        let pleg = agent.pleg().clone();
+        ApiState {
+            pods: agent.pods().clone(),
+            statuses: agent.statuses().clone(),
+            runtime: agent.runtime().clone(),
+            loop_health: agent.loop_health().clone(),
+            pleg_health: Arc::new(move || pleg.healthy().map_err(|e| e.to_string())),
+            metrics: None,
+            pod_logs_dir: pod_logs_dir.into(),
+            events,
+            runtime_state: agent.runtime_state().clone(),
+        }
+    }
+
+    /// Serves `/metrics` with `render`'s text (and the process metrics).
+    #[must_use]
+    pub fn metrics(mut self, render: MetricsRender) -> Self {
+        self.metrics = Some(render);
+        self
+    }
 }
 
 fn pod_list(items: Vec<Pod>) -> serde_json::Value {
@@ -115,8 +177,8 @@ async fn running_pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Resp
 
 async fn metrics<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response {
     match &state.metrics {
-        Some(handle) => {
-            let mut text = handle.render();
+        Some(render) => {
+            let mut text = render();
             text.push_str(&process_metrics());
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
         }
@@ -196,8 +258,8 @@ async fn container_logs<R: Runtime>(
         return (StatusCode::NOT_FOUND, format!("pod {namespace}/{name} not found\n")).into_response();
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let dir = cri_client::sandbox::pod_log_dir(&state.pod_logs_dir, &namespace, &name, &uid).join(&container);
-    let files = match crate::logs::files_for(&dir, query.previous) {
+    let dir = kubelet_core::types::pod_log_dir(&state.pod_logs_dir, &namespace, &name, &uid).join(&container);
+    let files = match logs::files_for(&dir, query.previous) {
         Ok(files) => files,
         Err(e) => {
             let known = pod.spec.as_ref().is_some_and(|s| {
@@ -214,8 +276,7 @@ async fn container_logs<R: Runtime>(
         live_read = content.len() as u64;
         text.push_str(&content);
     }
-    let first: String =
-        crate::logs::lines(&text, query.tail_lines).iter().map(|l| l.render(query.timestamps)).collect();
+    let first: String = logs::lines(&text, query.tail_lines).iter().map(|l| l.render(query.timestamps)).collect();
     if !query.follow || query.previous {
         return ([(header::CONTENT_TYPE, "text/plain")], first).into_response();
     }
@@ -238,7 +299,7 @@ async fn follow(
 ) {
     use std::os::unix::fs::MetadataExt;
     use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut reassembler = crate::logs::Reassembler::default();
+    let mut reassembler = logs::Reassembler::default();
     let mut pending = String::new();
     let mut inode = std::fs::metadata(&live).map(|m| m.ino()).ok();
     let mut tick = tokio::time::interval(FOLLOW_PERIOD);
@@ -275,7 +336,7 @@ async fn follow(
             }
         }
         // A newer instance of the container: this one's output is complete.
-        let newer = live.parent().and_then(|dir| crate::logs::instances(dir).ok()).and_then(|i| i.last().copied());
+        let newer = live.parent().and_then(|dir| logs::instances(dir).ok()).and_then(|i| i.last().copied());
         let this = live.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse::<u32>().ok());
         if newer.is_some() && newer != this {
             return;
@@ -310,7 +371,7 @@ async fn pod_events<R: Runtime>(
 }
 
 /// The router of the unix-socket API: the read-only API plus container logs and pod events.
-pub(crate) fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
+pub fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
     let extra = Router::new()
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs::<R>))
         .route("/events/{namespace}/{pod}", get(pod_events::<R>))
@@ -319,27 +380,27 @@ pub(crate) fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
 }
 
 /// The unix socket of the local API under the root directory.
-pub(crate) fn socket_path(root_dir: &Path) -> PathBuf {
+pub fn socket_path(root_dir: &Path) -> PathBuf {
     root_dir.join("kubelet-rs.sock")
 }
 
 /// Serves `router` on a unix socket only root can open (mode 0600), replacing a stale one.
-pub(crate) async fn serve_unix(
+pub async fn serve_unix(
     path: &Path,
     router: Router,
     cancel: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>> {
+) -> Result<tokio::task::JoinHandle<()>, Error> {
     use std::os::unix::fs::PermissionsExt;
+    let listen = |source| Error::Listen { what: path.display().to_string(), source };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(listen)?;
     }
     if tokio::net::UnixStream::connect(path).await.is_ok() {
-        anyhow::bail!("{} is in use: another agent runs with this root directory", path.display());
+        return Err(Error::InUse(path.to_owned()));
     }
     let _ = std::fs::remove_file(path);
-    let listener =
-        tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let listener = tokio::net::UnixListener::bind(path).map_err(listen)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen)?;
     info!(socket = %path.display(), "serving the local API");
     let path = path.to_owned();
     Ok(tokio::spawn(async move {
@@ -349,7 +410,7 @@ pub(crate) async fn serve_unix(
 }
 
 /// The router of the read-only API.
-pub(crate) fn router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
+pub fn router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::<R>))
         .route("/pods", get(pods::<R>))
@@ -359,17 +420,18 @@ pub(crate) fn router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
 }
 
 /// The `/healthz` router alone (upstream's healthz port).
-pub(crate) fn healthz_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
+pub fn healthz_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
     Router::new().route("/healthz", get(healthz::<R>)).with_state(state)
 }
 
 /// Binds `addr` (failing clearly if the port is taken) and serves `router` until `cancel`.
-pub(crate) async fn serve(
+pub async fn serve(
     addr: SocketAddr,
     router: Router,
     cancel: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Listen { what: addr.to_string(), source })?;
     info!(%addr, "serving the local API");
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, router).with_graceful_shutdown(async move { cancel.cancelled().await }).await;

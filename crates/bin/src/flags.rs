@@ -1,0 +1,386 @@
+//! Every flag of upstream's kubelet (`cmd/kubelet/app/options/options.go`, the logging flags and
+//! `pkg/kubelet/config/flags.go`) beyond the few `RunArgs` declares itself, and what this agent
+//! does with each.
+//!
+//! A flag backed by a `KubeletConfiguration` field sets that field over the configuration file,
+//! so it gets the field's outcome ([`config::configuration::Support`]): honoured, accepted
+//! without effect (named in the start-up warning), or refused when its value asks for what the
+//! agent lacks. A flag without a field names a feature this agent does not have yet and is
+//! named in the start-up warning; one that upstream deprecated and ignores prints upstream's
+//! deprecation line.
+
+use clap::{Arg, ArgAction, ArgMatches, Command, parser::ValueSource};
+use serde_json::{Map, Value};
+
+/// How a flag's text becomes a configuration value (pflag's value types).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `--flag` or `--flag=false`.
+    Bool,
+    /// A whole number.
+    Int,
+    /// Text, durations included (the configuration reads Go's duration syntax).
+    Text,
+    /// Comma-separated, repeatable: a list.
+    List,
+    /// `key=value` pairs, comma-separated, repeatable: a map.
+    Map,
+    /// `key=true` pairs: a map of booleans (`--feature-gates`).
+    BoolMap,
+    /// `signal<quantity>` pairs (`--eviction-hard`): a map.
+    LangleMap,
+    /// `name:value` pairs, repeatable, names may repeat (`--manifest-url-header`): a map of lists.
+    Headers,
+}
+
+/// What a flag does here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// Sets this `KubeletConfiguration` field, over the file.
+    Field(&'static str),
+    /// A feature this agent does not have (yet): named in the start-up warning.
+    Missing,
+    /// Deprecated upstream with this message, and without effect here.
+    Deprecated(&'static str),
+}
+
+use Effect::{Deprecated, Field, Missing};
+use Kind::{Bool, BoolMap, Headers, Int, LangleMap, List, Map as Pairs, Text};
+
+const EVICTION_DEPRECATION: &str =
+    "Use --eviction-hard or --eviction-soft instead. Will be removed in a future version.";
+const NO_EFFECT: &str = "This flag has no effect and will be removed in a future version.";
+
+/// Upstream's flags that `RunArgs` does not declare, with their value kind and effect.
+pub(crate) const FLAGS: &[(&str, Kind, Effect)] = &[
+    // KubeletFlags.
+    ("kubeconfig", Text, Missing),
+    ("bootstrap-kubeconfig", Text, Missing),
+    ("cert-dir", Text, Missing),
+    ("cloud-provider", Text, Missing),
+    ("seccomp-default", Bool, Field("seccompDefault")),
+    ("node-labels", Pairs, Missing),
+    ("lock-file", Text, Missing),
+    ("exit-on-lock-contention", Bool, Missing),
+    ("minimum-container-ttl-duration", Text, Deprecated(EVICTION_DEPRECATION)),
+    ("maximum-dead-containers-per-container", Int, Deprecated(EVICTION_DEPRECATION)),
+    ("maximum-dead-containers", Int, Deprecated(EVICTION_DEPRECATION)),
+    ("register-schedulable", Bool, Deprecated("will be removed in a future version")),
+    ("keep-terminated-pod-volumes", Bool, Deprecated("will be removed in a future version")),
+    ("experimental-mounter-path", Text, Deprecated("will be removed in 1.25 or later. in favor of using CSI.")),
+    (
+        "cloud-config",
+        Text,
+        Deprecated("will be removed in 1.25 or later, in favor of removing cloud provider code from Kubelet."),
+    ),
+    ("experimental-allocatable-ignore-eviction", Bool, Deprecated("will be removed in 1.25 or later.")),
+    // ContainerRuntimeOptions.
+    (
+        "pod-infra-container-image",
+        Text,
+        Deprecated("will be removed in 1.35. Image garbage collector will get sandbox image information from CRI."),
+    ),
+    ("image-credential-provider-config", Text, Missing),
+    ("image-credential-provider-bin-dir", Text, Missing),
+    // KubeletConfiguration flags.
+    ("enable-server", Bool, Field("enableServer")),
+    ("fail-swap-on", Bool, Field("failSwapOn")),
+    ("pod-manifest-path", Text, Field("staticPodPath")),
+    ("sync-frequency", Text, Field("syncFrequency")),
+    ("file-check-frequency", Text, Field("fileCheckFrequency")),
+    ("http-check-frequency", Text, Field("httpCheckFrequency")),
+    ("manifest-url", Text, Field("staticPodURL")),
+    ("manifest-url-header", Headers, Field("staticPodURLHeader")),
+    ("address", Text, Field("address")),
+    ("port", Int, Field("port")),
+    ("read-only-port", Int, Field("readOnlyPort")),
+    ("container-runtime-endpoint", Text, Field("containerRuntimeEndpoint")),
+    ("image-service-endpoint", Text, Field("imageServiceEndpoint")),
+    ("anonymous-auth", Bool, Field("authentication")),
+    ("authentication-token-webhook", Bool, Field("authentication")),
+    ("authentication-token-webhook-cache-ttl", Text, Field("authentication")),
+    ("client-ca-file", Text, Field("authentication")),
+    ("authorization-mode", Text, Field("authorization")),
+    ("authorization-webhook-cache-authorized-ttl", Text, Field("authorization")),
+    ("authorization-webhook-cache-unauthorized-ttl", Text, Field("authorization")),
+    ("tls-cert-file", Text, Field("tlsCertFile")),
+    ("tls-private-key-file", Text, Field("tlsPrivateKeyFile")),
+    ("rotate-server-certificates", Bool, Field("serverTLSBootstrap")),
+    ("tls-cipher-suites", List, Field("tlsCipherSuites")),
+    ("tls-min-version", Text, Field("tlsMinVersion")),
+    ("rotate-certificates", Bool, Field("rotateCertificates")),
+    ("registry-qps", Int, Field("registryPullQPS")),
+    ("registry-burst", Int, Field("registryBurst")),
+    ("event-qps", Int, Field("eventRecordQPS")),
+    ("event-burst", Int, Field("eventBurst")),
+    ("enable-debugging-handlers", Bool, Field("enableDebuggingHandlers")),
+    ("contention-profiling", Bool, Field("enableContentionProfiling")),
+    ("healthz-port", Int, Field("healthzPort")),
+    ("healthz-bind-address", Text, Field("healthzBindAddress")),
+    ("oom-score-adj", Int, Field("oomScoreAdj")),
+    ("cluster-domain", Text, Field("clusterDomain")),
+    ("volume-plugin-dir", Text, Field("volumePluginDir")),
+    ("cluster-dns", List, Field("clusterDNS")),
+    ("streaming-connection-idle-timeout", Text, Field("streamingConnectionIdleTimeout")),
+    ("node-status-update-frequency", Text, Field("nodeStatusUpdateFrequency")),
+    ("minimum-image-ttl-duration", Text, Field("imageMinimumGCAge")),
+    ("image-gc-high-threshold", Int, Field("imageGCHighThresholdPercent")),
+    ("image-gc-low-threshold", Int, Field("imageGCLowThresholdPercent")),
+    ("volume-stats-agg-period", Text, Field("volumeStatsAggPeriod")),
+    ("feature-gates", BoolMap, Field("featureGates")),
+    ("kubelet-cgroups", Text, Field("kubeletCgroups")),
+    ("system-cgroups", Text, Field("systemCgroups")),
+    ("provider-id", Text, Field("providerID")),
+    ("cgroups-per-qos", Bool, Field("cgroupsPerQOS")),
+    ("cgroup-driver", Text, Field("cgroupDriver")),
+    ("cgroup-root", Text, Field("cgroupRoot")),
+    ("cpu-manager-policy", Text, Field("cpuManagerPolicy")),
+    ("cpu-manager-policy-options", Pairs, Field("cpuManagerPolicyOptions")),
+    ("cpu-manager-reconcile-period", Text, Field("cpuManagerReconcilePeriod")),
+    ("qos-reserved", Pairs, Field("qosReserved")),
+    ("topology-manager-policy", Text, Field("topologyManagerPolicy")),
+    ("runtime-request-timeout", Text, Field("runtimeRequestTimeout")),
+    ("hairpin-mode", Text, Field("hairpinMode")),
+    ("max-pods", Int, Field("maxPods")),
+    ("pod-cidr", Text, Field("podCIDR")),
+    ("pod-max-pids", Int, Field("podPidsLimit")),
+    ("resolv-conf", Text, Field("resolvConf")),
+    ("runonce", Bool, Field("runOnce")),
+    ("cpu-cfs-quota", Bool, Field("cpuCFSQuota")),
+    ("cpu-cfs-quota-period", Text, Field("cpuCFSQuotaPeriod")),
+    ("enable-controller-attach-detach", Bool, Field("enableControllerAttachDetach")),
+    ("make-iptables-util-chains", Bool, Field("makeIPTablesUtilChains")),
+    ("iptables-masquerade-bit", Int, Deprecated(NO_EFFECT)),
+    ("iptables-drop-bit", Int, Deprecated(NO_EFFECT)),
+    ("container-log-max-size", Text, Field("containerLogMaxSize")),
+    ("container-log-max-files", Int, Field("containerLogMaxFiles")),
+    ("allowed-unsafe-sysctls", List, Field("allowedUnsafeSysctls")),
+    ("node-status-max-images", Int, Field("nodeStatusMaxImages")),
+    ("kernel-memcg-notification", Bool, Field("kernelMemcgNotification")),
+    ("local-storage-capacity-isolation", Bool, Field("localStorageCapacityIsolation")),
+    ("max-open-files", Int, Field("maxOpenFiles")),
+    ("kube-api-content-type", Text, Field("contentType")),
+    ("kube-api-qps", Int, Field("kubeAPIQPS")),
+    ("kube-api-burst", Int, Field("kubeAPIBurst")),
+    ("serialize-image-pulls", Bool, Field("serializeImagePulls")),
+    ("eviction-hard", LangleMap, Field("evictionHard")),
+    ("eviction-soft", LangleMap, Field("evictionSoft")),
+    ("eviction-soft-grace-period", Pairs, Field("evictionSoftGracePeriod")),
+    ("eviction-pressure-transition-period", Text, Field("evictionPressureTransitionPeriod")),
+    ("eviction-max-pod-grace-period", Int, Field("evictionMaxPodGracePeriod")),
+    ("eviction-minimum-reclaim", Pairs, Field("evictionMinimumReclaim")),
+    ("pods-per-core", Int, Field("podsPerCore")),
+    ("protect-kernel-defaults", Bool, Field("protectKernelDefaults")),
+    ("reserved-cpus", Text, Field("reservedSystemCPUs")),
+    ("topology-manager-scope", Text, Field("topologyManagerScope")),
+    ("topology-manager-policy-options", Pairs, Field("topologyManagerPolicyOptions")),
+    ("system-reserved", Pairs, Field("systemReserved")),
+    ("kube-reserved", Pairs, Field("kubeReserved")),
+    ("enforce-node-allocatable", List, Field("enforceNodeAllocatable")),
+    ("system-reserved-cgroup", Text, Field("systemReservedCgroup")),
+    ("kube-reserved-cgroup", Text, Field("kubeReservedCgroup")),
+    ("memory-manager-policy", Text, Field("memoryManagerPolicy")),
+    ("reserved-memory", List, Field("reservedMemory")),
+    ("register-node", Bool, Field("registerNode")),
+    ("register-with-taints", List, Field("registerWithTaints")),
+    // The logging flags beside `--v` and `--logging-format`.
+    ("vmodule", Text, Missing),
+    ("log-flush-frequency", Text, Missing),
+    ("log-json-split-stream", Bool, Missing),
+    ("log-json-info-buffer-size", Text, Missing),
+    ("log-text-split-stream", Bool, Missing),
+    ("log-text-info-buffer-size", Text, Missing),
+];
+
+/// Adds every flag of [`FLAGS`] to `command`, as pflag parses them: a boolean alone or with
+/// `=value`, repeatable lists and maps.
+pub(crate) fn register(mut command: Command) -> Command {
+    for &(name, kind, effect) in FLAGS {
+        let mut arg = Arg::new(name).long(name).value_name(value_name(kind)).action(ArgAction::Append);
+        if kind == Bool {
+            arg = arg.num_args(0..=1).require_equals(true).default_missing_value("true");
+        }
+        arg = match effect {
+            Field(field) => arg.help(format!("Upstream's flag for the configuration file's {field} [file: {field}]")),
+            Missing => arg.help("Upstream's flag; without effect in kubelet-rs (named in the start-up warning)"),
+            Deprecated(message) => arg.help(format!("DEPRECATED: {message}")),
+        };
+        command = command.arg(arg);
+    }
+    command
+}
+
+fn value_name(kind: Kind) -> &'static str {
+    match kind {
+        Bool => "BOOL",
+        Int => "N",
+        Text => "VALUE",
+        List => "A,B",
+        Pairs | BoolMap => "KEY=VALUE,...",
+        LangleMap => "SIGNAL<QUANTITY,...",
+        Headers => "NAME:VALUE,...",
+    }
+}
+
+/// What the command line said through [`FLAGS`].
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Given {
+    /// Configuration fields set by flags, over the file's.
+    pub(crate) fields: Map<String, Value>,
+    /// The flag behind each field in `fields`.
+    pub(crate) flag_of: Vec<(String, String)>,
+    /// Flags without effect here (`--kubeconfig`), for the start-up warning.
+    pub(crate) missing: Vec<String>,
+    /// Upstream's deprecation lines for the deprecated flags given.
+    pub(crate) deprecations: Vec<String>,
+}
+
+/// Reads the flags of [`FLAGS`] given on the command line.
+pub(crate) fn given(matches: &ArgMatches) -> Result<Given, String> {
+    let mut given = Given::default();
+    for &(name, kind, effect) in FLAGS {
+        if matches.value_source(name) != Some(ValueSource::CommandLine) {
+            continue;
+        }
+        let values: Vec<&str> = matches.get_many::<String>(name).into_iter().flatten().map(String::as_str).collect();
+        match effect {
+            Field(field) => {
+                let value = parse(kind, &values).map_err(|e| format!("invalid argument for --{name}: {e}"))?;
+                merge(&mut given.fields, field, value);
+                given.flag_of.push((field.to_owned(), format!("--{name}")));
+            }
+            Missing => given.missing.push(format!("--{name}")),
+            Deprecated(message) => given.deprecations.push(format!("Flag --{name} has been deprecated, {message}")),
+        }
+    }
+    Ok(given)
+}
+
+/// Sets `field` to `value`; several flags of one object field (`--anonymous-auth` and
+/// `--client-ca-file` both set `authentication`) leave it an object with a key each.
+fn merge(fields: &mut Map<String, Value>, field: &str, value: Value) {
+    match fields.get_mut(field) {
+        Some(Value::Array(old)) if value.is_array() => old.extend(value.as_array().into_iter().flatten().cloned()),
+        Some(Value::Object(old)) if value.is_object() => {
+            old.extend(value.as_object().into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        _ => _ = fields.insert(field.to_owned(), value),
+    }
+}
+
+/// The configuration value of a flag given `values` (once per occurrence).
+fn parse(kind: Kind, values: &[&str]) -> Result<Value, String> {
+    let last = values.last().copied().unwrap_or_default();
+    let items = || values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty());
+    let pairs = |separator: char| -> Result<Map<String, Value>, String> {
+        items()
+            .map(|item| {
+                let (key, value) =
+                    item.split_once(separator).ok_or_else(|| format!("{item:?} is not key{separator}value"))?;
+                Ok((key.trim().to_owned(), Value::String(value.trim().to_owned())))
+            })
+            .collect()
+    };
+    Ok(match kind {
+        Bool => Value::Bool(last.parse().map_err(|_| format!("{last:?} is not true or false"))?),
+        Int => Value::from(last.parse::<i64>().map_err(|_| format!("{last:?} is not a whole number"))?),
+        Text => Value::String(last.to_owned()),
+        List => Value::Array(items().map(|s| Value::String(s.to_owned())).collect()),
+        Pairs => Value::Object(pairs('=')?),
+        LangleMap => Value::Object(pairs('<')?),
+        BoolMap => {
+            let mut map = Map::new();
+            for (key, value) in pairs('=')? {
+                let text = value.as_str().unwrap_or_default();
+                let on = text.parse::<bool>().map_err(|_| format!("{key}: {text:?} is not true or false"))?;
+                map.insert(key, Value::Bool(on));
+            }
+            Value::Object(map)
+        }
+        Headers => {
+            // Names may repeat: each value is kept, in order.
+            let mut map: std::collections::BTreeMap<String, Vec<Value>> = std::collections::BTreeMap::new();
+            for item in items() {
+                let (name, value) = item.split_once(':').ok_or_else(|| format!("{item:?} is not name:value"))?;
+                map.entry(name.trim().to_owned()).or_default().push(Value::String(value.trim().to_owned()));
+            }
+            Value::Object(map.into_iter().map(|(name, values)| (name, Value::Array(values))).collect())
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_args(argv: &[&str]) -> Result<Given, String> {
+        let command = register(Command::new("kubelet-rs").no_binary_name(true));
+        let matches = command.try_get_matches_from(argv).map_err(|e| e.to_string())?;
+        given(&matches)
+    }
+
+    #[test]
+    fn every_flag_is_named_once_and_every_field_is_upstreams() {
+        let mut names: Vec<&str> = FLAGS.iter().map(|(name, _, _)| *name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FLAGS.len());
+        for (name, _, effect) in FLAGS {
+            if let Field(field) = effect {
+                assert!(config::configuration::support(field).is_some(), "--{name}: {field} is not upstream's");
+            }
+        }
+    }
+
+    #[test]
+    fn flags_become_configuration_fields_as_pflag_reads_them() {
+        let given = parse_args(&[
+            "--max-pods=20",
+            "--fail-swap-on=false",
+            "--cgroups-per-qos",
+            "--cluster-dns",
+            "10.96.0.10,10.96.0.11",
+            "--eviction-hard",
+            "memory.available<100Mi",
+            "--feature-gates",
+            "A=true,B=false",
+            "--manifest-url-header",
+            "a:x,b:y",
+            "--manifest-url-header",
+            "a:z",
+            "--anonymous-auth=false",
+            "--client-ca-file",
+            "/ca.crt",
+            "--kubeconfig",
+            "/etc/kubernetes/kubelet.conf",
+            "--pod-infra-container-image",
+            "registry.k8s.io/pause:3.10",
+        ])
+        .unwrap();
+        let fields = Value::Object(given.fields);
+        assert_eq!(fields["maxPods"], 20);
+        assert_eq!(fields["failSwapOn"], false);
+        assert_eq!(fields["cgroupsPerQOS"], true);
+        assert_eq!(fields["clusterDNS"], serde_json::json!(["10.96.0.10", "10.96.0.11"]));
+        assert_eq!(fields["evictionHard"]["memory.available"], "100Mi");
+        assert_eq!(fields["featureGates"], serde_json::json!({"A": true, "B": false}));
+        assert_eq!(fields["staticPodURLHeader"], serde_json::json!({"a": ["x", "z"], "b": ["y"]}));
+        assert!(fields.get("authentication").is_some(), "two flags of one field without effect");
+        assert_eq!(given.missing, ["--kubeconfig"]);
+        assert_eq!(
+            given.deprecations,
+            [
+                "Flag --pod-infra-container-image has been deprecated, will be removed in 1.35. Image garbage collector will get sandbox image information from CRI."
+            ]
+        );
+        assert!(given.flag_of.contains(&("maxPods".to_owned(), "--max-pods".to_owned())));
+    }
+
+    #[test]
+    fn bad_values_and_misspelt_flags_are_errors() {
+        let e = parse_args(&["--max-pods=many"]).unwrap_err();
+        assert_eq!(e, "invalid argument for --max-pods: \"many\" is not a whole number");
+        let e = parse_args(&["--max-pod=3"]).unwrap_err();
+        assert!(e.contains("--max-pods"), "clap suggests the closest flag: {e}");
+    }
+}
