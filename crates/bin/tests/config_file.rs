@@ -1,5 +1,6 @@
 //! `kubelet-rs run --config`: a file the agent cannot use stops it before it starts, with exit
-//! code 2 and a message naming the file, the field and the line. No runtime needed.
+//! code 2 and a message naming the file, the field and the line; and upstream's invocation
+//! (flags, no subcommand) with upstream's flags. No runtime needed.
 
 // Reason: tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -95,4 +96,61 @@ fn an_unreadable_manifest_path_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot read the static pod path"), "{stderr}");
+}
+
+/// The binary with `args` as upstream's kubelet is invoked (no subcommand): exit code, stdout, stderr.
+fn kubelet(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs")).args(args).env_remove("RUST_LOG").output().unwrap();
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.code(), text(&output.stdout), text(&output.stderr))
+}
+
+#[test]
+fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
+    let (code, stdout, _) = kubelet(&["--version"]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.starts_with("kubelet-rs "), "a version line: {stdout}");
+
+    let (code, _, stderr) = kubelet(&["--max-pod=3"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--max-pods"), "the closest flag is suggested: {stderr}");
+
+    // Flags without a subcommand run the agent; flags for missing features are named once, a
+    // deprecated one gets upstream's line; the missing runtime then stops it (exit code 1).
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let (code, _, stderr) = kubelet(&[
+        "--container-runtime-endpoint",
+        "unix:///nonexistent/cri.sock",
+        "--root-dir",
+        root.to_str().unwrap(),
+        "--healthz-port",
+        "0",
+        "--kubeconfig",
+        "/etc/kubernetes/kubelet.conf",
+        "--node-labels",
+        "role=edge",
+        "--pod-infra-container-image",
+        "registry.k8s.io/pause:3.10",
+        "--anonymous-auth=false",
+        "--max-pods",
+        "30",
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "Flag --pod-infra-container-image has been deprecated, will be removed in 1.35. Image garbage collector will get sandbox image information from CRI."
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("set but without effect in kubelet-rs: authentication, --kubeconfig, --node-labels"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("cannot reach the container runtime"), "{stderr}");
+
+    // A flag's value that asks for what the agent lacks stops it with code 2, naming the flag.
+    let (code, _, stderr) = kubelet(&["--cgroups-per-qos=false", "--root-dir", root.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--cgroups-per-qos: field cgroupsPerQOS"), "{stderr}");
 }
