@@ -26,7 +26,7 @@ use crate::util::project_root;
 
 /// Library crates and the internal crates each may depend on: core at the bottom, every other
 /// library on core alone, so a pod's path visits no crate twice.
-const LIBRARIES: [(&str, &[&str]); 9] = [
+const LIBRARIES: [(&str, &[&str]); 10] = [
     ("crates/kubelet-core", &[]),
     ("crates/pleg", &["kubelet-core"]),
     ("crates/podworkers", &["kubelet-core"]),
@@ -36,9 +36,10 @@ const LIBRARIES: [(&str, &[&str]); 9] = [
     ("crates/kubelet", &["kubelet-core"]),
     ("crates/prober", &["kubelet-core"]),
     ("crates/volumes", &["kubelet-core"]),
+    ("crates/apiserver", &["kubelet-core"]),
 ];
-const INTERNAL: [&str; 9] =
-    ["kubelet-core", "pleg", "podworkers", "cri-client", "cni", "config", "kubelet", "prober", "volumes"];
+const INTERNAL: [&str; 10] =
+    ["kubelet-core", "pleg", "podworkers", "cri-client", "cni", "config", "kubelet", "prober", "volumes", "apiserver"];
 
 /// The only third-party crates kubelet-core may depend on: none of them does IO.
 const CORE_DEPENDENCIES: [&str; 8] =

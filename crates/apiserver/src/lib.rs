@@ -1,0 +1,352 @@
+//! Cluster mode for node agents (upstream `pkg/kubelet/nodestatus/setters.go` and
+//! `kubelet_node_status.go`): the [`Node`] a kubelet registers and the status it reports.
+//!
+//! Everything here is a pure function of [`Facts`] (what the agent knows of its node) and
+//! [`Health`] (what is wrong with it now), so it is tested without an API server:
+//!
+//! - [`registration`]: the Node to create (labels `kubernetes.io/hostname`, `kubernetes.io/os`,
+//!   `kubernetes.io/arch` and `--node-labels`; taints from `--register-with-taints`).
+//! - [`set_status`]: upstream's setters in upstream's order: addresses, capacity and allocatable,
+//!   node info, `MemoryPressure`, `DiskPressure`, `PIDPressure` and `Ready` last, each keeping
+//!   its transition time while its status holds, with the events upstream records.
+//! - [`should_report`]: the status goes to the API server when it changed (heartbeats aside) or
+//!   when `nodeStatusReportFrequency` has passed since the last report.
+//! - [`parse_taints`]: `--register-with-taints` (`key=value:Effect,...`).
+//!
+//! The API client, the pod source and the status sinks build on these.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use kubelet_apiserver::{Facts, Health, registration, set_status};
+//! use kubelet_core::runtime::Version;
+//!
+//! let mut facts = Facts::new("node-1", Version::new("containerd", "1.6.20", "v1"));
+//! facts.cpu_milli = 2000;
+//! facts.memory_bytes = 4 << 30;
+//! let mut node = registration(&facts);
+//! let events = set_status(&mut node, &facts, &Health::default(), kubelet_core::clock::wall_now());
+//! assert!(events.iter().any(|e| e.reason == "NodeReady"));
+//! ```
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use k8s_openapi::{
+    api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint},
+    apimachinery::pkg::{
+        api::resource::Quantity,
+        apis::meta::v1::{ObjectMeta, Time},
+    },
+    jiff::Timestamp,
+};
+use kubelet_core::runtime::Version;
+
+/// What the agent knows of its node: identity, resources, software.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Facts {
+    /// The node's name (`--hostname-override` or the host name, lower case).
+    pub name: String,
+    /// The host name reported as the `Hostname` address.
+    pub hostname: String,
+    /// The node's IP (`--node-ip`), reported as its `InternalIP`; none: no InternalIP.
+    pub ip: Option<IpAddr>,
+    /// Extra labels (`--node-labels`).
+    pub labels: BTreeMap<String, String>,
+    /// Taints to register with (`--register-with-taints`).
+    pub taints: Vec<Taint>,
+    /// CPU capacity in millicores.
+    pub cpu_milli: i64,
+    /// Memory capacity in bytes.
+    pub memory_bytes: i64,
+    /// Root filesystem capacity in bytes (`ephemeral-storage`), when known.
+    pub ephemeral_storage_bytes: Option<i64>,
+    /// `maxPods`.
+    pub max_pods: u32,
+    /// Reserved CPU millicores and memory bytes (`systemReserved` plus `kubeReserved`).
+    pub reserved: (i64, i64),
+    /// The container runtime's version.
+    pub runtime: Version,
+    /// This agent's version, as the kubelet version (`v1.36.0-kubelet-rs.0.1.0`).
+    pub kubelet_version: String,
+    /// The kernel's release (`/proc/sys/kernel/osrelease`).
+    pub kernel_version: String,
+    /// The OS image (`PRETTY_NAME` of `/etc/os-release`).
+    pub os_image: String,
+    /// `/etc/machine-id`.
+    pub machine_id: String,
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+}
+
+impl Facts {
+    /// Facts of node `name` on `runtime`, with nothing known of its resources yet.
+    pub fn new(name: impl Into<String>, runtime: Version) -> Self {
+        let name = name.into();
+        Facts {
+            hostname: name.clone(),
+            name,
+            ip: None,
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            cpu_milli: 0,
+            memory_bytes: 0,
+            ephemeral_storage_bytes: None,
+            max_pods: 110,
+            reserved: (0, 0),
+            runtime,
+            kubelet_version: String::new(),
+            kernel_version: String::new(),
+            os_image: String::new(),
+            machine_id: String::new(),
+            boot_id: String::new(),
+        }
+    }
+}
+
+/// What keeps the node from being ready now: each list holds the messages upstream joins into
+/// the `Ready` condition's message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// The runtime's errors (`container runtime is down`, the PLEG's `PLEG is not healthy: ...`).
+    pub runtime_errors: Vec<String>,
+    /// The network's errors (`container runtime network not ready: ...`).
+    pub network_errors: Vec<String>,
+}
+
+/// An event about the node the setters ask to record (upstream records them on the Node).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeEvent {
+    /// `Normal` or `Warning`.
+    pub kind: &'static str,
+    /// Upstream's reason: `NodeReady`, `NodeNotReady`, `NodeHasSufficientMemory`, `NodeRebooted`...
+    pub reason: &'static str,
+    /// The message (upstream's: `Node <name> status is now: <reason>`).
+    pub message: String,
+}
+
+/// A `--register-with-taints` value that is not `key[=value]:Effect,...`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid taint {taint:?}: {why}")]
+#[non_exhaustive]
+pub struct TaintError {
+    /// The taint as written.
+    pub taint: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+/// The label keys a kubelet sets on its Node.
+pub mod labels {
+    /// `kubernetes.io/hostname`.
+    pub const HOSTNAME: &str = "kubernetes.io/hostname";
+    /// `kubernetes.io/os`.
+    pub const OS: &str = "kubernetes.io/os";
+    /// `kubernetes.io/arch`.
+    pub const ARCH: &str = "kubernetes.io/arch";
+}
+
+/// This machine's architecture as Go (and so Kubernetes) names it: `amd64`, `arm64`...
+pub fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        "arm" => "arm",
+        "s390x" => "s390x",
+        "riscv64" => "riscv64",
+        other => other,
+    }
+}
+
+/// Parses `--register-with-taints`: `key=value:Effect` or `key:Effect`, comma-separated, with
+/// `NoSchedule`, `PreferNoSchedule` or `NoExecute` as the effect.
+pub fn parse_taints(text: &str) -> Result<Vec<Taint>, TaintError> {
+    let mut taints = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let bad = |why| TaintError { taint: item.to_owned(), why };
+        let (key_value, effect) = item.rsplit_once(':').ok_or_else(|| bad("no effect (key=value:Effect)"))?;
+        if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            return Err(bad("the effect must be NoSchedule, PreferNoSchedule or NoExecute"));
+        }
+        let (key, value) = match key_value.split_once('=') {
+            Some((key, value)) => (key, Some(value.to_owned())),
+            None => (key_value, None),
+        };
+        if key.is_empty() {
+            return Err(bad("an empty key"));
+        }
+        taints.push(Taint { key: key.to_owned(), value, effect: effect.to_owned(), time_added: None });
+    }
+    Ok(taints)
+}
+
+/// The Node to register (upstream `initialNode`): the kubelet's labels over `--node-labels`,
+/// the taints, and a first status.
+pub fn registration(facts: &Facts) -> Node {
+    let mut labels = facts.labels.clone();
+    labels.insert(labels::HOSTNAME.to_owned(), facts.hostname.clone());
+    labels.insert(labels::OS.to_owned(), std::env::consts::OS.to_owned());
+    labels.insert(labels::ARCH.to_owned(), go_arch().to_owned());
+    Node {
+        metadata: ObjectMeta { name: Some(facts.name.clone()), labels: Some(labels), ..ObjectMeta::default() },
+        spec: Some(NodeSpec {
+            taints: (!facts.taints.is_empty()).then(|| facts.taints.clone()),
+            ..NodeSpec::default()
+        }),
+        status: Some(NodeStatus::default()),
+    }
+}
+
+/// Upstream's setters, in upstream's order, on `node` at `now`; returns the events to record.
+pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestamp) -> Vec<NodeEvent> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let status = node.status.get_or_insert_with(NodeStatus::default);
+    let mut events = Vec::new();
+    let status_event = |reason: &'static str| NodeEvent {
+        kind: "Normal",
+        reason,
+        message: format!("Node {name} status is now: {reason}"),
+    };
+    // Addresses: the node IP, then the host name.
+    let mut addresses = Vec::new();
+    if let Some(ip) = facts.ip {
+        addresses.push(NodeAddress { type_: "InternalIP".into(), address: ip.to_string() });
+    }
+    addresses.push(NodeAddress { type_: "Hostname".into(), address: facts.hostname.clone() });
+    status.addresses = Some(addresses);
+    // Capacity, and allocatable as capacity minus the reservations, never below zero.
+    let mut capacity = BTreeMap::from([
+        ("cpu".to_owned(), millis(facts.cpu_milli)),
+        ("memory".to_owned(), Quantity(format!("{}Ki", facts.memory_bytes / 1024))),
+        ("pods".to_owned(), Quantity(facts.max_pods.to_string())),
+    ]);
+    if let Some(bytes) = facts.ephemeral_storage_bytes {
+        capacity.insert("ephemeral-storage".to_owned(), Quantity(format!("{}Ki", bytes / 1024)));
+    }
+    let mut allocatable = capacity.clone();
+    allocatable.insert("cpu".to_owned(), millis((facts.cpu_milli - facts.reserved.0).max(0)));
+    allocatable.insert("memory".to_owned(), Quantity(((facts.memory_bytes - facts.reserved.1).max(0)).to_string()));
+    status.capacity = Some(capacity);
+    status.allocatable = Some(allocatable);
+    // Node info; a changed boot ID is a reboot.
+    let info = status.node_info.get_or_insert_with(NodeSystemInfo::default);
+    let rebooted = !info.boot_id.is_empty() && info.boot_id != facts.boot_id;
+    *info = NodeSystemInfo {
+        architecture: go_arch().to_owned(),
+        operating_system: std::env::consts::OS.to_owned(),
+        boot_id: facts.boot_id.clone(),
+        machine_id: facts.machine_id.clone(),
+        system_uuid: info.system_uuid.clone(),
+        kernel_version: facts.kernel_version.clone(),
+        os_image: facts.os_image.clone(),
+        container_runtime_version: format!("{}://{}", facts.runtime.runtime_name, facts.runtime.runtime_version),
+        kubelet_version: facts.kubelet_version.clone(),
+        ..NodeSystemInfo::default()
+    };
+    if rebooted {
+        events.push(NodeEvent {
+            kind: "Warning",
+            reason: "Rebooted",
+            message: format!("Node {name} has been rebooted, boot id: {}", facts.boot_id),
+        });
+    }
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    // No eviction manager yet: no pressure is ever seen, as upstream reports without one.
+    for (kind, reason, message, event) in [
+        (
+            "MemoryPressure",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+            "NodeHasSufficientMemory",
+        ),
+        ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure", "NodeHasNoDiskPressure"),
+        ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available", "NodeHasSufficientPID"),
+    ] {
+        if set_condition(conditions, kind, "False", reason, message, now) {
+            events.push(status_event(event));
+        }
+    }
+    // Ready last (upstream keeps it last for old readers).
+    let errors: Vec<String> = health.runtime_errors.iter().chain(&health.network_errors).cloned().collect();
+    let changed = if errors.is_empty() {
+        set_condition(conditions, "Ready", "True", "KubeletReady", "kubelet is posting ready status", now)
+    } else {
+        set_condition(conditions, "Ready", "False", "KubeletNotReady", &errors.join(","), now)
+    };
+    if let Some(at) = conditions.iter().position(|c| c.type_ == "Ready") {
+        let ready = conditions.remove(at);
+        conditions.push(ready);
+    }
+    if changed {
+        events.push(status_event(if errors.is_empty() { "NodeReady" } else { "NodeNotReady" }));
+    }
+    events
+}
+
+/// Sets condition `kind` (heartbeat now; transition now only when its status changes); returns
+/// whether the status changed (or the condition is new).
+fn set_condition(
+    conditions: &mut Vec<NodeCondition>,
+    kind: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> bool {
+    let now = Some(Time(now));
+    match conditions.iter_mut().find(|c| c.type_ == kind) {
+        Some(condition) => {
+            let changed = condition.status != status;
+            if changed {
+                condition.last_transition_time.clone_from(&now);
+            }
+            condition.status = status.to_owned();
+            condition.reason = Some(reason.to_owned());
+            condition.message = Some(message.to_owned());
+            condition.last_heartbeat_time = now;
+            changed
+        }
+        None => {
+            conditions.push(NodeCondition {
+                type_: kind.to_owned(),
+                status: status.to_owned(),
+                reason: Some(reason.to_owned()),
+                message: Some(message.to_owned()),
+                last_heartbeat_time: now.clone(),
+                last_transition_time: now,
+            });
+            true
+        }
+    }
+}
+
+/// Whether the new status goes to the API server (upstream `updateNodeStatus`): when it differs
+/// from the last one reported, heartbeat times aside, or when `report_every`
+/// (`nodeStatusReportFrequency`, 5 min) has passed since that report.
+pub fn should_report(
+    reported: &NodeStatus,
+    current: &NodeStatus,
+    since_report: std::time::Duration,
+    report_every: std::time::Duration,
+) -> bool {
+    let without_heartbeats = |status: &NodeStatus| {
+        let mut status = status.clone();
+        for condition in status.conditions.iter_mut().flatten() {
+            condition.last_heartbeat_time = None;
+        }
+        status
+    };
+    since_report >= report_every || without_heartbeats(reported) != without_heartbeats(current)
+}
+
+/// A CPU quantity in millicores, in whole cores when it is one.
+fn millis(milli: i64) -> Quantity {
+    if milli % 1000 == 0 { Quantity((milli / 1000).to_string()) } else { Quantity(format!("{milli}m")) }
+}
+
+#[cfg(test)]
+mod tests;

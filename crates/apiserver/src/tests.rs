@@ -1,0 +1,159 @@
+//! The Node and its status as upstream's setters make them.
+
+use std::time::Duration;
+
+use super::*;
+
+fn facts() -> Facts {
+    let mut facts = Facts::new("node-1", Version::new("containerd", "1.6.20", "v1"));
+    facts.ip = Some(IpAddr::from([192, 0, 2, 10]));
+    facts.cpu_milli = 2000;
+    facts.memory_bytes = 4 << 30;
+    facts.ephemeral_storage_bytes = Some(10 << 30);
+    facts.reserved = (500, 1 << 30);
+    facts.boot_id = "boot-a".into();
+    facts.labels = BTreeMap::from([("role".to_owned(), "edge".to_owned())]);
+    facts.taints = parse_taints("dedicated=edge:NoSchedule").unwrap();
+    facts
+}
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+}
+
+fn condition<'a>(node: &'a Node, kind: &str) -> &'a NodeCondition {
+    node.status.as_ref().unwrap().conditions.iter().flatten().find(|c| c.type_ == kind).unwrap()
+}
+
+fn reasons(events: &[NodeEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.reason).collect()
+}
+
+#[test]
+fn registration_carries_the_kubelets_labels_over_the_extra_ones_and_the_taints() {
+    let mut facts = facts();
+    facts.labels.insert(labels::HOSTNAME.to_owned(), "spoofed".to_owned());
+    let node = registration(&facts);
+    let labels = node.metadata.labels.unwrap();
+    assert_eq!(labels[labels::HOSTNAME], "node-1", "the kubelet's own label wins");
+    assert_eq!(labels[labels::OS], "linux");
+    assert_eq!(labels[labels::ARCH], go_arch());
+    assert_eq!(labels["role"], "edge");
+    let taints = node.spec.unwrap().taints.unwrap();
+    assert_eq!(
+        (taints[0].key.as_str(), taints[0].value.as_deref(), taints[0].effect.as_str()),
+        ("dedicated", Some("edge"), "NoSchedule")
+    );
+}
+
+#[test]
+fn the_first_status_is_ready_with_capacity_allocatable_and_info() {
+    let facts = facts();
+    let mut node = registration(&facts);
+    let events = set_status(&mut node, &facts, &Health::default(), at(0));
+    assert_eq!(
+        reasons(&events),
+        ["NodeHasSufficientMemory", "NodeHasNoDiskPressure", "NodeHasSufficientPID", "NodeReady"]
+    );
+    assert_eq!(events[3].message, "Node node-1 status is now: NodeReady");
+    let status = node.status.as_ref().unwrap();
+    let kinds: Vec<&str> = status.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
+    assert_eq!(kinds, ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"], "Ready last");
+    let ready = condition(&node, "Ready");
+    assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("True", Some("KubeletReady")));
+    assert_eq!(ready.message.as_deref(), Some("kubelet is posting ready status"));
+    let capacity = status.capacity.as_ref().unwrap();
+    assert_eq!(capacity["cpu"], Quantity("2".into()));
+    assert_eq!(capacity["memory"], Quantity("4194304Ki".into()));
+    assert_eq!(capacity["pods"], Quantity("110".into()));
+    assert_eq!(capacity["ephemeral-storage"], Quantity("10485760Ki".into()));
+    let allocatable = status.allocatable.as_ref().unwrap();
+    assert_eq!(allocatable["cpu"], Quantity("1500m".into()));
+    assert_eq!(allocatable["memory"], Quantity((3_i64 << 30).to_string()));
+    let addresses: Vec<(&str, &str)> =
+        status.addresses.iter().flatten().map(|a| (a.type_.as_str(), a.address.as_str())).collect();
+    assert_eq!(addresses, [("InternalIP", "192.0.2.10"), ("Hostname", "node-1")]);
+    let info = status.node_info.as_ref().unwrap();
+    assert_eq!(info.container_runtime_version, "containerd://1.6.20");
+    assert_eq!((info.operating_system.as_str(), info.architecture.as_str()), ("linux", go_arch()));
+}
+
+#[test]
+fn ready_follows_the_runtime_and_keeps_its_transition_time_while_it_holds() {
+    let facts = facts();
+    let mut node = registration(&facts);
+    set_status(&mut node, &facts, &Health::default(), at(0));
+    // Still ready ten seconds later: a heartbeat, no transition, no event.
+    let events = set_status(&mut node, &facts, &Health::default(), at(10));
+    assert!(events.is_empty(), "{events:?}");
+    let ready = condition(&node, "Ready");
+    assert_eq!(
+        (ready.last_heartbeat_time.clone(), ready.last_transition_time.clone()),
+        (Some(Time(at(10))), Some(Time(at(0))))
+    );
+    // The runtime goes: not ready, with every error in upstream's words.
+    let down = Health {
+        runtime_errors: vec![
+            "container runtime is down".into(),
+            "PLEG is not healthy: pleg was last seen active 3m0s ago".into(),
+        ],
+        network_errors: vec!["container runtime network not ready: NetworkReady=false".into()],
+    };
+    let events = set_status(&mut node, &facts, &down, at(20));
+    assert_eq!(reasons(&events), ["NodeNotReady"]);
+    let ready = condition(&node, "Ready");
+    assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("False", Some("KubeletNotReady")));
+    assert_eq!(
+        ready.message.as_deref(),
+        Some(
+            "container runtime is down,PLEG is not healthy: pleg was last seen active 3m0s ago,container runtime network not ready: NetworkReady=false"
+        )
+    );
+    assert_eq!(ready.last_transition_time, Some(Time(at(20))));
+    assert_eq!(condition(&node, "MemoryPressure").last_transition_time, Some(Time(at(0))), "the others hold");
+    // Back: ready again, one event.
+    assert_eq!(reasons(&set_status(&mut node, &facts, &Health::default(), at(30))), ["NodeReady"]);
+}
+
+#[test]
+fn a_new_boot_id_is_a_reboot() {
+    let facts = facts();
+    let mut node = registration(&facts);
+    set_status(&mut node, &facts, &Health::default(), at(0));
+    let mut rebooted = facts.clone();
+    rebooted.boot_id = "boot-b".into();
+    let events = set_status(&mut node, &rebooted, &Health::default(), at(10));
+    assert_eq!(reasons(&events), ["Rebooted"]);
+    assert_eq!(events[0].message, "Node node-1 has been rebooted, boot id: boot-b");
+    assert_eq!(events[0].kind, "Warning");
+}
+
+#[test]
+fn taints_parse_as_upstreams_flag() {
+    let taints = parse_taints("a=b:NoSchedule, c:NoExecute").unwrap();
+    assert_eq!(taints.len(), 2);
+    assert_eq!(
+        (taints[1].key.as_str(), taints[1].value.as_deref(), taints[1].effect.as_str()),
+        ("c", None, "NoExecute")
+    );
+    assert!(parse_taints("").unwrap().is_empty());
+    for bad in ["a=b", "a=b:Sometimes", "=b:NoSchedule"] {
+        assert!(parse_taints(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn the_status_is_reported_on_change_or_every_report_period() {
+    let facts = facts();
+    let mut node = registration(&facts);
+    set_status(&mut node, &facts, &Health::default(), at(0));
+    let reported = node.status.clone().unwrap();
+    set_status(&mut node, &facts, &Health::default(), at(10));
+    let five_minutes = Duration::from_secs(300);
+    let heartbeat_only = node.status.clone().unwrap();
+    assert!(!should_report(&reported, &heartbeat_only, Duration::from_secs(10), five_minutes));
+    assert!(should_report(&reported, &heartbeat_only, five_minutes, five_minutes));
+    let down = Health { runtime_errors: vec!["container runtime is down".into()], ..Health::default() };
+    set_status(&mut node, &facts, &down, at(20));
+    assert!(should_report(&reported, node.status.as_ref().unwrap(), Duration::from_secs(20), five_minutes));
+}
