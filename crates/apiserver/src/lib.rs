@@ -12,6 +12,8 @@
 //! - [`should_report`]: the status goes to the API server when it changed (heartbeats aside) or
 //!   when `nodeStatusReportFrequency` has passed since the last report.
 //! - [`parse_taints`]: `--register-with-taints` (`key=value:Effect,...`).
+//! - [`lease`]: the node lease in `kube-node-lease` (40 s, renewed every 10 s with optimistic
+//!   concurrency, creation retried with a backoff up to 7 s).
 //!
 //! The API client, the pod source and the status sinks build on these.
 //!
@@ -28,6 +30,8 @@
 //! let events = set_status(&mut node, &facts, &Health::default(), kubelet_core::clock::wall_now());
 //! assert!(events.iter().any(|e| e.reason == "NodeReady"));
 //! ```
+
+pub mod lease;
 
 use std::{collections::BTreeMap, net::IpAddr};
 
