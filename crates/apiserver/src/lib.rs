@@ -1,5 +1,6 @@
-//! Cluster mode for node agents (upstream `pkg/kubelet/nodestatus/setters.go` and
-//! `kubelet_node_status.go`): the [`Node`] a kubelet registers and the status it reports.
+//! Cluster mode for node agents (upstream `pkg/kubelet/nodestatus/setters.go`,
+//! `kubelet_node_status.go` and the node lease controller): the [`Node`] a kubelet registers, the
+//! status it reports and the lease it renews.
 //!
 //! Everything here is a pure function of [`Facts`] (what the agent knows of its node) and
 //! [`Health`] (what is wrong with it now), so it is tested without an API server:
@@ -15,7 +16,12 @@
 //! - [`lease`]: the node lease in `kube-node-lease` (40 s, renewed every 10 s with optimistic
 //!   concurrency, creation retried with a backoff up to 7 s).
 //!
-//! The API client, the pod source and the status sinks build on these.
+//! [`heartbeat`] puts them to work over a kube-rs client: [`heartbeat::connect`] reads a
+//! kubeconfig, [`heartbeat::register`] creates the Node or adopts the one there (putting the
+//! kubelet's labels back), and [`heartbeat::run`] reports the status on change (or every
+//! report period) and renews the lease until cancelled. [`testing`] (feature `test-util`) is an
+//! in-process API server that speaks the wire protocol of these requests, for tests.
+//! The API pod source, pod status and mirror pod sinks, and the binary's `--kubeconfig` come next.
 //!
 //! # Example
 //!
@@ -31,7 +37,10 @@
 //! assert!(events.iter().any(|e| e.reason == "NodeReady"));
 //! ```
 
+pub mod heartbeat;
 pub mod lease;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -150,6 +159,8 @@ pub mod labels {
     pub const OS: &str = "kubernetes.io/os";
     /// `kubernetes.io/arch`.
     pub const ARCH: &str = "kubernetes.io/arch";
+    /// The labels the kubelet owns: set at registration and put back on a Node it adopts.
+    pub const KUBELET: [&str; 3] = [HOSTNAME, OS, ARCH];
 }
 
 /// This machine's architecture as Go (and so Kubernetes) names it: `amd64`, `arm64`...

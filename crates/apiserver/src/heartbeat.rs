@@ -1,0 +1,239 @@
+//! The node's heartbeats to the API server (upstream `kubelet_node_status.go` and the node lease
+//! controller): register the Node (or adopt the one there), then report its status every
+//! `nodeStatusUpdateFrequency` when it changed or `nodeStatusReportFrequency` has passed, and
+//! renew its lease every 10 s.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use kubelet_core::{
+    clock::wall_now,
+    events::{Event, EventRecorder, EventType, ObjectRef},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{Facts, Health, lease, registration, set_status, should_report};
+
+/// What went wrong talking to the API server.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The kubeconfig could not be read or used.
+    #[error("cannot use the kubeconfig {path}")]
+    Kubeconfig {
+        /// Its path.
+        path: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A request failed.
+    #[error("{what}")]
+    Api {
+        /// What was asked.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// How often the heartbeats go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// `nodeStatusUpdateFrequency` (10 s): how often the status is computed.
+    pub status_update: Duration,
+    /// `nodeStatusReportFrequency` (5 min): how often an unchanged status is reported anyway.
+    pub status_report: Duration,
+    /// How often the lease is renewed (10 s).
+    pub lease_renew: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            status_update: Duration::from_secs(10),
+            status_report: Duration::from_secs(300),
+            lease_renew: lease::RENEW_INTERVAL,
+        }
+    }
+}
+
+impl Config {
+    /// Sets all three periods (tests use short ones).
+    #[must_use]
+    pub fn periods(mut self, status_update: Duration, status_report: Duration, lease_renew: Duration) -> Self {
+        (self.status_update, self.status_report, self.lease_renew) = (status_update, status_report, lease_renew);
+        self
+    }
+}
+
+/// A client for the cluster the kubeconfig at `path` names (upstream's `--kubeconfig`).
+pub async fn connect(path: &Path) -> Result<Client, Error> {
+    let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Kubeconfig {
+        path: path.display().to_string(),
+        source,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| failed(e.into()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| failed(e.into()))?;
+    Client::try_from(config).map_err(|e| failed(e.into()))
+}
+
+/// Registers the node: creates it, or adopts the Node already there (upstream
+/// `tryRegisterWithAPIServer`), making sure it carries the kubelet's own labels.
+pub async fn register(client: &Client, facts: &Facts) -> Result<Node, Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let wanted = registration(facts);
+    match nodes.create(&PostParams::default(), &wanted).await {
+        Ok(node) => {
+            info!(node = %facts.name, "registered the node");
+            Ok(node)
+        }
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {
+            let existing = nodes.get(&facts.name).await.map_err(api("reading the existing node"))?;
+            let ours = wanted.metadata.labels.unwrap_or_default();
+            let theirs = existing.metadata.labels.clone().unwrap_or_default();
+            let stale: std::collections::BTreeMap<&String, &String> = ours
+                .iter()
+                .filter(|(k, v)| crate::labels::KUBELET.contains(&k.as_str()) && theirs.get(*k) != Some(*v))
+                .collect();
+            if stale.is_empty() {
+                info!(node = %facts.name, "adopted the existing node");
+                return Ok(existing);
+            }
+            let patch = serde_json::json!({ "metadata": { "labels": stale } });
+            let node = nodes
+                .patch(&facts.name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+                .map_err(api("updating the existing node's labels"))?;
+            info!(node = %facts.name, "adopted the existing node and set the kubelet's labels");
+            Ok(node)
+        }
+        Err(source) => Err(Error::Api { what: "registering the node".into(), source }),
+    }
+}
+
+fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Api { what: what.to_owned(), source }
+}
+
+/// Runs the status and lease heartbeats of the registered `node` until `cancel`: the status is
+/// computed every `status_update` from `facts` and `health()`, and patched when it changed or
+/// `status_report` has passed; the lease is created if need be and renewed every `lease_renew`.
+pub async fn run(
+    client: Client,
+    node: Node,
+    facts: Facts,
+    health: impl Fn() -> Health + Send + Sync + 'static,
+    recorder: Arc<dyn EventRecorder>,
+    config: Config,
+    cancel: CancellationToken,
+) {
+    let uid = node.metadata.uid.clone();
+    let leases = tokio::spawn(renew_lease(client.clone(), facts.name.clone(), uid, config.clone(), cancel.clone()));
+    report_status(client, node, facts, health, recorder, config, cancel).await;
+    let _ = leases.await;
+}
+
+async fn report_status(
+    client: Client,
+    mut node: Node,
+    facts: Facts,
+    health: impl Fn() -> Health,
+    recorder: Arc<dyn EventRecorder>,
+    config: Config,
+    cancel: CancellationToken,
+) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut reported = None;
+    let mut last_report = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(config.status_update);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let mut next = node.clone();
+        for event in set_status(&mut next, &facts, &health(), wall_now()) {
+            let kind = if event.kind == "Warning" { EventType::Warning } else { EventType::Normal };
+            recorder.record(Event::new(kind, event.reason, event.message, ObjectRef::other("Node", &facts.name)));
+        }
+        let status = next.status.clone().unwrap_or_default();
+        if reported.as_ref().is_some_and(|r| !should_report(r, &status, last_report.elapsed(), config.status_report)) {
+            node = next;
+            continue;
+        }
+        let patch = Patch::Strategic(serde_json::json!({ "status": status }));
+        match nodes.patch_status(&facts.name, &PatchParams::default(), &patch).await {
+            Ok(updated) => {
+                node = updated;
+                reported = Some(status);
+                last_report = tokio::time::Instant::now();
+            }
+            Err(err) => warn!(node = %facts.name, error = %err, "cannot update the node's status; trying again"),
+        }
+    }
+}
+
+async fn renew_lease(client: Client, node: String, uid: Option<String>, config: Config, cancel: CancellationToken) {
+    let leases: Api<Lease> = Api::namespaced(client, lease::NAMESPACE);
+    let mut base: Option<Lease> = None;
+    let mut failures = 0;
+    loop {
+        let current = match base.take() {
+            Some(lease) => Ok(lease),
+            None => ensure_lease(&leases, &node, uid.as_deref()).await,
+        };
+        let wait = match current {
+            Err(err) => {
+                let wait = lease::backoff(failures);
+                failures += 1;
+                warn!(node = %node, error = %err, retry_in = ?wait, "cannot read or create the node lease");
+                wait
+            }
+            Ok(current) => {
+                failures = 0;
+                base = update_lease(&leases, &node, uid.as_deref(), current).await;
+                config.lease_renew
+            }
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// The lease as it is now, created when missing.
+async fn ensure_lease(leases: &Api<Lease>, node: &str, uid: Option<&str>) -> Result<Lease, kube::Error> {
+    if let Some(lease) = leases.get_opt(node).await? {
+        return Ok(lease);
+    }
+    leases.create(&PostParams::default(), &lease::new_lease(node, uid, wall_now())).await
+}
+
+/// Renews `base`, retrying at once up to [`lease::MAX_UPDATE_RETRIES`] times (after a conflict,
+/// from the lease as it is now); the renewed lease, the base of the next renewal, or `None` to
+/// read it again next time.
+async fn update_lease(leases: &Api<Lease>, node: &str, uid: Option<&str>, mut base: Lease) -> Option<Lease> {
+    for _ in 0..lease::MAX_UPDATE_RETRIES {
+        match leases.replace(node, &PostParams::default(), &lease::renewed(&base, node, uid, wall_now())).await {
+            Ok(renewed) => return Some(renewed),
+            Err(kube::Error::Api(status)) if status.is_conflict() => match ensure_lease(leases, node, uid).await {
+                Ok(now) => base = now,
+                Err(_) => return None,
+            },
+            Err(err) => warn!(node = %node, error = %err, "cannot renew the node lease"),
+        }
+    }
+    None
+}

@@ -1,0 +1,252 @@
+//! An in-process API server for tests (feature `test-util`), written here: plain HTTP on
+//! 127.0.0.1, the wire protocol of the resources cluster mode uses so far.
+//!
+//! - Nodes: create (409 `AlreadyExists` when present), get (404 `NotFound`), and strategic merge
+//!   patches of the Node and its `status`, conditions merged by `type` as the API server does.
+//! - Leases: get, create, and replace with optimistic concurrency (409 `Conflict` when the
+//!   `resourceVersion` sent is not the current one).
+//!
+//! Every object gets a UID and a `resourceVersion` from one counter; every request is counted.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Json, Router,
+    extract::{Path as UrlPath, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde_json::{Value, json};
+
+/// What the server holds.
+#[derive(Debug, Default)]
+pub struct Objects {
+    /// Nodes by name.
+    pub nodes: BTreeMap<String, Value>,
+    /// Leases by `namespace/name`.
+    pub leases: BTreeMap<String, Value>,
+    /// The last resource version given out.
+    pub version: u64,
+    /// Requests by `METHOD kind`, e.g. `PATCH nodes/status`.
+    pub requests: BTreeMap<String, u32>,
+}
+
+impl Objects {
+    fn stamp(&mut self, object: &mut Value, new: bool) {
+        self.version += 1;
+        object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        if new {
+            object["metadata"]["uid"] = json!(format!("uid-{}", self.version));
+            object["metadata"]["creationTimestamp"] = json!("2026-11-24T00:00:00Z");
+        }
+    }
+
+    fn count(&mut self, request: &str) {
+        *self.requests.entry(request.to_owned()).or_default() += 1;
+    }
+}
+
+/// A running test API server.
+#[derive(Debug)]
+pub struct ApiServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// What it holds; tests read and change it.
+    pub objects: Arc<Mutex<Objects>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type Shared = Arc<Mutex<Objects>>;
+
+fn lock(objects: &Shared) -> std::sync::MutexGuard<'_, Objects> {
+    // Reason: a test server; a panicking handler already failed the test.
+    objects.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A `metav1.Status` failure, as the API server answers one.
+fn failure(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    (code, Json(body)).into_response()
+}
+
+/// A strategic merge patch as the API server applies one to the fields used here: objects merge
+/// key by key, `null` deletes, and lists of conditions merge by `type`; other lists are replaced.
+pub fn strategic_merge(target: &mut Value, patch: &Value) {
+    let (Value::Object(target), Value::Object(patch)) = (target, patch) else { return };
+    for (key, value) in patch {
+        match (target.get_mut(key), value) {
+            (_, Value::Null) => _ = target.remove(key),
+            (Some(old @ Value::Object(_)), Value::Object(_)) => strategic_merge(old, value),
+            (Some(Value::Array(old)), Value::Array(new)) if key == "conditions" => {
+                for item in new {
+                    match old.iter_mut().find(|o| o["type"] == item["type"]) {
+                        Some(existing) => strategic_merge(existing, item),
+                        None => old.push(item.clone()),
+                    }
+                }
+            }
+            _ => _ = target.insert(key.clone(), value.clone()),
+        }
+    }
+}
+
+async fn create_node(State(objects): State<Shared>, Json(mut node): Json<Value>) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("POST nodes");
+    let name = node["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    if objects.nodes.contains_key(&name) {
+        return failure(StatusCode::CONFLICT, "AlreadyExists", format!("nodes \"{name}\" already exists"));
+    }
+    objects.stamp(&mut node, true);
+    objects.nodes.insert(name, node.clone());
+    (StatusCode::CREATED, Json(node)).into_response()
+}
+
+async fn get_node(State(objects): State<Shared>, UrlPath(name): UrlPath<String>) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("GET nodes");
+    match objects.nodes.get(&name) {
+        Some(node) => Json(node.clone()).into_response(),
+        None => failure(StatusCode::NOT_FOUND, "NotFound", format!("nodes \"{name}\" not found")),
+    }
+}
+
+async fn patch_node(objects: Shared, name: String, patch: Value, request: &str) -> Response {
+    let mut objects = lock(&objects);
+    objects.count(request);
+    let Some(mut node) = objects.nodes.get(&name).cloned() else {
+        return failure(StatusCode::NOT_FOUND, "NotFound", format!("nodes \"{name}\" not found"));
+    };
+    strategic_merge(&mut node, &patch);
+    objects.stamp(&mut node, false);
+    objects.nodes.insert(name, node.clone());
+    Json(node).into_response()
+}
+
+async fn get_lease(State(objects): State<Shared>, UrlPath((ns, name)): UrlPath<(String, String)>) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("GET leases");
+    match objects.leases.get(&format!("{ns}/{name}")) {
+        Some(lease) => Json(lease.clone()).into_response(),
+        None => failure(StatusCode::NOT_FOUND, "NotFound", format!("leases.coordination.k8s.io \"{name}\" not found")),
+    }
+}
+
+async fn create_lease(
+    State(objects): State<Shared>,
+    UrlPath(ns): UrlPath<String>,
+    Json(mut lease): Json<Value>,
+) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("POST leases");
+    let name = lease["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let key = format!("{ns}/{name}");
+    if objects.leases.contains_key(&key) {
+        return failure(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("leases.coordination.k8s.io \"{name}\" already exists"),
+        );
+    }
+    objects.stamp(&mut lease, true);
+    objects.leases.insert(key, lease.clone());
+    (StatusCode::CREATED, Json(lease)).into_response()
+}
+
+async fn replace_lease(
+    State(objects): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    Json(mut lease): Json<Value>,
+) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("PUT leases");
+    let key = format!("{ns}/{name}");
+    let Some(current) = objects.leases.get(&key) else {
+        return failure(StatusCode::NOT_FOUND, "NotFound", format!("leases.coordination.k8s.io \"{name}\" not found"));
+    };
+    if current["metadata"]["resourceVersion"] != lease["metadata"]["resourceVersion"] {
+        return failure(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ),
+        );
+    }
+    lease["metadata"]["uid"] = current["metadata"]["uid"].clone();
+    objects.stamp(&mut lease, false);
+    objects.leases.insert(key, lease.clone());
+    Json(lease).into_response()
+}
+
+impl ApiServer {
+    /// Starts a server on a free port of 127.0.0.1.
+    ///
+    /// # Panics
+    ///
+    /// When no port can be bound (a test cannot go on).
+    pub async fn start() -> ApiServer {
+        let objects: Shared = Arc::default();
+        let router = Router::new()
+            .route("/api/v1/nodes", post(create_node))
+            .route(
+                "/api/v1/nodes/{name}",
+                get(get_node).patch(|State(o): State<Shared>, UrlPath(n): UrlPath<String>, Json(p): Json<Value>| {
+                    patch_node(o, n, p, "PATCH nodes")
+                }),
+            )
+            .route(
+                "/api/v1/nodes/{name}/status",
+                axum::routing::patch(|State(o): State<Shared>, UrlPath(n): UrlPath<String>, Json(p): Json<Value>| {
+                    patch_node(o, n, p, "PATCH nodes/status")
+                }),
+            )
+            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(create_lease))
+            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
+            .with_state(objects.clone());
+        // Reason: a test server that cannot listen leaves the test nothing to do.
+        #[allow(clippy::expect_used)]
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free port on 127.0.0.1");
+        #[allow(clippy::expect_used)]
+        let addr = listener.local_addr().expect("the bound address");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        ApiServer { addr, objects, task }
+    }
+
+    /// Writes a kubeconfig for this server (plain HTTP, no credentials) to `path`.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be written.
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"http://{}\"}}\n\
+             users:\n- name: test\n  user: {{}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: test}}\n\
+             current-context: test\n",
+            self.addr
+        );
+        std::fs::write(path, text)
+    }
+
+    /// How many requests `request` (`PATCH nodes/status`, `PUT leases`...) it has served.
+    pub fn requests(&self, request: &str) -> u32 {
+        lock(&self.objects).requests.get(request).copied().unwrap_or_default()
+    }
+}

@@ -1,0 +1,137 @@
+//! Registration and heartbeats against the in-process API server, over HTTP with the real client.
+
+// Reason: tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use kubelet_apiserver::{Facts, Health, heartbeat, testing::ApiServer};
+use kubelet_core::{events::RingRecorder, runtime::Version};
+use tokio_util::sync::CancellationToken;
+
+fn facts() -> Facts {
+    let mut facts = Facts::new("node-1", Version::new("containerd", "1.6.20", "v1"));
+    facts.cpu_milli = 2000;
+    facts.memory_bytes = 4 << 30;
+    facts.boot_id = "boot-a".into();
+    facts
+}
+
+async fn client(server: &ApiServer) -> (kube::Client, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&path).unwrap();
+    (heartbeat::connect(&path).await.unwrap(), dir)
+}
+
+/// Waits (at most 10 s) until `done` holds of the server's objects.
+async fn until(server: &ApiServer, what: &str, done: impl Fn(&kubelet_apiserver::testing::Objects) -> bool) {
+    for _ in 0..200 {
+        if done(&server.objects.lock().unwrap()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}: {:?}", server.objects.lock().unwrap());
+}
+
+#[tokio::test]
+async fn a_node_registers_once_and_adopts_an_existing_node_with_the_kubelets_labels() {
+    let server = ApiServer::start().await;
+    let (client, _dir) = client(&server).await;
+    let node = heartbeat::register(&client, &facts()).await.unwrap();
+    assert_eq!(node.metadata.labels.unwrap()["kubernetes.io/hostname"], "node-1");
+    assert!(node.metadata.uid.is_some(), "the server's answer is kept");
+    // Registered again (an agent restart): the Node is adopted, nothing is created twice.
+    heartbeat::register(&client, &facts()).await.unwrap();
+    assert_eq!((server.requests("POST nodes"), server.requests("PATCH nodes")), (2, 0));
+    // A Node someone else made without the kubelet's labels gets them.
+    server.objects.lock().unwrap().nodes.get_mut("node-1").unwrap()["metadata"]["labels"] =
+        serde_json::json!({"team": "edge"});
+    let adopted = heartbeat::register(&client, &facts()).await.unwrap();
+    let labels = adopted.metadata.labels.unwrap();
+    assert_eq!((labels["kubernetes.io/hostname"].as_str(), labels["team"].as_str()), ("node-1", "edge"));
+    assert_eq!(server.requests("PATCH nodes"), 1);
+
+    let Err(missing) = heartbeat::connect(std::path::Path::new("/nonexistent/kubeconfig")).await else {
+        panic!("a missing kubeconfig is an error")
+    };
+    assert!(missing.to_string().contains("/nonexistent/kubeconfig"), "{missing}");
+}
+
+#[tokio::test]
+async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflict() {
+    let server = ApiServer::start().await;
+    let (client, _dir) = client(&server).await;
+    let node = heartbeat::register(&client, &facts()).await.unwrap();
+    let health = Arc::new(Mutex::new(Health::default()));
+    let recorder = Arc::new(RingRecorder::default());
+    let cancel = CancellationToken::new();
+    let config = heartbeat::Config::default().periods(
+        Duration::from_millis(50),
+        Duration::from_secs(3600),
+        Duration::from_millis(100),
+    );
+    let task = tokio::spawn(heartbeat::run(
+        client,
+        node,
+        facts(),
+        {
+            let health = health.clone();
+            move || health.lock().unwrap().clone()
+        },
+        recorder.clone(),
+        config,
+        cancel.clone(),
+    ));
+
+    let ready = |objects: &kubelet_apiserver::testing::Objects, status: &str| {
+        objects.nodes["node-1"]["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == status))
+    };
+    until(&server, "a Ready node", |o| ready(o, "True")).await;
+    assert!(recorder.events().iter().any(|e| e.reason == "NodeReady"), "the transition is an event");
+    until(&server, "a lease renewed twice", |o| {
+        o.leases.contains_key("kube-node-lease/node-1") && o.requests.get("PUT leases").copied().unwrap_or(0) >= 2
+    })
+    .await;
+    let lease = server.objects.lock().unwrap().leases["kube-node-lease/node-1"].clone();
+    assert_eq!(lease["spec"]["holderIdentity"], "node-1");
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 40);
+    assert_eq!(lease["metadata"]["ownerReferences"][0]["kind"], "Node");
+
+    // Ticks with nothing new report nothing (the report period is an hour here).
+    let patches = server.requests("PATCH nodes/status");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(server.requests("PATCH nodes/status"), patches, "heartbeat-only changes wait for the report period");
+
+    // The runtime goes: reported at the next tick, with upstream's reason.
+    health.lock().unwrap().runtime_errors = vec!["container runtime is down".into()];
+    until(&server, "a NotReady node", |o| ready(o, "False")).await;
+    let conditions = server.objects.lock().unwrap().nodes["node-1"]["status"]["conditions"].clone();
+    let ready_condition = conditions.as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+    assert_eq!(ready_condition["reason"], "KubeletNotReady");
+    assert_eq!(ready_condition["message"], "container runtime is down");
+
+    // Someone else writes the lease: the next renewal conflicts, reads it again, and wins.
+    let (renew_time, version) = {
+        let mut objects = server.objects.lock().unwrap();
+        objects.version += 1;
+        let version = objects.version.to_string();
+        let lease = objects.leases.get_mut("kube-node-lease/node-1").unwrap();
+        lease["metadata"]["resourceVersion"] = serde_json::json!(version.clone());
+        (lease["spec"]["renewTime"].clone(), version)
+    };
+    until(&server, "a renewal after the conflict", |o| {
+        let lease = &o.leases["kube-node-lease/node-1"];
+        lease["metadata"]["resourceVersion"] != version.as_str() && lease["spec"]["renewTime"] != renew_time
+    })
+    .await;
+
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the heartbeats stop when cancelled").unwrap();
+}
