@@ -19,9 +19,11 @@
 //! [`heartbeat`] puts them to work over a kube-rs client: [`heartbeat::connect`] reads a
 //! kubeconfig, [`heartbeat::register`] creates the Node or adopts the one there (putting the
 //! kubelet's labels back), and [`heartbeat::run`] reports the status on change (or every
-//! report period) and renews the lease until cancelled. [`testing`] (feature `test-util`) is an
-//! in-process API server that speaks the wire protocol of these requests, for tests.
-//! The API pod source, pod status and mirror pod sinks, and the binary's `--kubeconfig` come next.
+//! report period) and renews the lease until cancelled. [`source::watch_pods`] is the API pod
+//! source: the pods bound to the node, as snapshots for the config merger, the first once the
+//! initial list is complete. [`testing`] (feature `test-util`) is an in-process API server that
+//! speaks the wire protocol of these requests (list and watch with 410 included), for tests.
+//! Pod status and mirror pod sinks, graceful deletion, and the binary's `--kubeconfig` come next.
 //!
 //! # Example
 //!
@@ -39,6 +41,7 @@
 
 pub mod heartbeat;
 pub mod lease;
+pub mod source;
 #[cfg(feature = "test-util")]
 pub mod testing;
 

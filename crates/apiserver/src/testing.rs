@@ -5,6 +5,10 @@
 //!   patches of the Node and its `status`, conditions merged by `type` as the API server does.
 //! - Leases: get, create, and replace with optimistic concurrency (409 `Conflict` when the
 //!   `resourceVersion` sent is not the current one).
+//! - Pods: list and watch (`fieldSelector=spec.nodeName=...`, `resourceVersion`,
+//!   `timeoutSeconds`), with the events tests make ([`ApiServer::put_pod`],
+//!   [`ApiServer::delete_pod`]); after [`ApiServer::compact`] a watch from an older version gets
+//!   the API server's 410 `Expired`.
 //!
 //! Every object gets a UID and a `resourceVersion` from one counter; every request is counted.
 
@@ -24,6 +28,10 @@ use axum::{
 };
 use serde_json::{Value, json};
 
+/// How long a watch waits between looks at the event log when nothing wakes it (a wake-up sent
+/// between its look and its wait is not kept, so it looks again after this at the latest).
+const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// What the server holds.
 #[derive(Debug, Default)]
 pub struct Objects {
@@ -35,6 +43,16 @@ pub struct Objects {
     pub version: u64,
     /// Requests by `METHOD kind`, e.g. `PATCH nodes/status`.
     pub requests: BTreeMap<String, u32>,
+    /// Pods by `namespace/name`.
+    pub pods: BTreeMap<String, Value>,
+    /// Pod watch events (`ADDED`, `MODIFIED`, `DELETED`) with their versions, oldest first.
+    pub pod_events: Vec<(u64, &'static str, Value)>,
+    /// Watches from versions up to this one are gone (410).
+    pub compacted: u64,
+    /// Wakes the watches when a pod event is added.
+    pub changed: Arc<tokio::sync::Notify>,
+    /// Bumped to end every open watch (as an API server restart does).
+    pub watch_generation: u64,
 }
 
 impl Objects {
@@ -194,7 +212,116 @@ async fn replace_lease(
     Json(lease).into_response()
 }
 
+/// Whether `pod` matches the request's `fieldSelector` (only `spec.nodeName=...` is known).
+fn selected(pod: &Value, query: &BTreeMap<String, String>) -> bool {
+    match query.get("fieldSelector").and_then(|s| s.strip_prefix("spec.nodeName=")) {
+        Some(node) => pod["spec"]["nodeName"] == node,
+        None => true,
+    }
+}
+
+async fn pods(
+    State(objects): State<Shared>,
+    axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>,
+) -> Response {
+    let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let mut guard = lock(&objects);
+    guard.count(if watching { "WATCH pods" } else { "LIST pods" });
+    if !watching {
+        let items: Vec<Value> = guard.pods.values().filter(|p| selected(p, &query)).cloned().collect();
+        let version = guard.version.to_string();
+        return Json(
+            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items}),
+        )
+        .into_response();
+    }
+    let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let timeout = query.get("timeoutSeconds").and_then(|t| t.parse().ok()).unwrap_or(290);
+    if from < guard.compacted {
+        let expired = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": format!("too old resource version: {from} ({})", guard.compacted),
+            "reason": "Expired", "code": 410}});
+        return axum::body::Body::from(format!("{expired}\n")).into_response();
+    }
+    let (changed, generation) = (guard.changed.clone(), guard.watch_generation);
+    drop(guard);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
+    let stream = futures::stream::unfold(from, move |last| {
+        let (objects, changed, query) = (objects.clone(), changed.clone(), query.clone());
+        async move {
+            loop {
+                if lock(&objects).watch_generation != generation {
+                    return None;
+                }
+                let lines: Vec<(u64, String)> = lock(&objects)
+                    .pod_events
+                    .iter()
+                    .filter(|(version, _, pod)| *version > last && selected(pod, &query))
+                    .map(|(version, kind, pod)| (*version, format!("{}\n", json!({"type": kind, "object": pod}))))
+                    .collect();
+                if let Some((newest, _)) = lines.last() {
+                    let text: String = lines.iter().map(|(_, line)| line.as_str()).collect();
+                    return Some((Ok::<_, std::convert::Infallible>(text), *newest));
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return None;
+                }
+                let _ = tokio::time::timeout(WATCH_POLL, changed.notified()).await;
+            }
+        }
+    });
+    axum::body::Body::from_stream(stream).into_response()
+}
+
 impl ApiServer {
+    /// Creates or replaces pod `pod` (its `metadata.namespace` and `name`), as a scheduler's
+    /// binding or an update would: an `ADDED` or `MODIFIED` event.
+    pub fn put_pod(&self, mut pod: Value) {
+        let mut objects = lock(&self.objects);
+        let key = format!(
+            "{}/{}",
+            pod["metadata"]["namespace"].as_str().unwrap_or("default"),
+            pod["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        let kind = match objects.pods.get(&key) {
+            Some(old) => {
+                pod["metadata"]["uid"] = old["metadata"]["uid"].clone();
+                objects.stamp(&mut pod, false);
+                "MODIFIED"
+            }
+            None => {
+                objects.stamp(&mut pod, true);
+                "ADDED"
+            }
+        };
+        let version = objects.version;
+        objects.pods.insert(key, pod.clone());
+        objects.pod_events.push((version, kind, pod));
+        objects.changed.notify_waiters();
+    }
+
+    /// Deletes pod `namespace/name`: a `DELETED` event.
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let mut objects = lock(&self.objects);
+        if let Some(mut pod) = objects.pods.remove(&format!("{namespace}/{name}")) {
+            objects.stamp(&mut pod, false);
+            let version = objects.version;
+            objects.pod_events.push((version, "DELETED", pod));
+            objects.changed.notify_waiters();
+        }
+    }
+
+    /// Forgets the pod event history, as etcd's compaction does, and ends every open watch (as
+    /// an API server restart does): a watch from an older version gets 410 `Expired` and must
+    /// list again.
+    pub fn compact(&self) {
+        let mut objects = lock(&self.objects);
+        objects.compacted = objects.version;
+        objects.pod_events.clear();
+        objects.watch_generation += 1;
+        objects.changed.notify_waiters();
+    }
+
     /// Starts a server on a free port of 127.0.0.1.
     ///
     /// # Panics
@@ -216,6 +343,7 @@ impl ApiServer {
                     patch_node(o, n, p, "PATCH nodes/status")
                 }),
             )
+            .route("/api/v1/pods", get(pods))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
             .with_state(objects.clone());
