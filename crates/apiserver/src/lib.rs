@@ -23,9 +23,9 @@
 //! source: the pods bound to the node, as snapshots for the config merger, the first once the
 //! initial list is complete. [`testing`] (feature `test-util`) is an in-process API server that
 //! speaks the wire protocol of these requests (list and watch with 410 included), for tests.
-//! [`status::status_patch`] holds the pod status sink's rules (the UID precondition, terminal
-//! phases kept, others' conditions kept). The sink's loop, mirror pods, graceful deletion, and
-//! the binary's `--kubeconfig` come next.
+//! [`status`] is the pod status sink: [`status::status_patch`] holds its rules (the UID
+//! precondition, terminal phases kept, others' conditions kept), [`status::report`] sends the
+//! changes. Mirror pods, graceful deletion, and the binary's `--kubeconfig` come next.
 //!
 //! # Example
 //!

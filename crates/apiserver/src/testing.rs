@@ -5,7 +5,8 @@
 //!   patches of the Node and its `status`, conditions merged by `type` as the API server does.
 //! - Leases: get, create, and replace with optimistic concurrency (409 `Conflict` when the
 //!   `resourceVersion` sent is not the current one).
-//! - Pods: list and watch (`fieldSelector=spec.nodeName=...`, `resourceVersion`,
+//! - Pods: get, strategic merge patches of `status` (a UID in the patch is a precondition), list
+//!   and watch (`fieldSelector=spec.nodeName=...`, `resourceVersion`,
 //!   `timeoutSeconds`), with the events tests make ([`ApiServer::put_pod`],
 //!   [`ApiServer::delete_pod`]); after [`ApiServer::compact`] a watch from an older version gets
 //!   the API server's 410 `Expired`.
@@ -105,6 +106,9 @@ fn failure(code: StatusCode, reason: &str, message: String) -> Response {
 /// A strategic merge patch as the API server applies one to the fields used here: objects merge
 /// key by key, `null` deletes, and lists of conditions merge by `type`; other lists are replaced.
 pub fn strategic_merge(target: &mut Value, patch: &Value) {
+    if target.is_null() && patch.is_object() {
+        *target = json!({});
+    }
     let (Value::Object(target), Value::Object(patch)) = (target, patch) else { return };
     for (key, value) in patch {
         match (target.get_mut(key), value) {
@@ -210,6 +214,47 @@ async fn replace_lease(
     objects.stamp(&mut lease, false);
     objects.leases.insert(key, lease.clone());
     Json(lease).into_response()
+}
+
+async fn get_pod(State(objects): State<Shared>, UrlPath((ns, name)): UrlPath<(String, String)>) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("GET pods");
+    match objects.pods.get(&format!("{ns}/{name}")) {
+        Some(pod) => Json(pod.clone()).into_response(),
+        None => failure(StatusCode::NOT_FOUND, "NotFound", format!("pods \"{name}\" not found")),
+    }
+}
+
+async fn patch_pod_status(
+    State(objects): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    Json(patch): Json<Value>,
+) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("PATCH pods/status");
+    let key = format!("{ns}/{name}");
+    let Some(mut pod) = objects.pods.get(&key).cloned() else {
+        return failure(StatusCode::NOT_FOUND, "NotFound", format!("pods \"{name}\" not found"));
+    };
+    // A UID in the patch is a precondition, as the API server treats it.
+    if let Some(uid) = patch["metadata"]["uid"].as_str()
+        && pod["metadata"]["uid"] != uid
+    {
+        return failure(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on pods \"{name}\": the UID in the precondition ({uid}) does not match"
+            ),
+        );
+    }
+    strategic_merge(&mut pod["status"], &patch["status"]);
+    objects.stamp(&mut pod, false);
+    let version = objects.version;
+    objects.pods.insert(key, pod.clone());
+    objects.pod_events.push((version, "MODIFIED", pod.clone()));
+    objects.changed.notify_waiters();
+    Json(pod).into_response()
 }
 
 /// Whether `pod` matches the request's `fieldSelector` (only `spec.nodeName=...` is known).
@@ -344,6 +389,8 @@ impl ApiServer {
                 }),
             )
             .route("/api/v1/pods", get(pods))
+            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+            .route("/api/v1/namespaces/{ns}/pods/{name}/status", axum::routing::patch(patch_pod_status))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
             .with_state(objects.clone());
