@@ -25,7 +25,9 @@
 //! speaks the wire protocol of these requests (list and watch with 410 included), for tests.
 //! [`status`] is the pod status sink: [`status::status_patch`] holds its rules (the UID
 //! precondition, terminal phases kept, others' conditions kept), [`status::report`] sends the
-//! changes. Mirror pods, graceful deletion, and the binary's `--kubeconfig` come next.
+//! changes and ends graceful deletions (a terminated pod whose deletion was asked for is
+//! deleted with grace 0 and its UID as a precondition). [`mirror`] builds, creates and deletes
+//! static pods' mirror pods.
 //!
 //! # Example
 //!
@@ -43,12 +45,13 @@
 
 pub mod heartbeat;
 pub mod lease;
+pub mod mirror;
 pub mod source;
 pub mod status;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, path::Path};
 
 use k8s_openapi::{
     api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint},
@@ -120,6 +123,34 @@ impl Facts {
             machine_id: String::new(),
             boot_id: String::new(),
         }
+    }
+}
+
+impl Facts {
+    /// Fills in what this host says of itself: its host name, kernel release, OS image, machine
+    /// and boot IDs, and the capacity of the filesystem holding `root_dir` (`ephemeral-storage`).
+    /// What cannot be read stays empty.
+    #[must_use]
+    pub fn read_host(mut self, root_dir: &Path) -> Self {
+        let read = |path: &str| std::fs::read_to_string(path).map(|s| s.trim().to_owned()).unwrap_or_default();
+        let hostname = read("/proc/sys/kernel/hostname").to_lowercase();
+        if !hostname.is_empty() {
+            self.hostname = hostname;
+        }
+        self.kernel_version = read("/proc/sys/kernel/osrelease");
+        self.machine_id = read("/etc/machine-id");
+        self.boot_id = read("/proc/sys/kernel/random/boot_id");
+        self.os_image = read("/etc/os-release")
+            .lines()
+            .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+            .map(|v| v.trim_matches('"').to_owned())
+            .unwrap_or_else(|| "Linux".to_owned());
+        let fs = root_dir.ancestors().find_map(|dir| nix::sys::statvfs::statvfs(dir).ok());
+        // Reason: the field types are the platform's (`c_ulong`, `fsblkcnt_t`), u64 here.
+        #[allow(clippy::useless_conversion)]
+        let bytes = fs.map(|fs| u64::from(fs.fragment_size()).saturating_mul(u64::from(fs.blocks())));
+        self.ephemeral_storage_bytes = bytes.and_then(|b| i64::try_from(b).ok());
+        self
     }
 }
 

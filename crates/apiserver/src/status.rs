@@ -3,19 +3,26 @@
 //!
 //! [`status_patch`] is pure: the API's copy of the pod and the kubelet's status in, the patch
 //! (or nothing) out. [`report`] sends them: each change at once, and every resync period the
-//! statuses the API does not have yet (after a failure, or a restart of the API server).
+//! statuses the API does not have yet (after a failure, or a restart of the API server). It
+//! also ends graceful deletion: a pod that has terminated and whose deletion the API asked for
+//! is deleted with grace 0 and its UID as a precondition. A static pod's status goes to its
+//! mirror pod.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
 };
+use kubelet_core::types::{annotations, config_hash};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// The pod conditions the kubelet owns; the others (readiness gates, a scheduler's) stay as the
 /// API has them.
@@ -69,6 +76,8 @@ pub struct Change {
     pub name: String,
     /// The pod's UID.
     pub uid: String,
+    /// For a static pod, its hash: the status goes to the mirror pod that records it.
+    pub mirror_hash: Option<String>,
     /// Its status.
     pub status: PodStatus,
 }
@@ -81,53 +90,168 @@ impl Change {
             namespace: meta.namespace.clone().unwrap_or_else(|| "default".to_owned()),
             name: meta.name.clone().unwrap_or_default(),
             uid: meta.uid.clone().unwrap_or_default(),
+            mirror_hash: None,
             status,
+        }
+    }
+
+    /// The status of static pod `pod` is now `status`: it goes to the pod's mirror pod, the one
+    /// whose `kubernetes.io/config.mirror` annotation is the pod's hash.
+    pub fn of_static(pod: &Pod, status: PodStatus) -> Self {
+        Change { mirror_hash: config_hash(pod).map(str::to_owned), ..Change::new(pod, status) }
+    }
+
+    /// The UID the API's copy `api` must have to take this status: the pod's own, or for a
+    /// static pod, the UID of the mirror that records its hash.
+    fn target_uid<'a>(&'a self, api: &'a Pod) -> Option<&'a str> {
+        match &self.mirror_hash {
+            None => (api.metadata.uid.as_deref() == Some(self.uid.as_str())).then_some(self.uid.as_str()),
+            Some(hash) => {
+                let recorded = api.metadata.annotations.as_ref().and_then(|a| a.get(annotations::CONFIG_MIRROR));
+                (recorded == Some(hash)).then_some(api.metadata.uid.as_deref()).flatten()
+            }
         }
     }
 }
 
-/// Sends pod statuses to the API server until `cancel` or until `changes` closes: each change
+/// What the pod status sink hears, in order.
+// Reason: reports are transient, one at a time in a channel; boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Report {
+    /// The kubelet computed a new status.
+    Status(Change),
+    /// Nothing of the pod with this UID runs and its volumes are gone: once the API asks for
+    /// its deletion, it is deleted (upstream `canBeDeleted`).
+    Terminated(String),
+    /// The pods the API server has bound to this node now, by UID, each with whether its
+    /// deletion was asked for (a `deletionTimestamp`): what the API pod source last saw.
+    Bound(BTreeMap<String, bool>),
+}
+
+impl Report {
+    /// The [`Report::Bound`] of the API pod source's snapshot `pods`.
+    pub fn bound(pods: &[Pod]) -> Report {
+        let uid = |pod: &Pod| pod.metadata.uid.clone().unwrap_or_default();
+        Report::Bound(pods.iter().map(|pod| (uid(pod), pod.metadata.deletion_timestamp.is_some())).collect())
+    }
+}
+
+/// What the sink keeps of one pod.
+#[derive(Debug)]
+struct Entry {
+    /// Its latest status, once one came.
+    change: Option<Change>,
+    /// Whether the API has that status.
+    sent: bool,
+    /// Whether nothing of it runs any more.
+    terminated: bool,
+    /// Whether the API asked for its deletion.
+    deleting: bool,
+}
+
+impl Entry {
+    fn due(&self) -> bool {
+        self.change.is_some() && (!self.sent || (self.terminated && self.deleting))
+    }
+}
+
+/// Sends pod statuses to the API server until `cancel` or until `reports` closes: each change
 /// at once, and every `resync` (upstream's 10 s) each pod whose latest status is not yet sent.
-/// A pod the API no longer has is forgotten.
-pub async fn report(client: Client, mut changes: mpsc::Receiver<Change>, resync: Duration, cancel: CancellationToken) {
-    // The latest status of each pod by UID, and whether the API has it.
-    let mut latest: HashMap<String, (Change, bool)> = HashMap::new();
+/// A pod that has terminated and whose deletion the API asked for is deleted (grace 0, with its
+/// UID as a precondition) once its last status is sent. A pod the API no longer has is forgotten.
+pub async fn report(
+    client: Client,
+    mut reports: mpsc::UnboundedReceiver<Report>,
+    resync: Duration,
+    cancel: CancellationToken,
+) {
+    let mut pods: HashMap<String, Entry> = HashMap::new();
     let mut tick = tokio::time::interval(resync);
+    let new_entry = || Entry { change: None, sent: false, terminated: false, deleting: false };
     loop {
         let due: Vec<String> = tokio::select! {
             () = cancel.cancelled() => return,
-            change = changes.recv() => {
-                let Some(change) = change else { return };
-                let uid = change.uid.clone();
-                latest.insert(uid.clone(), (change, false));
-                vec![uid]
-            }
-            _ = tick.tick() => latest.iter().filter(|(_, (_, sent))| !sent).map(|(uid, _)| uid.clone()).collect(),
+            report = reports.recv() => match report {
+                None => return,
+                Some(Report::Status(change)) => {
+                    let uid = change.uid.clone();
+                    let entry = pods.entry(uid.clone()).or_insert_with(new_entry);
+                    (entry.change, entry.sent) = (Some(change), false);
+                    vec![uid]
+                }
+                Some(Report::Terminated(uid)) => {
+                    pods.entry(uid.clone()).or_insert_with(new_entry).terminated = true;
+                    vec![uid]
+                }
+                Some(Report::Bound(bound)) => {
+                    // Pods gone from the API are forgotten; static pods' entries stay.
+                    pods.retain(|uid, e| bound.contains_key(uid) || e.change.as_ref().is_some_and(|c| c.mirror_hash.is_some()));
+                    let mut due = Vec::new();
+                    for (uid, deleting) in bound {
+                        if let Some(entry) = pods.get_mut(&uid) {
+                            entry.deleting = deleting;
+                            due.push(uid);
+                        }
+                    }
+                    due
+                }
+            },
+            _ = tick.tick() => pods.iter().filter(|(_, e)| !e.sent || (e.terminated && e.deleting)).map(|(uid, _)| uid.clone()).collect(),
         };
         for uid in due {
-            let Some((change, _)) = latest.get(&uid) else { continue };
-            match send(&client, change).await {
-                Ok(true) => _ = latest.get_mut(&uid).map(|entry| entry.1 = true),
-                Ok(false) => _ = latest.remove(&uid),
+            let Some(entry) = pods.get(&uid).filter(|e| e.due()) else { continue };
+            let Some(change) = &entry.change else { continue };
+            let delete = entry.terminated && entry.deleting;
+            match send(&client, change, delete).await {
+                Ok(Sent::Kept) => _ = pods.get_mut(&uid).map(|e| e.sent = true),
+                Ok(Sent::Gone) => _ = pods.remove(&uid),
                 Err(err) => warn!(pod = %change.name, error = %err, "cannot update the pod's status; trying again"),
             }
         }
     }
 }
 
-/// Sends one change; `Ok(false)` when the API no longer has that pod (gone or re-created).
-async fn send(client: &Client, change: &Change) -> Result<bool, kube::Error> {
+/// What became of a pod's status.
+enum Sent {
+    /// The API has it.
+    Kept,
+    /// The pod is gone from the API (or was re-created, or deleted now).
+    Gone,
+}
+
+/// Sends one change, then deletes the pod when `delete`.
+async fn send(client: &Client, change: &Change, delete: bool) -> Result<Sent, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &change.namespace);
-    let Some(api) = pods.get_opt(&change.name).await? else { return Ok(false) };
-    if api.metadata.uid.as_deref() != Some(change.uid.as_str()) {
-        return Ok(false);
+    let Some(api) = pods.get_opt(&change.name).await? else { return Ok(Sent::Gone) };
+    let Some(uid) = change.target_uid(&api).map(str::to_owned) else {
+        // A static pod's mirror may come (back) later; a regular pod was re-created.
+        return Ok(if change.mirror_hash.is_some() { Sent::Kept } else { Sent::Gone });
+    };
+    if let Some(patch) = status_patch(&api, &uid, &change.status) {
+        debug!(pod = %change.name, "patching the pod's status");
+        match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
+            Ok(_) => {}
+            // The UID precondition failed: the pod was re-created meanwhile.
+            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => return Ok(Sent::Gone),
+            Err(err) => return Err(err),
+        }
     }
-    let Some(patch) = status_patch(&api, &change.uid, &change.status) else { return Ok(true) };
-    debug!(pod = %change.name, "patching the pod's status");
-    match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
-        Ok(_) => Ok(true),
-        // The UID precondition failed: the pod was re-created meanwhile.
-        Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => Ok(false),
+    if !delete || api.metadata.deletion_timestamp.is_none() {
+        return Ok(Sent::Kept);
+    }
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(&change.name, &params).await {
+        Ok(_) => {
+            info!(pod = %change.name, namespace = %change.namespace, "pod deleted from the API server: it has terminated");
+            Ok(Sent::Gone)
+        }
+        Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => Ok(Sent::Gone),
         Err(err) => Err(err),
     }
 }

@@ -5,7 +5,9 @@
 //!   patches of the Node and its `status`, conditions merged by `type` as the API server does.
 //! - Leases: get, create, and replace with optimistic concurrency (409 `Conflict` when the
 //!   `resourceVersion` sent is not the current one).
-//! - Pods: get, strategic merge patches of `status` (a UID in the patch is a precondition), list
+//! - Pods: create (`generateName` too), get, delete (grace 0 at once, otherwise a
+//!   `deletionTimestamp`; a UID precondition is checked), strategic merge patches of `status` (a
+//!   UID in the patch is a precondition), list
 //!   and watch (`fieldSelector=spec.nodeName=...`, `resourceVersion`,
 //!   `timeoutSeconds`), with the events tests make ([`ApiServer::put_pod`],
 //!   [`ApiServer::delete_pod`]); after [`ApiServer::compact`] a watch from an older version gets
@@ -257,6 +259,82 @@ async fn patch_pod_status(
     Json(pod).into_response()
 }
 
+async fn create_pod(
+    State(objects): State<Shared>,
+    UrlPath(ns): UrlPath<String>,
+    Json(mut pod): Json<Value>,
+) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("POST pods");
+    if pod["metadata"]["name"].as_str().is_none_or(str::is_empty)
+        && let Some(prefix) = pod["metadata"]["generateName"].as_str()
+    {
+        let name = format!("{prefix}{:05x}", objects.version + 1);
+        pod["metadata"]["name"] = json!(name);
+    }
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let key = format!("{ns}/{name}");
+    if objects.pods.contains_key(&key) {
+        return failure(StatusCode::CONFLICT, "AlreadyExists", format!("pods \"{name}\" already exists"));
+    }
+    pod["metadata"]["namespace"] = json!(ns);
+    objects.stamp(&mut pod, true);
+    let version = objects.version;
+    objects.pods.insert(key, pod.clone());
+    objects.pod_events.push((version, "ADDED", pod.clone()));
+    objects.changed.notify_waiters();
+    (StatusCode::CREATED, Json(pod)).into_response()
+}
+
+/// Deletes pod `ns/name` as the API server does: with a UID precondition (409 when another pod
+/// has the name by now), at once with grace 0 (a `DELETED` event), else by setting its
+/// `deletionTimestamp` and `deletionGracePeriodSeconds` (a `MODIFIED` event) for its kubelet.
+fn delete(objects: &mut Objects, ns: &str, name: &str, options: &Value) -> Response {
+    let key = format!("{ns}/{name}");
+    let Some(mut pod) = objects.pods.get(&key).cloned() else {
+        return failure(StatusCode::NOT_FOUND, "NotFound", format!("pods \"{name}\" not found"));
+    };
+    if let Some(uid) = options["preconditions"]["uid"].as_str()
+        && pod["metadata"]["uid"] != uid
+    {
+        let theirs = pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+        return failure(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {theirs}"),
+        );
+    }
+    let default_grace = pod["spec"]["terminationGracePeriodSeconds"].as_i64().unwrap_or(30);
+    let grace = options["gracePeriodSeconds"].as_i64().unwrap_or(default_grace);
+    let unbound = pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty);
+    if grace == 0 || unbound {
+        objects.pods.remove(&key);
+        objects.stamp(&mut pod, false);
+        let version = objects.version;
+        objects.pod_events.push((version, "DELETED", pod.clone()));
+    } else if pod["metadata"]["deletionTimestamp"].is_null() {
+        pod["metadata"]["deletionTimestamp"] = json!("2026-11-24T00:00:30Z");
+        pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+        objects.stamp(&mut pod, false);
+        let version = objects.version;
+        objects.pods.insert(key, pod.clone());
+        objects.pod_events.push((version, "MODIFIED", pod.clone()));
+    }
+    objects.changed.notify_waiters();
+    Json(pod).into_response()
+}
+
+async fn delete_pod(
+    State(objects): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let options: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut objects = lock(&objects);
+    objects.count("DELETE pods");
+    delete(&mut objects, &ns, &name, &options)
+}
+
 /// Whether `pod` matches the request's `fieldSelector` (only `spec.nodeName=...` is known).
 fn selected(pod: &Value, query: &BTreeMap<String, String>) -> bool {
     match query.get("fieldSelector").and_then(|s| s.strip_prefix("spec.nodeName=")) {
@@ -318,31 +396,43 @@ async fn pods(
     axum::body::Body::from_stream(stream).into_response()
 }
 
+/// Creates or replaces a pod: an `ADDED` or `MODIFIED` event.
+fn put(objects: &mut Objects, mut pod: Value) {
+    let key = format!(
+        "{}/{}",
+        pod["metadata"]["namespace"].as_str().unwrap_or("default"),
+        pod["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    let kind = match objects.pods.get(&key) {
+        Some(old) => {
+            pod["metadata"]["uid"] = old["metadata"]["uid"].clone();
+            objects.stamp(&mut pod, false);
+            "MODIFIED"
+        }
+        None => {
+            objects.stamp(&mut pod, true);
+            "ADDED"
+        }
+    };
+    let version = objects.version;
+    objects.pods.insert(key, pod.clone());
+    objects.pod_events.push((version, kind, pod));
+}
+
 impl ApiServer {
     /// Creates or replaces pod `pod` (its `metadata.namespace` and `name`), as a scheduler's
     /// binding or an update would: an `ADDED` or `MODIFIED` event.
-    pub fn put_pod(&self, mut pod: Value) {
+    pub fn put_pod(&self, pod: Value) {
         let mut objects = lock(&self.objects);
-        let key = format!(
-            "{}/{}",
-            pod["metadata"]["namespace"].as_str().unwrap_or("default"),
-            pod["metadata"]["name"].as_str().unwrap_or_default()
-        );
-        let kind = match objects.pods.get(&key) {
-            Some(old) => {
-                pod["metadata"]["uid"] = old["metadata"]["uid"].clone();
-                objects.stamp(&mut pod, false);
-                "MODIFIED"
-            }
-            None => {
-                objects.stamp(&mut pod, true);
-                "ADDED"
-            }
-        };
-        let version = objects.version;
-        objects.pods.insert(key, pod.clone());
-        objects.pod_events.push((version, kind, pod));
+        put(&mut objects, pod);
         objects.changed.notify_waiters();
+    }
+
+    /// Asks for the deletion of pod `namespace/name` with `grace` seconds, as `kubectl delete`
+    /// does: a bound pod gets its `deletionTimestamp`, and its kubelet deletes it once stopped.
+    pub fn request_deletion(&self, namespace: &str, name: &str, grace: i64) {
+        let mut objects = lock(&self.objects);
+        let _ = delete(&mut objects, namespace, name, &json!({ "gracePeriodSeconds": grace }));
     }
 
     /// Deletes pod `namespace/name`: a `DELETED` event.
@@ -360,10 +450,20 @@ impl ApiServer {
     /// an API server restart does): a watch from an older version gets 410 `Expired` and must
     /// list again.
     pub fn compact(&self) {
+        self.restart_with(Vec::new());
+    }
+
+    /// Restarts as an API server whose pods `pods` were put while its clients were away and
+    /// whose history was compacted meanwhile: every watch ends, and since no client saw these
+    /// changes, each one's next watch gets 410 `Expired` and must list again.
+    pub fn restart_with(&self, pods: Vec<Value>) {
         let mut objects = lock(&self.objects);
+        objects.watch_generation += 1;
+        for pod in pods {
+            put(&mut objects, pod);
+        }
         objects.compacted = objects.version;
         objects.pod_events.clear();
-        objects.watch_generation += 1;
         objects.changed.notify_waiters();
     }
 
@@ -389,7 +489,8 @@ impl ApiServer {
                 }),
             )
             .route("/api/v1/pods", get(pods))
-            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+            .route("/api/v1/namespaces/{ns}/pods", post(create_pod))
+            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).delete(delete_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}/status", axum::routing::patch(patch_pod_status))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))

@@ -41,11 +41,11 @@ async fn statuses_reach_the_api_with_their_uid_and_never_revert_a_terminal_phase
         "status": {"phase": "Pending", "conditions": [{"type": "example.com/gate", "status": "True"}]}}));
     let api_pod: Pod = serde_json::from_value(server.objects.lock().unwrap().pods["default/web"].clone()).unwrap();
 
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let task = tokio::spawn(status::report(client, rx, Duration::from_millis(100), cancel.clone()));
 
-    tx.send(status::Change::new(&api_pod, running("True"))).await.unwrap();
+    tx.send(status::Report::Status(status::Change::new(&api_pod, running("True")))).unwrap();
     until(&server, "Running and Ready", |s| {
         s["phase"] == "Running" && s["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Ready"))
     })
@@ -54,12 +54,14 @@ async fn statuses_reach_the_api_with_their_uid_and_never_revert_a_terminal_phase
     assert!(conditions.as_array().unwrap().iter().any(|c| c["type"] == "example.com/gate"), "{conditions}");
 
     // The API says Succeeded (say, the kubelet's own earlier report): a Running status is not sent.
-    tx.send(status::Change::new(&api_pod, PodStatus { phase: Some("Succeeded".into()), ..PodStatus::default() }))
-        .await
-        .unwrap();
+    tx.send(status::Report::Status(status::Change::new(
+        &api_pod,
+        PodStatus { phase: Some("Succeeded".into()), ..PodStatus::default() },
+    )))
+    .unwrap();
     until(&server, "Succeeded", |s| s["phase"] == "Succeeded").await;
     let patches = server.requests("PATCH pods/status");
-    tx.send(status::Change::new(&api_pod, running("True"))).await.unwrap();
+    tx.send(status::Report::Status(status::Change::new(&api_pod, running("True")))).unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(server.requests("PATCH pods/status"), patches, "a terminal phase is never reverted");
     until(&server, "still Succeeded", |s| s["phase"] == "Succeeded").await;
@@ -69,13 +71,117 @@ async fn statuses_reach_the_api_with_their_uid_and_never_revert_a_terminal_phase
     server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
         "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
     let patches = server.requests("PATCH pods/status");
-    tx.send(status::Change::new(&api_pod, PodStatus { phase: Some("Failed".into()), ..PodStatus::default() }))
-        .await
-        .unwrap();
+    tx.send(status::Report::Status(status::Change::new(
+        &api_pod,
+        PodStatus { phase: Some("Failed".into()), ..PodStatus::default() },
+    )))
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(server.requests("PATCH pods/status"), patches);
     until(&server, "the new pod untouched", |s| s["phase"] == "Pending").await;
 
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
+}
+
+fn api_pod(server: &ApiServer, key: &str) -> Pod {
+    serde_json::from_value(server.objects.lock().unwrap().pods[key].clone()).unwrap()
+}
+
+/// Waits (at most 10 s) until pod `key` is gone from the API.
+async fn until_gone(server: &ApiServer, key: &str) {
+    for _ in 0..200 {
+        if !server.objects.lock().unwrap().pods.contains_key(key) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{key} is still there: {:?}", server.objects.lock().unwrap().pods[key]);
+}
+
+#[tokio::test]
+async fn a_terminated_pod_whose_deletion_was_asked_for_is_deleted_with_its_uid_as_precondition() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(status::report(client, rx, Duration::from_millis(100), cancel.clone()));
+    for name in ["web", "job"] {
+        server.put_pod(json!({"metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
+    }
+    let (web, job) = (api_pod(&server, "default/web"), api_pod(&server, "default/job"));
+    tx.send(status::Report::Status(status::Change::new(&web, running("True")))).unwrap();
+    tx.send(status::Report::Status(status::Change::new(&job, running("True")))).unwrap();
+    until(&server, "web Running", |s| s["phase"] == "Running").await;
+
+    // Deletion asked for while it runs: nothing is deleted before it has terminated.
+    server.request_deletion("default", "web", 30);
+    let web = api_pod(&server, "default/web");
+    tx.send(status::Report::bound(&[web.clone(), job.clone()])).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(server.objects.lock().unwrap().pods.contains_key("default/web"), "still running: not deleted");
+    assert_eq!(server.requests("DELETE pods"), 0);
+    let failed = PodStatus { phase: Some("Failed".into()), ..PodStatus::default() };
+    tx.send(status::Report::Status(status::Change::new(&web, failed.clone()))).unwrap();
+    tx.send(status::Report::Terminated(web.metadata.uid.clone().unwrap())).unwrap();
+    until_gone(&server, "default/web").await;
+
+    // Terminated first (a finished pod), deletion asked for later: deleted then.
+    let done = PodStatus { phase: Some("Succeeded".into()), ..PodStatus::default() };
+    tx.send(status::Report::Status(status::Change::new(&job, done))).unwrap();
+    tx.send(status::Report::Terminated(job.metadata.uid.clone().unwrap())).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(server.objects.lock().unwrap().pods.contains_key("default/job"), "no deletion asked for yet");
+    server.request_deletion("default", "job", 30);
+    tx.send(status::Report::bound(&[api_pod(&server, "default/job")])).unwrap();
+    until_gone(&server, "default/job").await;
+    assert_eq!(server.requests("DELETE pods"), 2);
+
+    // A re-created pod of the same name is not deleted by the old one's termination.
+    server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}}));
+    server.request_deletion("default", "web", 30);
+    let new_web = api_pod(&server, "default/web");
+    tx.send(status::Report::Status(status::Change::new(&web, failed))).unwrap();
+    tx.send(status::Report::Terminated(web.metadata.uid.clone().unwrap())).unwrap();
+    tx.send(status::Report::bound(&[new_web])).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(server.objects.lock().unwrap().pods.contains_key("default/web"), "another pod by now");
+
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
+}
+
+#[tokio::test]
+async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
+    let static_pod: Pod =
+        serde_json::from_value(json!({"metadata": {"name": "etcd-node-1", "namespace": "kube-system",
+        "uid": "static-uid", "annotations": {"kubernetes.io/config.hash": "h1", "kubernetes.io/config.source": "file"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "etcd"}]}}))
+        .unwrap();
+    server.put_pod(
+        serde_json::to_value(kubelet_apiserver::mirror::mirror_pod(&static_pod, "node-1", "node-uid")).unwrap(),
+    );
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(status::report(client, rx, Duration::from_millis(100), cancel.clone()));
+    tx.send(status::Report::Status(status::Change::of_static(&static_pod, running("True")))).unwrap();
+    for _ in 0..200 {
+        let pods = server.objects.lock().unwrap().pods.clone();
+        if pods["kube-system/etcd-node-1"]["status"]["phase"] == "Running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mirror = api_pod(&server, "kube-system/etcd-node-1");
+    assert_eq!(mirror.status.unwrap().phase.as_deref(), Some("Running"), "the mirror shows the static pod's status");
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
 }

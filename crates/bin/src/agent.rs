@@ -1,8 +1,8 @@
 //! The agent: builds the concrete components and runs them until a signal.
 //!
 //! It picks the concrete types (the CRI runtime manager or the fake runtime, the evented PLEG, the
-//! pod workers), hands them to the library's `Agent` builder, and adds the static pod sources and
-//! the local API.
+//! pod workers), hands them to the library's `Agent` builder, and adds the static pod sources,
+//! cluster mode (`--kubeconfig`, in [`crate::cluster`]) and the local API.
 
 use std::{sync::Arc, time::Duration};
 
@@ -161,8 +161,20 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     if file.static_pod_url.is_some() {
         sources.push(Source::Http);
     }
+    let cluster = match &settings.kubeconfig {
+        Some(path) => {
+            let client = crate::cluster::connect(path).await?;
+            sources.push(Source::Api);
+            Some((client, crate::cluster::facts(&settings, version)))
+        }
+        None => None,
+    };
     let (file_period, http_period, sync_period) = settings.periods();
-    let agent = Agent::builder(runtime, agent::Config::new(kubelet_config, sources))
+    let mut builder = Agent::builder(runtime, agent::Config::new(kubelet_config, sources));
+    if let Some((client, _)) = &cluster {
+        builder = builder.mirror_client(crate::cluster::ApiMirrors::new(client.clone(), &settings.node_name));
+    }
+    let agent = builder
         .recorder(recorder.clone())
         .startup_tracker(startup)
         .cancel(cancel.clone())
@@ -209,6 +221,20 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         }
         let source = http::HttpSource::new(http_config, pod_config.source(Source::Http), recorder.clone());
         tracker.spawn(source.run(cancel.child_token()).instrument(info_span!("http_source")));
+    }
+    if let Some((client, facts)) = cluster {
+        info!(node = %settings.node_name, "joining the cluster of --kubeconfig");
+        crate::cluster::spawn(
+            &tracker,
+            client,
+            facts,
+            &settings,
+            agent.statuses(),
+            agent.runtime_state().clone(),
+            pod_config.source(Source::Api),
+            recorder.clone(),
+            &cancel,
+        );
     }
 
     let mut api_state = server::ApiState::of(&agent, recorder, file.pod_logs_dir.clone());

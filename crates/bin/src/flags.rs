@@ -31,6 +31,8 @@ pub(crate) enum Kind {
     LangleMap,
     /// `name:value` pairs, repeatable, names may repeat (`--manifest-url-header`): a map of lists.
     Headers,
+    /// `key=value:Effect` items, comma-separated (`--register-with-taints`): a list of taints.
+    Taints,
 }
 
 /// What a flag does here.
@@ -45,7 +47,7 @@ pub(crate) enum Effect {
 }
 
 use Effect::{Deprecated, Field, Missing};
-use Kind::{Bool, BoolMap, Headers, Int, LangleMap, List, Map as Pairs, Text};
+use Kind::{Bool, BoolMap, Headers, Int, LangleMap, List, Map as Pairs, Taints, Text};
 
 const EVICTION_DEPRECATION: &str =
     "Use --eviction-hard or --eviction-soft instead. Will be removed in a future version.";
@@ -54,12 +56,10 @@ const NO_EFFECT: &str = "This flag has no effect and will be removed in a future
 /// Upstream's flags that `RunArgs` does not declare, with their value kind and effect.
 pub(crate) const FLAGS: &[(&str, Kind, Effect)] = &[
     // KubeletFlags.
-    ("kubeconfig", Text, Missing),
     ("bootstrap-kubeconfig", Text, Missing),
     ("cert-dir", Text, Missing),
     ("cloud-provider", Text, Missing),
     ("seccomp-default", Bool, Field("seccompDefault")),
-    ("node-labels", Pairs, Missing),
     ("lock-file", Text, Missing),
     ("exit-on-lock-contention", Bool, Missing),
     ("minimum-container-ttl-duration", Text, Deprecated(EVICTION_DEPRECATION)),
@@ -182,7 +182,7 @@ pub(crate) const FLAGS: &[(&str, Kind, Effect)] = &[
     ("memory-manager-policy", Text, Field("memoryManagerPolicy")),
     ("reserved-memory", List, Field("reservedMemory")),
     ("register-node", Bool, Field("registerNode")),
-    ("register-with-taints", List, Field("registerWithTaints")),
+    ("register-with-taints", Taints, Field("registerWithTaints")),
     // The logging flags beside `--v` and `--logging-format`.
     ("vmodule", Text, Missing),
     ("log-flush-frequency", Text, Missing),
@@ -219,6 +219,7 @@ fn value_name(kind: Kind) -> &'static str {
         Pairs | BoolMap => "KEY=VALUE,...",
         LangleMap => "SIGNAL<QUANTITY,...",
         Headers => "NAME:VALUE,...",
+        Taints => "KEY=VALUE:EFFECT,...",
     }
 }
 
@@ -229,7 +230,7 @@ pub(crate) struct Given {
     pub(crate) fields: Map<String, Value>,
     /// The flag behind each field in `fields`.
     pub(crate) flag_of: Vec<(String, String)>,
-    /// Flags without effect here (`--kubeconfig`), for the start-up warning.
+    /// Flags without effect here (`--cert-dir`), for the start-up warning.
     pub(crate) missing: Vec<String>,
     /// Upstream's deprecation lines for the deprecated flags given.
     pub(crate) deprecations: Vec<String>,
@@ -297,6 +298,10 @@ fn parse(kind: Kind, values: &[&str]) -> Result<Value, String> {
             }
             Value::Object(map)
         }
+        Taints => {
+            let taints = apiserver::parse_taints(&values.join(",")).map_err(|e| e.to_string())?;
+            serde_json::to_value(taints).map_err(|e| e.to_string())?
+        }
         Headers => {
             // Names may repeat: each value is kept, in order.
             let mut map: std::collections::BTreeMap<String, Vec<Value>> = std::collections::BTreeMap::new();
@@ -351,8 +356,10 @@ mod tests {
             "--anonymous-auth=false",
             "--client-ca-file",
             "/ca.crt",
-            "--kubeconfig",
-            "/etc/kubernetes/kubelet.conf",
+            "--register-with-taints",
+            "dedicated=infra:NoSchedule,gpu:NoExecute",
+            "--cert-dir",
+            "/var/lib/kubelet/pki",
             "--pod-infra-container-image",
             "registry.k8s.io/pause:3.10",
         ])
@@ -366,7 +373,11 @@ mod tests {
         assert_eq!(fields["featureGates"], serde_json::json!({"A": true, "B": false}));
         assert_eq!(fields["staticPodURLHeader"], serde_json::json!({"a": ["x", "z"], "b": ["y"]}));
         assert!(fields.get("authentication").is_some(), "two flags of one field without effect");
-        assert_eq!(given.missing, ["--kubeconfig"]);
+        assert_eq!(given.missing, ["--cert-dir"]);
+        assert_eq!(
+            fields["registerWithTaints"],
+            serde_json::json!([{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}, {"key": "gpu", "effect": "NoExecute"}])
+        );
         assert_eq!(
             given.deprecations,
             [

@@ -7,6 +7,7 @@
 
 mod agent;
 mod cli;
+mod cluster;
 mod cnitool;
 mod flags;
 mod settings;

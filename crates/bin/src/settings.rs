@@ -35,6 +35,13 @@ pub(crate) struct RunArgs {
     /// Where the legacy container log links go (kubelet-rs's own flag).
     #[arg(long, default_value = "/var/log/containers")]
     container_logs_dir: PathBuf,
+    /// A kubeconfig for the API server: with it the agent joins that cluster as a node
+    /// (registers the Node, renews its lease, runs the pods bound to it, reports their status).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Labels the Node registers with (`key=value,...`; repeatable).
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    node_labels: Vec<String>,
     /// Log verbosity, as klog's `-v`: 0-1 info, 2-4 debug, 5 and up trace. `RUST_LOG` wins when set [file: logging.verbosity].
     #[arg(long = "v")]
     verbosity: Option<u8>,
@@ -66,6 +73,10 @@ pub(crate) struct Settings {
     pub(crate) healthz: Option<std::net::SocketAddr>,
     pub(crate) verbosity: u8,
     pub(crate) log_format: LogFormat,
+    /// `--kubeconfig`: cluster mode.
+    pub(crate) kubeconfig: Option<PathBuf>,
+    /// `--node-labels`.
+    pub(crate) node_labels: std::collections::BTreeMap<String, String>,
     /// What was set without effect: configuration fields (by file or flag) and flags, for the
     /// start-up warning.
     pub(crate) without_effect: Vec<String>,
@@ -154,6 +165,14 @@ impl Settings {
             None if file.logging_format.as_deref() == Some("json") => LogFormat::Json,
             None => LogFormat::Text,
         };
+        let mut node_labels = std::collections::BTreeMap::new();
+        for item in args.node_labels.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = item.split_once('=').ok_or_else(|| ConfigFileError {
+                origin: "--node-labels".to_owned(),
+                message: format!("{item:?} is not key=value"),
+            })?;
+            node_labels.insert(key.trim().to_owned(), value.trim().to_owned());
+        }
         let mut without_effect = std::mem::take(&mut file.without_effect);
         without_effect.extend(given.missing);
         Ok(Settings {
@@ -162,6 +181,8 @@ impl Settings {
             pods_cgroup: format!("{}/kubepods", file.cgroup_root.trim_end_matches('/')),
             verbosity: args.verbosity.or(file.verbosity).unwrap_or(0),
             log_format,
+            kubeconfig: args.kubeconfig,
+            node_labels,
             without_effect,
             file,
             root_dir: args.root_dir,
@@ -262,11 +283,23 @@ mod tests {
         std::fs::write(drop_ins.join("ignored.yaml"), "not: [a kubelet config").unwrap();
         let (config, drop_ins) = (file.to_str().unwrap(), drop_ins.to_str().unwrap());
 
-        let settings =
-            resolve(&["--config", config, "--config-dir", drop_ins, "--kubeconfig", "/etc/kubernetes/kubelet.conf"])
-                .unwrap();
+        let settings = resolve(&[
+            "--config",
+            config,
+            "--config-dir",
+            drop_ins,
+            "--kubeconfig",
+            "/etc/kubernetes/kubelet.conf",
+            "--cert-dir",
+            "/pki",
+            "--node-labels",
+            "a=1,b=2",
+        ])
+        .unwrap();
         assert_eq!(settings.file.max_pods, 70, "the last drop-in wins over the file");
-        assert_eq!(settings.without_effect, ["authentication", "evictionHard", "port", "--kubeconfig"]);
+        assert_eq!(settings.without_effect, ["authentication", "evictionHard", "port", "--cert-dir"]);
+        assert_eq!(settings.kubeconfig, Some(PathBuf::from("/etc/kubernetes/kubelet.conf")));
+        assert_eq!(settings.node_labels.len(), 2);
 
         let settings =
             resolve(&["--config", config, "--config-dir", drop_ins, "--max-pods", "80", "--cluster-dns=10.96.0.10"])

@@ -130,6 +130,8 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
         "/etc/kubernetes/kubelet.conf",
         "--node-labels",
         "role=edge",
+        "--cert-dir",
+        "/var/lib/kubelet/pki",
         "--pod-infra-container-image",
         "registry.k8s.io/pause:3.10",
         "--anonymous-auth=false",
@@ -144,7 +146,7 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("set but without effect in kubelet-rs: authentication, --kubeconfig, --node-labels"),
+        stderr.contains("set but without effect in kubelet-rs: authentication, --cert-dir"),
         "{stderr}"
     );
     assert!(stderr.contains("cannot reach the container runtime"), "{stderr}");
@@ -153,4 +155,23 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
     let (code, _, stderr) = kubelet(&["--cgroups-per-qos=false", "--root-dir", root.to_str().unwrap()]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--cgroups-per-qos: field cgroupsPerQOS"), "{stderr}");
+}
+
+#[test]
+fn a_missing_kubeconfig_stops_the_agent_and_says_there_is_no_bootstrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let (code, _, stderr) = kubelet(&[
+        "--container-runtime-endpoint",
+        "fake://",
+        "--root-dir",
+        root.to_str().unwrap(),
+        "--healthz-port",
+        "0",
+        "--kubeconfig",
+        "/nonexistent/kubelet.conf",
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("cannot join the cluster with --kubeconfig /nonexistent/kubelet.conf"), "{stderr}");
+    assert!(stderr.contains("no TLS bootstrap"), "{stderr}");
 }

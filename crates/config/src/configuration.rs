@@ -99,6 +99,14 @@ pub struct KubeletConfiguration {
     pub logging_format: Option<String>,
     /// `logging.verbosity`, as `--v` (none: the flag's or 0).
     pub verbosity: Option<u8>,
+    /// `registerNode` (true): with `--kubeconfig`, register the Node with the API server.
+    pub register_node: bool,
+    /// `registerWithTaints`: the taints the Node registers with.
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// `nodeStatusUpdateFrequency` (10s): how often the Node's status is computed.
+    pub node_status_update_frequency: Duration,
+    /// `nodeStatusReportFrequency` (5m): how often an unchanged Node status is reported anyway.
+    pub node_status_report_frequency: Duration,
     /// The fields set in the file that have no effect in this agent ([`Support::WithoutEffect`]),
     /// for one start-up warning.
     pub without_effect: Vec<String>,
@@ -136,6 +144,10 @@ impl Default for KubeletConfiguration {
             fail_cgroup_v1: false,
             logging_format: None,
             verbosity: None,
+            register_node: true,
+            register_with_taints: Vec::new(),
+            node_status_update_frequency: Duration::from_secs(10),
+            node_status_report_frequency: Duration::from_secs(300),
             without_effect: Vec::new(),
         }
     }
@@ -179,6 +191,10 @@ struct Raw {
     oom_score_adj: Option<i32>,
     fail_cgroup_v1: Option<bool>,
     logging: Option<RawLogging>,
+    register_node: Option<bool>,
+    register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+    node_status_update_frequency: Option<String>,
+    node_status_report_frequency: Option<String>,
 }
 
 /// The part of upstream's `LoggingConfiguration` this agent reads.
@@ -236,6 +252,30 @@ impl KubeletConfiguration {
         config.sync_frequency = duration("syncFrequency", raw.sync_frequency, config.sync_frequency)?;
         config.runtime_request_timeout =
             duration("runtimeRequestTimeout", raw.runtime_request_timeout, config.runtime_request_timeout)?;
+        config.node_status_update_frequency = duration(
+            "nodeStatusUpdateFrequency",
+            raw.node_status_update_frequency,
+            config.node_status_update_frequency,
+        )?;
+        config.node_status_report_frequency = duration(
+            "nodeStatusReportFrequency",
+            raw.node_status_report_frequency,
+            config.node_status_report_frequency,
+        )?;
+        config.register_node = raw.register_node.unwrap_or(true);
+        config.register_with_taints = raw.register_with_taints.unwrap_or_default();
+        for taint in &config.register_with_taints {
+            if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") || taint.key.is_empty()
+            {
+                return Err(at(
+                    "registerWithTaints",
+                    format!(
+                        "{:?}: a taint needs a key and the effect NoSchedule, PreferNoSchedule or NoExecute",
+                        taint.key
+                    ),
+                ));
+            }
+        }
         let address = |field: &str, value: Option<String>, default: IpAddr| match value {
             None => Ok(default),
             Some(text) => text.parse().map_err(|_| at(field, format!("{text:?} is not an IP address"))),
@@ -623,8 +663,6 @@ volumeStatsAggPeriod: 0s
                 "featureGates",
                 "imageMaximumGCAge",
                 "imageMinimumGCAge",
-                "nodeStatusReportFrequency",
-                "nodeStatusUpdateFrequency",
                 "port",
                 "rotateCertificates",
                 "serverTLSBootstrap",

@@ -19,7 +19,7 @@ use tokio::{sync::mpsc, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, info_span, warn};
 
-use crate::{Kubelet, PodSync, status_store::StatusStore};
+use crate::{Kubelet, MirrorClient, PodSync, status_store::StatusStore};
 
 /// How the agent runs.
 #[derive(Clone, Debug)]
@@ -107,6 +107,7 @@ pub struct Builder<R> {
     cancel: CancellationToken,
     prober: Option<ProberFactory<R>>,
     volumes: Option<Arc<dyn VolumeManager>>,
+    mirrors: Option<Arc<dyn MirrorClient>>,
 }
 
 impl<R> std::fmt::Debug for Builder<R> {
@@ -146,6 +147,14 @@ impl<R: Runtime> Builder<R> {
         self
     }
 
+    /// Keeps a mirror pod in the API server for each static pod through `mirrors` (cluster
+    /// mode); without one, static pods have no mirror.
+    #[must_use]
+    pub fn mirror_client<M: MirrorClient>(mut self, mirrors: M) -> Self {
+        self.mirrors = Some(Arc::new(mirrors));
+        self
+    }
+
     /// The token that stops the agent (default: a new one, cancelled by nobody).
     #[must_use]
     pub fn cancel(mut self, cancel: CancellationToken) -> Self {
@@ -164,7 +173,7 @@ impl<R: Runtime> Builder<R> {
         P: Pleg,
         W: PodWorkers,
     {
-        let Builder { runtime, config, recorder, startup, cancel, prober, volumes } = self;
+        let Builder { runtime, config, recorder, startup, cancel, prober, volumes, mirrors } = self;
         let cache = Arc::new(Cache::new());
         let probe_results = Arc::new(ProbeResults::new());
         let (probe_tx, probes) = mpsc::channel(64);
@@ -205,6 +214,9 @@ impl<R: Runtime> Builder<R> {
         }
         if let Some(volumes) = volumes {
             syncer = syncer.volumes(volumes);
+        }
+        if let Some(mirrors) = mirrors {
+            syncer = syncer.mirror_client(mirrors);
         }
         let syncer = Arc::new(syncer);
         let workers = Arc::new(workers(WorkerParts {
@@ -268,6 +280,7 @@ impl<R: Runtime> Agent<R, (), ()> {
             cancel: CancellationToken::new(),
             prober: None,
             volumes: None,
+            mirrors: None,
         }
     }
 }

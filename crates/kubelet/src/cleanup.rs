@@ -18,7 +18,7 @@ use kubelet_core::{
 };
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{lock, pod_sync::PodSync};
 
@@ -35,6 +35,8 @@ pub(crate) enum Job {
     RemoveOrphanedPodDirs { keep: HashSet<PodUid> },
     /// Container garbage collection.
     CollectGarbage { all_sources_ready: bool },
+    /// A mirror pod whose static pod is gone: it goes from the API server.
+    DeleteMirrorPod { namespace: String, name: String },
 }
 
 /// The kubelet's queue of removals and the task that runs them.
@@ -136,6 +138,16 @@ impl<R: Runtime> Cleanups<R> {
                 }
             }
             Job::RemoveOrphanedPodDirs { keep } => self.remove_orphaned_pod_dirs(&keep).await,
+            Job::DeleteMirrorPod { namespace, name } => {
+                let Some(mirrors) = &self.sync.mirrors else { return };
+                match mirrors.delete_mirror_pod(&namespace, &name, None).await {
+                    Ok(true) => info!(pod = %name, namespace = %namespace, "deleted an orphaned mirror pod"),
+                    Ok(false) => {}
+                    Err(err) => {
+                        warn!(pod = %name, namespace = %namespace, error = %err, "cannot delete an orphaned mirror pod")
+                    }
+                }
+            }
             Job::CollectGarbage { all_sources_ready } => {
                 let policy = runtime::GcPolicy::default();
                 if let Err(err) = runtime.garbage_collect(&policy, all_sources_ready, false).await {

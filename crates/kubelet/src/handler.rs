@@ -99,6 +99,14 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
             .collect()
     }
 
+    /// A mirror pod came, changed or went: its static pod is synced, to keep the mirror (upstream
+    /// `handleMirrorPod`).
+    fn handle_mirror_pod(&self, mirror: &Pod) {
+        if let Some(pod) = self.pods.pod_of_mirror(mirror) {
+            self.dispatch(pod, SyncPodType::Update);
+        }
+    }
+
     fn reject(&self, pod: &Pod, reason: &str, message: &str) {
         self.sync.recorder.record(Event::new(EventType::Warning, reason, message, ObjectRef::pod(pod)));
         let status = ApiPodStatus {
@@ -120,6 +128,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         for pod in pods {
             self.pods.add_pod(pod.clone());
             if is_mirror_pod(&pod) {
+                self.handle_mirror_pod(&pod);
                 continue;
             }
             let uid = PodUid::of(&pod);
@@ -148,7 +157,9 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
     async fn handle_pod_updates(&self, pods: Vec<Arc<Pod>>) {
         for pod in pods {
             self.pods.update_pod(pod.clone());
-            if !is_mirror_pod(&pod) {
+            if is_mirror_pod(&pod) {
+                self.handle_mirror_pod(&pod);
+            } else {
                 self.dispatch(pod, SyncPodType::Update);
             }
         }
@@ -158,6 +169,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         for pod in pods {
             self.pods.remove_pod(&pod);
             if is_mirror_pod(&pod) {
+                self.handle_mirror_pod(&pod);
                 continue;
             }
             // Until every source has spoken, a removal may be an artefact: housekeeping retries.
@@ -238,6 +250,16 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         }
         if let Some(prober) = &self.sync.prober {
             prober.cleanup_pods(&desired_uids);
+        }
+        // Mirror pods whose static pod is gone go from the API server.
+        if self.sync.mirrors.is_some() {
+            for mirror in self.pods.mirror_pods() {
+                if self.pods.pod_of_mirror(&mirror).is_none() {
+                    let meta = &mirror.metadata;
+                    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_owned());
+                    self.cleanups.push(Job::DeleteMirrorPod { namespace, name: meta.name.clone().unwrap_or_default() });
+                }
+            }
         }
         let keep = desired_uids.into_iter().chain(workers.into_keys()).collect();
         self.cleanups.push(Job::RemoveOrphanedPodDirs { keep });

@@ -57,6 +57,7 @@ pub mod admission;
 pub mod agent;
 pub mod cleanup;
 mod handler;
+pub mod mirror;
 mod pod_sync;
 #[cfg(feature = "server")]
 #[cfg_attr(docsrs, doc(cfg(feature = "server")))]
@@ -72,8 +73,9 @@ mod tests;
 pub use crate::{
     agent::Agent,
     handler::Kubelet,
+    mirror::MirrorClient,
     pod_sync::{BoxError, Config, Error, PodSync, Result},
-    status_store::StatusStore,
+    status_store::{StatusSink, StatusStore},
 };
 
 /// Locks `mutex`, recovering the data if a previous holder panicked.

@@ -19,14 +19,15 @@ use kubelet_core::{
     clock::wall_now,
     events::{Event, EventRecorder, EventType, ObjectRef},
     runtime::{self, ContainerState, PodStatus, Runtime, SyncAction},
-    types::pod_full_name,
+    types::{is_static_pod, pod_full_name},
     volume::{MOUNT_TIMEOUT, PodVolumes, VolumeError, VolumeManager},
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::{
     admission::NodeResources,
     lock,
+    mirror::{MirrorAction, MirrorClient, mirror_action},
     status::{self, StartFailure, StatusInput},
     status_store::StatusStore,
 };
@@ -147,6 +148,8 @@ pub struct PodSync<R> {
     /// The prober, when the agent probes.
     pub(crate) prober: Option<Arc<dyn ProbeManager>>,
     pub(crate) volumes: Option<Arc<dyn VolumeManager>>,
+    /// Where static pods' mirror pods go, in cluster mode.
+    pub(crate) mirrors: Option<Arc<dyn MirrorClient>>,
     /// The verdicts it writes (empty without one): the runtime acts on liveness and startup
     /// failures, the status shows readiness and start.
     probe_results: Arc<ProbeResults>,
@@ -157,6 +160,9 @@ impl<R> std::fmt::Debug for PodSync<R> {
         f.debug_struct("PodSync").field("config", &self.config).finish_non_exhaustive()
     }
 }
+
+/// How long a sync waits for the API server to create or replace a mirror pod.
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn now_time() -> Time {
     Time(wall_now())
@@ -185,6 +191,7 @@ impl<R: Runtime> PodSync<R> {
             dirs_made: Mutex::new(HashSet::new()),
             prober: None,
             volumes: None,
+            mirrors: None,
             probe_results: Arc::new(ProbeResults::new()),
         }
     }
@@ -204,6 +211,44 @@ impl<R: Runtime> PodSync<R> {
     pub fn volumes(mut self, volumes: Arc<dyn VolumeManager>) -> Self {
         self.volumes = Some(volumes);
         self
+    }
+
+    /// Keeps a mirror pod in the API server for each static pod through `mirrors` (cluster mode).
+    #[must_use]
+    pub fn mirror_client(mut self, mirrors: Arc<dyn MirrorClient>) -> Self {
+        self.mirrors = Some(mirrors);
+        self
+    }
+
+    /// Creates or replaces the mirror pod of static pod `pod` (upstream `SyncPod`); failures are
+    /// logged and tried again at the next sync, never holding up the pod itself.
+    async fn sync_mirror_pod(&self, pod: &Pod, mirror: Option<&Arc<Pod>>) {
+        let Some(client) = &self.mirrors else { return };
+        if !is_static_pod(pod) {
+            return;
+        }
+        let action = mirror_action(pod, mirror.map(AsRef::as_ref));
+        let work = async {
+            if let MirrorAction::Replace { uid } = &action {
+                let (namespace, name) = (
+                    pod.metadata.namespace.as_deref().unwrap_or("default"),
+                    pod.metadata.name.as_deref().unwrap_or_default(),
+                );
+                info!(pod = %pod_full_name(pod), mirror.uid = %uid, "deleting an outdated mirror pod");
+                client.delete_mirror_pod(namespace, name, Some(uid)).await?;
+            }
+            if action != MirrorAction::Keep {
+                client.create_mirror_pod(pod).await?;
+            }
+            Ok::<_, String>(())
+        };
+        match tokio::time::timeout(MIRROR_TIMEOUT, work).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => warn!(pod = %pod_full_name(pod), error = %err, "failed creating a mirror pod"),
+            Err(_) => {
+                warn!(pod = %pod_full_name(pod), "failed creating a mirror pod: the API server did not answer in time")
+            }
+        }
     }
 
     /// The unsupported fields of `pod` for this agent: probes are implemented with a prober,
@@ -352,7 +397,7 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         &self,
         update_type: SyncPodType,
         pod: &Arc<Pod>,
-        _mirror: Option<&Arc<Pod>>,
+        mirror: Option<&Arc<Pod>>,
         runtime_status: &PodStatus,
     ) -> Result<bool, Error> {
         let uid = PodUid::of(pod);
@@ -414,6 +459,8 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             None => PodVolumes::new(),
         };
         let result = self.runtime.sync_pod(pod, runtime_status, &self.backoff, &self.probe_results, &volumes).await;
+        // After the containers' start, so an API server that does not answer delays no static pod.
+        self.sync_mirror_pod(pod, mirror).await;
         if self.record_failures(&uid, &result) {
             // The reasons show at once (upstream shows them from the next sync on).
             self.statuses.set(pod, self.api_status(pod, runtime_status, false));
@@ -503,6 +550,9 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         if let Some(volumes) = &self.volumes {
             volumes.unmount_pod(&PodUid::of(pod)).await.map_err(Error::Volume)?;
         }
+        // Nothing of it runs and its volumes are gone: the API may delete it (upstream
+        // `TerminatePod` and the status manager's `canBeDeleted`).
+        self.statuses.terminated(pod);
         // Its directories may go with its content; a pod that comes back with this UID makes them again.
         lock(&self.dirs_made).remove(&PodUid::of(pod));
         // Dead containers stay for GC, so their logs remain readable.

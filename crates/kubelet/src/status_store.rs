@@ -9,10 +9,16 @@ use kubelet_core::PodUid;
 
 use crate::lock;
 
-/// Where changed statuses go (an API sink arrives with the API server source).
+/// Where changed statuses go (in cluster mode, the API server).
 pub trait StatusSink: Send + Sync {
     /// The status of `pod` changed to `status` (version `version`).
     fn status_changed(&self, pod: &Pod, status: &ApiPodStatus, version: u64);
+
+    /// Nothing of `pod` runs any more and its volumes are gone: once deletion is asked for, the
+    /// API may drop it (upstream `TerminatePod` and `canBeDeleted`). Its last status came before.
+    fn pod_terminated(&self, pod: &Pod) {
+        let _ = pod;
+    }
 }
 
 /// One stored status.
@@ -102,6 +108,13 @@ impl StatusStore {
             sink.status_changed(pod, &status, version);
         }
         true
+    }
+
+    /// Tells the sinks that `pod` has terminated ([`StatusSink::pod_terminated`]).
+    pub fn terminated(&self, pod: &Pod) {
+        for sink in lock(&self.sinks).iter() {
+            sink.pod_terminated(pod);
+        }
     }
 
     /// The stored status of `uid`.

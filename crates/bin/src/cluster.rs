@@ -1,0 +1,187 @@
+//! Cluster mode (`--kubeconfig`): the glue between the agent and `kubelet-apiserver`.
+//!
+//! The binary registers the Node and keeps its status and lease, watches the pods bound to it
+//! as config source "api", sends pod statuses (static pods' to their mirror pods) and ends
+//! graceful deletions through the status sink, and keeps a mirror pod for each static pod.
+
+use std::{net::IpAddr, path::Path, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use apiserver::{
+    Facts, Health, heartbeat,
+    status::{self, Change, Report},
+};
+use config::SourceSender;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::Client;
+use kubelet::{MirrorClient, StatusSink, admission::NodeResources};
+use kubelet_core::{
+    PodUid, RuntimeState,
+    events::EventRecorder,
+    hook::BoxFuture,
+    runtime::Version,
+    types::{is_static_pod, pod_full_name},
+};
+use tokio::sync::mpsc;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::settings::Settings;
+
+/// How often statuses the API server does not have yet are sent again (upstream's 10 s).
+const STATUS_RESYNC: Duration = Duration::from_secs(10);
+
+/// A client for the cluster of `--kubeconfig`.
+pub(crate) async fn connect(path: &Path) -> Result<Client> {
+    heartbeat::connect(path).await.with_context(|| {
+        format!(
+            "cannot join the cluster with --kubeconfig {}: kubelet-rs has no TLS bootstrap yet, so the kubeconfig must exist and hold the node's credentials",
+            path.display()
+        )
+    })
+}
+
+/// What the node says of itself when it registers.
+pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
+    let file = &settings.file;
+    let mut facts = Facts::new(&settings.node_name, runtime).read_host(&settings.root_dir);
+    facts.ip = settings.node_ip.parse().ok().or_else(default_route_ip);
+    facts.labels.clone_from(&settings.node_labels);
+    facts.taints.clone_from(&file.register_with_taints);
+    let node = NodeResources::of_this_node();
+    (facts.cpu_milli, facts.memory_bytes) = (node.cpu_milli, node.memory_bytes);
+    facts.max_pods = file.max_pods;
+    facts.reserved = file.reserved();
+    facts.kubelet_version = format!("v1.36.0-kubelet-rs.{}", env!("CARGO_PKG_VERSION"));
+    facts
+}
+
+/// The address this host reaches the world from (upstream's default node IP): a UDP socket
+/// "connected" to a public address sends nothing but picks the route's source address.
+fn default_route_ip() -> Option<IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:80").ok()?;
+    Some(socket.local_addr().ok()?.ip())
+}
+
+/// Where the kubelet's statuses go: the API pod statuses, static pods' to their mirrors.
+struct ApiStatuses(mpsc::UnboundedSender<Report>);
+
+impl StatusSink for ApiStatuses {
+    fn status_changed(&self, pod: &Pod, status: &PodStatus, _version: u64) {
+        let change =
+            if is_static_pod(pod) { Change::of_static(pod, status.clone()) } else { Change::new(pod, status.clone()) };
+        let _ = self.0.send(Report::Status(change));
+    }
+
+    fn pod_terminated(&self, pod: &Pod) {
+        if !is_static_pod(pod) {
+            let _ = self.0.send(Report::Terminated(PodUid::of(pod).as_str().to_owned()));
+        }
+    }
+}
+
+/// Mirror pods in the API server.
+pub(crate) struct ApiMirrors {
+    client: Client,
+    node: String,
+}
+
+impl ApiMirrors {
+    pub(crate) fn new(client: Client, node: &str) -> Self {
+        ApiMirrors { client, node: node.to_owned() }
+    }
+}
+
+impl MirrorClient for ApiMirrors {
+    fn create_mirror_pod<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            apiserver::mirror::create(&self.client, pod, &self.node).await.map_err(|e| e.to_string())?;
+            info!(pod = %pod_full_name(pod), "created the mirror pod");
+            Ok(())
+        })
+    }
+
+    fn delete_mirror_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            apiserver::mirror::delete(&self.client, namespace, name, uid).await.map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Everything cluster mode runs beside the agent, on `tracker` until `cancel`: the Node's
+/// registration and heartbeats, the API pod source feeding `source`, and the pod status sink.
+#[allow(clippy::too_many_arguments)] // Reason: one call site, each part named.
+pub(crate) fn spawn(
+    tracker: &TaskTracker,
+    client: Client,
+    facts: Facts,
+    settings: &Settings,
+    statuses: &kubelet::StatusStore,
+    runtime_state: Arc<RuntimeState>,
+    source: SourceSender,
+    recorder: Arc<dyn EventRecorder>,
+    cancel: &CancellationToken,
+) {
+    let (reports, received) = mpsc::unbounded_channel();
+    statuses.add_sink(Arc::new(ApiStatuses(reports.clone())));
+    tracker.spawn(
+        status::report(client.clone(), received, STATUS_RESYNC, cancel.child_token())
+            .instrument(info_span!("pod_status_sink")),
+    );
+    let node = settings.node_name.clone();
+    tracker.spawn({
+        let (client, cancel) = (client.clone(), cancel.child_token());
+        async move {
+            let deliver = move |pods: Vec<Pod>| {
+                let _ = reports.send(Report::bound(&pods));
+                let source = source.clone();
+                async move { source.set(pods).await.is_ok() }
+            };
+            apiserver::source::watch_pods(client, &node, deliver, cancel).await;
+        }
+        .instrument(info_span!("api_source"))
+    });
+    if !settings.file.register_node {
+        info!("registerNode is false: the Node is not registered, nor its status reported");
+        return;
+    }
+    let config = heartbeat::Config::default().periods(
+        settings.file.node_status_update_frequency,
+        settings.file.node_status_report_frequency,
+        apiserver::lease::RENEW_INTERVAL,
+    );
+    let cancel = cancel.child_token();
+    tracker.spawn(
+        async move {
+            let mut failures = 0;
+            let node = loop {
+                match heartbeat::register(&client, &facts).await {
+                    Ok(node) => break node,
+                    Err(err) => {
+                        let wait = apiserver::lease::backoff(failures);
+                        failures += 1;
+                        warn!(node = %facts.name, error = %kubelet_core::ErrorChain(&err), retry_in = ?wait, "unable to register the node with the API server");
+                        tokio::select! {
+                            () = cancel.cancelled() => return,
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                }
+            };
+            let health = move || {
+                let mut health = Health::default();
+                health.runtime_errors = runtime_state.runtime_errors();
+                health.network_errors = runtime_state.network_errors();
+                health
+            };
+            heartbeat::run(client, node, facts, health, recorder, config, cancel).await;
+        }
+        .instrument(info_span!("node_status")),
+    );
+}
