@@ -43,6 +43,7 @@
 //! assert!(events.iter().any(|e| e.reason == "NodeReady"));
 //! ```
 
+pub mod events;
 pub mod heartbeat;
 pub mod lease;
 pub mod mirror;

@@ -13,6 +13,8 @@
 //!   [`ApiServer::delete_pod`]); after [`ApiServer::compact`] a watch from an older version gets
 //!   the API server's 410 `Expired`.
 //!
+//! - Events: create and strategic merge patches.
+//!
 //! Every object gets a UID and a `resourceVersion` from one counter; every request is counted.
 
 use std::{
@@ -56,6 +58,8 @@ pub struct Objects {
     pub changed: Arc<tokio::sync::Notify>,
     /// Bumped to end every open watch (as an API server restart does).
     pub watch_generation: u64,
+    /// Events by `namespace/name`.
+    pub events: BTreeMap<String, Value>,
 }
 
 impl Objects {
@@ -335,6 +339,43 @@ async fn delete_pod(
     delete(&mut objects, &ns, &name, &options)
 }
 
+async fn create_event(
+    State(objects): State<Shared>,
+    UrlPath(ns): UrlPath<String>,
+    Json(mut event): Json<Value>,
+) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("POST events");
+    let name = event["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let key = format!("{ns}/{name}");
+    if objects.events.contains_key(&key) {
+        return failure(StatusCode::CONFLICT, "AlreadyExists", format!("events \"{name}\" already exists"));
+    }
+    if event["involvedObject"]["kind"].as_str().is_none_or(str::is_empty) {
+        return failure(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", "involvedObject.kind: Required value".to_owned());
+    }
+    objects.stamp(&mut event, true);
+    objects.events.insert(key, event.clone());
+    (StatusCode::CREATED, Json(event)).into_response()
+}
+
+async fn patch_event(
+    State(objects): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    Json(patch): Json<Value>,
+) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("PATCH events");
+    let key = format!("{ns}/{name}");
+    let Some(mut event) = objects.events.get(&key).cloned() else {
+        return failure(StatusCode::NOT_FOUND, "NotFound", format!("events \"{name}\" not found"));
+    };
+    strategic_merge(&mut event, &patch);
+    objects.stamp(&mut event, false);
+    objects.events.insert(key, event.clone());
+    Json(event).into_response()
+}
+
 /// Whether `pod` matches the request's `fieldSelector` (only `spec.nodeName=...` is known).
 fn selected(pod: &Value, query: &BTreeMap<String, String>) -> bool {
     match query.get("fieldSelector").and_then(|s| s.strip_prefix("spec.nodeName=")) {
@@ -492,6 +533,8 @@ impl ApiServer {
             .route("/api/v1/namespaces/{ns}/pods", post(create_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).delete(delete_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}/status", axum::routing::patch(patch_pod_status))
+            .route("/api/v1/namespaces/{ns}/events", post(create_event))
+            .route("/api/v1/namespaces/{ns}/events/{name}", axum::routing::patch(patch_event))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
             .with_state(objects.clone());

@@ -232,7 +232,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
             agent.statuses(),
             agent.runtime_state().clone(),
             pod_config.source(Source::Api),
-            recorder.clone(),
+            &recorder,
             &cancel,
         );
     }

@@ -17,7 +17,7 @@ use kube::Client;
 use kubelet::{MirrorClient, StatusSink, admission::NodeResources};
 use kubelet_core::{
     PodUid, RuntimeState,
-    events::EventRecorder,
+    events::{Event, EventRecorder, RingRecorder},
     hook::BoxFuture,
     runtime::Version,
     types::{is_static_pod, pod_full_name},
@@ -81,6 +81,16 @@ impl StatusSink for ApiStatuses {
     }
 }
 
+/// Hands the agent's events to the API sender, dropping them when it is that far behind (as
+/// upstream's broadcaster does).
+struct ApiEvents(mpsc::Sender<Event>);
+
+impl EventRecorder for ApiEvents {
+    fn record(&self, event: Event) {
+        let _ = self.0.try_send(event);
+    }
+}
+
 /// Mirror pods in the API server.
 pub(crate) struct ApiMirrors {
     client: Client,
@@ -115,7 +125,8 @@ impl MirrorClient for ApiMirrors {
 }
 
 /// Everything cluster mode runs beside the agent, on `tracker` until `cancel`: the Node's
-/// registration and heartbeats, the API pod source feeding `source`, and the pod status sink.
+/// registration and heartbeats, the API pod source feeding `source`, the pod status sink, and
+/// the agent's events (from `recorder`) sent to the API server.
 #[allow(clippy::too_many_arguments)] // Reason: one call site, each part named.
 pub(crate) fn spawn(
     tracker: &TaskTracker,
@@ -125,9 +136,16 @@ pub(crate) fn spawn(
     statuses: &kubelet::StatusStore,
     runtime_state: Arc<RuntimeState>,
     source: SourceSender,
-    recorder: Arc<dyn EventRecorder>,
+    recorder: &Arc<RingRecorder>,
     cancel: &CancellationToken,
 ) {
+    let (events, pending) = mpsc::channel(apiserver::events::QUEUE);
+    recorder.forward_to(Arc::new(ApiEvents(events)));
+    tracker.spawn(
+        apiserver::events::send(client.clone(), settings.node_name.clone(), pending, cancel.child_token())
+            .instrument(info_span!("event_sink")),
+    );
+    let recorder: Arc<dyn EventRecorder> = recorder.clone();
     let (reports, received) = mpsc::unbounded_channel();
     statuses.add_sink(Arc::new(ApiStatuses(reports.clone())));
     tracker.spawn(

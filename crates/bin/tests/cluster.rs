@@ -42,7 +42,13 @@ async fn until<T>(
     }
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     let pods = server.objects.lock().unwrap().pods.clone();
-    panic!("timed out waiting for {what}; pods: {pods:#?}\nagent log:\n{log}");
+    let (events, requests) = {
+        let o = server.objects.lock().unwrap();
+        (o.events.clone(), o.requests.clone())
+    };
+    panic!(
+        "timed out waiting for {what}; pods: {pods:#?}\nevents: {events:#?}\nrequests: {requests:?}\nagent log:\n{log}"
+    );
 }
 
 fn bound_pod(name: &str, node: &str, image: &str) -> Value {
@@ -65,7 +71,15 @@ fn phase(pod: &Value) -> &str {
 }
 
 /// The scenario on `endpoint`; `in_runtime` says whether the runtime still holds pod `uid`.
-async fn scenario(endpoint: &str, dir: &Path, node: &str, image: &str, in_runtime: impl AsyncFn(&str) -> usize) {
+/// A real runtime (`real`) records the containers' events (`Pulled`, `Started`); the fake one does not.
+async fn scenario(
+    endpoint: &str,
+    dir: &Path,
+    node: &str,
+    image: &str,
+    real: bool,
+    in_runtime: impl AsyncFn(&str) -> usize,
+) {
     let server = ApiServer::start().await;
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
     server.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
@@ -121,6 +135,16 @@ async fn scenario(endpoint: &str, dir: &Path, node: &str, image: &str, in_runtim
     let container = web["status"]["containerStatuses"][0]["containerID"].clone();
     assert!(container.as_str().is_some_and(|id| !id.is_empty()), "{web}");
     assert_eq!(in_runtime(&web_uid).await, 1, "one sandbox for the pod");
+    // The agent's events reach the API: the node's, and on a real runtime the pod's, by UID.
+    until(&server, dir, "the node's and web's events", |o| {
+        let about = |kind: &str, uid: &str, reason: &str| {
+            o.events.values().any(|e| {
+                e["involvedObject"]["kind"] == kind && e["involvedObject"]["uid"] == uid && e["reason"] == reason
+            })
+        };
+        (about("Node", node, "NodeReady") && (!real || about("Pod", &web_uid, "Started"))).then_some(())
+    })
+    .await;
 
     // The static pod's mirror: created, with the static pod's status, recreated after deletion.
     let mirror_key = format!("default/static-{node}");
@@ -193,7 +217,7 @@ async fn a_node_joins_runs_bound_pods_mirrors_static_ones_and_ends_deletions() {
         });
         running.count()
     };
-    scenario("fake://", dir.path(), "node-fake", "busybox", in_runtime).await;
+    scenario("fake://", dir.path(), "node-fake", "busybox", false, in_runtime).await;
 }
 
 #[tokio::test]
@@ -216,5 +240,5 @@ async fn real_cluster_mode_against_the_in_process_api_server() {
         let request = cri_client::pb::ListPodSandboxRequest { filter: Some(filter) };
         client.runtime_service().list_pod_sandbox(request).await.unwrap().into_inner().items.len()
     };
-    scenario(&rt.endpoint, &dir, &node, &rt.busybox_image, in_runtime).await;
+    scenario(&rt.endpoint, &dir, &node, &rt.busybox_image, true, in_runtime).await;
 }

@@ -145,10 +145,7 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
         ),
         "{stderr}"
     );
-    assert!(
-        stderr.contains("set but without effect in kubelet-rs: authentication, --cert-dir"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("set but without effect in kubelet-rs: authentication, --cert-dir"), "{stderr}");
     assert!(stderr.contains("cannot reach the container runtime"), "{stderr}");
 
     // A flag's value that asks for what the agent lacks stops it with code 2, naming the flag.

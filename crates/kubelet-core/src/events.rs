@@ -1,10 +1,14 @@
 //! Events: what the kubelet tells users about objects (upstream's `record.EventRecorder`).
 //!
 //! Sources and the kubelet record events through [`EventRecorder`]; [`RingRecorder`] logs each
-//! event through `tracing` and keeps the most recent ones in memory, for the node binary's local
-//! API. An API-server sink can implement the same trait later.
+//! event through `tracing`, keeps the most recent ones in memory for the node binary's local
+//! API, and hands each to the recorders it forwards to (in cluster mode, the API server's).
 
-use std::{collections::VecDeque, fmt, sync::Mutex};
+use std::{
+    collections::VecDeque,
+    fmt,
+    sync::{Arc, Mutex},
+};
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 
@@ -88,11 +92,17 @@ pub trait EventRecorder: Send + Sync {
     fn record(&self, event: Event);
 }
 
-/// Logs events and keeps the most recent ones in memory.
-#[derive(Debug)]
+/// Logs events, keeps the most recent ones in memory, and forwards each.
 pub struct RingRecorder {
     capacity: usize,
     events: Mutex<VecDeque<Event>>,
+    forward: Mutex<Vec<Arc<dyn EventRecorder>>>,
+}
+
+impl fmt::Debug for RingRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RingRecorder").field("capacity", &self.capacity).finish_non_exhaustive()
+    }
 }
 
 impl Default for RingRecorder {
@@ -105,7 +115,12 @@ impl Default for RingRecorder {
 impl RingRecorder {
     /// Keeps the last `capacity` events.
     pub fn new(capacity: usize) -> Self {
-        RingRecorder { capacity: capacity.max(1), events: Mutex::new(VecDeque::new()) }
+        RingRecorder { capacity: capacity.max(1), events: Mutex::new(VecDeque::new()), forward: Mutex::default() }
+    }
+
+    /// Hands every event recorded from now on to `recorder` as well.
+    pub fn forward_to(&self, recorder: Arc<dyn EventRecorder>) {
+        lock(&self.forward).push(recorder);
     }
 
     /// The events kept, oldest first.
@@ -130,6 +145,9 @@ impl EventRecorder for RingRecorder {
                 reason = %event.reason, object.kind = %event.object.kind, object.namespace = %event.object.namespace,
                 object.name = %event.object.name, "{}", event.message
             ),
+        }
+        for recorder in lock(&self.forward).iter() {
+            recorder.record(event.clone());
         }
         let mut events = lock(&self.events);
         if events.len() == self.capacity {
