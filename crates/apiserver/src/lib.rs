@@ -47,6 +47,7 @@ pub mod events;
 pub mod heartbeat;
 pub mod lease;
 pub mod mirror;
+pub mod objects;
 pub mod source;
 pub mod status;
 #[cfg(feature = "test-util")]

@@ -14,6 +14,8 @@
 //!   the API server's 410 `Expired`.
 //!
 //! - Events: create and strategic merge patches.
+//! - Config maps and secrets: get ([`ApiServer::put_config_map`], [`ApiServer::put_secret`]);
+//!   service accounts' TokenRequests (a pod must be the bound object).
 //!
 //! Every object gets a UID and a `resourceVersion` from one counter; every request is counted.
 
@@ -60,6 +62,10 @@ pub struct Objects {
     pub watch_generation: u64,
     /// Events by `namespace/name`.
     pub events: BTreeMap<String, Value>,
+    /// Config maps and secrets by `configmaps/namespace/name` and `secrets/namespace/name`.
+    pub objects: BTreeMap<String, Value>,
+    /// The TokenRequests served, as `namespace/serviceaccount` with the bound pod's name.
+    pub token_requests: Vec<(String, String)>,
 }
 
 impl Objects {
@@ -376,6 +382,40 @@ async fn patch_event(
     Json(event).into_response()
 }
 
+async fn get_object(
+    State(objects): State<Shared>,
+    UrlPath((ns, kind, name)): UrlPath<(String, String, String)>,
+) -> Response {
+    let mut objects = lock(&objects);
+    objects.count(&format!("GET {kind}"));
+    match objects.objects.get(&format!("{kind}/{ns}/{name}")) {
+        Some(object) => Json(object.clone()).into_response(),
+        None => failure(StatusCode::NOT_FOUND, "NotFound", format!("{kind} \"{name}\" not found")),
+    }
+}
+
+async fn create_token(
+    State(objects): State<Shared>,
+    UrlPath((ns, account)): UrlPath<(String, String)>,
+    Json(mut request): Json<Value>,
+) -> Response {
+    let mut objects = lock(&objects);
+    objects.count("POST serviceaccounts/token");
+    let pod = request["spec"]["boundObjectRef"]["name"].as_str().unwrap_or_default().to_owned();
+    if request["spec"]["boundObjectRef"]["kind"] != "Pod" || pod.is_empty() {
+        return failure(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "spec.boundObjectRef: a pod is required".to_owned(),
+        );
+    }
+    let n = objects.token_requests.len();
+    objects.token_requests.push((format!("{ns}/{account}"), pod.clone()));
+    request["status"] =
+        json!({"token": format!("token-{n}-{account}-{pod}"), "expirationTimestamp": "2026-11-24T01:00:00Z"});
+    (StatusCode::CREATED, Json(request)).into_response()
+}
+
 /// Whether `pod` matches the request's `fieldSelector` (only `spec.nodeName=...` is known).
 fn selected(pod: &Value, query: &BTreeMap<String, String>) -> bool {
     match query.get("fieldSelector").and_then(|s| s.strip_prefix("spec.nodeName=")) {
@@ -469,6 +509,31 @@ impl ApiServer {
         objects.changed.notify_waiters();
     }
 
+    /// Creates or replaces config map `namespace/name` with `data` (text values).
+    pub fn put_config_map(&self, namespace: &str, name: &str, data: Value) {
+        let mut objects = lock(&self.objects);
+        let mut object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace}, "data": data});
+        let key = format!("configmaps/{namespace}/{name}");
+        let new = !objects.objects.contains_key(&key);
+        objects.stamp(&mut object, new);
+        objects.objects.insert(key, object);
+    }
+
+    /// Creates or replaces secret `namespace/name` with `data` (values as bytes, sent base64
+    /// as the API server sends them).
+    pub fn put_secret(&self, namespace: &str, name: &str, data: &[(&str, &[u8])]) {
+        let encoded: serde_json::Map<String, Value> =
+            data.iter().map(|(k, v)| ((*k).to_owned(), json!(k8s_openapi::ByteString(v.to_vec())))).collect();
+        let mut objects = lock(&self.objects);
+        let mut object = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace}, "data": encoded});
+        let key = format!("secrets/{namespace}/{name}");
+        let new = !objects.objects.contains_key(&key);
+        objects.stamp(&mut object, new);
+        objects.objects.insert(key, object);
+    }
+
     /// Asks for the deletion of pod `namespace/name` with `grace` seconds, as `kubectl delete`
     /// does: a bound pod gets its `deletionTimestamp`, and its kubelet deletes it once stopped.
     pub fn request_deletion(&self, namespace: &str, name: &str, grace: i64) {
@@ -534,6 +599,8 @@ impl ApiServer {
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).delete(delete_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}/status", axum::routing::patch(patch_pod_status))
             .route("/api/v1/namespaces/{ns}/events", post(create_event))
+            .route("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token", post(create_token))
+            .route("/api/v1/namespaces/{ns}/{kind}/{name}", get(get_object))
             .route("/api/v1/namespaces/{ns}/events/{name}", axum::routing::patch(patch_event))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))

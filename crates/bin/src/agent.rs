@@ -31,16 +31,21 @@ pub(crate) async fn run(
 ) -> Result<()> {
     let file = &settings.file;
     let recorder = Arc::new(RingRecorder::default());
+    // Cluster mode: the client comes first, as the runtime reads pull secrets through it.
+    let client = match &settings.kubeconfig {
+        Some(path) => Some(crate::cluster::connect(path).await?),
+        None => None,
+    };
     if let Some(fake) = FakeEndpoint::parse(&file.container_runtime_endpoint)? {
         warn!(endpoint = %file.container_runtime_endpoint, "running on the in-memory fake runtime: no containers run");
         let runtime = Arc::new(fake.build());
-        return run_on(runtime, recorder, Arc::new(StartupTracker::new()), settings, metrics, cancel).await;
+        return run_on(runtime, recorder, Arc::new(StartupTracker::new()), client, settings, metrics, cancel).await;
     }
     let mut cri_config = CriConfig::new(&file.container_runtime_endpoint).request_timeout(file.runtime_request_timeout);
     if let Some(endpoint) = &file.image_service_endpoint {
         cri_config = cri_config.image_endpoint(endpoint);
     }
-    let client = Client::connect(&cri_config).context("invalid containerRuntimeEndpoint")?;
+    let cri = Client::connect(&cri_config).context("invalid containerRuntimeEndpoint")?;
     let runtime_config = manager::Config::new(&settings.node_name)
         .pod_logs_dir(&file.pod_logs_dir)
         .container_logs_dir(&settings.container_logs_dir)
@@ -54,12 +59,13 @@ pub(crate) async fn run(
             file.cluster_domain.clone(),
         );
     let startup = Arc::new(StartupTracker::new());
-    let runtime = Arc::new(
-        CriRuntime::new(client, runtime_config, recorder.clone())
-            .startup_tracker(startup.clone())
-            .hooks(Arc::new(prober::Hooks::default())),
-    );
-    run_on(runtime, recorder, startup, settings, metrics, cancel).await
+    let mut runtime = CriRuntime::new(cri, runtime_config, recorder.clone())
+        .startup_tracker(startup.clone())
+        .hooks(Arc::new(prober::Hooks::default()));
+    if let Some(client) = &client {
+        runtime = runtime.pull_secrets(Arc::new(apiserver::objects::ApiObjects::new(client.clone())));
+    }
+    run_on(Arc::new(runtime), recorder, startup, client, settings, metrics, cancel).await
 }
 
 /// `fake://?startLatency=200ms&failureRate=0.1`: the in-memory runtime, each pod sync taking
@@ -126,6 +132,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     runtime: Arc<R>,
     recorder: Arc<RingRecorder>,
     startup: Arc<StartupTracker>,
+    client: Option<kube::Client>,
     settings: Settings,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     cancel: CancellationToken,
@@ -161,24 +168,23 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     if file.static_pod_url.is_some() {
         sources.push(Source::Http);
     }
-    let cluster = match &settings.kubeconfig {
-        Some(path) => {
-            let client = crate::cluster::connect(path).await?;
-            sources.push(Source::Api);
-            Some((client, crate::cluster::facts(&settings, version)))
-        }
-        None => None,
-    };
+    let cluster = client.map(|client| {
+        sources.push(Source::Api);
+        (client, crate::cluster::facts(&settings, version))
+    });
     let (file_period, http_period, sync_period) = settings.periods();
     let mut builder = Agent::builder(runtime, agent::Config::new(kubelet_config, sources));
+    let mut volumes = volumes::Manager::new(settings.root_dir.join("pods"));
     if let Some((client, _)) = &cluster {
         builder = builder.mirror_client(crate::cluster::ApiMirrors::new(client.clone(), &settings.node_name));
+        // configMap, secret and projected volumes read the API server.
+        volumes = volumes.objects(Arc::new(apiserver::objects::ApiObjects::new(client.clone())));
     }
     let agent = builder
         .recorder(recorder.clone())
         .startup_tracker(startup)
         .cancel(cancel.clone())
-        .volumes(volumes::Manager::new(settings.root_dir.join("pods")))
+        .volumes(volumes)
         .prober({
             let config = prober::Config::default().node_ip(&settings.node_ip);
             move |parts| {

@@ -52,7 +52,7 @@ async fn until<T>(
 }
 
 fn bound_pod(name: &str, node: &str, image: &str) -> Value {
-    json!({
+    let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
         "spec": {
@@ -63,7 +63,26 @@ fn bound_pod(name: &str, node: &str, image: &str) -> Value {
                 "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}],
         },
         "status": {"phase": "Pending"},
-    })
+    });
+    pod["spec"]["volumes"] =
+        json!([{"name": "cfg", "configMap": {"name": "app", "items": [{"key": "greeting", "path": "greeting"}]}}]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "cfg", "mountPath": "/etc/app"}]);
+    pod
+}
+
+/// The pod's service account token, its cluster's CA and its namespace, as the API server's
+/// admission adds them to every pod (`kube-api-access-*`).
+fn with_api_access(mut pod: Value) -> Value {
+    pod["spec"]["volumes"].as_array_mut().unwrap().push(json!({"name": "kube-api-access-abcde", "projected": {
+        "defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}, "path": "namespace"}]}},
+        ]}}));
+    pod["spec"]["containers"][0]["volumeMounts"].as_array_mut().unwrap().push(json!(
+        {"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}));
+    pod["spec"]["serviceAccountName"] = json!("default");
+    pod
 }
 
 fn phase(pod: &Value) -> &str {
@@ -86,7 +105,7 @@ async fn scenario(
     std::fs::write(
         dir.join("config.yaml"),
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n\
-         registerWithTaints: [{key: dedicated, value: edge, effect: NoSchedule}]\n",
+         registerWithTaints: [{key: dedicated, value: edge, effect: NoSchedule}]\nsyncFrequency: 2s\n",
     )
     .unwrap();
     let manifest = dir.join("manifests/static.yaml");
@@ -124,8 +143,11 @@ async fn scenario(
     .await;
     assert!(o_has_lease(&server, node), "the lease is the node's, in kube-node-lease");
 
-    // A bound pod runs and its status reaches the API.
-    server.put_pod(bound_pod("web", node, image));
+    // A bound pod runs with its volumes from the API, and its status reaches the API.
+    server.put_config_map("default", "app", json!({"greeting": "hello"}));
+    server.put_config_map("default", "kube-root-ca.crt", json!({"ca.crt": "CA"}));
+    // The projected token volume is a tmpfs: only the real (root) run has it.
+    server.put_pod(if real { with_api_access(bound_pod("web", node, image)) } else { bound_pod("web", node, image) });
     let web = until(&server, dir, "web to be Running and ready", |o| {
         let pod = o.pods.get("default/web")?;
         (phase(pod) == "Running" && pod["status"]["containerStatuses"][0]["ready"] == true).then(|| pod.clone())
@@ -135,6 +157,24 @@ async fn scenario(
     let container = web["status"]["containerStatuses"][0]["containerID"].clone();
     assert!(container.as_str().is_some_and(|id| !id.is_empty()), "{web}");
     assert_eq!(in_runtime(&web_uid).await, 1, "one sandbox for the pod");
+    let volumes = dir.join("root/pods").join(&web_uid).join("volumes");
+    let greeting = volumes.join("kubernetes.io~configmap/cfg/greeting");
+    assert_eq!(std::fs::read_to_string(&greeting).unwrap(), "hello");
+    if real {
+        let access = volumes.join("kubernetes.io~projected/kube-api-access-abcde");
+        assert_eq!(std::fs::read_to_string(access.join("token")).unwrap(), "token-0-default-web");
+        assert_eq!(std::fs::read_to_string(access.join("ca.crt")).unwrap(), "CA");
+        assert_eq!(std::fs::read_to_string(access.join("namespace")).unwrap(), "default");
+    }
+    // A change of the config map reaches the volume at the pod's next sync.
+    server.put_config_map("default", "app", json!({"greeting": "bye"}));
+    for _ in 0..100 {
+        if std::fs::read_to_string(&greeting).unwrap() == "bye" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(std::fs::read_to_string(&greeting).unwrap(), "bye", "the config map's change is in the volume");
     // The agent's events reach the API: the node's, and on a real runtime the pod's, by UID.
     until(&server, dir, "the node's and web's events", |o| {
         let about = |kind: &str, uid: &str, reason: &str| {

@@ -126,8 +126,6 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
         root.to_str().unwrap(),
         "--healthz-port",
         "0",
-        "--kubeconfig",
-        "/etc/kubernetes/kubelet.conf",
         "--node-labels",
         "role=edge",
         "--cert-dir",

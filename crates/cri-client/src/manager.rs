@@ -21,6 +21,7 @@ use kubelet_core::{
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+mod credentials;
 mod gc;
 mod images;
 mod kill;
@@ -153,6 +154,8 @@ pub struct CriRuntime {
     image_pulls: Option<tokio::sync::Semaphore>,
     startup: Option<Arc<kubelet_core::StartupTracker>>,
     hooks: Option<Arc<dyn HookRunner>>,
+    /// Where pods' `imagePullSecrets` are read (cluster mode).
+    pull_secrets: Option<Arc<dyn kubelet_core::volume::ObjectSource>>,
 }
 
 impl std::fmt::Debug for CriRuntime {
@@ -189,6 +192,7 @@ impl CriRuntime {
             image_pulls: config.image_pull_limit.map(tokio::sync::Semaphore::new),
             startup: None,
             hooks: None,
+            pull_secrets: None,
             config,
         }
     }
@@ -205,6 +209,15 @@ impl CriRuntime {
     #[must_use]
     pub fn hooks(mut self, runner: Arc<dyn HookRunner>) -> Self {
         self.hooks = Some(runner);
+        self
+    }
+
+    /// Reads pods' `imagePullSecrets` from `secrets` and pulls with their credentials (upstream's
+    /// keyring: the most specific registry match first, each tried until one pull succeeds);
+    /// without it, pods' pull secrets are not read.
+    #[must_use]
+    pub fn pull_secrets(mut self, secrets: Arc<dyn kubelet_core::volume::ObjectSource>) -> Self {
+        self.pull_secrets = Some(secrets);
         self
     }
 

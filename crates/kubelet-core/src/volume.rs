@@ -21,6 +21,33 @@ pub const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
 pub const DOWNWARD_API: &str = "kubernetes.io~downward-api";
 /// The directory name of the projected plugin under a pod's `volumes/`.
 pub const PROJECTED: &str = "kubernetes.io~projected";
+/// The directory name of the configMap plugin under a pod's `volumes/`.
+pub const CONFIG_MAP: &str = "kubernetes.io~configmap";
+/// The directory name of the secret plugin under a pod's `volumes/`.
+pub const SECRET: &str = "kubernetes.io~secret";
+
+/// The keys of a config map or secret with their bytes (a config map's `data` and `binaryData`).
+pub type ObjectData = BTreeMap<String, Vec<u8>>;
+
+/// Where the volumes that need the API server get their content (upstream's config map and
+/// secret managers and its token manager); in cluster mode, the API server.
+pub trait ObjectSource: Send + Sync + 'static {
+    /// The keys of config map `namespace/name`, or `None` when it does not exist.
+    fn config_map<'a>(&'a self, namespace: &'a str, name: &'a str)
+    -> BoxFuture<'a, Result<Option<ObjectData>, String>>;
+
+    /// The keys of secret `namespace/name`, or `None` when it does not exist.
+    fn secret<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>>;
+
+    /// A token of `pod`'s service account for `audience` (the API server's own when `None`),
+    /// valid for about `expiration_seconds` and bound to the pod (upstream's TokenRequest).
+    fn service_account_token<'a>(
+        &'a self,
+        pod: &'a Pod,
+        audience: Option<&'a str>,
+        expiration_seconds: i64,
+    ) -> BoxFuture<'a, Result<String, String>>;
+}
 
 /// How long a sync waits for a pod's volumes before it fails with `FailedMount` and is retried
 /// (upstream `podAttachAndMountTimeout`, 2 min 3 s).

@@ -8,8 +8,10 @@
 //! Each volume lives in `<pods-dir>/<uid>/volumes/<plugin>/<name>`, upstream's layout; the
 //! runtime mounts the host paths the manager returns.
 //! More volume types plug in as `kubelet_core::VolumePlugin`s ([`Manager::plugin`]).
-//! Volumes that need the API server (configMap, secret, service account tokens, claims) are not
-//! here: the kubelet refuses pods that use them.
+//! With an `ObjectSource` ([`Manager::objects`]; in cluster mode, the API server), configMap,
+//! secret and projected volumes of configMap, secret and serviceAccountToken sources too,
+//! refreshed at every sync; secret and projected volumes live on a tmpfs. Claims and CSI are
+//! not here: the kubelet refuses pods that use them.
 //!
 //! Teardown never follows a mount out of the pod's directory: a tmpfs the manager mounted is
 //! unmounted first, and a volume directory with anything else mounted below it is left alone
@@ -36,6 +38,7 @@
 //! }
 //! ```
 
+mod api;
 mod atomic;
 mod downward;
 mod empty_dir;
@@ -51,7 +54,7 @@ use k8s_openapi::api::core::v1::{Pod, Volume};
 use kubelet_core::{
     PodUid,
     hook::BoxFuture,
-    volume::{PodVolumes, VolumeError, VolumeManager, VolumePlugin, volume_dir},
+    volume::{ObjectSource, PodVolumes, VolumeError, VolumeManager, VolumePlugin, volume_dir},
 };
 use tracing::debug;
 
@@ -82,6 +85,16 @@ impl Manager {
                 Arc::new(downward::Projected),
             ],
         }
+    }
+
+    /// Adds the volumes that need the API server, with their content from `objects`:
+    /// configMap, secret, and projected volumes of any of configMap, secret, downwardAPI and
+    /// serviceAccountToken sources.
+    #[must_use]
+    pub fn objects(self, objects: Arc<dyn ObjectSource>) -> Self {
+        self.plugin(Arc::new(api::ConfigMap(objects.clone())))
+            .plugin(Arc::new(api::Secret(objects.clone())))
+            .plugin(Arc::new(api::Projected(objects)))
     }
 
     /// Adds a volume plugin; it is asked before the built-in ones.

@@ -136,3 +136,158 @@ fn is_root() -> bool {
         .lines()
         .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
 }
+
+/// Objects as an API server would hand them, changeable by the test.
+#[derive(Default)]
+struct Objects {
+    config_maps: std::sync::Mutex<BTreeMap<String, kubelet_core::volume::ObjectData>>,
+    tokens: std::sync::atomic::AtomicU32,
+}
+
+impl ObjectSource for Objects {
+    fn config_map<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<kubelet_core::volume::ObjectData>, String>> {
+        let found = self.config_maps.lock().unwrap().get(&format!("{namespace}/{name}")).cloned();
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn secret<'a>(
+        &'a self,
+        _namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<kubelet_core::volume::ObjectData>, String>> {
+        let found = (name == "db").then(|| BTreeMap::from([("password".to_owned(), b"hunter2".to_vec())]));
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn service_account_token<'a>(
+        &'a self,
+        pod: &'a Pod,
+        audience: Option<&'a str>,
+        expiration_seconds: i64,
+    ) -> BoxFuture<'a, Result<String, String>> {
+        let n = self.tokens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        Box::pin(async move { Ok(format!("token-{n}-{name}-{}-{expiration_seconds}", audience.unwrap_or("api"))) })
+    }
+}
+
+fn key(key: &str, path: &str, mode: Option<i32>) -> k8s_openapi::api::core::v1::KeyToPath {
+    k8s_openapi::api::core::v1::KeyToPath { key: key.into(), path: path.into(), mode }
+}
+
+#[tokio::test]
+async fn config_map_secret_and_projected_volumes_come_from_the_object_source_and_follow_it() {
+    use std::os::unix::fs::PermissionsExt;
+
+    use k8s_openapi::api::core::v1::{
+        ConfigMapProjection, DownwardAPIProjection, ProjectedVolumeSource, SecretVolumeSource,
+        ServiceAccountTokenProjection, VolumeProjection,
+    };
+    if !is_root() {
+        println!(
+            "SKIPPED config_map_secret_and_projected_volumes_...: secret and projected volumes mount a tmpfs (root)"
+        );
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let pods = scratch.path().join("pods");
+    let objects = Arc::new(Objects::default());
+    objects.config_maps.lock().unwrap().insert(
+        "default/app".into(),
+        BTreeMap::from([("greeting".into(), b"hello".to_vec()), ("other".into(), b"x".to_vec())]),
+    );
+    objects
+        .config_maps
+        .lock()
+        .unwrap()
+        .insert("default/kube-root-ca.crt".into(), BTreeMap::from([("ca.crt".into(), b"CA".to_vec())]));
+    let manager = Manager::new(&pods).objects(objects.clone());
+    let config = Volume {
+        name: "cfg".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: "app".into(),
+            items: Some(vec![key("greeting", "dir/hello.txt", Some(0o600))]),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let secret = Volume {
+        name: "creds".into(),
+        secret: Some(SecretVolumeSource { secret_name: Some("db".into()), ..SecretVolumeSource::default() }),
+        ..Volume::default()
+    };
+    let access = Volume {
+        name: "kube-api-access-x".into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".into(),
+                        expiration_seconds: Some(3607),
+                        audience: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".into(),
+                        items: Some(vec![key("ca.crt", "ca.crt", None)]),
+                        optional: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "namespace".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                field_path: "metadata.namespace".into(),
+                                ..Default::default()
+                            }),
+                            ..DownwardAPIVolumeFile::default()
+                        }]),
+                    }),
+                    ..VolumeProjection::default()
+                },
+            ]),
+            ..ProjectedVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mut pod = pod(vec![config, secret, access]);
+    pod.metadata.namespace = Some("default".into());
+    let volumes = manager.mount_pod(&pod).await.unwrap();
+    let cfg = volumes.get("cfg").unwrap().to_owned();
+    assert_eq!(cfg, pods.join("u1/volumes/kubernetes.io~configmap/cfg"));
+    assert_eq!(std::fs::read_to_string(cfg.join("dir/hello.txt")).unwrap(), "hello");
+    assert!(!cfg.join("other").exists(), "only the items asked for");
+    let mode = std::fs::metadata(cfg.join("dir/hello.txt")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let creds = volumes.get("creds").unwrap();
+    assert_eq!(std::fs::read_to_string(creds.join("password")).unwrap(), "hunter2");
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(table.contains(&format!(" {} ", creds.display())), "a secret volume is a tmpfs");
+    let access = volumes.get("kube-api-access-x").unwrap();
+    assert_eq!(std::fs::read_to_string(access.join("token")).unwrap(), "token-0-web-api-3607");
+    assert_eq!(std::fs::read_to_string(access.join("ca.crt")).unwrap(), "CA");
+    assert_eq!(std::fs::read_to_string(access.join("namespace")).unwrap(), "default");
+
+    // A change of the config map reaches the file at the next set-up.
+    objects.config_maps.lock().unwrap().get_mut("default/app").unwrap().insert("greeting".into(), b"bye".to_vec());
+    manager.mount_pod(&pod).await.unwrap();
+    assert_eq!(std::fs::read_to_string(cfg.join("dir/hello.txt")).unwrap(), "bye");
+
+    // A missing config map is an error in upstream's words, unless optional; a missing key too.
+    objects.config_maps.lock().unwrap().remove("default/app");
+    let err = manager.mount_pod(&pod).await.unwrap_err().to_string();
+    assert!(err.contains("configmap \"app\" not found in namespace \"default\""), "{err}");
+
+    manager.unmount_pod(&PodUid::new("u1")).await.unwrap();
+    assert!(!pods.join("u1/volumes").exists());
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!table.contains(&creds.display().to_string()), "the tmpfs is unmounted");
+}

@@ -52,7 +52,8 @@ impl CriRuntime {
         if let Some(tracker) = &self.startup {
             tracker.pulling_started(&uid, started);
         }
-        let pulled = self.pull_image(&image).await;
+        let auths = self.pull_credentials(pod, &image).await;
+        let pulled = pull_with(self, &image, &auths).await;
         if let Some(tracker) = &self.startup {
             tracker.pulling_finished(&uid, Instant::now());
         }
@@ -76,6 +77,33 @@ impl CriRuntime {
                 Err(SyncFailure::new(reasons::ERR_IMAGE_PULL, message).with_retry_after(retry))
             }
         }
+    }
+
+    /// The credentials of the pod's `imagePullSecrets` for `image`; a secret that cannot be read
+    /// is upstream's `FailedToRetrieveImagePullSecret` event, and the pull goes on without it.
+    async fn pull_credentials(&self, pod: &ApiPod, image: &str) -> Vec<pb::AuthConfig> {
+        let names: Vec<&str> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.image_pull_secrets.iter().flatten())
+            .map(|r| r.name.as_str())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let Some(source) = self.pull_secrets.as_ref().filter(|_| !names.is_empty()) else { return Vec::new() };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let mut secrets = Vec::new();
+        for name in names {
+            match source.secret(namespace, name).await {
+                Ok(Some(data)) => secrets.push(data),
+                Ok(None) | Err(_) => self.event(
+                    pod,
+                    EventType::Warning,
+                    "FailedToRetrieveImagePullSecret",
+                    format!("Unable to retrieve some image pull secrets ({name}); attempting to pull the image may not succeed."),
+                ),
+            }
+        }
+        credentials::for_image(image, &secrets)
     }
 
     pub(super) async fn image_user(&self, image_ref: &str) -> container::ImageUser {
@@ -108,23 +136,32 @@ async fn image_status(rt: &CriRuntime, image: &str) -> Result<Option<pb::Image>,
 }
 
 pub(super) async fn pull_image(rt: &CriRuntime, image: &str) -> Result<String, Error> {
+    pull_with(rt, image, &[]).await
+}
+
+/// Pulls `image` with each of `auths` in turn until one succeeds (without credentials when there
+/// are none); the last failure otherwise.
+async fn pull_with(rt: &CriRuntime, image: &str, auths: &[pb::AuthConfig]) -> Result<String, Error> {
     // The semaphore is never closed, so `acquire` only fails if it were; then pull unlimited.
     let _permit = match &rt.image_pulls {
         Some(pulls) => pulls.acquire().await.ok(),
         None => None,
     };
-    let request = pb::PullImageRequest {
-        image: Some(pb::ImageSpec { image: image.to_owned(), ..Default::default() }),
-        ..Default::default()
-    };
-    Ok(rt
-        .client
-        .image_service()
-        .pull_image(request)
-        .await
-        .map_err(|s| Error::status("PullImage", s))?
-        .into_inner()
-        .image_ref)
+    let attempts: Vec<Option<pb::AuthConfig>> =
+        if auths.is_empty() { vec![None] } else { auths.iter().cloned().map(Some).collect() };
+    let mut last = None;
+    for auth in attempts {
+        let request = pb::PullImageRequest {
+            image: Some(pb::ImageSpec { image: image.to_owned(), ..Default::default() }),
+            auth,
+            ..Default::default()
+        };
+        match rt.client.image_service().pull_image(request).await {
+            Ok(response) => return Ok(response.into_inner().image_ref),
+            Err(status) => last = Some(Error::status("PullImage", status)),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::status("PullImage", tonic::Status::unknown("no pull was attempted"))))
 }
 
 pub(super) async fn image_ref(rt: &CriRuntime, image: &str) -> Result<Option<String>, Error> {
