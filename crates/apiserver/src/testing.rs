@@ -78,6 +78,20 @@ impl Objects {
         }
     }
 
+    /// Stamps `pod` (a new UID when `kind` is `ADDED`), stores it under `key` (removes it for
+    /// `DELETED`) and adds its watch event; the pod as stored.
+    fn commit(&mut self, key: String, mut pod: Value, kind: &'static str) -> Value {
+        self.stamp(&mut pod, kind == "ADDED");
+        let version = self.version;
+        if kind == "DELETED" {
+            self.pods.remove(&key);
+        } else {
+            self.pods.insert(key, pod.clone());
+        }
+        self.pod_events.push((version, kind, pod.clone()));
+        pod
+    }
+
     fn count(&mut self, request: &str) {
         *self.requests.entry(request.to_owned()).or_default() += 1;
     }
@@ -261,10 +275,7 @@ async fn patch_pod_status(
         );
     }
     strategic_merge(&mut pod["status"], &patch["status"]);
-    objects.stamp(&mut pod, false);
-    let version = objects.version;
-    objects.pods.insert(key, pod.clone());
-    objects.pod_events.push((version, "MODIFIED", pod.clone()));
+    let pod = objects.commit(key, pod, "MODIFIED");
     objects.changed.notify_waiters();
     Json(pod).into_response()
 }
@@ -288,10 +299,7 @@ async fn create_pod(
         return failure(StatusCode::CONFLICT, "AlreadyExists", format!("pods \"{name}\" already exists"));
     }
     pod["metadata"]["namespace"] = json!(ns);
-    objects.stamp(&mut pod, true);
-    let version = objects.version;
-    objects.pods.insert(key, pod.clone());
-    objects.pod_events.push((version, "ADDED", pod.clone()));
+    let pod = objects.commit(key, pod, "ADDED");
     objects.changed.notify_waiters();
     (StatusCode::CREATED, Json(pod)).into_response()
 }
@@ -318,17 +326,11 @@ fn delete(objects: &mut Objects, ns: &str, name: &str, options: &Value) -> Respo
     let grace = options["gracePeriodSeconds"].as_i64().unwrap_or(default_grace);
     let unbound = pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty);
     if grace == 0 || unbound {
-        objects.pods.remove(&key);
-        objects.stamp(&mut pod, false);
-        let version = objects.version;
-        objects.pod_events.push((version, "DELETED", pod.clone()));
+        pod = objects.commit(key, pod, "DELETED");
     } else if pod["metadata"]["deletionTimestamp"].is_null() {
         pod["metadata"]["deletionTimestamp"] = json!("2026-11-24T00:00:30Z");
         pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
-        objects.stamp(&mut pod, false);
-        let version = objects.version;
-        objects.pods.insert(key, pod.clone());
-        objects.pod_events.push((version, "MODIFIED", pod.clone()));
+        pod = objects.commit(key, pod, "MODIFIED");
     }
     objects.changed.notify_waiters();
     Json(pod).into_response()
@@ -487,17 +489,11 @@ fn put(objects: &mut Objects, mut pod: Value) {
     let kind = match objects.pods.get(&key) {
         Some(old) => {
             pod["metadata"]["uid"] = old["metadata"]["uid"].clone();
-            objects.stamp(&mut pod, false);
             "MODIFIED"
         }
-        None => {
-            objects.stamp(&mut pod, true);
-            "ADDED"
-        }
+        None => "ADDED",
     };
-    let version = objects.version;
-    objects.pods.insert(key, pod.clone());
-    objects.pod_events.push((version, kind, pod));
+    objects.commit(key, pod, kind);
 }
 
 impl ApiServer {
@@ -544,10 +540,9 @@ impl ApiServer {
     /// Deletes pod `namespace/name`: a `DELETED` event.
     pub fn delete_pod(&self, namespace: &str, name: &str) {
         let mut objects = lock(&self.objects);
-        if let Some(mut pod) = objects.pods.remove(&format!("{namespace}/{name}")) {
-            objects.stamp(&mut pod, false);
-            let version = objects.version;
-            objects.pod_events.push((version, "DELETED", pod));
+        let key = format!("{namespace}/{name}");
+        if let Some(pod) = objects.pods.get(&key).cloned() {
+            objects.commit(key, pod, "DELETED");
             objects.changed.notify_waiters();
         }
     }

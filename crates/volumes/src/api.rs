@@ -1,5 +1,5 @@
-//! The volumes that need the API server (upstream `pkg/volume/configmap`, `secret`, and the
-//! other sources of `projected`): their content comes from an [`ObjectSource`] and is written
+//! The volumes that need the API server (upstream `pkg/volume/configmap`, `secret`, and
+//! `projected`, whose downwardAPI sources need it not): their content comes from an [`ObjectSource`] and is written
 //! atomically at every sync, so a change of the object reaches the files at the pod's next
 //! sync. Secret and projected volumes live on a tmpfs, as upstream's, so no secret touches the
 //! disk.
@@ -84,7 +84,8 @@ fn namespace(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().unwrap_or("default")
 }
 
-async fn write(dir: &Path, payload: BTreeMap<String, File>, tmpfs: bool) -> Result<PathBuf, String> {
+/// Writes `payload` into `dir` atomically (on a tmpfs mounted there first when `tmpfs`).
+pub(crate) async fn write(dir: &Path, payload: BTreeMap<String, File>, tmpfs: bool) -> Result<PathBuf, String> {
     tokio::fs::create_dir_all(dir).await.map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     if tmpfs && !mount::is_mount_point(dir).await? {
         mount::tmpfs(dir, None).await?;
@@ -164,13 +165,21 @@ impl VolumePlugin for Secret {
     }
 }
 
-/// Projected volumes of any of configMap, secret, downwardAPI and serviceAccountToken sources,
-/// on a tmpfs.
-pub(crate) struct Projected(pub(crate) Arc<dyn ObjectSource>);
+/// Projected volumes: with an object source, of any of configMap, secret, downwardAPI and
+/// serviceAccountToken sources, on a tmpfs; without one, of downwardAPI sources alone, on disk.
+pub(crate) struct Projected(pub(crate) Option<Arc<dyn ObjectSource>>);
 
-/// Whether this plugin writes `source`.
-fn projectable(source: &VolumeProjection) -> bool {
-    source.cluster_trust_bundle.is_none() && source.pod_certificate.is_none()
+impl Projected {
+    /// Whether this plugin writes `source`.
+    fn projectable(&self, source: &VolumeProjection) -> bool {
+        let needs_api =
+            source.config_map.is_some() || source.secret.is_some() || source.service_account_token.is_some();
+        source.cluster_trust_bundle.is_none() && source.pod_certificate.is_none() && (self.0.is_some() || !needs_api)
+    }
+
+    fn objects(&self) -> Result<&Arc<dyn ObjectSource>, String> {
+        self.0.as_ref().ok_or_else(|| "this projection needs the API server".to_owned())
+    }
 }
 
 impl Projected {
@@ -178,12 +187,12 @@ impl Projected {
         let ns = namespace(pod);
         if let Some(cm) = &source.config_map {
             let optional = cm.optional.unwrap_or(false);
-            let data = required(self.0.config_map(ns, &cm.name).await?, "configmap", ns, &cm.name, optional)?;
+            let data = required(self.objects()?.config_map(ns, &cm.name).await?, "configmap", ns, &cm.name, optional)?;
             return select(&data, cm.items.as_ref(), mode, &format!("configmap {:?}", cm.name), optional);
         }
         if let Some(secret) = &source.secret {
             let optional = secret.optional.unwrap_or(false);
-            let data = required(self.0.secret(ns, &secret.name).await?, "secret", ns, &secret.name, optional)?;
+            let data = required(self.objects()?.secret(ns, &secret.name).await?, "secret", ns, &secret.name, optional)?;
             return select(&data, secret.items.as_ref(), mode, &format!("secret {:?}", secret.name), optional);
         }
         if let Some(downward) = &source.downward_api {
@@ -192,7 +201,7 @@ impl Projected {
         if let Some(token) = &source.service_account_token {
             atomic::validate_path(&token.path)?;
             let seconds = token.expiration_seconds.unwrap_or(DEFAULT_TOKEN_SECONDS);
-            let jwt = self.0.service_account_token(pod, token.audience.as_deref(), seconds).await?;
+            let jwt = self.objects()?.service_account_token(pod, token.audience.as_deref(), seconds).await?;
             // Upstream writes tokens readable by the owner alone unless the pod's fsGroup needs more.
             let token_mode = if mode == DEFAULT_MODE { 0o600 } else { mode_of(mode) };
             return Ok(BTreeMap::from([(token.path.clone(), File { content: jwt.into_bytes(), mode: token_mode })]));
@@ -207,7 +216,7 @@ impl VolumePlugin for Projected {
     }
 
     fn supports(&self, volume: &Volume) -> bool {
-        volume.projected.as_ref().is_some_and(|p| p.sources.iter().flatten().all(projectable))
+        volume.projected.as_ref().is_some_and(|p| p.sources.iter().flatten().all(|s| self.projectable(s)))
     }
 
     fn set_up<'a>(&'a self, pod: &'a Pod, volume: &'a Volume, dir: &'a Path) -> BoxFuture<'a, Result<PathBuf, String>> {
@@ -218,7 +227,7 @@ impl VolumePlugin for Projected {
             for projection in source.sources.iter().flatten() {
                 payload.extend(self.files(pod, projection, mode).await?);
             }
-            write(dir, payload, true).await
+            write(dir, payload, self.0.is_some()).await
         })
     }
 

@@ -1,14 +1,14 @@
-//! downwardAPI volumes and projected volumes of downwardAPI sources (upstream
-//! `pkg/volume/downwardapi`, `pkg/volume/projected`): the pod's metadata and its containers'
-//! resources as files, written atomically and refreshed on every sync.
+//! downwardAPI volumes (upstream `pkg/volume/downwardapi`): the pod's metadata and its
+//! containers' resources as files, written atomically and refreshed on every sync; projected
+//! volumes (`api.rs`) write downwardAPI sources with [`files`] too.
 
 use std::{collections::BTreeMap, path::Path, path::PathBuf};
 
-use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, Pod, Volume, VolumeProjection};
+use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, Pod, Volume};
 use kubelet_core::{
     hook::BoxFuture,
     resources::{container_resource, parse_quantity},
-    volume::{DOWNWARD_API, PROJECTED, VolumePlugin},
+    volume::{DOWNWARD_API, VolumePlugin},
 };
 
 use crate::atomic::{self, File};
@@ -19,20 +19,6 @@ const DEFAULT_MODE: i32 = 0o644;
 /// downwardAPI volumes.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct DownwardApi;
-
-/// Projected volumes whose sources are all downwardAPI.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Projected;
-
-/// Whether a projection is one this agent writes (downwardAPI only: the others need the API server).
-pub(crate) fn projectable(source: &VolumeProjection) -> bool {
-    source.downward_api.is_some()
-        && source.config_map.is_none()
-        && source.secret.is_none()
-        && source.service_account_token.is_none()
-        && source.cluster_trust_bundle.is_none()
-        && source.pod_certificate.is_none()
-}
 
 impl VolumePlugin for DownwardApi {
     fn name(&self) -> &str {
@@ -57,42 +43,8 @@ impl VolumePlugin for DownwardApi {
     }
 }
 
-impl VolumePlugin for Projected {
-    fn name(&self) -> &str {
-        PROJECTED
-    }
-
-    fn supports(&self, volume: &Volume) -> bool {
-        volume.projected.as_ref().is_some_and(|p| p.sources.iter().flatten().all(projectable))
-    }
-
-    fn set_up<'a>(&'a self, pod: &'a Pod, volume: &'a Volume, dir: &'a Path) -> BoxFuture<'a, Result<PathBuf, String>> {
-        Box::pin(async move {
-            let source = volume.projected.as_ref().ok_or("not a projected volume")?;
-            let mode = source.default_mode.unwrap_or(DEFAULT_MODE);
-            let items = source
-                .sources
-                .iter()
-                .flatten()
-                .filter_map(|s| s.downward_api.as_ref())
-                .flat_map(|d| d.items.iter().flatten());
-            let payload = files(pod, items, mode)?;
-            write(dir, payload).await
-        })
-    }
-
-    fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(crate::remove_unmounted(dir))
-    }
-}
-
 async fn write(dir: &Path, payload: BTreeMap<String, File>) -> Result<PathBuf, String> {
-    let target = dir.to_owned();
-    let stamp = kubelet_core::clock::wall_now().strftime("%Y_%m_%d_%H_%M_%S.%f").to_string();
-    tokio::task::spawn_blocking(move || atomic::write(&target, &payload, &stamp))
-        .await
-        .map_err(|e| format!("the writer failed: {e}"))??;
-    Ok(dir.to_owned())
+    crate::api::write(dir, payload, false).await
 }
 
 /// The files of `items` for `pod`, each with its own mode or `default_mode`.

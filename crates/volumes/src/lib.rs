@@ -82,7 +82,7 @@ impl Manager {
                 Arc::new(empty_dir::EmptyDir),
                 Arc::new(host_path::HostPath),
                 Arc::new(downward::DownwardApi),
-                Arc::new(downward::Projected),
+                Arc::new(api::Projected(None)),
             ],
         }
     }
@@ -94,7 +94,7 @@ impl Manager {
     pub fn objects(self, objects: Arc<dyn ObjectSource>) -> Self {
         self.plugin(Arc::new(api::ConfigMap(objects.clone())))
             .plugin(Arc::new(api::Secret(objects.clone())))
-            .plugin(Arc::new(api::Projected(objects)))
+            .plugin(Arc::new(api::Projected(Some(objects))))
     }
 
     /// Adds a volume plugin; it is asked before the built-in ones.
