@@ -75,8 +75,15 @@ impl Config {
     }
 }
 
-/// A client for the cluster the kubeconfig at `path` names (upstream's `--kubeconfig`).
+/// A client for the cluster the kubeconfig at `path` names (upstream's `--kubeconfig`), with
+/// upstream's client-side limits (`kubeAPIQPS` 50, `kubeAPIBurst` 100).
 pub async fn connect(path: &Path) -> Result<Client, Error> {
+    connect_limited(path, 50.0, 100).await
+}
+
+/// [`connect`] with `qps` requests per second on average and bursts of `burst`: at most
+/// `burst` requests in each window of `burst / qps` seconds (`kubeAPIQPS`, `kubeAPIBurst`).
+pub async fn connect_limited(path: &Path, qps: f64, burst: u32) -> Result<Client, Error> {
     let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Kubeconfig {
         path: path.display().to_string(),
         source,
@@ -85,7 +92,10 @@ pub async fn connect(path: &Path) -> Result<Client, Error> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| failed(e.into()))?;
-    Client::try_from(config).map_err(|e| failed(e.into()))
+    let burst = burst.max(1);
+    let window = Duration::from_secs_f64(f64::from(burst) / qps.max(0.001));
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| failed(e.into()))?;
+    Ok(builder.with_layer(&tower::limit::RateLimitLayer::new(u64::from(burst), window)).build())
 }
 
 /// Registers the node: creates it, or adopts the Node already there (upstream

@@ -135,3 +135,21 @@ async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflic
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the heartbeats stop when cancelled").unwrap();
 }
+
+#[tokio::test]
+async fn the_client_keeps_to_its_burst_and_rate() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    // A burst of 2, refilled every 20 s: the third request waits far longer than 2 s.
+    let client = heartbeat::connect_limited(&dir.path().join("kubeconfig"), 0.1, 2).await.unwrap();
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let mut done = 0;
+    for _ in 0..3 {
+        if tokio::time::timeout(Duration::from_secs(2), nodes.get_opt("node-1")).await.is_ok() {
+            done += 1;
+        }
+    }
+    assert_eq!(done, 2, "two requests within the burst, the third held back");
+    assert_eq!(server.requests("GET nodes"), 2);
+}

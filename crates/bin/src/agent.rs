@@ -33,7 +33,7 @@ pub(crate) async fn run(
     let recorder = Arc::new(RingRecorder::default());
     // Cluster mode: the client comes first, as the runtime reads pull secrets through it.
     let client = match &settings.kubeconfig {
-        Some(path) => Some(crate::cluster::connect(path).await?),
+        Some(path) => Some(crate::cluster::connect(path, file.kube_api_qps, file.kube_api_burst).await?),
         None => None,
     };
     if let Some(fake) = FakeEndpoint::parse(&file.container_runtime_endpoint)? {

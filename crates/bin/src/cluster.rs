@@ -32,8 +32,8 @@ use crate::settings::Settings;
 const STATUS_RESYNC: Duration = Duration::from_secs(10);
 
 /// A client for the cluster of `--kubeconfig`.
-pub(crate) async fn connect(path: &Path) -> Result<Client> {
-    heartbeat::connect(path).await.with_context(|| {
+pub(crate) async fn connect(path: &Path, qps: f64, burst: u32) -> Result<Client> {
+    heartbeat::connect_limited(path, qps, burst).await.with_context(|| {
         format!(
             "cannot join the cluster with --kubeconfig {}: kubelet-rs has no TLS bootstrap yet, so the kubeconfig must exist and hold the node's credentials",
             path.display()

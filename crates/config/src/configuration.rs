@@ -107,6 +107,10 @@ pub struct KubeletConfiguration {
     pub node_status_update_frequency: Duration,
     /// `nodeStatusReportFrequency` (5m): how often an unchanged Node status is reported anyway.
     pub node_status_report_frequency: Duration,
+    /// `kubeAPIQPS` (50): the API client's average requests per second (0: the default).
+    pub kube_api_qps: f64,
+    /// `kubeAPIBurst` (100): the API client's burst (0: the default).
+    pub kube_api_burst: u32,
     /// The fields set in the file that have no effect in this agent ([`Support::WithoutEffect`]),
     /// for one start-up warning.
     pub without_effect: Vec<String>,
@@ -145,6 +149,8 @@ impl Default for KubeletConfiguration {
             logging_format: None,
             verbosity: None,
             register_node: true,
+            kube_api_qps: 50.0,
+            kube_api_burst: 100,
             register_with_taints: Vec::new(),
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
@@ -192,6 +198,10 @@ struct Raw {
     fail_cgroup_v1: Option<bool>,
     logging: Option<RawLogging>,
     register_node: Option<bool>,
+    #[serde(rename = "kubeAPIQPS")]
+    kube_api_qps: Option<f64>,
+    #[serde(rename = "kubeAPIBurst")]
+    kube_api_burst: Option<u32>,
     register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
     node_status_update_frequency: Option<String>,
     node_status_report_frequency: Option<String>,
@@ -263,6 +273,12 @@ impl KubeletConfiguration {
             config.node_status_report_frequency,
         )?;
         config.register_node = raw.register_node.unwrap_or(true);
+        match raw.kube_api_qps {
+            Some(qps) if qps < 0.0 => return Err(at("kubeAPIQPS", format!("{qps} is negative"))),
+            Some(qps) if qps > 0.0 => config.kube_api_qps = qps,
+            _ => {}
+        }
+        config.kube_api_burst = raw.kube_api_burst.filter(|b| *b > 0).unwrap_or(config.kube_api_burst);
         config.register_with_taints = raw.register_with_taints.unwrap_or_default();
         for taint in &config.register_with_taints {
             if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") || taint.key.is_empty()
