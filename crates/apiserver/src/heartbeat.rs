@@ -54,6 +54,8 @@ pub struct Config {
     pub status_report: Duration,
     /// How often the lease is renewed (10 s).
     pub lease_renew: Duration,
+    /// `nodeLeaseDurationSeconds` (40).
+    pub lease_duration_seconds: i32,
 }
 
 impl Default for Config {
@@ -62,11 +64,20 @@ impl Default for Config {
             status_update: Duration::from_secs(10),
             status_report: Duration::from_secs(300),
             lease_renew: lease::RENEW_INTERVAL,
+            lease_duration_seconds: lease::DURATION_SECONDS,
         }
     }
 }
 
 impl Config {
+    /// Sets the lease's duration (`nodeLeaseDurationSeconds`), renewed every quarter of it.
+    #[must_use]
+    pub fn lease_duration(mut self, seconds: i32) -> Self {
+        self.lease_duration_seconds = seconds;
+        self.lease_renew = lease::renew_interval(seconds);
+        self
+    }
+
     /// Sets all three periods (tests use short ones).
     #[must_use]
     pub fn periods(mut self, status_update: Duration, status_report: Duration, lease_renew: Duration) -> Self {
@@ -201,7 +212,7 @@ async fn renew_lease(client: Client, node: String, uid: Option<String>, config: 
     loop {
         let current = match base.take() {
             Some(lease) => Ok(lease),
-            None => ensure_lease(&leases, &node, uid.as_deref()).await,
+            None => ensure_lease(&leases, &node, uid.as_deref(), config.lease_duration_seconds).await,
         };
         let wait = match current {
             Err(err) => {
@@ -212,7 +223,7 @@ async fn renew_lease(client: Client, node: String, uid: Option<String>, config: 
             }
             Ok(current) => {
                 failures = 0;
-                base = update_lease(&leases, &node, uid.as_deref(), current).await;
+                base = update_lease(&leases, &node, uid.as_deref(), config.lease_duration_seconds, current).await;
                 config.lease_renew
             }
         };
@@ -224,24 +235,33 @@ async fn renew_lease(client: Client, node: String, uid: Option<String>, config: 
 }
 
 /// The lease as it is now, created when missing.
-async fn ensure_lease(leases: &Api<Lease>, node: &str, uid: Option<&str>) -> Result<Lease, kube::Error> {
+async fn ensure_lease(leases: &Api<Lease>, node: &str, uid: Option<&str>, seconds: i32) -> Result<Lease, kube::Error> {
     if let Some(lease) = leases.get_opt(node).await? {
         return Ok(lease);
     }
-    leases.create(&PostParams::default(), &lease::new_lease(node, uid, wall_now())).await
+    leases.create(&PostParams::default(), &lease::new_lease(node, uid, seconds, wall_now())).await
 }
 
 /// Renews `base`, retrying at once up to [`lease::MAX_UPDATE_RETRIES`] times (after a conflict,
 /// from the lease as it is now); the renewed lease, the base of the next renewal, or `None` to
 /// read it again next time.
-async fn update_lease(leases: &Api<Lease>, node: &str, uid: Option<&str>, mut base: Lease) -> Option<Lease> {
+async fn update_lease(
+    leases: &Api<Lease>,
+    node: &str,
+    uid: Option<&str>,
+    seconds: i32,
+    mut base: Lease,
+) -> Option<Lease> {
     for _ in 0..lease::MAX_UPDATE_RETRIES {
-        match leases.replace(node, &PostParams::default(), &lease::renewed(&base, node, uid, wall_now())).await {
+        match leases.replace(node, &PostParams::default(), &lease::renewed(&base, node, uid, seconds, wall_now())).await
+        {
             Ok(renewed) => return Some(renewed),
-            Err(kube::Error::Api(status)) if status.is_conflict() => match ensure_lease(leases, node, uid).await {
-                Ok(now) => base = now,
-                Err(_) => return None,
-            },
+            Err(kube::Error::Api(status)) if status.is_conflict() => {
+                match ensure_lease(leases, node, uid, seconds).await {
+                    Ok(now) => base = now,
+                    Err(_) => return None,
+                }
+            }
             Err(err) => warn!(node = %node, error = %err, "cannot renew the node lease"),
         }
     }

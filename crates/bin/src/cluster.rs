@@ -169,11 +169,11 @@ pub(crate) fn spawn(
         info!("registerNode is false: the Node is not registered, nor its status reported");
         return;
     }
-    let config = heartbeat::Config::default().periods(
-        settings.file.node_status_update_frequency,
-        settings.file.node_status_report_frequency,
-        apiserver::lease::RENEW_INTERVAL,
-    );
+    let file = &settings.file;
+    let lease = apiserver::lease::renew_interval(file.node_lease_duration_seconds);
+    let config = heartbeat::Config::default()
+        .periods(file.node_status_update_frequency, file.node_status_report_frequency, lease)
+        .lease_duration(file.node_lease_duration_seconds);
     let cancel = cancel.child_token();
     tracker.spawn(
         async move {

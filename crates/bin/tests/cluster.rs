@@ -105,7 +105,8 @@ async fn scenario(
     std::fs::write(
         dir.join("config.yaml"),
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n\
-         registerWithTaints: [{key: dedicated, value: edge, effect: NoSchedule}]\nsyncFrequency: 2s\n",
+         registerWithTaints: [{key: dedicated, value: edge, effect: NoSchedule}]\nsyncFrequency: 2s\n\
+         nodeLeaseDurationSeconds: 4\n",
     )
     .unwrap();
     let manifest = dir.join("manifests/static.yaml");
@@ -137,8 +138,9 @@ async fn scenario(
     assert_eq!(registered["metadata"]["labels"]["role"], "edge");
     assert!(registered["metadata"]["labels"]["kubernetes.io/hostname"].as_str().is_some());
     assert_eq!(registered["spec"]["taints"][0]["key"], "dedicated");
-    until(&server, dir, "a lease renewal", |o| {
-        (o.requests.get("PUT leases").copied().unwrap_or_default() >= 1).then_some(())
+    // A 4 s lease is renewed every second.
+    until(&server, dir, "lease renewals", |o| {
+        (o.requests.get("PUT leases").copied().unwrap_or_default() >= 3).then_some(())
     })
     .await;
     assert!(o_has_lease(&server, node), "the lease is the node's, in kube-node-lease");
@@ -237,7 +239,10 @@ async fn scenario(
 
 fn o_has_lease(server: &ApiServer, node: &str) -> bool {
     let objects = server.objects.lock().unwrap();
-    objects.leases.get(&format!("kube-node-lease/{node}")).is_some_and(|l| l["spec"]["holderIdentity"] == node)
+    objects
+        .leases
+        .get(&format!("kube-node-lease/{node}"))
+        .is_some_and(|l| l["spec"]["holderIdentity"] == node && l["spec"]["leaseDurationSeconds"] == 4)
 }
 
 #[tokio::test]

@@ -107,6 +107,8 @@ pub struct KubeletConfiguration {
     pub node_status_update_frequency: Duration,
     /// `nodeStatusReportFrequency` (5m): how often an unchanged Node status is reported anyway.
     pub node_status_report_frequency: Duration,
+    /// `nodeLeaseDurationSeconds` (40): the node lease's duration, renewed every quarter of it.
+    pub node_lease_duration_seconds: i32,
     /// `kubeAPIQPS` (50): the API client's average requests per second (0: the default).
     pub kube_api_qps: f64,
     /// `kubeAPIBurst` (100): the API client's burst (0: the default).
@@ -149,6 +151,7 @@ impl Default for KubeletConfiguration {
             logging_format: None,
             verbosity: None,
             register_node: true,
+            node_lease_duration_seconds: 40,
             kube_api_qps: 50.0,
             kube_api_burst: 100,
             register_with_taints: Vec::new(),
@@ -198,6 +201,7 @@ struct Raw {
     fail_cgroup_v1: Option<bool>,
     logging: Option<RawLogging>,
     register_node: Option<bool>,
+    node_lease_duration_seconds: Option<i32>,
     #[serde(rename = "kubeAPIQPS")]
     kube_api_qps: Option<f64>,
     #[serde(rename = "kubeAPIBurst")]
@@ -273,6 +277,13 @@ impl KubeletConfiguration {
             config.node_status_report_frequency,
         )?;
         config.register_node = raw.register_node.unwrap_or(true);
+        match raw.node_lease_duration_seconds {
+            Some(seconds) if seconds < 0 => {
+                return Err(at("nodeLeaseDurationSeconds", format!("{seconds} is negative")));
+            }
+            Some(seconds) if seconds > 0 => config.node_lease_duration_seconds = seconds,
+            _ => {}
+        }
         match raw.kube_api_qps {
             Some(qps) if qps < 0.0 => return Err(at("kubeAPIQPS", format!("{qps} is negative"))),
             Some(qps) if qps > 0.0 => config.kube_api_qps = qps,

@@ -58,7 +58,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("streamingConnectionIdleTimeout", WithoutEffect),
     ("nodeStatusUpdateFrequency", Honoured),
     ("nodeStatusReportFrequency", Honoured),
-    ("nodeLeaseDurationSeconds", WithoutEffect),
+    ("nodeLeaseDurationSeconds", Honoured),
     ("imageMinimumGCAge", WithoutEffect),
     ("imageMaximumGCAge", WithoutEffect),
     ("imageGCHighThresholdPercent", WithoutEffect),
