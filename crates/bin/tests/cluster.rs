@@ -4,8 +4,8 @@
 //! One scenario: the node registers and renews its lease; a pod bound to it runs and its status
 //! reaches the API; a static pod gets a mirror pod, recreated after its deletion and carrying
 //! the static pod's status; an API server restart with a compacted history (410) duplicates
-//! nothing; a graceful deletion ends with the pod gone from the API and the runtime; a removed
-//! static pod takes its mirror with it.
+//! nothing; a graceful deletion ends with the pod gone from the API and the runtime, also when
+//! it was asked for while the agent was down; a removed static pod takes its mirror with it.
 
 // Reason: tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -117,15 +117,18 @@ async fn scenario(
         ),
     )
     .unwrap();
-    let child = common::agent_command(endpoint, dir, node)
-        .args(["--healthz-port", "0", "--node-labels", "role=edge"])
-        .arg("--kubeconfig")
-        .arg(dir.join("kubeconfig"))
-        .arg("--config")
-        .arg(dir.join("config.yaml"))
-        .spawn()
-        .unwrap();
-    let _agent = Agent(child);
+    let start = || {
+        let child = common::agent_command(endpoint, dir, node)
+            .args(["--healthz-port", "0", "--node-labels", "role=edge"])
+            .arg("--kubeconfig")
+            .arg(dir.join("kubeconfig"))
+            .arg("--config")
+            .arg(dir.join("config.yaml"))
+            .spawn()
+            .unwrap();
+        Agent(child)
+    };
+    let mut agent = start();
 
     // Registered with its labels and taints, Ready, its lease renewed.
     let registered = until(&server, dir, "the node to be Ready", |o| {
@@ -231,10 +234,29 @@ async fn scenario(
     }
     assert_eq!(in_runtime(&web_uid).await, 0, "nothing of web runs");
 
+    // A pod whose deletion is asked for while the agent is down is stopped and deleted after
+    // its restart.
+    let late_uid = server.objects.lock().unwrap().pods["default/late"]["metadata"]["uid"].as_str().unwrap().to_owned();
+    drop(agent);
+    server.request_deletion("default", "late", 10);
+    agent = start();
+    until(&server, dir, "late to be gone from the API after the restart", |o| {
+        (!o.pods.contains_key("default/late")).then_some(())
+    })
+    .await;
+    for _ in 0..100 {
+        if in_runtime(&late_uid).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(in_runtime(&late_uid).await, 0, "nothing of late runs");
+
     // A static pod removed from disk takes its mirror with it.
     std::fs::remove_file(&manifest).unwrap();
     until(&server, dir, "the mirror pod to go", |o| (!o.pods.contains_key(&mirror_key)).then_some(())).await;
     eprintln!("requests served: {:?}", server.objects.lock().unwrap().requests);
+    drop(agent);
 }
 
 fn o_has_lease(server: &ApiServer, node: &str) -> bool {
