@@ -1,13 +1,27 @@
-//! The content of API-backed volumes from the API server (upstream's config map and secret
-//! managers with the `Get` change detection strategy, and its token manager): [`ApiObjects`]
-//! implements `kubelet_core::volume::ObjectSource`.
+//! The content of API-backed volumes from the API server (upstream's watch-based config map
+//! and secret managers, and its token manager): [`ApiObjects`] implements
+//! `kubelet_core::volume::ObjectSource`.
 //!
-//! Config maps and secrets are read at each set-up of a volume (every sync of its pod), so a
-//! change reaches the files at the pod's next sync. Tokens come from the TokenRequest API, bound
+//! Each config map and secret a pod uses is watched (a watch of its name alone, as the node
+//! authorizer allows) from the first read on, and reads answer from what the watch last said,
+//! so an idle node asks the API server nothing and a change reaches the files at the pod's next
+//! sync. A watch stops once no running pod uses its object. Tokens come from the TokenRequest API, bound
 //! to the pod, and are kept until 80% of their lifetime has passed (upstream's refresh point);
 //! the cache drops every token due, so it holds no more than the tokens of the last lifetime.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    fmt::Debug,
+    sync::Mutex,
+    time::Duration,
+};
+
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{Instrument, info_span, warn};
 
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
@@ -15,6 +29,7 @@ use k8s_openapi::api::{
 };
 use kube::{Api, Client, api::PostParams};
 use kubelet_core::{
+    PodUid,
     hook::BoxFuture,
     volume::{ObjectData, ObjectSource},
 };
@@ -27,11 +42,28 @@ struct Token {
     refresh_at: Instant,
 }
 
+/// What a watch of one object last said: nothing yet, then the object (`None`: it does not exist).
+type Latest = Option<Option<ObjectData>>;
+
+/// A watched object: the latest word of its watch, the pods that use it, and its watch's stop.
+struct Watched {
+    latest: watch::Receiver<Latest>,
+    users: HashSet<PodUid>,
+    stop: CancellationToken,
+}
+
+/// How long a first read waits for its watch's initial list.
+const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Config maps, secrets and service account tokens from the API server.
 pub struct ApiObjects {
     client: Client,
     /// Tokens by pod UID, audience and lifetime.
     tokens: Mutex<HashMap<(String, String, i64), Token>>,
+    /// Watched objects by resource (`configmaps`, `secrets`), namespace and name.
+    watched: Mutex<HashMap<(&'static str, String, String), Watched>>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
 }
 
 impl std::fmt::Debug for ApiObjects {
@@ -41,9 +73,54 @@ impl std::fmt::Debug for ApiObjects {
 }
 
 impl ApiObjects {
-    /// Objects read through `client`.
-    pub fn new(client: Client) -> Self {
-        ApiObjects { client, tokens: Mutex::default() }
+    /// Objects read through `client`; the watches run on `tracker` until `cancel`.
+    pub fn new(client: Client, tracker: TaskTracker, cancel: CancellationToken) -> Self {
+        ApiObjects { client, tokens: Mutex::default(), watched: Mutex::default(), tracker, cancel }
+    }
+
+    fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<(&'static str, String, String), Watched>> {
+        // Each critical section inserts, reads or removes whole entries: a poisoned map is whole.
+        self.watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The object `name` of `resource` in `pod`'s namespace, from its watch (started now when
+    /// no pod used it yet), once the watch has listed it.
+    async fn read<K>(
+        &self,
+        resource: &'static str,
+        pod: &Pod,
+        name: &str,
+        data: fn(K) -> ObjectData,
+    ) -> Result<Option<ObjectData>, String>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + 'static,
+    {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_owned());
+        let mut latest = {
+            let mut watched = self.watched();
+            let key = (resource, namespace.clone(), name.to_owned());
+            let entry = watched.entry(key).or_insert_with(|| {
+                let (tx, rx) = watch::channel(None);
+                let stop = self.cancel.child_token();
+                let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
+                let span = info_span!("object_watch", resource, namespace = %namespace, name = %name);
+                self.tracker.spawn(watch_object(api, name.to_owned(), tx, data, stop.clone()).instrument(span));
+                Watched { latest: rx, users: HashSet::new(), stop }
+            });
+            entry.users.insert(PodUid::of(pod));
+            entry.latest.clone()
+        };
+        let listed = tokio::time::timeout(FIRST_LIST_TIMEOUT, latest.wait_for(Option::is_some)).await;
+        match listed {
+            Ok(Ok(value)) => Ok(value.clone().flatten()),
+            Ok(Err(_)) => Err(format!("the watch of {resource} {namespace}/{name} has stopped")),
+            Err(_) => Err(format!("timed out listing {resource} {namespace}/{name}")),
+        }
     }
 
     fn tokens(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, i64), Token>> {
@@ -52,32 +129,63 @@ impl ApiObjects {
     }
 }
 
-fn failed(what: &str, err: &kube::Error) -> String {
-    format!("cannot get {what}: {err}")
+fn config_map_data(cm: ConfigMap) -> ObjectData {
+    let text = cm.data.into_iter().flatten().map(|(k, v)| (k, v.into_bytes()));
+    text.chain(cm.binary_data.into_iter().flatten().map(|(k, v)| (k, v.0))).collect()
+}
+
+fn secret_data(secret: Secret) -> ObjectData {
+    secret.data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect()
+}
+
+/// Watches object `name` through `api` until `stop`, telling `latest` what it is now.
+async fn watch_object<K>(
+    api: Api<K>,
+    name: String,
+    latest: watch::Sender<Latest>,
+    data: fn(K) -> ObjectData,
+    stop: CancellationToken,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut listing: Option<ObjectData> = None;
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => return,
+            event = events.next() => event,
+        };
+        match event {
+            None => return,
+            Some(Ok(watcher::Event::Init)) => listing = None,
+            Some(Ok(watcher::Event::InitApply(object))) => listing = Some(data(object)),
+            Some(Ok(watcher::Event::InitDone)) => _ = latest.send(Some(listing.take())),
+            Some(Ok(watcher::Event::Apply(object))) => _ = latest.send(Some(Some(data(object)))),
+            Some(Ok(watcher::Event::Delete(_))) => _ = latest.send(Some(None)),
+            Some(Err(err)) => warn!(object = %name, error = %err, "the watch of an object failed; listing again"),
+        }
+    }
 }
 
 impl ObjectSource for ApiObjects {
-    fn config_map<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<ObjectData>, String>> {
-        Box::pin(async move {
-            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-            let found = api.get_opt(name).await.map_err(|e| failed(&format!("configmap {namespace}/{name}"), &e))?;
-            Ok(found.map(|cm| {
-                let text = cm.data.into_iter().flatten().map(|(k, v)| (k, v.into_bytes()));
-                text.chain(cm.binary_data.into_iter().flatten().map(|(k, v)| (k, v.0))).collect()
-            }))
-        })
+    fn config_map<'a>(&'a self, pod: &'a Pod, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>> {
+        Box::pin(self.read::<ConfigMap>("configmaps", pod, name, config_map_data))
     }
 
-    fn secret<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>> {
-        Box::pin(async move {
-            let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-            let found = api.get_opt(name).await.map_err(|e| failed(&format!("secret {namespace}/{name}"), &e))?;
-            Ok(found.map(|s| s.data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect()))
-        })
+    fn secret<'a>(&'a self, pod: &'a Pod, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>> {
+        Box::pin(self.read::<Secret>("secrets", pod, name, secret_data))
+    }
+
+    fn release(&self, uid: &PodUid) {
+        self.watched().retain(|_, watched| {
+            watched.users.remove(uid);
+            let used = !watched.users.is_empty();
+            if !used {
+                watched.stop.cancel();
+            }
+            used
+        });
     }
 
     fn service_account_token<'a>(

@@ -52,8 +52,9 @@ pub struct Objects {
     pub requests: BTreeMap<String, u32>,
     /// Pods by `namespace/name`.
     pub pods: BTreeMap<String, Value>,
-    /// Pod watch events (`ADDED`, `MODIFIED`, `DELETED`) with their versions, oldest first.
-    pub pod_events: Vec<(u64, &'static str, Value)>,
+    /// Watch events (`ADDED`, `MODIFIED`, `DELETED`) with their versions and resources
+    /// (`pods`, `configmaps`, `secrets`), oldest first.
+    pub watch_events: Vec<(u64, &'static str, &'static str, Value)>,
     /// Watches from versions up to this one are gone (410).
     pub compacted: u64,
     /// Wakes the watches when a pod event is added.
@@ -88,7 +89,7 @@ impl Objects {
         } else {
             self.pods.insert(key, pod.clone());
         }
-        self.pod_events.push((version, kind, pod.clone()));
+        self.watch_events.push((version, "pods", kind, pod.clone()));
         pod
     }
 
@@ -430,14 +431,53 @@ async fn pods(
     State(objects): State<Shared>,
     axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>,
 ) -> Response {
+    list_or_watch(objects, "pods", None, query)
+}
+
+async fn namespaced_list(
+    State(objects): State<Shared>,
+    UrlPath((ns, resource)): UrlPath<(String, String)>,
+    axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>,
+) -> Response {
+    match resource.as_str() {
+        "configmaps" => list_or_watch(objects, "configmaps", Some(ns), query),
+        "secrets" => list_or_watch(objects, "secrets", Some(ns), query),
+        _ => failure(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find {resource}")),
+    }
+}
+
+/// Whether `object` of `resource` (in namespace `ns`, when given) matches the request's
+/// `fieldSelector` (`spec.nodeName=...` and `metadata.name=...` are known).
+fn matches(object: &Value, resource: &str, ns: Option<&str>, query: &BTreeMap<String, String>) -> bool {
+    let in_namespace = ns.is_none_or(|ns| object["metadata"]["namespace"] == ns);
+    let selected = match query.get("fieldSelector").map(String::as_str) {
+        Some(selector) if resource == "pods" => selected(object, query) || !selector.starts_with("spec.nodeName="),
+        Some(selector) => selector.strip_prefix("metadata.name=").is_none_or(|name| object["metadata"]["name"] == name),
+        None => true,
+    };
+    in_namespace && selected
+}
+
+/// A list, or a watch from `resourceVersion` (410 `Expired` when compacted away), of `resource`.
+fn list_or_watch(
+    objects: Shared,
+    resource: &'static str,
+    ns: Option<String>,
+    query: BTreeMap<String, String>,
+) -> Response {
     let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     let mut guard = lock(&objects);
-    guard.count(if watching { "WATCH pods" } else { "LIST pods" });
+    guard.count(&format!("{} {resource}", if watching { "WATCH" } else { "LIST" }));
     if !watching {
-        let items: Vec<Value> = guard.pods.values().filter(|p| selected(p, &query)).cloned().collect();
+        let all: Vec<&Value> = match resource {
+            "pods" => guard.pods.values().collect(),
+            _ => guard.objects.iter().filter(|(k, _)| k.starts_with(&format!("{resource}/"))).map(|(_, v)| v).collect(),
+        };
+        let items: Vec<Value> =
+            all.into_iter().filter(|o| matches(o, resource, ns.as_deref(), &query)).cloned().collect();
         let version = guard.version.to_string();
         return Json(
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items}),
+            json!({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items}),
         )
         .into_response();
     }
@@ -453,17 +493,19 @@ async fn pods(
     drop(guard);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
     let stream = futures::stream::unfold(from, move |last| {
-        let (objects, changed, query) = (objects.clone(), changed.clone(), query.clone());
+        let (objects, changed, query, ns) = (objects.clone(), changed.clone(), query.clone(), ns.clone());
         async move {
             loop {
                 if lock(&objects).watch_generation != generation {
                     return None;
                 }
                 let lines: Vec<(u64, String)> = lock(&objects)
-                    .pod_events
+                    .watch_events
                     .iter()
-                    .filter(|(version, _, pod)| *version > last && selected(pod, &query))
-                    .map(|(version, kind, pod)| (*version, format!("{}\n", json!({"type": kind, "object": pod}))))
+                    .filter(|(version, r, _, o)| {
+                        *version > last && *r == resource && matches(o, resource, ns.as_deref(), &query)
+                    })
+                    .map(|(version, _, kind, o)| (*version, format!("{}\n", json!({"type": kind, "object": o}))))
                     .collect();
                 if let Some((newest, _)) = lines.last() {
                     let text: String = lines.iter().map(|(_, line)| line.as_str()).collect();
@@ -477,6 +519,16 @@ async fn pods(
         }
     });
     axum::body::Body::from_stream(stream).into_response()
+}
+
+/// Creates or replaces a config map or secret: an `ADDED` or `MODIFIED` event.
+fn put_object(objects: &mut Objects, resource: &'static str, key: String, mut object: Value) {
+    let kind = if objects.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
+    objects.stamp(&mut object, kind == "ADDED");
+    let version = objects.version;
+    objects.objects.insert(key, object.clone());
+    objects.watch_events.push((version, resource, kind, object));
+    objects.changed.notify_waiters();
 }
 
 /// Creates or replaces a pod: an `ADDED` or `MODIFIED` event.
@@ -508,12 +560,9 @@ impl ApiServer {
     /// Creates or replaces config map `namespace/name` with `data` (text values).
     pub fn put_config_map(&self, namespace: &str, name: &str, data: Value) {
         let mut objects = lock(&self.objects);
-        let mut object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        let object = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": namespace}, "data": data});
-        let key = format!("configmaps/{namespace}/{name}");
-        let new = !objects.objects.contains_key(&key);
-        objects.stamp(&mut object, new);
-        objects.objects.insert(key, object);
+        put_object(&mut objects, "configmaps", format!("configmaps/{namespace}/{name}"), object);
     }
 
     /// Creates or replaces secret `namespace/name` with `data` (values as bytes, sent base64
@@ -522,12 +571,20 @@ impl ApiServer {
         let encoded: serde_json::Map<String, Value> =
             data.iter().map(|(k, v)| ((*k).to_owned(), json!(k8s_openapi::ByteString(v.to_vec())))).collect();
         let mut objects = lock(&self.objects);
-        let mut object = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        let object = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": name, "namespace": namespace}, "data": encoded});
-        let key = format!("secrets/{namespace}/{name}");
-        let new = !objects.objects.contains_key(&key);
-        objects.stamp(&mut object, new);
-        objects.objects.insert(key, object);
+        put_object(&mut objects, "secrets", format!("secrets/{namespace}/{name}"), object);
+    }
+
+    /// Deletes config map or secret `namespace/name` (`resource` `configmaps` or `secrets`).
+    pub fn delete_object(&self, resource: &'static str, namespace: &str, name: &str) {
+        let mut objects = lock(&self.objects);
+        if let Some(mut object) = objects.objects.remove(&format!("{resource}/{namespace}/{name}")) {
+            objects.stamp(&mut object, false);
+            let version = objects.version;
+            objects.watch_events.push((version, resource, "DELETED", object));
+            objects.changed.notify_waiters();
+        }
     }
 
     /// Asks for the deletion of pod `namespace/name` with `grace` seconds, as `kubectl delete`
@@ -564,7 +621,7 @@ impl ApiServer {
             put(&mut objects, pod);
         }
         objects.compacted = objects.version;
-        objects.pod_events.clear();
+        objects.watch_events.clear();
         objects.changed.notify_waiters();
     }
 
@@ -596,6 +653,7 @@ impl ApiServer {
             .route("/api/v1/namespaces/{ns}/events", post(create_event))
             .route("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token", post(create_token))
             .route("/api/v1/namespaces/{ns}/{kind}/{name}", get(get_object))
+            .route("/api/v1/namespaces/{ns}/{resource}", get(namespaced_list))
             .route("/api/v1/namespaces/{ns}/events/{name}", axum::routing::patch(patch_event))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))

@@ -7,6 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
+use apiserver::objects::ApiObjects;
 use config::{PodConfig, file, http};
 use cri_client::{Client, Config as CriConfig, CriRuntime, manager};
 use kubelet::{Agent, admission::NodeResources, agent, server};
@@ -31,11 +32,40 @@ pub(crate) async fn run(
 ) -> Result<()> {
     let file = &settings.file;
     let recorder = Arc::new(RingRecorder::default());
-    // Cluster mode: the client comes first, as the runtime reads pull secrets through it.
+    // Cluster mode: the client comes first, as the runtime reads pull secrets through it; the
+    // volumes and the runtime share one watch of each object.
+    let watches = TaskTracker::new();
     let client = match &settings.kubeconfig {
-        Some(path) => Some(crate::cluster::connect(path, file.kube_api_qps, file.kube_api_burst).await?),
+        Some(path) => {
+            let client = crate::cluster::connect(path, file.kube_api_qps, file.kube_api_burst).await?;
+            let objects = ApiObjects::new(client.clone(), watches.clone(), cancel.child_token());
+            Some(Cluster { client, objects: Arc::new(objects) })
+        }
         None => None,
     };
+    let result = run_with(client, settings, recorder, metrics, cancel.clone()).await;
+    // The agent has stopped (or never started): the watches stop too.
+    cancel.cancel();
+    watches.close();
+    watches.wait().await;
+    result
+}
+
+/// The API server's client and the objects read through it, in cluster mode.
+struct Cluster {
+    client: kube::Client,
+    objects: Arc<ApiObjects>,
+}
+
+/// [`run`] once cluster mode's client (if any) is made.
+async fn run_with(
+    client: Option<Cluster>,
+    settings: Settings,
+    recorder: Arc<RingRecorder>,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    cancel: CancellationToken,
+) -> Result<()> {
+    let file = &settings.file;
     if let Some(fake) = FakeEndpoint::parse(&file.container_runtime_endpoint)? {
         warn!(endpoint = %file.container_runtime_endpoint, "running on the in-memory fake runtime: no containers run");
         let runtime = Arc::new(fake.build());
@@ -62,8 +92,8 @@ pub(crate) async fn run(
     let mut runtime = CriRuntime::new(cri, runtime_config, recorder.clone())
         .startup_tracker(startup.clone())
         .hooks(Arc::new(prober::Hooks::default()));
-    if let Some(client) = &client {
-        runtime = runtime.pull_secrets(Arc::new(apiserver::objects::ApiObjects::new(client.clone())));
+    if let Some(cluster) = &client {
+        runtime = runtime.pull_secrets(cluster.objects.clone());
     }
     run_on(Arc::new(runtime), recorder, startup, client, settings, metrics, cancel).await
 }
@@ -132,7 +162,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     runtime: Arc<R>,
     recorder: Arc<RingRecorder>,
     startup: Arc<StartupTracker>,
-    client: Option<kube::Client>,
+    client: Option<Cluster>,
     settings: Settings,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     cancel: CancellationToken,
@@ -175,10 +205,10 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     let (file_period, http_period, sync_period) = settings.periods();
     let mut builder = Agent::builder(runtime, agent::Config::new(kubelet_config, sources));
     let mut volumes = volumes::Manager::new(settings.root_dir.join("pods"));
-    if let Some((client, _)) = &cluster {
+    if let Some((Cluster { client, objects }, _)) = &cluster {
         builder = builder.mirror_client(crate::cluster::ApiMirrors::new(client.clone(), &settings.node_name));
         // configMap, secret and projected volumes read the API server.
-        volumes = volumes.objects(Arc::new(apiserver::objects::ApiObjects::new(client.clone())));
+        volumes = volumes.objects(objects.clone());
     }
     let agent = builder
         .recorder(recorder.clone())
@@ -228,7 +258,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         let source = http::HttpSource::new(http_config, pod_config.source(Source::Http), recorder.clone());
         tracker.spawn(source.run(cancel.child_token()).instrument(info_span!("http_source")));
     }
-    if let Some((client, facts)) = cluster {
+    if let Some((Cluster { client, .. }, facts)) = cluster {
         info!(node = %settings.node_name, "joining the cluster of --kubeconfig");
         crate::cluster::spawn(
             &tracker,

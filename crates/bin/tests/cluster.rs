@@ -180,6 +180,7 @@ async fn scenario(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(std::fs::read_to_string(&greeting).unwrap(), "bye", "the config map's change is in the volume");
+    assert_eq!(server.requests("GET configmaps"), 0, "config maps are watched, not read at each sync");
     // The agent's events reach the API: the node's, and on a real runtime the pod's, by UID.
     until(&server, dir, "the node's and web's events", |o| {
         let about = |kind: &str, uid: &str, reason: &str| {

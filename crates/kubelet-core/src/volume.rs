@@ -31,13 +31,20 @@ pub type ObjectData = BTreeMap<String, Vec<u8>>;
 
 /// Where the volumes that need the API server get their content (upstream's config map and
 /// secret managers and its token manager); in cluster mode, the API server.
+///
+/// Each read names the pod it is for, so a source that keeps objects up to date (upstream's
+/// watch-based managers) knows which it still needs; [`ObjectSource::release`] says a pod is gone.
 pub trait ObjectSource: Send + Sync + 'static {
-    /// The keys of config map `namespace/name`, or `None` when it does not exist.
-    fn config_map<'a>(&'a self, namespace: &'a str, name: &'a str)
-    -> BoxFuture<'a, Result<Option<ObjectData>, String>>;
+    /// The keys of config map `name` in `pod`'s namespace, or `None` when it does not exist.
+    fn config_map<'a>(&'a self, pod: &'a Pod, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>>;
 
-    /// The keys of secret `namespace/name`, or `None` when it does not exist.
-    fn secret<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>>;
+    /// The keys of secret `name` in `pod`'s namespace, or `None` when it does not exist.
+    fn secret<'a>(&'a self, pod: &'a Pod, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>>;
+
+    /// Pod `uid` has terminated: what was kept for it alone may go.
+    fn release(&self, uid: &PodUid) {
+        let _ = uid;
+    }
 
     /// A token of `pod`'s service account for `audience` (the API server's own when `None`),
     /// valid for about `expiration_seconds` and bound to the pod (upstream's TokenRequest).

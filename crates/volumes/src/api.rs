@@ -121,7 +121,7 @@ impl VolumePlugin for ConfigMap {
         Box::pin(async move {
             let source = volume.config_map.as_ref().ok_or("not a configMap volume")?;
             let (ns, optional) = (namespace(pod), source.optional.unwrap_or(false));
-            let data = self.0.config_map(ns, &source.name).await?;
+            let data = self.0.config_map(pod, &source.name).await?;
             let data = required(data, "configmap", ns, &source.name, optional)?;
             let what = format!("configmap {:?}", source.name);
             let files =
@@ -152,7 +152,7 @@ impl VolumePlugin for Secret {
             let source = volume.secret.as_ref().ok_or("not a secret volume")?;
             let name = source.secret_name.as_deref().unwrap_or_default();
             let (ns, optional) = (namespace(pod), source.optional.unwrap_or(false));
-            let data = required(self.0.secret(ns, name).await?, "secret", ns, name, optional)?;
+            let data = required(self.0.secret(pod, name).await?, "secret", ns, name, optional)?;
             let what = format!("secret {name:?}");
             let files =
                 select(&data, source.items.as_ref(), source.default_mode.unwrap_or(DEFAULT_MODE), &what, optional)?;
@@ -187,12 +187,13 @@ impl Projected {
         let ns = namespace(pod);
         if let Some(cm) = &source.config_map {
             let optional = cm.optional.unwrap_or(false);
-            let data = required(self.objects()?.config_map(ns, &cm.name).await?, "configmap", ns, &cm.name, optional)?;
+            let data = required(self.objects()?.config_map(pod, &cm.name).await?, "configmap", ns, &cm.name, optional)?;
             return select(&data, cm.items.as_ref(), mode, &format!("configmap {:?}", cm.name), optional);
         }
         if let Some(secret) = &source.secret {
             let optional = secret.optional.unwrap_or(false);
-            let data = required(self.objects()?.secret(ns, &secret.name).await?, "secret", ns, &secret.name, optional)?;
+            let data =
+                required(self.objects()?.secret(pod, &secret.name).await?, "secret", ns, &secret.name, optional)?;
             return select(&data, secret.items.as_ref(), mode, &format!("secret {:?}", secret.name), optional);
         }
         if let Some(downward) = &source.downward_api {

@@ -63,6 +63,7 @@ use tracing::debug;
 pub struct Manager {
     pods_dir: PathBuf,
     plugins: Vec<Arc<dyn VolumePlugin>>,
+    objects: Option<Arc<dyn ObjectSource>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -84,6 +85,7 @@ impl Manager {
                 Arc::new(downward::DownwardApi),
                 Arc::new(api::Projected(None)),
             ],
+            objects: None,
         }
     }
 
@@ -91,7 +93,8 @@ impl Manager {
     /// configMap, secret, and projected volumes of any of configMap, secret, downwardAPI and
     /// serviceAccountToken sources.
     #[must_use]
-    pub fn objects(self, objects: Arc<dyn ObjectSource>) -> Self {
+    pub fn objects(mut self, objects: Arc<dyn ObjectSource>) -> Self {
+        self.objects = Some(objects.clone());
         self.plugin(Arc::new(api::ConfigMap(objects.clone())))
             .plugin(Arc::new(api::Secret(objects.clone())))
             .plugin(Arc::new(api::Projected(Some(objects))))
@@ -125,6 +128,9 @@ impl Manager {
     }
 
     async fn unmount(&self, uid: &PodUid) -> Result<(), VolumeError> {
+        if let Some(objects) = &self.objects {
+            objects.release(uid);
+        }
         let root = self.pods_dir.join(uid.as_str()).join("volumes");
         let Ok(mut plugins) = tokio::fs::read_dir(&root).await else { return Ok(()) };
         while let Ok(Some(plugin_dir)) = plugins.next_entry().await {

@@ -147,16 +147,17 @@ struct Objects {
 impl ObjectSource for Objects {
     fn config_map<'a>(
         &'a self,
-        namespace: &'a str,
+        pod: &'a Pod,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<kubelet_core::volume::ObjectData>, String>> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let found = self.config_maps.lock().unwrap().get(&format!("{namespace}/{name}")).cloned();
         Box::pin(async move { Ok(found) })
     }
 
     fn secret<'a>(
         &'a self,
-        _namespace: &'a str,
+        _pod: &'a Pod,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<kubelet_core::volume::ObjectData>, String>> {
         let found = (name == "db").then(|| BTreeMap::from([("password".to_owned(), b"hunter2".to_vec())]));

@@ -90,10 +90,9 @@ impl CriRuntime {
             .filter(|n| !n.is_empty())
             .collect();
         let Some(source) = self.pull_secrets.as_ref().filter(|_| !names.is_empty()) else { return Vec::new() };
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let mut secrets = Vec::new();
         for name in names {
-            match source.secret(namespace, name).await {
+            match source.secret(pod, name).await {
                 Ok(Some(data)) => secrets.push(data),
                 Ok(None) | Err(_) => self.event(
                     pod,

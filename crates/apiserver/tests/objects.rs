@@ -1,0 +1,72 @@
+//! Config maps and secrets for volumes, watched through the in-process API server: reads answer
+//! from the watch, changes and deletions arrive, and a watch ends when no pod uses its object.
+
+// Reason: tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::Duration;
+
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use kubelet_apiserver::{heartbeat, objects::ApiObjects, testing::ApiServer};
+use kubelet_core::{PodUid, volume::ObjectSource};
+use serde_json::json;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+fn pod(uid: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(uid.into()),
+            namespace: Some("default".into()),
+            uid: Some(uid.into()),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    }
+}
+
+/// Reads config map `app` for `pod` until `done` holds (at most 10 s).
+async fn until(objects: &ApiObjects, pod: &Pod, done: impl Fn(Option<&[u8]>) -> bool) {
+    for _ in 0..200 {
+        let data = objects.config_map(pod, "app").await.unwrap();
+        if done(data.as_ref().and_then(|d| d.get("greeting")).map(Vec::as_slice)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out");
+}
+
+#[tokio::test]
+async fn objects_are_watched_while_pods_use_them() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
+    let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+    let objects = ApiObjects::new(client, tracker.clone(), cancel.clone());
+    server.put_config_map("default", "app", json!({"greeting": "hello"}));
+    server.put_secret("default", "db", &[("password", b"hunter2")]);
+    let (web, job) = (pod("web"), pod("job"));
+
+    let data = objects.config_map(&web, "app").await.unwrap().unwrap();
+    assert_eq!(data["greeting"], b"hello");
+    assert_eq!(objects.secret(&job, "db").await.unwrap().unwrap()["password"], b"hunter2");
+    assert_eq!(objects.config_map(&web, "nope").await.unwrap(), None, "a missing object is None");
+    // A second pod shares the watch.
+    assert_eq!(objects.config_map(&job, "app").await.unwrap().unwrap()["greeting"], b"hello");
+
+    server.put_config_map("default", "app", json!({"greeting": "bye"}));
+    until(&objects, &web, |g| g == Some(b"bye".as_slice())).await;
+    server.delete_object("configmaps", "default", "app");
+    until(&objects, &web, |g| g.is_none()).await;
+    assert_eq!(server.requests("GET configmaps") + server.requests("GET secrets"), 0, "no reads: watches");
+    assert_eq!(server.requests("LIST configmaps"), 2, "one watch of app, one of nope");
+    assert_eq!(server.requests("LIST secrets"), 1);
+
+    // Once no pod uses them, the watches end (the tracker empties without the cancel).
+    objects.release(&PodUid::new("web"));
+    objects.release(&PodUid::new("job"));
+    tracker.close();
+    tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await.expect("every watch ended");
+    assert!(!cancel.is_cancelled());
+}
