@@ -100,7 +100,13 @@ impl Worker {
         let since = match seen {
             Seen::Running { since, .. } => since,
             Seen::NotRunning { exited, .. } => {
-                effects.push(Effect::Set(id.to_owned(), ProbeOutcome::Failure));
+                // A container that does not run is not ready. It gets no liveness or startup
+                // failure: those verdicts kill a running container, and one created but not yet
+                // started (a relist can fall between CreateContainer and StartContainer) would
+                // be killed as soon as it starts.
+                if self.kind == ProbeKind::Readiness {
+                    effects.push(Effect::Set(id.to_owned(), ProbeOutcome::Failure));
+                }
                 // A container that exited and never restarts is probed no more.
                 return if exited && restart_never { Step::Stop } else { Step::Wait };
             }
@@ -245,6 +251,29 @@ mod tests {
         let exited = Seen::NotRunning { id: "c1", exited: true };
         assert_eq!(w.tick(exited, true, false, t0, &mut Vec::new()), Step::Wait, "it restarts");
         assert_eq!(w.tick(exited, true, true, t0, &mut Vec::new()), Step::Stop, "restartPolicy Never");
+    }
+
+    #[test]
+    fn a_container_not_yet_started_gets_no_liveness_or_startup_failure() {
+        let t0 = Instant::now();
+        for (kind, initial) in
+            [(ProbeKind::Startup, ProbeOutcome::Unknown), (ProbeKind::Liveness, ProbeOutcome::Success)]
+        {
+            let started = kind != ProbeKind::Startup;
+            let mut w = Worker::new(kind, thresholds(0, 1, 30));
+            let mut effects = Vec::new();
+            let created = Seen::NotRunning { id: "c1", exited: false };
+            assert_eq!(w.tick(created, started, false, t0, &mut effects), Step::Wait);
+            assert_eq!(effects, [set("c1", initial)], "{kind:?}: only the initial result");
+            effects.clear();
+            let running = Seen::Running { id: "c1", since: t0 + SECOND };
+            assert_eq!(w.tick(running, started, false, t0 + SECOND, &mut effects), Step::Probe("c1".into()));
+            assert!(effects.is_empty(), "{kind:?}: no failure carried into the running container");
+            assert_eq!(w.record(ProbeOutcome::Failure), None, "{kind:?}: one failure of thirty");
+            let exited = Seen::NotRunning { id: "c1", exited: true };
+            assert_eq!(w.tick(exited, started, false, t0 + 2 * SECOND, &mut effects), Step::Wait);
+            assert!(effects.is_empty(), "{kind:?}: the restart is the sync loop's, not a probe verdict");
+        }
     }
 
     #[test]
