@@ -128,6 +128,9 @@ pub enum Report {
     /// The pods the API server has bound to this node now, by UID, each with whether its
     /// deletion was asked for (a `deletionTimestamp`): what the API pod source last saw.
     Bound(BTreeMap<String, bool>),
+    /// The kubelet forgot the pod with this UID (gone from its configuration, nothing of it
+    /// runs): nothing more is sent for it. Static pods, which the API never lists, end so.
+    Removed(String),
 }
 
 impl Report {
@@ -145,6 +148,8 @@ struct Entry {
     change: Option<Change>,
     /// Whether the API has that status.
     sent: bool,
+    /// The UID of the API's pod that has it: the pod's own, or a static pod's mirror.
+    sent_to: Option<String>,
     /// Whether nothing of it runs any more.
     terminated: bool,
     /// Whether the API asked for its deletion.
@@ -161,6 +166,8 @@ impl Entry {
 /// at once, and every `resync` (upstream's 10 s) each pod whose latest status is not yet sent.
 /// A pod that has terminated and whose deletion the API asked for is deleted (grace 0, with its
 /// UID as a precondition) once its last status is sent. A pod the API no longer has is forgotten.
+/// A static pod's status goes to its mirror, at each resync until the mirror is there, and is
+/// forgotten when the kubelet removes the pod ([`Report::Removed`]).
 pub async fn report(
     client: Client,
     mut reports: mpsc::UnboundedReceiver<Report>,
@@ -169,7 +176,7 @@ pub async fn report(
 ) {
     let mut pods: HashMap<String, Entry> = HashMap::new();
     let mut tick = tokio::time::interval(resync);
-    let new_entry = || Entry { change: None, sent: false, terminated: false, deleting: false };
+    let new_entry = || Entry { change: None, sent: false, sent_to: None, terminated: false, deleting: false };
     loop {
         let due: Vec<String> = tokio::select! {
             () = cancel.cancelled() => return,
@@ -185,14 +192,25 @@ pub async fn report(
                     pods.entry(uid.clone()).or_insert_with(new_entry).terminated = true;
                     vec![uid]
                 }
+                Some(Report::Removed(uid)) => {
+                    pods.remove(&uid);
+                    Vec::new()
+                }
                 Some(Report::Bound(bound)) => {
-                    // Pods gone from the API are forgotten; static pods' entries stay.
+                    // Pods gone from the API are forgotten; static pods' entries stay until
+                    // the kubelet removes them.
                     pods.retain(|uid, e| bound.contains_key(uid) || e.change.as_ref().is_some_and(|c| c.mirror_hash.is_some()));
                     let mut due = Vec::new();
-                    for (uid, deleting) in bound {
-                        if let Some(entry) = pods.get_mut(&uid) {
-                            entry.deleting = deleting;
-                            due.push(uid);
+                    for (uid, entry) in &mut pods {
+                        if entry.change.as_ref().is_some_and(|c| c.mirror_hash.is_some()) {
+                            // A static pod's mirror that came, or was replaced, gets the status.
+                            if entry.sent_to.as_ref().is_none_or(|to| !bound.contains_key(to)) {
+                                entry.sent = false;
+                                due.push(uid.clone());
+                            }
+                        } else if let Some(deleting) = bound.get(uid) {
+                            entry.deleting = *deleting;
+                            due.push(uid.clone());
                         }
                     }
                     due
@@ -205,7 +223,8 @@ pub async fn report(
             let Some(change) = &entry.change else { continue };
             let delete = entry.terminated && entry.deleting;
             match send(&client, change, delete).await {
-                Ok(Sent::Kept) => _ = pods.get_mut(&uid).map(|e| e.sent = true),
+                Ok(Sent::Kept(to)) => _ = pods.get_mut(&uid).map(|e| (e.sent, e.sent_to) = (true, Some(to))),
+                Ok(Sent::NoMirror) => {}
                 Ok(Sent::Gone) => _ = pods.remove(&uid),
                 Err(err) => warn!(pod = %change.name, error = %err, "cannot update the pod's status; trying again"),
             }
@@ -215,8 +234,10 @@ pub async fn report(
 
 /// What became of a pod's status.
 enum Sent {
-    /// The API has it.
-    Kept,
+    /// The API's pod with this UID has it.
+    Kept(String),
+    /// A static pod's mirror is not there (yet, or again): the status goes at the next resync.
+    NoMirror,
     /// The pod is gone from the API (or was re-created, or deleted now).
     Gone,
 }
@@ -224,22 +245,21 @@ enum Sent {
 /// Sends one change, then deletes the pod when `delete`.
 async fn send(client: &Client, change: &Change, delete: bool) -> Result<Sent, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &change.namespace);
-    let Some(api) = pods.get_opt(&change.name).await? else { return Ok(Sent::Gone) };
-    let Some(uid) = change.target_uid(&api).map(str::to_owned) else {
-        // A static pod's mirror may come (back) later; a regular pod was re-created.
-        return Ok(if change.mirror_hash.is_some() { Sent::Kept } else { Sent::Gone });
-    };
+    // A static pod's mirror may come (back) later; a regular pod was deleted or re-created.
+    let missing = || if change.mirror_hash.is_some() { Sent::NoMirror } else { Sent::Gone };
+    let Some(api) = pods.get_opt(&change.name).await? else { return Ok(missing()) };
+    let Some(uid) = change.target_uid(&api).map(str::to_owned) else { return Ok(missing()) };
     if let Some(patch) = status_patch(&api, &uid, &change.status) {
         debug!(pod = %change.name, "patching the pod's status");
         match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
             Ok(_) => {}
             // The UID precondition failed: the pod was re-created meanwhile.
-            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => return Ok(Sent::Gone),
+            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => return Ok(missing()),
             Err(err) => return Err(err),
         }
     }
     if !delete || api.metadata.deletion_timestamp.is_none() {
-        return Ok(Sent::Kept);
+        return Ok(Sent::Kept(uid));
     }
     let params = DeleteParams {
         grace_period_seconds: Some(0),

@@ -166,22 +166,49 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
         "uid": "static-uid", "annotations": {"kubernetes.io/config.hash": "h1", "kubernetes.io/config.source": "file"}},
         "spec": {"nodeName": "node-1", "containers": [{"name": "etcd"}]}}))
         .unwrap();
-    server.put_pod(
-        serde_json::to_value(kubelet_apiserver::mirror::mirror_pod(&static_pod, "node-1", "node-uid")).unwrap(),
-    );
+    let mirror =
+        serde_json::to_value(kubelet_apiserver::mirror::mirror_pod(&static_pod, "node-1", "node-uid")).unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let task = tokio::spawn(status::report(client, rx, Duration::from_millis(100), cancel.clone()));
+    let mirror_phase = || server.objects.lock().unwrap().pods["kube-system/etcd-node-1"]["status"]["phase"].clone();
+
+    // The status comes before the mirror does: it is kept, and sent once the mirror is there
+    // (at the next resync at the latest).
     tx.send(status::Report::Status(status::Change::of_static(&static_pod, running("True")))).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.requests("PATCH pods/status"), 0, "no mirror yet");
+    server.put_pod(mirror.clone());
     for _ in 0..200 {
-        let pods = server.objects.lock().unwrap().pods.clone();
-        if pods["kube-system/etcd-node-1"]["status"]["phase"] == "Running" {
+        if mirror_phase() == "Running" {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mirror = api_pod(&server, "kube-system/etcd-node-1");
-    assert_eq!(mirror.status.unwrap().phase.as_deref(), Some("Running"), "the mirror shows the static pod's status");
+    assert_eq!(mirror_phase(), "Running", "the mirror shows the static pod's status");
+
+    // A re-created mirror gets it again once the API pod source shows it.
+    server.delete_pod("kube-system", "etcd-node-1");
+    server.put_pod(mirror.clone());
+    tx.send(status::Report::bound(&[api_pod(&server, "kube-system/etcd-node-1")])).unwrap();
+    for _ in 0..200 {
+        if mirror_phase() == "Running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(mirror_phase(), "Running", "the re-created mirror shows the static pod's status");
+
+    // Once the kubelet has removed the static pod, nothing more goes to a mirror.
+    tx.send(status::Report::Removed("static-uid".into())).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.delete_pod("kube-system", "etcd-node-1");
+    server.put_pod(mirror);
+    tx.send(status::Report::bound(&[api_pod(&server, "kube-system/etcd-node-1")])).unwrap();
+    let patches = server.requests("PATCH pods/status");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(server.requests("PATCH pods/status"), patches, "the removed static pod's entry is gone");
+    assert_ne!(mirror_phase(), "Running", "no status for the new mirror");
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
 }

@@ -79,6 +79,10 @@ impl StatusSink for ApiStatuses {
             let _ = self.0.send(Report::Terminated(PodUid::of(pod).as_str().to_owned()));
         }
     }
+
+    fn pod_removed(&self, uid: &PodUid) {
+        let _ = self.0.send(Report::Removed(uid.as_str().to_owned()));
+    }
 }
 
 /// Hands the agent's events to the API sender, dropping them when it is that far behind (as

@@ -381,9 +381,9 @@ async fn scenario(
     assert_eq!(first["metadata"]["ownerReferences"][0]["kind"], "Node");
     assert_eq!(first["metadata"]["ownerReferences"][0]["uid"], registered["metadata"]["uid"]);
     cluster.delete_pod(&format!("static-{node}"), 0).await;
-    until("the mirror pod to be recreated", &|v| {
+    until("the mirror pod to be recreated, with the static pod's status", &|v| {
         let pod = v.pods.get(&mirror_key)?;
-        (pod["metadata"]["uid"] != first["metadata"]["uid"]).then_some(Value::Null)
+        (pod["metadata"]["uid"] != first["metadata"]["uid"] && phase(pod) == "Running").then_some(Value::Null)
     })
     .await;
 

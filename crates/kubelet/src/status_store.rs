@@ -19,6 +19,12 @@ pub trait StatusSink: Send + Sync {
     fn pod_terminated(&self, pod: &Pod) {
         let _ = pod;
     }
+
+    /// The kubelet forgot the pod `uid`: it is gone from its configuration and nothing of it
+    /// runs, so its status will not change again (upstream `RemoveOrphanedStatuses`).
+    fn pod_removed(&self, uid: &PodUid) {
+        let _ = uid;
+    }
 }
 
 /// One stored status.
@@ -122,13 +128,57 @@ impl StatusStore {
         lock(&self.statuses).get(uid).cloned()
     }
 
-    /// Forgets `uid`.
+    /// Forgets `uid`, and tells the sinks ([`StatusSink::pod_removed`]).
     pub fn remove(&self, uid: &PodUid) {
         lock(&self.statuses).remove(uid);
+        for sink in lock(&self.sinks).iter() {
+            sink.pod_removed(uid);
+        }
     }
 
     /// Every UID with a stored status.
     pub fn uids(&self) -> Vec<PodUid> {
         lock(&self.statuses).keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records what the store tells its sinks.
+    #[derive(Default)]
+    struct Recording(Mutex<Vec<String>>);
+
+    impl StatusSink for Recording {
+        fn status_changed(&self, pod: &Pod, status: &ApiPodStatus, version: u64) {
+            let phase = status.phase.clone().unwrap_or_default();
+            lock(&self.0).push(format!("changed {} {phase} v{version}", PodUid::of(pod)));
+        }
+
+        fn pod_terminated(&self, pod: &Pod) {
+            lock(&self.0).push(format!("terminated {}", PodUid::of(pod)));
+        }
+
+        fn pod_removed(&self, uid: &PodUid) {
+            lock(&self.0).push(format!("removed {uid}"));
+        }
+    }
+
+    #[test]
+    fn sinks_hear_changes_terminations_and_removals_once_each() {
+        let store = StatusStore::new();
+        let sink = std::sync::Arc::new(Recording::default());
+        store.add_sink(sink.clone());
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        let phase = |p: &str| ApiPodStatus { phase: Some(p.into()), ..ApiPodStatus::default() };
+        assert!(store.set(&pod, phase("Running")));
+        assert!(!store.set(&pod, phase("Running")), "the same status again is no change");
+        assert!(store.set(&pod, phase("Succeeded")));
+        store.terminated(&pod);
+        store.remove(&PodUid::of(&pod));
+        assert_eq!(store.get(&PodUid::of(&pod)), None);
+        assert_eq!(*lock(&sink.0), ["changed u1 Running v1", "changed u1 Succeeded v2", "terminated u1", "removed u1"]);
     }
 }
