@@ -8,6 +8,7 @@
 //! release binary, and the demo's check.
 
 use std::{
+    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };
@@ -110,6 +111,7 @@ pub(crate) fn run_ci(repeat: u32) -> Result<()> {
     step("package", &mut || {
         // Each library as crates.io gets it: packaged, then built from its own tarball (the
         // workspace's crates come from the packages made in the same run).
+        forget_unpacked_packages()?;
         run(cargo().args(["package", "--workspace", "--locked", "--exclude", "kubelet-rs", "--exclude", "xtask"]))
     })?;
     step("bench-build", &mut || run(cargo().args(["bench", "--workspace", "--locked", "--no-run"])))?;
@@ -242,4 +244,30 @@ pub(crate) fn run_bench() -> Result<()> {
         runtime::stop()?;
     }
     result
+}
+
+/// Removes the workspace's own packages that an earlier `cargo package` unpacked from its
+/// temporary registry. Cargo unpacks each into `$CARGO_HOME/registry/src/-<hash of the
+/// registry's path>/` and never again once there, so a later run from the same checkout path
+/// would build the dependents against the old sources.
+fn forget_unpacked_packages() -> Result<()> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry/src")) else { return Ok(()) };
+    let Ok(registries) = std::fs::read_dir(&src) else { return Ok(()) };
+    for registry in registries.flatten() {
+        // The temporary registries have no name: their directories start with `-`.
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        for package in std::fs::read_dir(registry.path())?.flatten() {
+            let name = package.file_name().to_string_lossy().into_owned();
+            if name.starts_with("kubelet-") {
+                std::fs::remove_dir_all(package.path())
+                    .with_context(|| format!("removing {}", package.path().display()))?;
+            }
+        }
+    }
+    Ok(())
 }
