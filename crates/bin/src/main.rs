@@ -6,6 +6,7 @@
 //! `check-runtime` are small helpers.
 
 mod agent;
+mod alloc;
 mod cli;
 mod cluster;
 mod cnitool;
@@ -95,6 +96,8 @@ fn run(cli: Cli, run_matches: &ArgMatches) -> Result<ExitCode> {
 
 /// The agent: resolves its configuration, sets up logging, checks the node, and runs.
 fn run_node(args: RunArgs, matches: &ArgMatches) -> ExitCode {
+    // Before any thread exists, so every thread shares the bounded arenas.
+    let arenas = alloc::limit_arenas();
     let given = match flags::given(matches) {
         Ok(given) => given,
         Err(message) => {
@@ -116,6 +119,7 @@ fn run_node(args: RunArgs, matches: &ArgMatches) -> ExitCode {
         }
     };
     init_logging(settings.verbosity, settings.log_format);
+    tracing::debug!(?arenas, bound = alloc::ARENAS, "memory allocator arenas");
     if !settings.without_effect.is_empty() {
         warn!("set but without effect in kubelet-rs: {}", settings.without_effect.join(", "));
     }

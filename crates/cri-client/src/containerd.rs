@@ -1,15 +1,22 @@
-//! Change hints from containerd's own event service, for runtimes whose CRI has no event stream.
+//! containerd's own services on the CRI socket, for what its CRI plugin cannot do.
 //!
-//! containerd 1.6 answers CRI `GetContainerEvents` with `Unimplemented`, but it serves its own
-//! `containerd.services.events.v1.Events/Subscribe` on the same socket.
-//! Its task and container events carry no pod status, so they are only hints: each one tells
-//! the PLEG to relist soon instead of at its next period.
-//! The two messages below are written here from the protocol's field numbers; only the fields
-//! the hints need are decoded (prost skips the others).
+//! - Change hints: containerd 1.6 answers CRI `GetContainerEvents` with `Unimplemented`, but it
+//!   serves its own `containerd.services.events.v1.Events/Subscribe` on the same socket.
+//!   Its task and container events carry no pod status, so they are only hints: each one tells
+//!   the PLEG to relist soon instead of at its next period.
+//! - A task left under a created container: a start cut short can leave containerd 1.6 with a
+//!   running task under a container its CRI reports as created, which CRI `StopContainer` skips
+//!   and `RemoveContainer` refuses. `remove_task` kills and deletes it through
+//!   `containerd.services.tasks.v1.Tasks`.
+//!
+//! The messages below are written here from the protocol's field numbers; only the fields used
+//! are declared (prost skips the others).
+
+use std::time::Duration;
 
 use kubelet_core::runtime::{ChangeHint, EventStreamError};
 use tokio::sync::mpsc;
-use tonic::{Code, codegen::http::uri::PathAndQuery, transport::Channel};
+use tonic::{Code, Status, codegen::http::uri::PathAndQuery, metadata::MetadataValue, transport::Channel};
 use tracing::debug;
 
 /// The containerd namespace of the CRI plugin's containers and sandboxes.
@@ -83,6 +90,77 @@ pub(crate) async fn watch(channel: Channel, changed: mpsc::Sender<ChangeHint>) -
     }
 }
 
+const KILL: &str = "/containerd.services.tasks.v1.Tasks/Kill";
+const WAIT: &str = "/containerd.services.tasks.v1.Tasks/Wait";
+const DELETE: &str = "/containerd.services.tasks.v1.Tasks/Delete";
+/// The gRPC header that names the containerd namespace of a call.
+const NAMESPACE_HEADER: &str = "containerd-namespace";
+const SIGKILL: u32 = 9;
+
+/// `containerd.services.tasks.v1.KillRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct KillRequest {
+    #[prost(string, tag = "1")]
+    container_id: String,
+    #[prost(string, tag = "2")]
+    exec_id: String,
+    #[prost(uint32, tag = "3")]
+    signal: u32,
+    #[prost(bool, tag = "4")]
+    all: bool,
+}
+
+/// `WaitRequest` without an exec ID, and `DeleteTaskRequest`: both name the task by field 1.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TaskRequest {
+    #[prost(string, tag = "1")]
+    container_id: String,
+}
+
+/// A response whose fields are not read (`Empty`, `WaitResponse`, `DeleteResponse`).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Ignored {}
+
+/// One unary call to a containerd service in [`CRI_NAMESPACE`].
+async fn call<Req: prost::Message + Send + Sync + 'static>(
+    channel: Channel,
+    method: &'static str,
+    message: Req,
+) -> Result<(), Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(NAMESPACE_HEADER, MetadataValue::from_static(CRI_NAMESPACE));
+    let codec = tonic_prost::ProstCodec::<Req, Ignored>::default();
+    grpc.unary(request, PathAndQuery::from_static(method), codec).await.map(drop)
+}
+
+/// `Ok` for a task that is gone already: NotFound from kill (process already finished), wait
+/// or delete, which the CRI plugin's own exit handling may have done first.
+fn gone_is_done(result: Result<(), Status>) -> Result<(), Status> {
+    match result {
+        Err(status) if status.code() == Code::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Kills the task containerd keeps under `container_id` (every process, SIGKILL), waits at most
+/// `wait` for it to exit, and deletes it, so the container itself can then be removed.
+///
+/// A task that is already gone is success; a runtime that is not containerd answers
+/// `Unimplemented`.
+pub(crate) async fn remove_task(channel: Channel, container_id: &str, wait: Duration) -> Result<(), Status> {
+    let task = || TaskRequest { container_id: container_id.to_owned() };
+    let kill =
+        KillRequest { container_id: container_id.to_owned(), exec_id: String::new(), signal: SIGKILL, all: true };
+    gone_is_done(call(channel.clone(), KILL, kill).await)?;
+    match tokio::time::timeout(wait, call(channel.clone(), WAIT, task())).await {
+        Ok(result) => gone_is_done(result)?,
+        Err(_) => return Err(Status::deadline_exceeded(format!("task {container_id} did not exit within {wait:?}"))),
+    }
+    gone_is_done(call(channel, DELETE, task()).await)
+}
+
 /// Sends a hint unless `changed` is full; an error when the receiver has gone.
 fn send(changed: &mpsc::Sender<ChangeHint>, hint: ChangeHint) -> Result<(), ()> {
     match changed.try_send(hint) {
@@ -116,6 +194,15 @@ mod tests {
             hints,
             [ChangeHint::Changed, ChangeHint::Changed, ChangeHint::Exited, ChangeHint::Exited, ChangeHint::Changed]
         );
+    }
+
+    #[test]
+    fn a_kill_request_encodes_the_protocols_field_numbers() {
+        use prost::Message;
+        let kill = KillRequest { container_id: "c1".to_owned(), exec_id: String::new(), signal: SIGKILL, all: true };
+        // container_id (1), signal (3) as a varint, all (4) as a varint; the empty exec_id is omitted.
+        assert_eq!(kill.encode_to_vec(), [0x0a, 2, b'c', b'1', 0x18, 9, 0x20, 1]);
+        assert_eq!(TaskRequest { container_id: "c1".to_owned() }.encode_to_vec(), [0x0a, 2, b'c', b'1']);
     }
 
     #[test]

@@ -306,6 +306,19 @@ impl Client {
         containerd::watch(self.containerd.clone(), changed).await
     }
 
+    /// Kills and deletes the task containerd keeps under `container_id`, through containerd's
+    /// own Tasks service on the runtime's socket (namespace `k8s.io`), waiting at most `wait`
+    /// for it to exit; a task already gone is success.
+    ///
+    /// For the state containerd 1.6 can be left in when a StartContainer is cut short: a running
+    /// task under a container its CRI reports as created, which no CRI call stops or removes.
+    /// A runtime that is not containerd answers [`Error::is_unimplemented`].
+    pub async fn remove_containerd_task(&self, container_id: &str, wait: std::time::Duration) -> Result<(), Error> {
+        containerd::remove_task(self.containerd.clone(), container_id, wait)
+            .await
+            .map_err(|s| Error::status("containerd Tasks", s))
+    }
+
     /// CRI `Version`.
     pub async fn version(&self) -> Result<pb::VersionResponse, Error> {
         let request = pb::VersionRequest { version: "v1".to_owned() };

@@ -519,3 +519,191 @@ async fn real_garbage_collection_keeps_the_newest_dead_instance_and_sandbox() {
     env.wait_for(&p, "the fifth instance to exit", exited(4)).await;
     env.cleanup(&p).await;
 }
+
+/// containerd's own services, reached on the CRI socket as the agent reaches them: the messages a
+/// test needs to start a task the way an interrupted StartContainer leaves it.
+mod containerd_api {
+    use std::path::PathBuf;
+
+    use kubelet_cri_client::tonic::{
+        self, Request,
+        codegen::http::uri::PathAndQuery,
+        metadata::MetadataValue,
+        transport::{Channel, Endpoint, Uri},
+    };
+
+    /// `containerd.types.Mount`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct Mount {
+        #[prost(string, tag = "1")]
+        pub(crate) r#type: String,
+        #[prost(string, tag = "2")]
+        pub(crate) source: String,
+        #[prost(string, tag = "3")]
+        pub(crate) target: String,
+        #[prost(string, repeated, tag = "4")]
+        pub(crate) options: Vec<String>,
+    }
+
+    /// `containerd.services.snapshots.v1.MountsRequest`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct MountsRequest {
+        #[prost(string, tag = "1")]
+        pub(crate) snapshotter: String,
+        #[prost(string, tag = "2")]
+        pub(crate) key: String,
+    }
+
+    /// `containerd.services.snapshots.v1.MountsResponse`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct MountsResponse {
+        #[prost(message, repeated, tag = "1")]
+        pub(crate) mounts: Vec<Mount>,
+    }
+
+    /// `containerd.services.tasks.v1.CreateTaskRequest`, without IO, checkpoint or options.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct CreateTaskRequest {
+        #[prost(string, tag = "1")]
+        pub(crate) container_id: String,
+        #[prost(message, repeated, tag = "3")]
+        pub(crate) rootfs: Vec<Mount>,
+    }
+
+    /// `containerd.services.tasks.v1.StartRequest` and `GetRequest`: a task, no exec.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct TaskRequest {
+        #[prost(string, tag = "1")]
+        pub(crate) container_id: String,
+    }
+
+    /// `CreateTaskResponse`, `StartResponse`: only the pid is read (field 2 and 1).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct CreateTaskResponse {
+        #[prost(uint32, tag = "2")]
+        pub(crate) pid: u32,
+    }
+
+    /// A response whose fields are not read.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct Ignored {}
+
+    pub(crate) fn channel(endpoint: &str) -> Channel {
+        let path = PathBuf::from(endpoint.trim_start_matches("unix://"));
+        Endpoint::from_static("http://[::]:50051").connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+    }
+
+    /// One unary call in the CRI plugin's namespace `k8s.io`.
+    pub(crate) async fn call<Req, Resp>(
+        channel: &Channel,
+        method: &'static str,
+        message: Req,
+    ) -> Result<Resp, tonic::Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut request = Request::new(message);
+        request.metadata_mut().insert("containerd-namespace", MetadataValue::from_static("k8s.io"));
+        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+        Ok(grpc.unary(request, PathAndQuery::from_static(method), codec).await?.into_inner())
+    }
+}
+
+/// A SIGKILL of the agent inside StartContainer can leave containerd 1.6 with a running task
+/// under a container its CRI reports as created; CRI StopContainer skips such a container and
+/// RemoveContainer refuses it. The test makes that state by starting the task through
+/// containerd's Tasks service, then removes the pod as the agent does: the task's process must be
+/// gone and nothing of the pod left.
+#[tokio::test]
+async fn real_a_task_left_under_a_created_container_goes_with_its_pod() {
+    use containerd_api::*;
+    let Some(env) = env("real_a_task_left_under_a_created_container_goes_with_its_pod") else { return };
+    let image = env.rt.busybox_image.clone();
+    let c = container("left", &image, "sleep 3600");
+    let p = pod("left-task", "Always", vec![], vec![c.clone()]);
+    let _removal = env.remove_on_panic(&p);
+    let (name, uid) = (p.metadata.name.clone().unwrap(), p.metadata.uid.clone().unwrap());
+    let mut cri = env.runtime.client().runtime_service();
+    let log_dir = env.logs.join("pods").join(format!("kubelet-rs-test_{name}_{uid}"));
+    std::fs::create_dir_all(&log_dir).unwrap();
+    let sandbox_config = kubelet_cri_client::sandbox::sandbox_config(&p, 0, &log_dir, "/kubepods", &Default::default());
+    let sandbox_id = cri
+        .run_pod_sandbox(pb::RunPodSandboxRequest {
+            config: Some(sandbox_config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    env.runtime
+        .client()
+        .image_service()
+        .pull_image(pb::PullImageRequest {
+            image: Some(pb::ImageSpec { image: image.clone(), ..Default::default() }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let config = pb::ContainerConfig {
+        metadata: Some(pb::ContainerMetadata { name: "left".into(), attempt: 0 }),
+        image: Some(pb::ImageSpec { image: image.clone(), ..Default::default() }),
+        command: vec!["sleep".into(), "3600".into()],
+        labels: kubelet_cri_client::labels::container_labels(&p, &c),
+        ..Default::default()
+    };
+    let container_id = cri
+        .create_container(pb::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id,
+            config: Some(config),
+            sandbox_config: Some(sandbox_config),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .container_id;
+
+    // The task, created and started through containerd's own services on the container's snapshot.
+    let channel = channel(&env.rt.endpoint);
+    let mounts: MountsResponse = call(
+        &channel,
+        "/containerd.services.snapshots.v1.Snapshots/Mounts",
+        MountsRequest { snapshotter: "overlayfs".into(), key: container_id.clone() },
+    )
+    .await
+    .unwrap();
+    let created: CreateTaskResponse = call(
+        &channel,
+        "/containerd.services.tasks.v1.Tasks/Create",
+        CreateTaskRequest { container_id: container_id.clone(), rootfs: mounts.mounts },
+    )
+    .await
+    .unwrap();
+    let _: Ignored =
+        call(&channel, "/containerd.services.tasks.v1.Tasks/Start", TaskRequest { container_id: container_id.clone() })
+            .await
+            .unwrap();
+    let pid = created.pid;
+    assert!(pid > 0 && std::path::Path::new(&format!("/proc/{pid}")).exists(), "the task's process {pid} runs");
+    // The state the crash leaves: CRI says created while the task runs.
+    let status = env.status(&p).await;
+    assert_eq!(state(&status, "left"), Some(ContainerState::Created), "{status:?}");
+    let refused = cri.remove_container(pb::RemoveContainerRequest { container_id: container_id.clone() }).await;
+    assert_eq!(refused.map(drop).unwrap_err().code(), kubelet_cri_client::tonic::Code::FailedPrecondition);
+
+    env.cleanup(&p).await;
+    let task: Result<Ignored, _> =
+        call(&channel, "/containerd.services.tasks.v1.Tasks/Get", TaskRequest { container_id: container_id.clone() })
+            .await;
+    assert_eq!(task.unwrap_err().code(), kubelet_cri_client::tonic::Code::NotFound, "the task is gone");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(stat.is_empty() || stat.contains(") Z "), "the task's process {pid} still runs: {stat}");
+}

@@ -82,6 +82,9 @@ pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<
     rt.remove_pod(&api).await
 }
 
+/// How long a task killed through containerd's Tasks service may take to exit.
+const TASK_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(super) async fn delete_container(rt: &CriRuntime, container_id: &str) -> Result<(), Error> {
     let request = pb::RemoveContainerRequest { container_id: container_id.to_owned() };
     match rt.client.runtime_service().remove_container(request.clone()).await {
@@ -98,9 +101,23 @@ pub(super) async fn delete_container(rt: &CriRuntime, container_id: &str) -> Res
                 Err(status) if status.code() == tonic::Code::NotFound => {}
                 Err(status) => return Err(Error::status("StopContainer", status)),
             }
-            match rt.client.runtime_service().remove_container(request).await {
+            match rt.client.runtime_service().remove_container(request.clone()).await {
                 Ok(_) => {}
                 Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                    // containerd 1.6's CRI skips the stop of a container it reports as created,
+                    // task or not: kill and delete the task through containerd's Tasks service.
+                    warn!(container.id = container_id, "removing the task left under a created container");
+                    if let Err(err) = rt.client.remove_containerd_task(container_id, TASK_EXIT_WAIT).await {
+                        debug!(container.id = container_id, error = %err, "containerd's Tasks service did not remove it");
+                        return Err(Error::status("RemoveContainer", status));
+                    }
+                    match rt.client.runtime_service().remove_container(request).await {
+                        Ok(_) => {}
+                        Err(status) if status.code() == tonic::Code::NotFound => {}
+                        Err(status) => return Err(Error::status("RemoveContainer", status)),
+                    }
+                }
                 Err(status) => return Err(Error::status("RemoveContainer", status)),
             }
         }
