@@ -1,23 +1,32 @@
 //! An in-process API server for tests (feature `test-util`), written here: plain HTTP on
 //! 127.0.0.1, the wire protocol of the resources cluster mode uses so far.
 //!
-//! - Nodes: create (409 `AlreadyExists` when present), get (404 `NotFound`), and strategic merge
-//!   patches of the Node and its `status`, conditions merged by `type` as the API server does.
+//! - Nodes: create (409 `AlreadyExists` when present), get (404 `NotFound`), and patches of the
+//!   Node and its `status`, conditions merged by `type` as the API server does.
 //! - Leases: get, create, and replace with optimistic concurrency (409 `Conflict` when the
 //!   `resourceVersion` sent is not the current one).
 //! - Pods: create (`generateName` too), get, delete (grace 0 at once, otherwise a
-//!   `deletionTimestamp`; a UID precondition is checked), strategic merge patches of `status` (a
-//!   UID in the patch is a precondition), list
-//!   and watch (`fieldSelector=spec.nodeName=...`, `resourceVersion`,
-//!   `timeoutSeconds`), with the events tests make ([`ApiServer::put_pod`],
+//!   `deletionTimestamp`; a UID precondition is checked), patches of `status` (a UID in the patch
+//!   is a precondition), list and watch (`fieldSelector`, `resourceVersion`, `timeoutSeconds`,
+//!   `allowWatchBookmarks`), with the events tests make ([`ApiServer::put_pod`],
 //!   [`ApiServer::delete_pod`]); after [`ApiServer::compact`] a watch from an older version gets
 //!   the API server's 410 `Expired`.
 //!
-//! - Events: create and strategic merge patches.
+//! - Events: create and patches.
 //! - Config maps and secrets: get ([`ApiServer::put_config_map`], [`ApiServer::put_secret`]);
 //!   service accounts' TokenRequests (a pod must be the bound object).
 //!
 //! Every object gets a UID and a `resourceVersion` from one counter; every request is counted.
+//!
+//! Where a client can speak the protocol wrongly, the server answers as the API server does:
+//! a patch is applied by its `Content-Type` (`application/strategic-merge-patch+json`: lists
+//! with a merge key merge by it; `application/merge-patch+json`, RFC 7386: every list is
+//! replaced; anything else is 415 `UnsupportedMediaType`), and a field selector on a field the
+//! resource cannot be selected by is 400 `BadRequest` (`field label not supported: ...`), never
+//! ignored. A watch that asked for bookmarks gets a `BOOKMARK` with the current
+//! `resourceVersion` whenever it has been idle for [`WATCH_POLL`] while the version moved on (the
+//! API server sends one about every minute), so a client that keeps bookmarks resumes after a
+//! compaction without listing again, and one that ignores them lists again.
 
 use std::{
     collections::BTreeMap,
@@ -28,16 +37,18 @@ use std::{
 
 use axum::{
     Json, Router,
+    body::Bytes,
     extract::{Path as UrlPath, State},
-    http::StatusCode,
+    http::{HeaderMap, StatusCode, header::CONTENT_TYPE},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
 use serde_json::{Value, json};
 
 /// How long a watch waits between looks at the event log when nothing wakes it (a wake-up sent
-/// between its look and its wait is not kept, so it looks again after this at the latest).
-const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// between its look and its wait is not kept, so it looks again after this at the latest); a
+/// watch idle this long is sent a bookmark when it asked for them and the version moved on.
+pub const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What the server holds.
 #[derive(Debug, Default)]
@@ -130,8 +141,25 @@ fn failure(code: StatusCode, reason: &str, message: String) -> Response {
     (code, Json(body)).into_response()
 }
 
+/// A request the server refuses, answered as a `metav1.Status` failure.
+#[derive(Debug)]
+struct Refusal {
+    code: StatusCode,
+    reason: &'static str,
+    message: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        failure(self.code, self.reason, self.message)
+    }
+}
+
 /// A strategic merge patch as the API server applies one to the fields used here: objects merge
-/// key by key, `null` deletes, and lists of conditions merge by `type`; other lists are replaced.
+/// key by key, `null` deletes, lists with a merge key in the core types (`conditions` and
+/// `addresses` by `type`, `podIPs` by `ip`, `ownerReferences` by `uid`) merge item by item;
+/// other lists are replaced. Directives (`$patch`, `$setElementOrder/...`, `$retainKeys`) are not
+/// applied: the server refuses a patch that carries one (see `PatchType::of`).
 pub fn strategic_merge(target: &mut Value, patch: &Value) {
     if target.is_null() && patch.is_object() {
         *target = json!({});
@@ -141,15 +169,110 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) {
         match (target.get_mut(key), value) {
             (_, Value::Null) => _ = target.remove(key),
             (Some(old @ Value::Object(_)), Value::Object(_)) => strategic_merge(old, value),
-            (Some(Value::Array(old)), Value::Array(new)) if key == "conditions" => {
+            (Some(Value::Array(old)), Value::Array(new)) if merge_key(key).is_some() => {
+                let merge_key = merge_key(key).unwrap_or_default();
                 for item in new {
-                    match old.iter_mut().find(|o| o["type"] == item["type"]) {
+                    match old.iter_mut().find(|o| o[merge_key] == item[merge_key]) {
                         Some(existing) => strategic_merge(existing, item),
                         None => old.push(item.clone()),
                     }
                 }
             }
             _ => _ = target.insert(key.clone(), value.clone()),
+        }
+    }
+}
+
+/// The merge key of the core types' lists that strategic merge patches merge item by item.
+fn merge_key(list: &str) -> Option<&'static str> {
+    match list {
+        "conditions" | "addresses" => Some("type"),
+        "podIPs" => Some("ip"),
+        "ownerReferences" => Some("uid"),
+        _ => None,
+    }
+}
+
+/// A JSON merge patch (RFC 7386): objects merge key by key, `null` deletes, and anything else,
+/// lists included, replaces what was there.
+pub fn json_merge(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let Value::Object(target) = target else { return };
+    for (key, value) in patch {
+        if value.is_null() {
+            target.remove(key);
+        } else {
+            json_merge(target.entry(key.clone()).or_insert(Value::Null), value);
+        }
+    }
+}
+
+/// The first key of `patch` that is a strategic merge directive (`$patch`, `$setElementOrder/...`).
+fn directive(patch: &Value) -> Option<String> {
+    match patch {
+        Value::Object(map) => {
+            map.iter().find_map(|(key, value)| if key.starts_with('$') { Some(key.clone()) } else { directive(value) })
+        }
+        Value::Array(items) => items.iter().find_map(directive),
+        _ => None,
+    }
+}
+
+/// The patch types this server applies, chosen by the request's `Content-Type` as the API
+/// server chooses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PatchType {
+    /// `application/strategic-merge-patch+json`.
+    Strategic,
+    /// `application/merge-patch+json`.
+    Merge,
+}
+
+impl PatchType {
+    /// The patch type `headers` ask for and the patch in `body`, or the API server's 415 for
+    /// any other type; a body that is not JSON is a 400, and a strategic merge patch with a
+    /// directive this server does not apply a 422 that names it.
+    fn of(headers: &HeaderMap, body: &[u8]) -> Result<(PatchType, Value), Refusal> {
+        let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let patch = || {
+            serde_json::from_slice::<Value>(body).map_err(|e| Refusal {
+                code: StatusCode::BAD_REQUEST,
+                reason: "BadRequest",
+                message: format!("the patch is not JSON: {e}"),
+            })
+        };
+        match content_type.split(';').next().unwrap_or_default().trim() {
+            "application/strategic-merge-patch+json" => match patch().map(|p| (directive(&p), p))? {
+                (None, patch) => Ok((PatchType::Strategic, patch)),
+                (Some(key), _) => Err(Refusal {
+                    code: StatusCode::UNPROCESSABLE_ENTITY,
+                    reason: "Invalid",
+                    message: format!("the test API server applies no strategic merge directive: {key}"),
+                }),
+            },
+            "application/merge-patch+json" => Ok((PatchType::Merge, patch()?)),
+            other => Err(Refusal {
+                code: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                reason: "UnsupportedMediaType",
+                message: format!(
+                    "the body of the request was in an unknown format - accepted media types include: \
+                     application/strategic-merge-patch+json, application/merge-patch+json (got {other:?})"
+                ),
+            }),
+        }
+    }
+
+    /// Applies `patch` to `target`.
+    fn apply(self, target: &mut Value, patch: &Value) {
+        match self {
+            PatchType::Strategic => strategic_merge(target, patch),
+            PatchType::Merge => json_merge(target, patch),
         }
     }
 }
@@ -175,13 +298,17 @@ async fn get_node(State(objects): State<Shared>, UrlPath(name): UrlPath<String>)
     }
 }
 
-async fn patch_node(objects: Shared, name: String, patch: Value, request: &str) -> Response {
+async fn patch_node(objects: Shared, name: String, headers: HeaderMap, body: Bytes, request: &str) -> Response {
     let mut objects = lock(&objects);
     objects.count(request);
+    let (patch_type, patch) = match PatchType::of(&headers, &body) {
+        Ok(patch) => patch,
+        Err(refused) => return refused.into_response(),
+    };
     let Some(mut node) = objects.nodes.get(&name).cloned() else {
         return failure(StatusCode::NOT_FOUND, "NotFound", format!("nodes \"{name}\" not found"));
     };
-    strategic_merge(&mut node, &patch);
+    patch_type.apply(&mut node, &patch);
     objects.stamp(&mut node, false);
     objects.nodes.insert(name, node.clone());
     Json(node).into_response()
@@ -255,10 +382,15 @@ async fn get_pod(State(objects): State<Shared>, UrlPath((ns, name)): UrlPath<(St
 async fn patch_pod_status(
     State(objects): State<Shared>,
     UrlPath((ns, name)): UrlPath<(String, String)>,
-    Json(patch): Json<Value>,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Response {
     let mut objects = lock(&objects);
     objects.count("PATCH pods/status");
+    let (patch_type, patch) = match PatchType::of(&headers, &body) {
+        Ok(patch) => patch,
+        Err(refused) => return refused.into_response(),
+    };
     let key = format!("{ns}/{name}");
     let Some(mut pod) = objects.pods.get(&key).cloned() else {
         return failure(StatusCode::NOT_FOUND, "NotFound", format!("pods \"{name}\" not found"));
@@ -275,7 +407,10 @@ async fn patch_pod_status(
             ),
         );
     }
-    strategic_merge(&mut pod["status"], &patch["status"]);
+    // The status subresource takes only the status from a patch.
+    if let Some(status) = patch.get("status") {
+        patch_type.apply(&mut pod["status"], status);
+    }
     let pod = objects.commit(key, pod, "MODIFIED");
     objects.changed.notify_waiters();
     Json(pod).into_response()
@@ -371,15 +506,20 @@ async fn create_event(
 async fn patch_event(
     State(objects): State<Shared>,
     UrlPath((ns, name)): UrlPath<(String, String)>,
-    Json(patch): Json<Value>,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Response {
     let mut objects = lock(&objects);
     objects.count("PATCH events");
+    let (patch_type, patch) = match PatchType::of(&headers, &body) {
+        Ok(patch) => patch,
+        Err(refused) => return refused.into_response(),
+    };
     let key = format!("{ns}/{name}");
     let Some(mut event) = objects.events.get(&key).cloned() else {
         return failure(StatusCode::NOT_FOUND, "NotFound", format!("events \"{name}\" not found"));
     };
-    strategic_merge(&mut event, &patch);
+    patch_type.apply(&mut event, &patch);
     objects.stamp(&mut event, false);
     objects.events.insert(key, event.clone());
     Json(event).into_response()
@@ -419,14 +559,6 @@ async fn create_token(
     (StatusCode::CREATED, Json(request)).into_response()
 }
 
-/// Whether `pod` matches the request's `fieldSelector` (only `spec.nodeName=...` is known).
-fn selected(pod: &Value, query: &BTreeMap<String, String>) -> bool {
-    match query.get("fieldSelector").and_then(|s| s.strip_prefix("spec.nodeName=")) {
-        Some(node) => pod["spec"]["nodeName"] == node,
-        None => true,
-    }
-}
-
 async fn pods(
     State(objects): State<Shared>,
     axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>,
@@ -446,16 +578,55 @@ async fn namespaced_list(
     }
 }
 
-/// Whether `object` of `resource` (in namespace `ns`, when given) matches the request's
-/// `fieldSelector` (`spec.nodeName=...` and `metadata.name=...` are known).
-fn matches(object: &Value, resource: &str, ns: Option<&str>, query: &BTreeMap<String, String>) -> bool {
+/// One term of a field selector: `field=value`, `field==value` or `field!=value`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FieldTerm {
+    field: String,
+    value: String,
+    equal: bool,
+}
+
+/// The fields each resource can be selected by here (a subset of the API server's).
+fn selectable(resource: &str) -> &'static [&'static str] {
+    match resource {
+        "pods" => &["metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"],
+        _ => &["metadata.name", "metadata.namespace"],
+    }
+}
+
+/// The request's `fieldSelector` for `resource`, or the API server's 400 for a field it cannot
+/// be selected by.
+fn field_selector(resource: &str, query: &BTreeMap<String, String>) -> Result<Vec<FieldTerm>, Refusal> {
+    let Some(selector) = query.get("fieldSelector").filter(|s| !s.is_empty()) else { return Ok(Vec::new()) };
+    selector
+        .split(',')
+        .map(|term| {
+            let (field, value, equal) = if let Some((f, v)) = term.split_once("!=") {
+                (f, v, false)
+            } else if let Some((f, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+                (f, v, true)
+            } else {
+                let message = format!("invalid selector: '{selector}'; can't understand '{term}'");
+                return Err(Refusal { code: StatusCode::BAD_REQUEST, reason: "BadRequest", message });
+            };
+            let field = field.trim();
+            if !selectable(resource).contains(&field) {
+                let message = format!("field label not supported: {field}");
+                return Err(Refusal { code: StatusCode::BAD_REQUEST, reason: "BadRequest", message });
+            }
+            Ok(FieldTerm { field: field.to_owned(), value: value.trim().to_owned(), equal })
+        })
+        .collect()
+}
+
+/// Whether `object` (in namespace `ns`, when given) matches every term of a field selector.
+fn matches(object: &Value, ns: Option<&str>, terms: &[FieldTerm]) -> bool {
     let in_namespace = ns.is_none_or(|ns| object["metadata"]["namespace"] == ns);
-    let selected = match query.get("fieldSelector").map(String::as_str) {
-        Some(selector) if resource == "pods" => selected(object, query) || !selector.starts_with("spec.nodeName="),
-        Some(selector) => selector.strip_prefix("metadata.name=").is_none_or(|name| object["metadata"]["name"] == name),
-        None => true,
-    };
-    in_namespace && selected
+    in_namespace
+        && terms.iter().all(|term| {
+            let value = term.field.split('.').fold(object, |v, part| &v[part]);
+            (value.as_str().unwrap_or_default() == term.value) == term.equal
+        })
 }
 
 /// A list, or a watch from `resourceVersion` (410 `Expired` when compacted away), of `resource`.
@@ -468,13 +639,16 @@ fn list_or_watch(
     let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     let mut guard = lock(&objects);
     guard.count(&format!("{} {resource}", if watching { "WATCH" } else { "LIST" }));
+    let terms = match field_selector(resource, &query) {
+        Ok(terms) => terms,
+        Err(refused) => return refused.into_response(),
+    };
     if !watching {
         let all: Vec<&Value> = match resource {
             "pods" => guard.pods.values().collect(),
             _ => guard.objects.iter().filter(|(k, _)| k.starts_with(&format!("{resource}/"))).map(|(_, v)| v).collect(),
         };
-        let items: Vec<Value> =
-            all.into_iter().filter(|o| matches(o, resource, ns.as_deref(), &query)).cloned().collect();
+        let items: Vec<Value> = all.into_iter().filter(|o| matches(o, ns.as_deref(), &terms)).cloned().collect();
         let version = guard.version.to_string();
         return Json(
             json!({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items}),
@@ -483,6 +657,7 @@ fn list_or_watch(
     }
     let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
     let timeout = query.get("timeoutSeconds").and_then(|t| t.parse().ok()).unwrap_or(290);
+    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true" || b == "1");
     if from < guard.compacted {
         let expired = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": format!("too old resource version: {from} ({})", guard.compacted),
@@ -491,30 +666,50 @@ fn list_or_watch(
     }
     let (changed, generation) = (guard.changed.clone(), guard.watch_generation);
     drop(guard);
+    let kind = match resource {
+        "pods" => "Pod",
+        "configmaps" => "ConfigMap",
+        _ => "Secret",
+    };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
     let stream = futures::stream::unfold(from, move |last| {
-        let (objects, changed, query, ns) = (objects.clone(), changed.clone(), query.clone(), ns.clone());
+        let (objects, changed, terms, ns) = (objects.clone(), changed.clone(), terms.clone(), ns.clone());
         async move {
+            let mut idle = false;
             loop {
-                if lock(&objects).watch_generation != generation {
-                    return None;
-                }
-                let lines: Vec<(u64, String)> = lock(&objects)
-                    .watch_events
-                    .iter()
-                    .filter(|(version, r, _, o)| {
-                        *version > last && *r == resource && matches(o, resource, ns.as_deref(), &query)
-                    })
-                    .map(|(version, _, kind, o)| (*version, format!("{}\n", json!({"type": kind, "object": o}))))
-                    .collect();
-                if let Some((newest, _)) = lines.last() {
-                    let text: String = lines.iter().map(|(_, line)| line.as_str()).collect();
-                    return Some((Ok::<_, std::convert::Infallible>(text), *newest));
+                // What to send, decided under the lock, which is never held across an await.
+                let next = {
+                    let mut guard = lock(&objects);
+                    if guard.watch_generation != generation {
+                        return None;
+                    }
+                    let lines: Vec<(u64, String)> = guard
+                        .watch_events
+                        .iter()
+                        .filter(|(version, r, _, o)| {
+                            *version > last && *r == resource && matches(o, ns.as_deref(), &terms)
+                        })
+                        .map(|(version, _, kind, o)| (*version, format!("{}\n", json!({"type": kind, "object": o}))))
+                        .collect();
+                    if let Some((newest, _)) = lines.last() {
+                        Some((lines.iter().map(|(_, line)| line.as_str()).collect::<String>(), *newest))
+                    } else if idle && bookmarks && guard.version > last {
+                        // Idle for a whole look while the version moved on: a bookmark.
+                        guard.count(&format!("BOOKMARK {resource}"));
+                        let bookmark = json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": "v1",
+                            "metadata": {"resourceVersion": guard.version.to_string()}}});
+                        Some((format!("{bookmark}\n"), guard.version))
+                    } else {
+                        None
+                    }
+                };
+                if let Some((text, version)) = next {
+                    return Some((Ok::<_, std::convert::Infallible>(text), version));
                 }
                 if tokio::time::Instant::now() >= deadline {
                     return None;
                 }
-                let _ = tokio::time::timeout(WATCH_POLL, changed.notified()).await;
+                idle = tokio::time::timeout(WATCH_POLL, changed.notified()).await.is_err();
             }
         }
     });
@@ -636,14 +831,14 @@ impl ApiServer {
             .route("/api/v1/nodes", post(create_node))
             .route(
                 "/api/v1/nodes/{name}",
-                get(get_node).patch(|State(o): State<Shared>, UrlPath(n): UrlPath<String>, Json(p): Json<Value>| {
-                    patch_node(o, n, p, "PATCH nodes")
+                get(get_node).patch(|State(o): State<Shared>, UrlPath(n): UrlPath<String>, h: HeaderMap, b: Bytes| {
+                    patch_node(o, n, h, b, "PATCH nodes")
                 }),
             )
             .route(
                 "/api/v1/nodes/{name}/status",
-                axum::routing::patch(|State(o): State<Shared>, UrlPath(n): UrlPath<String>, Json(p): Json<Value>| {
-                    patch_node(o, n, p, "PATCH nodes/status")
+                axum::routing::patch(|State(o): State<Shared>, UrlPath(n): UrlPath<String>, h: HeaderMap, b: Bytes| {
+                    patch_node(o, n, h, b, "PATCH nodes/status")
                 }),
             )
             .route("/api/v1/pods", get(pods))

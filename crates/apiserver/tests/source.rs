@@ -19,17 +19,15 @@ async fn next_names(snapshots: &mut tokio::sync::mpsc::Receiver<Vec<String>>) ->
     tokio::time::timeout(Duration::from_secs(10), snapshots.recv()).await.expect("a snapshot within 10 s").unwrap()
 }
 
-#[tokio::test]
-async fn the_nodes_pods_arrive_as_snapshots_through_list_watch_and_a_410() {
-    let server = ApiServer::start().await;
+/// The source of node-1's pods on `server`, its snapshots' sorted names, and its task.
+async fn watch_node_1(
+    server: &ApiServer,
+    cancel: &CancellationToken,
+) -> (tokio::sync::mpsc::Receiver<Vec<String>>, tokio::task::JoinHandle<()>) {
     let dir = tempfile::tempdir().unwrap();
     server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
     let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
-    server.put_pod(pod("a", "node-1"));
-    server.put_pod(pod("elsewhere", "node-2"));
-
-    let (tx, mut snapshots) = tokio::sync::mpsc::channel(16);
-    let cancel = CancellationToken::new();
+    let (tx, snapshots) = tokio::sync::mpsc::channel(16);
     let task = tokio::spawn({
         let cancel = cancel.clone();
         async move {
@@ -44,6 +42,16 @@ async fn the_nodes_pods_arrive_as_snapshots_through_list_watch_and_a_410() {
             source::watch_pods(client, "node-1", deliver, cancel).await;
         }
     });
+    (snapshots, task)
+}
+
+#[tokio::test]
+async fn the_nodes_pods_arrive_as_snapshots_through_list_watch_and_a_410() {
+    let server = ApiServer::start().await;
+    server.put_pod(pod("a", "node-1"));
+    server.put_pod(pod("elsewhere", "node-2"));
+    let cancel = CancellationToken::new();
+    let (mut snapshots, task) = watch_node_1(&server, &cancel).await;
 
     assert_eq!(next_names(&mut snapshots).await, ["a"], "the first snapshot is the whole initial list");
     server.put_pod(pod("b", "node-1"));
@@ -52,10 +60,10 @@ async fn the_nodes_pods_arrive_as_snapshots_through_list_watch_and_a_410() {
     server.delete_pod("default", "a");
     assert_eq!(next_names(&mut snapshots).await, ["b"], "only this node's pods");
 
-    // Another node's pod moves the version past what this watch saw (it has no bookmarks); the
-    // history is compacted and the watch ends: the next watch gets 410 and lists again.
-    server.put_pod(pod("also-not-ours", "node-2"));
-    server.compact();
+    // The API server restarts with another node's pod put while the watch was away (no bookmark
+    // could tell it the new version) and its history compacted: the next watch gets 410 and lists
+    // again.
+    server.restart_with(vec![pod("also-not-ours", "node-2")]);
     server.put_pod(pod("c", "node-1"));
     let mut names = next_names(&mut snapshots).await;
     while names != ["b", "c"] {
@@ -63,6 +71,35 @@ async fn the_nodes_pods_arrive_as_snapshots_through_list_watch_and_a_410() {
     }
     assert!(server.requests("LIST pods") >= 2, "listed again after the 410");
     assert!(server.requests("WATCH pods") >= 2);
+
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the source stops when cancelled").unwrap();
+}
+
+#[tokio::test]
+async fn a_bookmark_lets_the_watch_resume_after_a_compaction_without_listing_again() {
+    let server = ApiServer::start().await;
+    server.put_pod(pod("a", "node-1"));
+    let cancel = CancellationToken::new();
+    let (mut snapshots, task) = watch_node_1(&server, &cancel).await;
+    assert_eq!(next_names(&mut snapshots).await, ["a"]);
+
+    // Other nodes' pods move the version on; the idle watch is told by a bookmark.
+    server.put_pod(pod("not-ours", "node-2"));
+    for _ in 0..100 {
+        if server.requests("BOOKMARK pods") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(server.requests("BOOKMARK pods") > 0, "a bookmark within 5 s of the idle watch");
+    let watches = server.requests("WATCH pods");
+
+    server.compact();
+    server.put_pod(pod("b", "node-1"));
+    assert_eq!(next_names(&mut snapshots).await, ["a", "b"]);
+    assert!(server.requests("WATCH pods") > watches, "watched again after the compaction");
+    assert_eq!(server.requests("LIST pods"), 1, "resumed from the bookmark's version: no second list");
 
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the source stops when cancelled").unwrap();
