@@ -11,7 +11,8 @@
 //! - Restart: from the runtime confirming a container's death (StopContainer without grace) until
 //!   the runtime started its replacement, and from then until `/pods` shows it restarted and
 //!   running (the target: a transition the runtime reports is seen within 50 ms).
-//! - Idle cost with 0 and with 50 pods: CPU seconds per minute, resident memory, threads, open
+//! - Idle cost with 0 and with 50 pods: CPU seconds per minute, resident memory (and its
+//!   anonymous part: what the resident figure holds beyond the binary's own pages), threads, open
 //!   files, and the relists per minute and their mean time from the agent's own
 //!   `kubelet_pleg_relist_duration_seconds` (no time row when no relist ran).
 //! - Probing: CPU seconds per minute of the agent while 100 containers each have an exec and an
@@ -326,6 +327,11 @@ fn measure(options: &Options) -> Result<Results> {
         results
             .figures
             .push(Figure::new(format!("resident memory, {pods} pods"), "MiB", &idle.rss).target(Target::AtMost(rss)));
+        results.figures.push(Figure::new(
+            format!("of which anonymous (heap, stacks), {pods} pods"),
+            "MiB",
+            &idle.rss_anon,
+        ));
         let threads = Figure::new(format!("threads, {pods} pods"), "", &idle.threads);
         results.figures.push(if *pods > 0 { threads.target(Target::AtMost(16.0)) } else { threads });
         results.figures.push(Figure::new(format!("open files, {pods} pods"), "", &idle.fds));
@@ -354,6 +360,7 @@ fn measure(options: &Options) -> Result<Results> {
 struct Idle {
     cpu: Vec<f64>,
     rss: Vec<f64>,
+    rss_anon: Vec<f64>,
     threads: Vec<f64>,
     fds: Vec<f64>,
     relist: Vec<f64>,
@@ -472,6 +479,7 @@ fn idle_windows(agent: &Agent, options: &Options) -> Result<Idle> {
         let (sum1, count1) = agent.metric_sum_count("kubelet_pleg_relist_duration_seconds")?;
         idle.cpu.push((cpu1.saturating_sub(cpu0)) as f64 / 1e9 * 60.0 / took);
         idle.rss.push(agent.rss_bytes() as f64 / (1024.0 * 1024.0));
+        idle.rss_anon.push(agent.rss_anon_bytes() as f64 / (1024.0 * 1024.0));
         idle.threads.push(agent.threads() as f64);
         idle.fds.push(agent.fds() as f64);
         idle.relists.push((count1 - count0) * 60.0 / took);

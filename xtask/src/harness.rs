@@ -238,6 +238,12 @@ impl Agent {
         status_field(self.pid(), "VmRSS:").map_or(0, |kib| kib * 1024)
     }
 
+    /// The anonymous part of the resident memory (heap, stacks) in bytes; the rest is file
+    /// pages, mostly the binary's own code, shared with the page cache.
+    pub(crate) fn rss_anon_bytes(&self) -> u64 {
+        status_field(self.pid(), "RssAnon:").map_or(0, |kib| kib * 1024)
+    }
+
     /// Threads.
     pub(crate) fn threads(&self) -> u64 {
         status_field(self.pid(), "Threads:").unwrap_or(0)
