@@ -240,6 +240,18 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
 
     let (pod_config, updates) = PodConfig::new(recorder.clone());
     let tracker = TaskTracker::new();
+    // Memory freed by pods that went is returned to the system once their removals settle.
+    let removals = Arc::new(tokio::sync::Notify::new());
+    agent.statuses().add_sink(Arc::new(crate::alloc::Removals(removals.clone())));
+    tracker.spawn(
+        crate::alloc::trim_after_removals(
+            removals,
+            crate::alloc::TRIM_QUIET,
+            || _ = crate::alloc::trim(),
+            cancel.child_token(),
+        )
+        .instrument(info_span!("allocator_trim")),
+    );
     if let Some(path) = &file.static_pod_path {
         let source = file::FileSource::new(
             file::Config::new(path, &settings.node_name).check_frequency(file_period),

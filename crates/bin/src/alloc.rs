@@ -1,9 +1,20 @@
-//! Bounds the memory allocator's arenas before the agent starts its threads.
+//! Keeps the memory allocator from holding memory an idle agent no longer needs.
 //!
 //! glibc's malloc gives a thread that meets a locked arena a new one, up to eight per core, and
 //! keeps what is freed in each arena for reuse. A burst of pod start-ups spread over the runtime's
 //! threads so leaves memory resident in many arenas that an idle agent never needs again.
 //! A node agent does little allocation at once, so two arenas cost it no measurable contention.
+//! What is freed in the middle of an arena stays resident until `malloc_trim` returns it, so the
+//! agent trims once pods have been removed and no removal has followed for a while
+//! ([`trim_after_removals`]): work after a change, none while idle.
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kubelet::StatusSink;
+use kubelet_core::PodUid;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 /// Arenas the agent's allocator may use (glibc's default here: 8 per core).
 pub(crate) const ARENAS: i32 = 2;
@@ -48,6 +59,60 @@ fn set_arena_max() -> Arenas {
     Arenas::Default
 }
 
+/// How long after the last pod removal the allocator is trimmed, so a burst of removals (a
+/// manifest directory emptied, a node drained) is followed by one trim.
+pub(crate) const TRIM_QUIET: Duration = Duration::from_secs(5);
+
+/// Returns the allocator's free memory to the system; whether any was returned.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)] // Reason: malloc_trim is glibc's only way to return memory freed inside its arenas.
+pub(crate) fn trim() -> bool {
+    // SAFETY: malloc_trim takes an integer and works under malloc's own locks; it frees only
+    // pages that malloc itself holds as free, so no memory of ours changes.
+    unsafe { libc::malloc_trim(0) == 1 }
+}
+
+/// Returns the allocator's free memory to the system; whether any was returned.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(crate) fn trim() -> bool {
+    false
+}
+
+/// A status sink that wakes [`trim_after_removals`] each time the kubelet forgets a pod.
+pub(crate) struct Removals(pub(crate) Arc<Notify>);
+
+impl StatusSink for Removals {
+    fn status_changed(&self, _pod: &Pod, _status: &PodStatus, _version: u64) {}
+
+    fn pod_removed(&self, _uid: &PodUid) {
+        // A permit is kept when the task is not waiting, so no removal is missed.
+        self.0.notify_one();
+    }
+}
+
+/// Calls `trim` once `quiet` has passed since the last of a burst of removals, until `cancel`.
+pub(crate) async fn trim_after_removals(
+    removals: Arc<Notify>,
+    quiet: Duration,
+    mut trim: impl FnMut(),
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = removals.notified() => {}
+        }
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = removals.notified() => {}
+                () = tokio::time::sleep(quiet) => break,
+            }
+        }
+        trim();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +131,52 @@ mod tests {
     fn glibc_takes_the_bound() {
         // The test harness has threads already; mallopt still accepts the parameter.
         assert_eq!(set_arena_max(), Arenas::Limited);
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn a_trim_returns_what_was_freed_inside_the_heap() {
+        // Every other 64 KiB block freed: holes between live blocks, whose pages free() keeps and
+        // only a trim returns.
+        let mut blocks: Vec<Option<Vec<u8>>> = (0..128).map(|i| Some(vec![i as u8; 64 << 10])).collect();
+        for block in blocks.iter_mut().step_by(2) {
+            *block = None;
+        }
+        assert!(trim(), "4 MiB freed between live blocks is returned");
+        drop(blocks);
+    }
+
+    /// Counts the trims of a `trim_after_removals` task.
+    fn counting() -> (Arc<std::sync::atomic::AtomicUsize>, impl FnMut()) {
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = count.clone();
+        (count, move || _ = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_removals_is_followed_by_one_trim_after_the_quiet_time() {
+        let (removals, cancel) = (Arc::new(Notify::new()), CancellationToken::new());
+        let (trims, trim) = counting();
+        let task = tokio::spawn(trim_after_removals(removals.clone(), TRIM_QUIET, trim, cancel.clone()));
+        let sink = Removals(removals);
+        let trims = move || trims.load(std::sync::atomic::Ordering::SeqCst);
+
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(trims(), 0, "no trim while nothing is removed");
+        for _ in 0..20 {
+            sink.pod_removed(&PodUid::new("a"));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert_eq!(trims(), 0, "not while removals go on");
+        tokio::time::sleep(TRIM_QUIET).await;
+        assert_eq!(trims(), 1, "one trim after the burst");
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(trims(), 1, "and none after it");
+
+        sink.pod_removed(&PodUid::new("b"));
+        tokio::time::sleep(TRIM_QUIET + Duration::from_millis(1)).await;
+        assert_eq!(trims(), 2, "a later removal gets its own");
+        cancel.cancel();
+        task.await.unwrap();
     }
 }
