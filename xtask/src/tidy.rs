@@ -8,7 +8,7 @@
 //! - only `crates/bin` selects a k8s-openapi version feature in `[dependencies]`, and the version
 //!   agrees between `crates/bin`, the dev-dependencies and `.cargo/config.toml`;
 //! - every `#[ignore]` carries a reason;
-//! - `unsafe` is allowed in one place only: the binary's bound on the allocator's arenas;
+//! - `unsafe` is allowed in one place only: the binary's allocator module (its arena bound and trim);
 //! - every histogram a crate records has its bucket layout in `kubelet_core::metrics::HISTOGRAMS`,
 //!   so the exporter never falls back to a summary;
 //! - a runtime manager made in a test or benchmark names its pod log, container log and per-pod
