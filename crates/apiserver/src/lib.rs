@@ -191,16 +191,7 @@ pub struct TaintError {
 }
 
 /// The label keys a kubelet sets on its Node.
-pub mod labels {
-    /// `kubernetes.io/hostname`.
-    pub const HOSTNAME: &str = "kubernetes.io/hostname";
-    /// `kubernetes.io/os`.
-    pub const OS: &str = "kubernetes.io/os";
-    /// `kubernetes.io/arch`.
-    pub const ARCH: &str = "kubernetes.io/arch";
-    /// The labels the kubelet owns: set at registration and put back on a Node it adopts.
-    pub const KUBELET: [&str; 3] = [HOSTNAME, OS, ARCH];
-}
+pub mod labels;
 
 /// This machine's architecture as Go (and so Kubernetes) names it: `amd64`, `arm64`...
 pub fn go_arch() -> &'static str {

@@ -173,6 +173,8 @@ impl Settings {
             })?;
             node_labels.insert(key.trim().to_owned(), value.trim().to_owned());
         }
+        apiserver::labels::check_node_labels(&node_labels)
+            .map_err(|message| ConfigFileError { origin: "--node-labels".to_owned(), message })?;
         let mut without_effect = std::mem::take(&mut file.without_effect);
         without_effect.extend(given.missing);
         Ok(Settings {
@@ -300,6 +302,17 @@ mod tests {
         assert_eq!(settings.without_effect, ["authentication", "evictionHard", "port", "--cert-dir"]);
         assert_eq!(settings.kubeconfig, Some(PathBuf::from("/etc/kubernetes/kubelet.conf")));
         assert_eq!(settings.node_labels.len(), 2);
+        // A node may not give itself a role the control plane trusts (upstream refuses it too).
+        let e = resolve(&["--config", config, "--node-labels", "a=1,node-role.kubernetes.io/control-plane="])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "--node-labels: unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: \
+                           [node-role.kubernetes.io/control-plane]"
+            ),
+            "{e}"
+        );
 
         let settings =
             resolve(&["--config", config, "--config-dir", drop_ins, "--max-pods", "80", "--cluster-dns=10.96.0.10"])
