@@ -53,6 +53,9 @@ pub const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(200
 /// What the server holds.
 #[derive(Debug, Default)]
 pub struct Objects {
+    /// What makes this server's UIDs its own (`<pid>-<n>`): a pod a test left in the runtime
+    /// never shares a UID with one of a later server, as no two pods of a real cluster do.
+    pub uid_prefix: String,
     /// Nodes by name.
     pub nodes: BTreeMap<String, Value>,
     /// Leases by `namespace/name`.
@@ -85,7 +88,7 @@ impl Objects {
         self.version += 1;
         object["metadata"]["resourceVersion"] = json!(self.version.to_string());
         if new {
-            object["metadata"]["uid"] = json!(format!("uid-{}", self.version));
+            object["metadata"]["uid"] = json!(format!("uid-{}-{}", self.uid_prefix, self.version));
             object["metadata"]["creationTimestamp"] = json!("2026-11-24T00:00:00Z");
         }
     }
@@ -826,7 +829,10 @@ impl ApiServer {
     ///
     /// When no port can be bound (a test cannot go on).
     pub async fn start() -> ApiServer {
+        static SERVERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let objects: Shared = Arc::default();
+        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        lock(&objects).uid_prefix = format!("{}-{n}", std::process::id());
         let router = Router::new()
             .route("/api/v1/nodes", post(create_node))
             .route(
