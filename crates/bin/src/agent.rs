@@ -91,7 +91,8 @@ async fn run_with(
     let startup = Arc::new(StartupTracker::new());
     let mut runtime = CriRuntime::new(cri, runtime_config, recorder.clone())
         .startup_tracker(startup.clone())
-        .hooks(Arc::new(prober::Hooks::default()));
+        .hooks(Arc::new(prober::Hooks::default()))
+        .sub_paths(Arc::new(volumes::subpath::BindMounter::new(settings.root_dir.join("pods"))));
     if let Some(cluster) = &client {
         runtime = runtime.pull_secrets(cluster.objects.clone());
     }

@@ -525,3 +525,232 @@ async fn real_cluster_mode_against_the_cluster_of_kubelet_rs_test_kubeconfig() {
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &object).await.unwrap();
     real_scenario(&rt, &Cluster::Remote { client, kubeconfig, namespace }).await;
 }
+
+/// What the hostile container tries on each volume the agent writes, as root: plant links to
+/// the host (`$CANARY`, a host directory the agent would delete if it followed `..data`), remove
+/// and rename the writer's own names, and write files. Each attempt that works is an `ESCAPE`
+/// line of its report; each volume it can read is a `read` line.
+const HOSTILE_SCRIPT: &str = r#"
+attempt() { if "$@" 2>/dev/null; then echo "ESCAPE $v: $*"; fi; }
+for pair in cm:greeting secret:password down:labels proj:greeting; do
+  v=${pair%%:*}; f=${pair#*:}; d=/v/$v
+  if cat "$d/$f" >/dev/null; then echo "read $v"; fi
+  attempt ln -sfn "$CANARY" "$d/..data"
+  attempt ln -sfn "$CANARY/keep" "$d/$f"
+  attempt mv "$d/..data" "$d/..moved"
+  attempt rm -rf "$d/..data"
+  attempt sh -c "echo planted > $d/planted"
+  attempt mkdir "$d/..new"
+done > /out/report
+touch /out/done
+trap 'exit 0' TERM; while true; do sleep 1; done
+"#;
+
+/// A pod whose root container attacks its configMap, secret, downwardAPI and projected volumes,
+/// each mounted without `readOnly`.
+fn hostile_pod(node: &str, image: &str, canary: &Path) -> Value {
+    let labels = json!({"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]});
+    let mount = |name: &str| json!({"name": name, "mountPath": format!("/v/{name}"), "readOnly": false});
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "hostile", "namespace": "default", "labels": {"app": "hostile"}},
+        "spec": {
+            "nodeName": node, "restartPolicy": "Always", "dnsPolicy": "Default", "terminationGracePeriodSeconds": 1,
+            "schedulerName": "default-scheduler", "enableServiceLinks": false,
+            "volumes": [
+                {"name": "cm", "configMap": {"name": "app"}},
+                {"name": "secret", "secret": {"secretName": "db"}},
+                {"name": "down", "downwardAPI": labels},
+                {"name": "proj", "projected": {"sources": [{"configMap": {"name": "app"}}, {"downwardAPI": labels}]}},
+                {"name": "out", "emptyDir": {}},
+            ],
+            "containers": [{"name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
+                "securityContext": {"runAsUser": 0},
+                "env": [{"name": "CANARY", "value": canary.display().to_string()}],
+                "command": ["sh", "-c", HOSTILE_SCRIPT],
+                "volumeMounts": [mount("cm"), mount("secret"), mount("down"), mount("proj"),
+                    {"name": "out", "mountPath": "/out"}],
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}],
+        },
+        "status": {"phase": "Pending"},
+    })
+}
+
+/// A pod whose init container plants links in an emptyDir, then mounts parts of it by subPath:
+/// container `inside` a directory of the volume and a config map's key, container `escape` a link
+/// to the host.
+fn sub_path_pod(node: &str, image: &str, canary: &Path) -> Value {
+    let plant = format!("mkdir -p /work/ok && echo inside > /work/ok/file && ln -s {} /work/escape", canary.display());
+    let sleep = "trap 'exit 0' TERM; while true; do sleep 1; done";
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "subpaths", "namespace": "default"},
+        "spec": {
+            "nodeName": node, "restartPolicy": "Always", "dnsPolicy": "Default", "terminationGracePeriodSeconds": 1,
+            "schedulerName": "default-scheduler", "enableServiceLinks": false,
+            "volumes": [{"name": "work", "emptyDir": {}}, {"name": "cm", "configMap": {"name": "app"}}],
+            "initContainers": [{"name": "plant", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", plant], "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}],
+            "containers": [
+                {"name": "inside", "image": image, "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", format!("cat /data/file /etc/greeting > /data/seen; {sleep}")],
+                    "volumeMounts": [{"name": "work", "mountPath": "/data", "subPath": "ok"},
+                        {"name": "cm", "mountPath": "/etc/greeting", "subPath": "greeting"}],
+                    "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"},
+                {"name": "escape", "image": image, "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", sleep],
+                    "volumeMounts": [{"name": "work", "mountPath": "/data", "subPath": "escape"}],
+                    "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"},
+            ],
+        },
+        "status": {"phase": "Pending"},
+    })
+}
+
+/// Every file below `dir` with its content (directories as `dir`), to compare before and after.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, String> {
+    let mut found = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            found.extend(snapshot(&path));
+            found.insert(path, "dir".to_owned());
+        } else {
+            found.insert(path.clone(), std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    found
+}
+
+/// Waits (at most 30 s) until `ready` holds, then returns; panics with `what` otherwise.
+async fn wait_for(what: &str, dir: &Path, ready: impl Fn() -> bool) {
+    for _ in 0..300 {
+        if ready() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    panic!("timed out waiting for {what}; agent log:\n{log}");
+}
+
+/// Issue "no pod reaches outside itself": a root container cannot rewrite the volumes the
+/// agent writes (they are mounted read-only whatever the pod says), the agent's next writes
+/// leave the host alone, and a subPath that leads out of its volume is refused while one inside
+/// is bind-mounted and unmounted with the pod.
+#[tokio::test]
+async fn real_no_container_reaches_the_host_through_its_volumes() {
+    let test = "real_no_container_reaches_the_host_through_its_volumes";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let pid = std::process::id();
+    let dir = rt.scratch_dir.join(format!("escape-{pid}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    let canary = dir.join("canary");
+    std::fs::create_dir_all(canary.join("sub")).unwrap();
+    std::fs::write(canary.join("keep"), "host data").unwrap();
+    std::fs::write(canary.join("sub/keep"), "more host data").unwrap();
+    let host = snapshot(&canary);
+
+    let cluster = Cluster::Local(ApiServer::start().await);
+    let server = cluster.local().unwrap();
+    let kubeconfig = cluster.kubeconfig(&dir);
+    std::fs::write(
+        dir.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 2s\n",
+    )
+    .unwrap();
+    let node = format!("escape-{pid}");
+    let _agent = Agent(
+        common::agent_command(&rt.endpoint, &dir, &node)
+            .args(["--healthz-port", "0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--config")
+            .arg(dir.join("config.yaml"))
+            .spawn()
+            .unwrap(),
+    );
+    server.put_config_map("default", "app", json!({"greeting": "hello"}));
+    server.put_secret("default", "db", &[("password", b"hunter2")]);
+    let uid_of = |name: &str| {
+        let objects = server.objects.lock().unwrap();
+        objects.pods.get(&format!("default/{name}")).and_then(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+    };
+
+    // The hostile container runs its attempts.
+    server.put_pod(hostile_pod(&node, &rt.busybox_image, &canary));
+    wait_for("the hostile pod's uid", &dir, || uid_of("hostile").is_some()).await;
+    let pod_dir = dir.join("root/pods").join(uid_of("hostile").unwrap());
+    let volumes = pod_dir.join("volumes");
+    let out = volumes.join("kubernetes.io~empty-dir/out");
+    wait_for("the hostile container's report", &dir, || out.join("done").exists()).await;
+    let report = std::fs::read_to_string(out.join("report")).unwrap();
+    for volume in ["cm", "secret", "down", "proj"] {
+        assert!(report.lines().any(|l| l == format!("read {volume}")), "the container reads {volume}:\n{report}");
+    }
+    assert!(!report.contains("ESCAPE"), "the container rewrote a volume the agent writes:\n{report}");
+
+    // The agent writes every volume again; the host is untouched and each volume is whole.
+    server.put_config_map("default", "app", json!({"greeting": "bye"}));
+    server.put_secret("default", "db", &[("password", b"changed")]);
+    let mut pod = server.objects.lock().unwrap().pods["default/hostile"].clone();
+    pod["metadata"]["labels"]["round"] = json!("2");
+    server.put_pod(pod);
+    let read = |path: &str| std::fs::read_to_string(volumes.join(path)).unwrap_or_default();
+    wait_for("the agent's next writes of all four volumes", &dir, || {
+        read("kubernetes.io~configmap/cm/greeting") == "bye"
+            && read("kubernetes.io~secret/secret/password") == "changed"
+            && read("kubernetes.io~downward-api/down/labels").contains("round=\"2\"")
+            && read("kubernetes.io~projected/proj/greeting") == "bye"
+            && read("kubernetes.io~projected/proj/labels").contains("round=\"2\"")
+    })
+    .await;
+    assert_eq!(snapshot(&canary), host, "nothing outside the volumes changed");
+    for volume in [
+        "kubernetes.io~configmap/cm",
+        "kubernetes.io~secret/secret",
+        "kubernetes.io~downward-api/down",
+        "kubernetes.io~projected/proj",
+    ] {
+        let data = std::fs::read_link(volumes.join(volume).join("..data")).unwrap();
+        assert!(data.to_str().is_some_and(|d| d.starts_with("..") && !d.contains('/')), "{volume}: ..data -> {data:?}");
+    }
+
+    // subPath: a directory inside the volume and a config map's key are mounted, a link out is refused.
+    server.put_pod(sub_path_pod(&node, &rt.busybox_image, &canary));
+    wait_for("the subpaths pod's uid", &dir, || uid_of("subpaths").is_some()).await;
+    let sub_dir = dir.join("root/pods").join(uid_of("subpaths").unwrap());
+    let seen = sub_dir.join("volumes/kubernetes.io~empty-dir/work/ok/seen");
+    wait_for("container inside to read its subPaths", &dir, || {
+        std::fs::read_to_string(&seen).is_ok_and(|s| s.starts_with("inside\n"))
+    })
+    .await;
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "inside\nbye", "the directory and the config map's key");
+    let escape = until(&cluster, &node, &dir, "container escape to be refused", |v| {
+        let statuses = v.pods.get("default/subpaths")?["status"]["containerStatuses"].as_array()?.clone();
+        let escape = statuses.into_iter().find(|s| s["name"] == "escape")?;
+        (escape["state"]["waiting"]["reason"] == "CreateContainerConfigError").then_some(escape)
+    })
+    .await;
+    assert_eq!(
+        escape["state"]["waiting"]["message"],
+        "failed to prepare subPath for volumeMount \"work\" of container \"escape\"",
+        "{escape}"
+    );
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let bound = sub_dir.join("volume-subpaths/work/inside/0");
+    assert!(table.contains(&format!(" {} ", bound.display())), "the subPath is a bind mount of the agent's");
+
+    // Both pods deleted: their volumes and bind mounts go, and the host still has its data.
+    server.request_deletion("default", "hostile", 1);
+    server.request_deletion("default", "subpaths", 1);
+    until(&cluster, &node, &dir, "both pods to be gone from the API", |v| v.pods.is_empty().then_some(())).await;
+    let pods_dir = dir.join("root/pods");
+    let mounted_below = || {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        kubelet_core::volume::mount_below(&table, &pods_dir)
+    };
+    wait_for("every volume and subPath of the pods to be unmounted", &dir, || mounted_below().is_none()).await;
+    assert_eq!(snapshot(&canary), host, "nothing outside the volumes changed");
+}

@@ -2,7 +2,10 @@
 //! command and args with `$(VAR)` expansion, environment with downward-API values, security
 //! context, resources and the log path.
 
-use std::collections::HashMap;
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kubelet_core::{
@@ -224,33 +227,34 @@ pub fn security_context(
     })
 }
 
-/// Checks a `subPath` (upstream's validation): relative, without `..`.
-pub fn validate_sub_path(sub_path: &str) -> Result<(), String> {
-    let path = std::path::Path::new(sub_path);
-    if path.is_absolute() {
-        return Err(format!("subPath {sub_path:?} must be a relative path"));
-    }
-    if path.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(format!("subPath {sub_path:?} must not contain '..'"));
-    }
-    Ok(())
-}
+/// The host paths prepared for a container's `subPath` mounts (bind mounts made by
+/// `kubelet_volumes::subpath::prepare`), by the mount's index in its `volumeMounts`.
+pub type SubPathMounts = BTreeMap<usize, PathBuf>;
 
 /// The container's mounts from its `volumeMounts` and the pod's volumes' host paths (upstream
-/// `makeMounts`); an error (a volume that is not set up, a bad `subPath` or propagation) is a
-/// `CreateContainerConfigError` message.
-pub fn mounts(container: &Container, volumes: &PodVolumes) -> Result<Vec<pb::Mount>, String> {
+/// `makeMounts`); an error (a volume that is not set up, a `subPath` not prepared, a bad
+/// propagation) is a `CreateContainerConfigError` message.
+///
+/// A volume the agent writes is mounted read-only whatever the mount says; a `subPath` mount
+/// takes the host path prepared for it, never the volume's path joined with the `subPath`.
+pub fn mounts(
+    container: &Container,
+    volumes: &PodVolumes,
+    sub_paths: &SubPathMounts,
+) -> Result<Vec<pb::Mount>, String> {
     let privileged = container.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false);
     let mut mounts = Vec::new();
-    for mount in container.volume_mounts.iter().flatten() {
+    for (index, mount) in container.volume_mounts.iter().flatten().enumerate() {
         let volume = volumes.get(&mount.name).ok_or_else(|| {
             format!("cannot find volume {:?} to mount into container {:?}", mount.name, container.name)
         })?;
-        let mut host_path = volume.to_owned();
-        if let Some(sub_path) = mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            validate_sub_path(sub_path)?;
-            host_path = host_path.join(sub_path);
-        }
+        let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            None => volume.to_owned(),
+            Some(sub_path) => sub_paths
+                .get(&index)
+                .cloned()
+                .ok_or_else(|| format!("subPath {sub_path:?} of volumeMount {:?} has not been prepared", mount.name))?,
+        };
         let propagation = match mount.mount_propagation.as_deref().unwrap_or("None") {
             "None" => pb::MountPropagation::PropagationPrivate,
             "HostToContainer" => pb::MountPropagation::PropagationHostToContainer,
@@ -266,7 +270,7 @@ pub fn mounts(container: &Container, volumes: &PodVolumes) -> Result<Vec<pb::Mou
         mounts.push(pb::Mount {
             container_path: mount.mount_path.clone(),
             host_path: host_path.display().to_string(),
-            readonly: mount.read_only.unwrap_or(false),
+            readonly: mount.read_only.unwrap_or(false) || volumes.is_read_only(&mount.name),
             propagation: propagation as i32,
             ..pb::Mount::default()
         });
@@ -294,13 +298,15 @@ pub struct ConfigInput<'a> {
     pub memory_capacity: i64,
     /// The host paths of the pod's volumes, for the container's `volumeMounts`.
     pub volumes: &'a PodVolumes,
+    /// The host paths prepared for the container's `subPath` mounts.
+    pub sub_paths: &'a SubPathMounts,
 }
 
 /// The container config; an error is a `CreateContainerConfigError` message.
 pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, String> {
     let ConfigInput { pod, container, restart_count, .. } = *input;
     let env = environment(pod, container, &input.downward)?;
-    let mounts = mounts(container, input.volumes)?;
+    let mounts = mounts(container, input.volumes, input.sub_paths)?;
     let defined: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let lookup = |name: &str| defined.get(name).map(|v| (*v).to_owned());
     let expand_all = |list: &Option<Vec<String>>| list.iter().flatten().map(|s| expand(s, &lookup)).collect::<Vec<_>>();

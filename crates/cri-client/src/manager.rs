@@ -156,6 +156,8 @@ pub struct CriRuntime {
     hooks: Option<Arc<dyn HookRunner>>,
     /// Where pods' `imagePullSecrets` are read (cluster mode).
     pull_secrets: Option<Arc<dyn kubelet_core::volume::ObjectSource>>,
+    /// What makes `subPath` mounts safe to hand to the runtime.
+    sub_paths: Option<Arc<dyn kubelet_core::volume::SubPathMounter>>,
 }
 
 impl std::fmt::Debug for CriRuntime {
@@ -193,6 +195,7 @@ impl CriRuntime {
             startup: None,
             hooks: None,
             pull_secrets: None,
+            sub_paths: None,
             config,
         }
     }
@@ -218,6 +221,16 @@ impl CriRuntime {
     #[must_use]
     pub fn pull_secrets(mut self, secrets: Arc<dyn kubelet_core::volume::ObjectSource>) -> Self {
         self.pull_secrets = Some(secrets);
+        self
+    }
+
+    /// Prepares containers' `subPath` mounts with `mounter` (upstream's bind mounts through a
+    /// handle: `kubelet_volumes::subpath::BindMounter`); without one, a container with a
+    /// `subPath` mount fails with `CreateContainerConfigError`, since handing the runtime the
+    /// joined path would let a container that writes its volume redirect the mount.
+    #[must_use]
+    pub fn sub_paths(mut self, mounter: Arc<dyn kubelet_core::volume::SubPathMounter>) -> Self {
+        self.sub_paths = Some(mounter);
         self
     }
 

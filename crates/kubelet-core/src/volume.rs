@@ -66,9 +66,21 @@ pub fn volume_dir(pods_dir: &Path, uid: &PodUid, plugin: &str, name: &str) -> Pa
 }
 
 /// The host paths of a pod's volumes, by volume name: what the runtime mounts into containers.
+///
+/// A volume whose content the agent writes (configMap, secret, downwardAPI, projected) is
+/// recorded with [`PodVolumes::insert_read_only`]: the runtime mounts it read-only whatever the
+/// container's `volumeMount` says, as upstream does (CVE-2017-1002102), so no container can
+/// rewrite what the agent later reads, replaces or removes there.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodVolumes {
-    paths: BTreeMap<String, PathBuf>,
+    volumes: BTreeMap<String, HostVolume>,
+}
+
+/// Where one volume is on the host, and whether containers may only read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct HostVolume {
+    path: PathBuf,
+    read_only: bool,
 }
 
 impl PodVolumes {
@@ -79,22 +91,33 @@ impl PodVolumes {
 
     /// Records that volume `name` is at `path` on the host.
     pub fn insert(&mut self, name: impl Into<String>, path: impl Into<PathBuf>) {
-        self.paths.insert(name.into(), path.into());
+        self.volumes.insert(name.into(), HostVolume { path: path.into(), read_only: false });
+    }
+
+    /// Records that volume `name` is at `path` on the host and that every container mounts it
+    /// read-only (upstream's volume attribute `ReadOnly`).
+    pub fn insert_read_only(&mut self, name: impl Into<String>, path: impl Into<PathBuf>) {
+        self.volumes.insert(name.into(), HostVolume { path: path.into(), read_only: true });
     }
 
     /// The host path of volume `name`, when it is set up.
     pub fn get(&self, name: &str) -> Option<&Path> {
-        self.paths.get(name).map(PathBuf::as_path)
+        self.volumes.get(name).map(|v| v.path.as_path())
+    }
+
+    /// Whether volume `name` is mounted read-only into every container.
+    pub fn is_read_only(&self, name: &str) -> bool {
+        self.volumes.get(name).is_some_and(|v| v.read_only)
     }
 
     /// Every volume with its host path, by name.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Path)> {
-        self.paths.iter().map(|(name, path)| (name.as_str(), path.as_path()))
+        self.volumes.iter().map(|(name, v)| (name.as_str(), v.path.as_path()))
     }
 
     /// Whether no volume is set up.
     pub fn is_empty(&self) -> bool {
-        self.paths.is_empty()
+        self.volumes.is_empty()
     }
 }
 
@@ -140,6 +163,13 @@ pub trait VolumePlugin: Send + Sync {
     /// Tears down the volume in `dir` (unmounts what the plugin mounted, then removes `dir`),
     /// never following a mount out of it.
     fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>>;
+
+    /// Whether containers must mount this plugin's volumes read-only whatever their
+    /// `volumeMounts` say (upstream's `GetAttributes().ReadOnly`): true for volumes whose content
+    /// the agent writes, so that a container cannot plant links the agent would later follow.
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 /// The volume manager the kubelet calls (upstream `volumemanager.VolumeManager`).
@@ -155,13 +185,76 @@ pub trait VolumeManager: Send + Sync + 'static {
     fn supports(&self, volume: &Volume) -> bool;
 }
 
+/// Checks a `subPath` as upstream's validation does: relative, without `..`.
+pub fn validate_sub_path(sub_path: &str) -> Result<(), String> {
+    let path = Path::new(sub_path);
+    if path.is_absolute() {
+        return Err(format!("subPath {sub_path:?} must be a relative path"));
+    }
+    if path.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return Err(format!("subPath {sub_path:?} must not contain '..'"));
+    }
+    Ok(())
+}
+
+/// One `subPath` of a container's volume mount (upstream `subpath.Subpath`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SubPath {
+    /// The pod's UID.
+    pub pod_uid: PodUid,
+    /// The volume's name.
+    pub volume_name: String,
+    /// The volume's host path.
+    pub volume_path: PathBuf,
+    /// The container's name.
+    pub container_name: String,
+    /// The index of the mount in the container's `volumeMounts`.
+    pub mount_index: usize,
+    /// The `subPath`, relative to the volume.
+    pub sub_path: String,
+}
+
+impl SubPath {
+    /// `sub_path` of volume `volume_name` (at `volume_path`) in the mount at `mount_index` of
+    /// container `container_name` of pod `pod_uid`.
+    pub fn new(
+        pod_uid: PodUid,
+        volume: (&str, &Path),
+        container_name: &str,
+        mount_index: usize,
+        sub_path: &str,
+    ) -> SubPath {
+        SubPath {
+            pod_uid,
+            volume_name: volume.0.to_owned(),
+            volume_path: volume.1.to_owned(),
+            container_name: container_name.to_owned(),
+            mount_index,
+            sub_path: sub_path.to_owned(),
+        }
+    }
+}
+
+/// Makes `subPath` mounts safe to hand to the runtime (upstream `subpath.Interface`): a
+/// container that can write its volume could otherwise swap the path for a link to the host
+/// between the agent's check and the runtime's mount (CVE-2017-1002101, CVE-2021-25741).
+pub trait SubPathMounter: Send + Sync + 'static {
+    /// The host path the runtime mounts for `sub_path`: what the subPath named inside its
+    /// volume, made a directory when missing, pinned so that no later change of the volume
+    /// redirects it. An error says why; the pod's status shows only that it failed.
+    fn prepare<'a>(&'a self, sub_path: &'a SubPath) -> BoxFuture<'a, Result<PathBuf, String>>;
+}
+
 /// The first mount point at or below `dir` in `mountinfo` (`/proc/self/mountinfo`'s format:
 /// the fifth field is the mount point, with spaces and the like escaped as octal).
 pub fn mount_below(mountinfo: &str, dir: &Path) -> Option<String> {
-    mountinfo.lines().find_map(|line| {
-        let point = unescape(line.split(' ').nth(4)?);
-        Path::new(&point).starts_with(dir).then_some(point)
-    })
+    mount_points(mountinfo).find(|point| Path::new(point).starts_with(dir))
+}
+
+/// Every mount point in `mountinfo` (`/proc/self/mountinfo`'s format), unescaped, in its order.
+pub fn mount_points(mountinfo: &str) -> impl Iterator<Item = String> + '_ {
+    mountinfo.lines().filter_map(|line| line.split(' ').nth(4).map(unescape))
 }
 
 /// Undoes mountinfo's octal escapes (`\040` is a space).
@@ -201,6 +294,10 @@ mod tests {
         volumes.insert("cache", &dir);
         assert_eq!(volumes.get("cache"), Some(dir.as_path()));
         assert_eq!(volumes.get("other"), None);
+        assert!(!volumes.is_read_only("cache"));
+        volumes.insert_read_only("labels", &dir);
+        assert!(volumes.is_read_only("labels"));
+        assert!(!volumes.is_read_only("other"));
     }
 
     #[test]

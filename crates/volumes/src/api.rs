@@ -133,6 +133,10 @@ impl VolumePlugin for ConfigMap {
     fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(tear_down(dir))
     }
+
+    fn read_only(&self) -> bool {
+        true
+    }
 }
 
 /// secret volumes, on a tmpfs.
@@ -162,6 +166,10 @@ impl VolumePlugin for Secret {
 
     fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(tear_down(dir))
+    }
+
+    fn read_only(&self) -> bool {
+        true
     }
 }
 
@@ -203,9 +211,10 @@ impl Projected {
             atomic::validate_path(&token.path)?;
             let seconds = token.expiration_seconds.unwrap_or(DEFAULT_TOKEN_SECONDS);
             let jwt = self.objects()?.service_account_token(pod, token.audience.as_deref(), seconds).await?;
-            // Upstream writes tokens readable by the owner alone unless the pod's fsGroup needs more.
-            let token_mode = if mode == DEFAULT_MODE { 0o600 } else { mode_of(mode) };
-            return Ok(BTreeMap::from([(token.path.clone(), File { content: jwt.into_bytes(), mode: token_mode })]));
+            // The volume's mode, as upstream writes it without fsUser/fsGroup (which the agent
+            // refuses): 0644 by default, so a container of any user can read its token.
+            let file = File { content: jwt.into_bytes(), mode: mode_of(mode) };
+            return Ok(BTreeMap::from([(token.path.clone(), file)]));
         }
         Err("a projection this agent cannot write".to_owned())
     }
@@ -234,5 +243,9 @@ impl VolumePlugin for Projected {
 
     fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(tear_down(dir))
+    }
+
+    fn read_only(&self) -> bool {
+        true
     }
 }

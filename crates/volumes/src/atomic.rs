@@ -4,13 +4,28 @@
 //! The files live in a hidden timestamped directory (`..2026_11_23_23_40_00.123456789`); the
 //! symlink `..data` points at the current one and is replaced with one `rename`; each visible
 //! top-level name is a symlink through `..data` (`labels -> ..data/labels`).
+//!
+//! The volume directory is the agent's, but nothing inside it is trusted: the writer works
+//! relative to a handle on the directory and never follows a link ([`crate::at`]).
+//! `..data` counts only as a link to a `..`-named directory directly inside; every other
+//! entry that the current set does not account for is removed (a link itself, never what it
+//! points to), so each write leaves the directory exactly as the writer would have made it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io,
-    os::unix::fs::PermissionsExt,
-    path::{Component, Path, PathBuf},
+    ffi::{OsStr, OsString},
+    io::{self, Read, Write},
+    os::fd::{AsFd, OwnedFd},
+    path::{Component, Path},
 };
+
+use nix::{
+    fcntl::{OFlag, openat, readlinkat, renameat},
+    sys::stat::{Mode, SFlag, fchmod, fstat},
+    unistd::symlinkat,
+};
+
+use crate::at;
 
 /// The symlink to the current set.
 pub(crate) const DATA: &str = "..data";
@@ -41,94 +56,178 @@ pub(crate) fn validate_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `name` can name a set: `..` and more, one component, not one of the writer's links.
+fn is_set_name(name: &OsStr) -> bool {
+    let Some(name) = name.to_str() else { return false };
+    name.len() > 2 && name.starts_with("..") && !name.contains('/') && name != DATA && name != DATA_TMP
+}
+
+fn failed(what: &str, path: &Path, err: impl std::fmt::Display) -> String {
+    format!("{what} {}: {err}", path.display())
+}
+
 /// Makes `dir` hold exactly `payload` (paths relative to `dir`); returns whether anything changed.
 /// Blocking: call it on the blocking pool.
 pub(crate) fn write(dir: &Path, payload: &BTreeMap<String, File>, stamp: &str) -> Result<bool, String> {
-    let failed = |what: &str, path: &Path, err: io::Error| format!("{what} {}: {err}", path.display());
     for path in payload.keys() {
         validate_path(path)?;
     }
     std::fs::create_dir_all(dir).map_err(|e| failed("cannot create", dir, e))?;
-    let current = std::fs::read_link(dir.join(DATA)).ok().map(|target| dir.join(target));
-    if let Some(current) = &current
-        && same(current, payload)
-    {
+    let root = at::open_dir(dir).map_err(|e| failed("cannot open", dir, e))?;
+    let current = current_set(&root);
+    let up_to_date = current.as_ref().is_some_and(|set| same_set(&root, set, payload));
+    let set = match current {
+        Some(set) if up_to_date => set,
+        current => {
+            let set = fresh_name(stamp, current.as_deref());
+            write_set(&root, &set, payload).map_err(|e| failed("cannot write", &dir.join(&set), e))?;
+            swap(&root, &set).map_err(|e| failed("cannot swap", &dir.join(DATA), e))?;
+            set
+        }
+    };
+    let visible: BTreeSet<&OsStr> = payload.keys().filter_map(|p| p.split('/').next()).map(OsStr::new).collect();
+    let relinked = link_visible(&root, &visible).map_err(|e| failed("cannot link in", dir, e))?;
+    let removed = remove_strays(&root, &set, &visible).map_err(|e| failed("cannot clean", dir, e))?;
+    Ok(!up_to_date || relinked || removed)
+}
+
+/// The set `..data` names, when it is a link to a set directory directly inside.
+fn current_set(root: &OwnedFd) -> Option<OsString> {
+    let target = readlinkat(root, DATA).ok()?;
+    let is_dir = at::type_at(root, &target).ok().flatten() == Some(SFlag::S_IFDIR);
+    (is_set_name(&target) && is_dir).then_some(target)
+}
+
+/// The new set's name: `..<stamp>`, never the current set's (should the stamp repeat).
+fn fresh_name(stamp: &str, current: Option<&OsStr>) -> OsString {
+    let mut name = OsString::from(format!("..{stamp}"));
+    if current == Some(name.as_os_str()) {
+        name.push(".1");
+    }
+    name
+}
+
+/// Whether set `set` holds `payload` exactly: contents, modes, and no other file.
+fn same_set(root: &OwnedFd, set: &OsStr, payload: &BTreeMap<String, File>) -> bool {
+    let Ok(set) = at::open_dir_at(root, set) else { return false };
+    let all_match = payload.iter().all(|(path, file)| same_file(&set, Path::new(path), file).unwrap_or(false));
+    all_match && count_files(&set, 0).is_ok_and(|n| n == payload.len())
+}
+
+fn same_file(set: &OwnedFd, path: &Path, file: &File) -> io::Result<bool> {
+    let opened = open_in_set(set, path, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())?;
+    let stat = fstat(&opened).map_err(io::Error::from)?;
+    let regular = SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG;
+    let same_size = u64::try_from(stat.st_size).is_ok_and(|size| size == file.content.len() as u64);
+    if !regular || !same_size || stat.st_mode & 0o7777 != file.mode {
         return Ok(false);
     }
-    // The new set, in full, beside the old one (never in its place, should the stamp repeat).
-    let mut name = format!("..{stamp}");
-    if current.as_deref() == Some(dir.join(&name).as_path()) {
-        name.push_str(".1");
+    let mut content = Vec::with_capacity(file.content.len());
+    std::fs::File::from(opened).take(file.content.len() as u64 + 1).read_to_end(&mut content)?;
+    Ok(content == file.content)
+}
+
+/// Opens `path` of a set: its directories never through a link, the file itself with `flags`
+/// and `O_NOFOLLOW`.
+fn open_in_set(set: &OwnedFd, path: &Path, flags: OFlag, mode: Mode) -> io::Result<OwnedFd> {
+    let names = at::components(path)?;
+    let Some((file, dirs)) = names.split_last() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "an empty path"));
+    };
+    let parent = directories(set, dirs, false)?;
+    let parent = parent.as_ref().map_or(set.as_fd(), AsFd::as_fd);
+    openat(parent, *file, flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, mode).map_err(io::Error::from)
+}
+
+/// Opens (and with `make`, makes) directories `dirs` below `set`, one inside the other, never
+/// through a link; returns the last one (none when `dirs` is empty: the set itself).
+fn directories(set: &OwnedFd, dirs: &[&OsStr], make: bool) -> io::Result<Option<OwnedFd>> {
+    let mut parent: Option<OwnedFd> = None;
+    for name in dirs {
+        let here = parent.as_ref().map_or(set.as_fd(), AsFd::as_fd);
+        let next = if make { at::make_dir_at(here, name, 0o755)?.0 } else { at::open_dir_at(here, name)? };
+        parent = Some(next);
     }
-    let fresh = dir.join(&name);
-    let _ = std::fs::remove_dir_all(&fresh);
+    Ok(parent)
+}
+
+/// The files below directory `dir`, anything but directories counted, no link followed.
+fn count_files(dir: &OwnedFd, depth: usize) -> io::Result<usize> {
+    if depth > 64 {
+        return Err(io::Error::other("too deep"));
+    }
+    let mut count = 0;
+    for (name, _) in at::entries(dir)? {
+        if at::type_at(dir, &name)? == Some(SFlag::S_IFDIR) {
+            count += count_files(&at::open_dir_at(dir, &name)?, depth + 1)?;
+        } else {
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+/// Writes `payload` into a new directory `set`, whatever had that name before.
+fn write_set(root: &OwnedFd, set: &OsStr, payload: &BTreeMap<String, File>) -> io::Result<()> {
+    at::remove_entry(root, set)?;
+    let (set_dir, _) = at::make_dir_at(root, set, 0o700)?;
     for (path, file) in payload {
-        let target = fresh.join(path);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| failed("cannot create", parent, e))?;
+        let names = at::components(Path::new(path))?;
+        if let Some((_, dirs)) = names.split_last() {
+            directories(&set_dir, dirs, true)?;
         }
-        std::fs::write(&target, &file.content).map_err(|e| failed("cannot write", &target, e))?;
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(file.mode))
-            .map_err(|e| failed("cannot set the mode of", &target, e))?;
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
+        let created = open_in_set(&set_dir, Path::new(path), flags, Mode::from_bits_truncate(0o600))?;
+        fchmod(&created, Mode::from_bits_truncate(file.mode)).map_err(io::Error::from)?;
+        std::fs::File::from(created).write_all(&file.content)?;
     }
-    std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| failed("cannot set the mode of", &fresh, e))?;
-    // One rename swaps the whole set.
-    let tmp = dir.join(DATA_TMP);
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&name, &tmp).map_err(|e| failed("cannot link", &tmp, e))?;
-    std::fs::rename(&tmp, dir.join(DATA)).map_err(|e| failed("cannot swap", &dir.join(DATA), e))?;
-    // Visible names: one symlink per top-level name; names no longer in the set go.
-    let visible: BTreeSet<&str> = payload.keys().filter_map(|p| p.split('/').next()).collect();
-    for name in &visible {
-        let link = dir.join(name);
-        if std::fs::symlink_metadata(&link).is_err() {
-            std::os::unix::fs::symlink(PathBuf::from(DATA).join(name), &link)
-                .map_err(|e| failed("cannot link", &link, e))?;
-        }
-    }
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let file_name = entry.file_name().to_string_lossy().into_owned();
-            if file_name.starts_with("..") || visible.contains(file_name.as_str()) {
-                continue;
-            }
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-    if let Some(old) = current.filter(|old| *old != fresh) {
-        let _ = std::fs::remove_dir_all(old);
-    }
-    Ok(true)
+    fchmod(&set_dir, Mode::from_bits_truncate(0o755)).map_err(io::Error::from)
 }
 
-/// Whether the set in `dir` is `payload`, contents and modes.
-fn same(dir: &Path, payload: &BTreeMap<String, File>) -> bool {
-    let mut found = 0;
-    let all_match = payload.iter().all(|(path, file)| {
-        let target = dir.join(path);
-        let matches = std::fs::read(&target).is_ok_and(|c| c == file.content)
-            && std::fs::metadata(&target).is_ok_and(|m| m.permissions().mode() & 0o7777 == file.mode);
-        found += 1;
-        matches
-    });
-    all_match && found == count_files(dir)
+/// Points `..data` at `set` with one rename.
+fn swap(root: &OwnedFd, set: &OsStr) -> io::Result<()> {
+    at::remove_entry(root, OsStr::new(DATA_TMP))?;
+    symlinkat(set, root, DATA_TMP).map_err(io::Error::from)?;
+    // Only a link can be renamed over: anything else named `..data` goes first.
+    if at::type_at(root, OsStr::new(DATA))?.is_some_and(|kind| kind != SFlag::S_IFLNK) {
+        at::remove_entry(root, OsStr::new(DATA))?;
+    }
+    renameat(root, DATA_TMP, root, DATA).map_err(io::Error::from)
 }
 
-fn count_files(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => count_files(&e.path()),
-            Ok(_) => 1,
-            Err(_) => 0,
-        })
-        .sum()
+/// Makes each visible name the link `..data/<name>`; returns whether any was missing or wrong.
+fn link_visible(root: &OwnedFd, visible: &BTreeSet<&OsStr>) -> io::Result<bool> {
+    let mut changed = false;
+    for name in visible {
+        let wanted = Path::new(DATA).join(name);
+        if readlinkat(root, *name).is_ok_and(|target| Path::new(&target) == wanted) {
+            continue;
+        }
+        at::remove_entry(root, name)?;
+        symlinkat(&wanted, root, *name).map_err(io::Error::from)?;
+        changed = true;
+    }
+    Ok(changed)
+}
+
+/// Removes everything but `..data`, the current set and the visible names (old sets, names no
+/// longer in the set, and whatever else was put there); returns whether anything went.
+fn remove_strays(root: &OwnedFd, set: &OsStr, visible: &BTreeSet<&OsStr>) -> io::Result<bool> {
+    let mut removed = false;
+    for (name, _) in at::entries(root)? {
+        if name == DATA || name == set || visible.contains(name.as_os_str()) {
+            continue;
+        }
+        at::remove_entry(root, &name)?;
+        removed = true;
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn payload(files: &[(&str, &str)]) -> BTreeMap<String, File> {
@@ -215,6 +314,128 @@ mod tests {
             std::fs::read_to_string(root.join("a")).unwrap(),
             String::from_utf8(set(199)["a"].content.clone()).unwrap()
         );
+    }
+
+    /// Everything below `dir`, links as their targets, files with their contents.
+    fn tree(dir: &Path) -> BTreeMap<String, String> {
+        let mut found = BTreeMap::new();
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = path.strip_prefix(dir).unwrap().display().to_string();
+            let kind = entry.file_type().unwrap();
+            if kind.is_symlink() {
+                found.insert(name, format!("-> {}", std::fs::read_link(&path).unwrap().display()));
+            } else if kind.is_dir() {
+                found.extend(tree(&path).into_iter().map(|(k, v)| (format!("{name}/{k}"), v)));
+                found.insert(name, "dir".to_owned());
+            } else {
+                found.insert(name, std::fs::read_to_string(&path).unwrap_or_else(|_| "unreadable".to_owned()));
+            }
+        }
+        found
+    }
+
+    /// Asserts that `root` holds exactly what the writer makes of `files`.
+    fn assert_exactly(root: &Path, files: &[(&str, &str)]) {
+        let set = std::fs::read_link(root.join(DATA)).unwrap();
+        assert!(is_set_name(set.as_os_str()), "{set:?}");
+        let mut wanted: BTreeSet<String> = [DATA.to_owned(), set.display().to_string()].into();
+        for (path, content) in files {
+            assert_eq!(std::fs::read_to_string(root.join(path)).unwrap(), *content, "{path}");
+            let top = path.split('/').next().unwrap();
+            assert_eq!(std::fs::read_link(root.join(top)).unwrap(), Path::new(DATA).join(top));
+            wanted.insert(top.to_owned());
+        }
+        let names: BTreeSet<String> =
+            std::fs::read_dir(root).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, wanted);
+    }
+
+    #[test]
+    fn nothing_planted_in_the_volume_leads_the_writer_out_of_it() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        // The host's data the agent must never touch.
+        let outside = dir.path().join("host");
+        std::fs::create_dir_all(outside.join("sub")).unwrap();
+        std::fs::write(outside.join("keep"), "host data").unwrap();
+        std::fs::write(outside.join("sub/labels"), "host labels").unwrap();
+        let host = tree(&outside);
+        let root = dir.path().join("vol");
+        let files = [("labels", "app=\"web\""), ("sub/name", "web")];
+        write(&root, &payload(&files), "0").unwrap();
+
+        // What a root container could do to a volume it could write, one state at a time.
+        let plants: Vec<(&str, Plant<'_>)> = vec![
+            ("..data to the host by an absolute path", Box::new(|r| replace_link(r, DATA, &outside))),
+            ("..data to the host by '..'", Box::new(|r| replace_link(r, DATA, Path::new("../host")))),
+            (
+                "..data to a ..-named link to the host",
+                Box::new(|r| {
+                    symlink(&outside, r.join("..evil")).unwrap();
+                    replace_link(r, DATA, Path::new("..evil"));
+                }),
+            ),
+            (
+                "..data a directory holding a link to the host",
+                Box::new(|r| {
+                    std::fs::remove_file(r.join(DATA)).unwrap();
+                    std::fs::create_dir(r.join(DATA)).unwrap();
+                    symlink(&outside, r.join(DATA).join("sub")).unwrap();
+                }),
+            ),
+            (
+                "visible names turned into links to the host and a directory",
+                Box::new(|r| {
+                    replace_link(r, "labels", &outside.join("keep"));
+                    std::fs::remove_file(r.join("sub")).unwrap();
+                    std::fs::create_dir(r.join("sub")).unwrap();
+                    symlink(&outside, r.join("sub/escape")).unwrap();
+                }),
+            ),
+            (
+                "a file of the current set turned into a link to the host",
+                Box::new(|r| {
+                    let set = r.join(std::fs::read_link(r.join(DATA)).unwrap());
+                    std::fs::remove_dir_all(set.join("sub")).unwrap();
+                    symlink(outside.join("sub"), set.join("sub")).unwrap();
+                }),
+            ),
+            (
+                "a file of the current set turned into a fifo",
+                Box::new(|r| {
+                    let set = r.join(std::fs::read_link(r.join(DATA)).unwrap());
+                    std::fs::remove_file(set.join("labels")).unwrap();
+                    nix::unistd::mkfifo(&set.join("labels"), Mode::from_bits_truncate(0o644)).unwrap();
+                }),
+            ),
+            (
+                "..data_tmp and strays holding links to the host",
+                Box::new(|r| {
+                    std::fs::create_dir(r.join(DATA_TMP)).unwrap();
+                    symlink(&outside, r.join(DATA_TMP).join("x")).unwrap();
+                    symlink(&outside, r.join("stray")).unwrap();
+                    std::fs::create_dir(r.join("..old")).unwrap();
+                    symlink(&outside, r.join("..old/x")).unwrap();
+                }),
+            ),
+        ];
+        for (n, (what, plant)) in plants.iter().enumerate() {
+            plant(&root);
+            let changed = write(&root, &payload(&files), &format!("{}", n + 1));
+            assert_eq!(changed, Ok(true), "{what}: the write restores the volume");
+            assert_eq!(tree(&outside), host, "{what}: nothing outside the volume changed");
+            assert_exactly(&root, &files);
+            assert_eq!(write(&root, &payload(&files), "again"), Ok(false), "{what}: then nothing to do");
+        }
+    }
+
+    /// One thing a container does to the volume directory (given as the host sees it).
+    type Plant<'a> = Box<dyn Fn(&Path) + 'a>;
+
+    fn replace_link(root: &Path, name: &str, target: &Path) {
+        let _ = std::fs::remove_file(root.join(name));
+        std::os::unix::fs::symlink(target, root.join(name)).unwrap();
     }
 
     #[test]

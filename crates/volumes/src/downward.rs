@@ -41,6 +41,10 @@ impl VolumePlugin for DownwardApi {
     fn tear_down<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(crate::remove_unmounted(dir))
     }
+
+    fn read_only(&self) -> bool {
+        true
+    }
 }
 
 async fn write(dir: &Path, payload: BTreeMap<String, File>) -> Result<PathBuf, String> {

@@ -1,5 +1,6 @@
 //! hostPath volumes (upstream `pkg/volume/hostpath`): a path of the node's, checked against the
-//! volume's `type` first, and created for `DirectoryOrCreate` and `FileOrCreate`.
+//! volume's `type` first, and created for `DirectoryOrCreate` (with its parents) and
+//! `FileOrCreate` (the file alone: its directory must exist).
 
 use std::{
     os::unix::fs::{FileTypeExt, PermissionsExt},
@@ -72,10 +73,8 @@ pub(crate) fn check(path: &Path, kind: &str) -> Result<(), String> {
             }
         }
         "FileOrCreate" => {
+            // Upstream creates the file alone: a missing parent directory fails the mount.
             if meta().is_none() {
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-                }
                 std::fs::OpenOptions::new()
                     .write(true)
                     .create(true)
@@ -133,6 +132,10 @@ mod tests {
         let err = check(&made, "File").unwrap_err();
         assert_eq!(err, format!("hostPath type check failed: {} is not a file", made.display()));
         let file = dir.path().join("c/f");
+        let err = check(&file, "FileOrCreate").unwrap_err();
+        assert!(err.starts_with(&format!("cannot create {}: ", file.display())), "{err}");
+        assert!(!dir.path().join("c").exists(), "FileOrCreate makes no parent directory");
+        std::fs::create_dir(dir.path().join("c")).unwrap();
         check(&file, "FileOrCreate").unwrap();
         assert!(file.is_file());
         check(&file, "File").unwrap();

@@ -39,11 +39,13 @@
 //! ```
 
 mod api;
+mod at;
 mod atomic;
 mod downward;
 mod empty_dir;
 mod host_path;
 mod mount;
+pub mod subpath;
 
 use std::{
     path::{Path, PathBuf},
@@ -51,6 +53,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::{Pod, Volume};
+use kubelet_core::ErrorChain;
 use kubelet_core::{
     PodUid,
     hook::BoxFuture,
@@ -122,7 +125,11 @@ impl Manager {
                 .set_up(pod, volume, &dir)
                 .await
                 .map_err(|message| VolumeError::Failed { volume: volume.name.clone(), message })?;
-            volumes.insert(volume.name.clone(), path);
+            if plugin.read_only() {
+                volumes.insert_read_only(volume.name.clone(), path);
+            } else {
+                volumes.insert(volume.name.clone(), path);
+            }
         }
         Ok(volumes)
     }
@@ -131,7 +138,15 @@ impl Manager {
         if let Some(objects) = &self.objects {
             objects.release(uid);
         }
-        let root = self.pods_dir.join(uid.as_str()).join("volumes");
+        // The subPath bind mounts go first: they may hold parts of the volumes open.
+        let pod_dir = self.pods_dir.join(uid.as_str());
+        let subpaths = tokio::task::spawn_blocking({
+            let pod_dir = pod_dir.clone();
+            move || subpath::clean(&pod_dir)
+        });
+        let failed = |message: String| VolumeError::Failed { volume: subpath::SUBPATHS_DIR.to_owned(), message };
+        subpaths.await.map_err(|e| failed(e.to_string()))?.map_err(|e| failed(ErrorChain(&e).to_string()))?;
+        let root = pod_dir.join("volumes");
         let Ok(mut plugins) = tokio::fs::read_dir(&root).await else { return Ok(()) };
         while let Ok(Some(plugin_dir)) = plugins.next_entry().await {
             let name = plugin_dir.file_name().to_string_lossy().into_owned();
@@ -170,7 +185,7 @@ impl VolumeManager for Manager {
 
 /// Removes `dir` unless something is mounted at or below it (then it is an error, and the
 /// directory stays: removing it would delete the mounted data).
-pub(crate) async fn remove_unmounted(dir: &Path) -> Result<(), String> {
+pub async fn remove_unmounted(dir: &Path) -> Result<(), String> {
     if let Some(point) = mount::mount_below(dir).await? {
         return Err(format!("{point} is mounted below {}; leaving it", dir.display()));
     }

@@ -61,6 +61,10 @@ async fn volumes_are_set_up_refreshed_and_torn_down() {
     assert!(host.is_dir(), "DirectoryOrCreate made the host directory");
     let info = pods.join("u1/volumes/kubernetes.io~downward-api/info");
     assert_eq!(std::fs::read_to_string(info.join("labels")).unwrap(), "app=\"web\"");
+    // Containers write emptyDir and hostPath volumes as their mounts say; the agent's own
+    // downward API files they only read.
+    assert!(!volumes.is_read_only("cache") && !volumes.is_read_only("data"));
+    assert!(volumes.is_read_only("info"));
 
     // A second sync keeps the emptyDir's content and refreshes the labels.
     std::fs::write(cache.join("kept"), "x").unwrap();
@@ -130,7 +134,7 @@ async fn a_memory_empty_dir_is_a_tmpfs_of_its_size_limit() {
     assert!(!table.contains(dir.to_str().unwrap()), "unmounted");
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
@@ -276,6 +280,13 @@ async fn config_map_secret_and_projected_volumes_come_from_the_object_source_and
     assert_eq!(std::fs::read_to_string(access.join("token")).unwrap(), "token-0-web-api-3607");
     assert_eq!(std::fs::read_to_string(access.join("ca.crt")).unwrap(), "CA");
     assert_eq!(std::fs::read_to_string(access.join("namespace")).unwrap(), "default");
+    // The token keeps the volume's mode (0644 by default), so a container of any user reads it.
+    let token_mode = std::fs::metadata(access.join("token")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(token_mode, 0o644);
+    // The agent writes all three: every container mounts them read-only.
+    for name in ["cfg", "creds", "kube-api-access-x"] {
+        assert!(volumes.is_read_only(name), "{name} is mounted read-only");
+    }
 
     // A change of the config map reaches the file at the next set-up.
     objects.config_maps.lock().unwrap().get_mut("default/app").unwrap().insert("greeting".into(), b"bye".to_vec());

@@ -173,6 +173,7 @@ fn container_config_has_log_path_attempt_labels_and_expanded_command() {
         downward: Downward::default(),
         memory_capacity: 1 << 30,
         volumes: &PodVolumes::new(),
+        sub_paths: &SubPathMounts::new(),
     };
     let config = container_config(&input).unwrap();
     assert_eq!(config.log_path, "app/3.log");
@@ -197,28 +198,37 @@ fn volume_mounts_become_cri_mounts_with_sub_paths_and_propagation() {
     };
     let mut volumes = PodVolumes::new();
     volumes.insert("cache", "/pods/u/volumes/kubernetes.io~empty-dir/cache");
+    volumes.insert_read_only("cfg", "/pods/u/volumes/kubernetes.io~configmap/cfg");
     let c = Container {
         name: "app".into(),
         volume_mounts: Some(vec![
             mount("cache", "/cache", None, None),
             mount("cache", "/ro", Some("a/b"), Some("HostToContainer")),
+            // The container asks to write the config map's volume: it still may not.
+            mount("cfg", "/etc/app", None, None),
         ]),
         ..Container::default()
     };
-    let found = mounts(&c, &volumes).unwrap();
-    assert_eq!(found.len(), 2);
+    // The subPath's host path is the bind mount prepared for mount 1, never the volume's path
+    // joined with the subPath.
+    let prepared = SubPathMounts::from([(1, "/pods/u/volume-subpaths/cache/app/1".into())]);
+    let found = mounts(&c, &volumes, &prepared).unwrap();
+    assert_eq!(found.len(), 3);
     assert_eq!((found[0].container_path.as_str(), found[0].readonly), ("/cache", false));
     assert_eq!(found[0].host_path, "/pods/u/volumes/kubernetes.io~empty-dir/cache");
     assert_eq!(found[0].propagation, pb::MountPropagation::PropagationPrivate as i32);
-    assert_eq!(found[1].host_path, "/pods/u/volumes/kubernetes.io~empty-dir/cache/a/b");
+    assert_eq!(found[1].host_path, "/pods/u/volume-subpaths/cache/app/1");
     assert!(found[1].readonly);
     assert_eq!(found[1].propagation, pb::MountPropagation::PropagationHostToContainer as i32);
+    assert_eq!(found[2].host_path, "/pods/u/volumes/kubernetes.io~configmap/cfg");
+    assert!(found[2].readonly, "a volume the agent writes is mounted read-only");
 
     let with = |m: VolumeMount| Container { name: "app".into(), volume_mounts: Some(vec![m]), ..Container::default() };
-    let err = mounts(&with(mount("gone", "/x", None, None)), &volumes).unwrap_err();
+    let none = SubPathMounts::new();
+    let err = mounts(&with(mount("gone", "/x", None, None)), &volumes, &none).unwrap_err();
     assert_eq!(err, "cannot find volume \"gone\" to mount into container \"app\"");
-    assert!(mounts(&with(mount("cache", "/x", Some("../up"), None)), &volumes).unwrap_err().contains("'..'"));
-    assert!(mounts(&with(mount("cache", "/x", Some("/abs"), None)), &volumes).unwrap_err().contains("relative"));
+    let err = mounts(&with(mount("cache", "/x", Some("a/b"), None)), &volumes, &none).unwrap_err();
+    assert_eq!(err, "subPath \"a/b\" of volumeMount \"cache\" has not been prepared");
     let bidirectional = mount("cache", "/x", None, Some("Bidirectional"));
-    assert!(mounts(&with(bidirectional), &volumes).unwrap_err().contains("privileged"));
+    assert!(mounts(&with(bidirectional), &volumes, &none).unwrap_err().contains("privileged"));
 }

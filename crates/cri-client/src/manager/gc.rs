@@ -242,8 +242,13 @@ impl CriRuntime {
                 .map_err(|st| Error::status("RemovePodSandbox", st))?;
         }
         self.cleanup_pod(uid, name, namespace, &self.pod_cgroup_parents(uid)).await;
+        // Never through a mount: a volume or subPath still mounted below keeps the directory
+        // (housekeeping tears the volumes down and removes it later).
         let pod_dir = self.config.pods_dir.join(uid);
-        if pod_dir.exists()
+        let mountinfo = tokio::fs::read_to_string("/proc/self/mountinfo").await.unwrap_or_default();
+        if let Some(mount) = kubelet_core::volume::mount_below(&mountinfo, &pod_dir) {
+            warn!(dir = %pod_dir.display(), mount, "not removing the pod directory: something is mounted below it");
+        } else if pod_dir.exists()
             && let Err(err) = tokio::fs::remove_dir_all(&pod_dir).await
         {
             warn!(error = %err, dir = %pod_dir.display(), "cannot remove the pod directory");

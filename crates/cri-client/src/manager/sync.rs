@@ -81,6 +81,13 @@ impl CriRuntime {
             Some(user) => user,
             None => self.image_user(&image_ref).await,
         };
+        let sub_paths = match self.prepare_sub_paths(pod, spec, volumes).await {
+            Ok(sub_paths) => sub_paths,
+            Err(message) => {
+                self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
+                return Err(SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message));
+            }
+        };
         let input = container::ConfigInput {
             pod,
             container: spec,
@@ -90,11 +97,8 @@ impl CriRuntime {
             downward: container::Downward { pod_ips, node_name: &self.config.node_name, host_ip: &self.config.node_ip },
             memory_capacity: self.memory_capacity,
             volumes,
+            sub_paths: &sub_paths,
         };
-        if let Err(message) = prepare_sub_paths(spec, volumes).await {
-            self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
-            return Err(SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message));
-        }
         let mut config = container::container_config(&input).map_err(|message| {
             self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
             SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
@@ -225,36 +229,47 @@ impl CriRuntime {
     }
 }
 
-/// Makes each `subPath` of the container's mounts that does not exist yet a directory (as
-/// upstream does), and refuses one that leads out of its volume through a symlink.
-async fn prepare_sub_paths(spec: &ApiContainer, volumes: &PodVolumes) -> Result<(), String> {
-    for mount in spec.volume_mounts.iter().flatten() {
-        let (Some(volume), Some(sub_path)) =
-            (volumes.get(&mount.name), mount.sub_path.as_deref().filter(|s| !s.is_empty()))
-        else {
-            continue;
-        };
-        container::validate_sub_path(sub_path)?;
-        let target = volume.join(sub_path);
-        if tokio::fs::symlink_metadata(&target).await.is_err() {
-            tokio::fs::create_dir_all(&target)
-                .await
-                .map_err(|e| format!("cannot create subPath {}: {e}", target.display()))?;
-        }
-        let (root, resolved) = (tokio::fs::canonicalize(volume).await, tokio::fs::canonicalize(&target).await);
-        match (root, resolved) {
-            (Ok(root), Ok(resolved)) if resolved.starts_with(&root) => {}
-            (Ok(_), Ok(resolved)) => {
+impl CriRuntime {
+    /// Prepares each `subPath` of the container's mounts (upstream `makeMounts` with
+    /// `PrepareSafeSubpath`) with the runtime's [`SubPathMounter`](kubelet_core::volume::SubPathMounter).
+    /// As upstream, the error the pod shows does not say what was found on the host; the log does.
+    async fn prepare_sub_paths(
+        &self,
+        pod: &ApiPod,
+        spec: &ApiContainer,
+        volumes: &PodVolumes,
+    ) -> Result<container::SubPathMounts, String> {
+        let mut prepared = container::SubPathMounts::new();
+        for (index, mount) in spec.volume_mounts.iter().flatten().enumerate() {
+            let (Some(volume), Some(sub_path)) =
+                (volumes.get(&mount.name), mount.sub_path.as_deref().filter(|s| !s.is_empty()))
+            else {
+                continue;
+            };
+            kubelet_core::volume::validate_sub_path(sub_path)?;
+            let Some(mounter) = &self.sub_paths else {
                 return Err(format!(
-                    "subPath {sub_path:?} of volume {:?} leads out of the volume, to {}",
-                    mount.name,
-                    resolved.display()
+                    "volumeMount {:?} of container {:?} has a subPath, and this runtime has no subPath mounter",
+                    mount.name, spec.name
                 ));
+            };
+            let uid = PodUid::of(pod);
+            let request = kubelet_core::volume::SubPath::new(uid, (&mount.name, volume), &spec.name, index, sub_path);
+            match mounter.prepare(&request).await {
+                Ok(target) => {
+                    prepared.insert(index, target);
+                }
+                Err(error) => {
+                    warn!(volume = %mount.name, container = %spec.name, %error, "cannot prepare a subPath");
+                    return Err(format!(
+                        "failed to prepare subPath for volumeMount {:?} of container {:?}",
+                        mount.name, spec.name
+                    ));
+                }
             }
-            (Err(e), _) | (_, Err(e)) => return Err(format!("cannot resolve subPath {}: {e}", target.display())),
         }
+        Ok(prepared)
     }
-    Ok(())
 }
 
 pub(super) async fn sync_pod(
