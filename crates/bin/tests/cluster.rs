@@ -31,7 +31,7 @@ use kube::{
     Api,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use kubelet_core::testing::RealRuntime;
+use kubelet_core::{runtime::Runtime as _, testing::RealRuntime};
 use serde_json::{Value, json};
 
 struct Agent(Child);
@@ -635,10 +635,10 @@ async fn wait_for(what: &str, dir: &Path, ready: impl Fn() -> bool) {
     panic!("timed out waiting for {what}; agent log:\n{log}");
 }
 
-/// Issue "no pod reaches outside itself": a root container cannot rewrite the volumes the
-/// agent writes (they are mounted read-only whatever the pod says), the agent's next writes
-/// leave the host alone, and a subPath that leads out of its volume is refused while one inside
-/// is bind-mounted and unmounted with the pod.
+/// No pod reaches outside itself: a root container cannot rewrite the volumes the agent writes
+/// (they are mounted read-only whatever the pod says), the agent's next writes leave the host
+/// alone, and a subPath that leads out of its volume is refused while one inside is bind-mounted
+/// and unmounted with the pod.
 #[tokio::test]
 async fn real_no_container_reaches_the_host_through_its_volumes() {
     let test = "real_no_container_reaches_the_host_through_its_volumes";
@@ -647,13 +647,51 @@ async fn real_no_container_reaches_the_host_through_its_volumes() {
     let dir = rt.scratch_dir.join(format!("escape-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    let cluster = std::sync::Arc::new(Cluster::Local(ApiServer::start().await));
+    let uids = format!("uid-{}-", cluster.local().unwrap().objects.lock().unwrap().uid_prefix);
+    let outcome = tokio::spawn(attack_the_host_through_volumes(rt.clone(), dir.clone(), cluster));
+    let result = outcome.await;
+    remove_pods_and_mounts(&rt, &dir, &uids).await;
+    if let Err(err) = result {
+        std::panic::resume_unwind(err.into_panic());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Removes from the runtime every pod whose UID starts with `uids`, then unmounts whatever is
+/// still mounted below `dir`: what a failed test leaves would otherwise confuse the next one.
+async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, uids: &str) {
+    let client = cri_client::Client::connect(&cri_client::Config::new(&rt.endpoint)).unwrap();
+    let config = cri_client::manager::Config::new("cleanup").pods_dir(dir.join("root/pods"));
+    let runtime = cri_client::manager::CriRuntime::new(
+        client,
+        config.pod_logs_dir(dir.join("pods")).container_logs_dir(dir.join("containers")),
+        std::sync::Arc::new(kubelet_core::events::RingRecorder::default()),
+    );
+    for pod in runtime.get_pods(true).await.unwrap().into_iter().filter(|p| p.uid.as_str().starts_with(uids)) {
+        let mut api = Pod::default();
+        api.metadata.name = Some(pod.name.clone());
+        api.metadata.namespace = Some(pod.namespace.clone());
+        api.metadata.uid = Some(pod.uid.to_string());
+        runtime.remove_pod(&api).await.unwrap();
+    }
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let below: Vec<String> =
+        kubelet_core::volume::mount_points(&table).filter(|p| Path::new(p).starts_with(dir)).collect();
+    for point in below.iter().rev() {
+        let _ = std::process::Command::new("umount").arg(point).status();
+    }
+}
+
+/// The body of [`real_no_container_reaches_the_host_through_its_volumes`].
+async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster: std::sync::Arc<Cluster>) {
+    let pid = std::process::id();
     let canary = dir.join("canary");
     std::fs::create_dir_all(canary.join("sub")).unwrap();
     std::fs::write(canary.join("keep"), "host data").unwrap();
     std::fs::write(canary.join("sub/keep"), "more host data").unwrap();
     let host = snapshot(&canary);
 
-    let cluster = Cluster::Local(ApiServer::start().await);
     let server = cluster.local().unwrap();
     let kubeconfig = cluster.kubeconfig(&dir);
     std::fs::write(
@@ -727,7 +765,7 @@ async fn real_no_container_reaches_the_host_through_its_volumes() {
     })
     .await;
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), "inside\nbye", "the directory and the config map's key");
-    let escape = until(&cluster, &node, &dir, "container escape to be refused", |v| {
+    let escape = until(&*cluster, &node, &dir, "container escape to be refused", |v| {
         let statuses = v.pods.get("default/subpaths")?["status"]["containerStatuses"].as_array()?.clone();
         let escape = statuses.into_iter().find(|s| s["name"] == "escape")?;
         (escape["state"]["waiting"]["reason"] == "CreateContainerConfigError").then_some(escape)
@@ -745,7 +783,7 @@ async fn real_no_container_reaches_the_host_through_its_volumes() {
     // Both pods deleted: their volumes and bind mounts go, and the host still has its data.
     server.request_deletion("default", "hostile", 1);
     server.request_deletion("default", "subpaths", 1);
-    until(&cluster, &node, &dir, "both pods to be gone from the API", |v| v.pods.is_empty().then_some(())).await;
+    until(&*cluster, &node, &dir, "both pods to be gone from the API", |v| v.pods.is_empty().then_some(())).await;
     let pods_dir = dir.join("root/pods");
     let mounted_below = || {
         let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
