@@ -765,7 +765,7 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
     })
     .await;
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), "inside\nbye", "the directory and the config map's key");
-    let escape = until(&*cluster, &node, &dir, "container escape to be refused", |v| {
+    let escape = until(&cluster, &node, &dir, "container escape to be refused", |v| {
         let statuses = v.pods.get("default/subpaths")?["status"]["containerStatuses"].as_array()?.clone();
         let escape = statuses.into_iter().find(|s| s["name"] == "escape")?;
         (escape["state"]["waiting"]["reason"] == "CreateContainerConfigError").then_some(escape)
@@ -783,7 +783,7 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
     // Both pods deleted: their volumes and bind mounts go, and the host still has its data.
     server.request_deletion("default", "hostile", 1);
     server.request_deletion("default", "subpaths", 1);
-    until(&*cluster, &node, &dir, "both pods to be gone from the API", |v| v.pods.is_empty().then_some(())).await;
+    until(&cluster, &node, &dir, "both pods to be gone from the API", |v| v.pods.is_empty().then_some(())).await;
     let pods_dir = dir.join("root/pods");
     let mounted_below = || {
         let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
