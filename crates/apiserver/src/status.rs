@@ -63,7 +63,23 @@ pub fn status_patch(api: &Pod, uid: &str, ours: &PodStatus) -> Option<Value> {
     if api.status.as_ref() == Some(&merged) {
         return None;
     }
-    Some(json!({ "metadata": { "uid": uid }, "status": merged }))
+    let mut status = serde_json::to_value(&merged).ok()?;
+    replace_lists(&mut status);
+    Some(json!({ "metadata": { "uid": uid }, "status": status }))
+}
+
+/// The lists of a pod's status that a strategic merge patch merges item by item (by `ip`), which
+/// the kubelet's status replaces whole: merged, a new sandbox's IP would sit beside the old one,
+/// two IPs of one family, which the API server refuses (422). Upstream's two-way patch deletes
+/// the old items; the `$patch: replace` element says the same in one item.
+const REPLACED_LISTS: [&str; 2] = ["podIPs", "hostIPs"];
+
+fn replace_lists(status: &mut Value) {
+    for list in REPLACED_LISTS {
+        if let Some(Value::Array(items)) = status.get_mut(list) {
+            items.insert(0, json!({ "$patch": "replace" }));
+        }
+    }
 }
 
 /// A pod's status as the kubelet computed it, for [`report`].
@@ -313,6 +329,22 @@ mod tests {
         assert_eq!(conditions.len(), 2);
         assert!(conditions.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
         assert!(conditions.iter().any(|c| c["type"] == "example.com/gate"), "a gate's condition stays");
+    }
+
+    #[test]
+    fn a_new_sandbox_ip_replaces_the_old_one_instead_of_joining_it() {
+        let with_ip = |ip: &str| PodStatus {
+            pod_ip: Some(ip.into()),
+            pod_ips: Some(vec![k8s_openapi::api::core::v1::PodIP { ip: ip.into() }]),
+            ..running("True")
+        };
+        let patch = status_patch(&api_pod("u1", with_ip("10.85.0.62")), "u1", &with_ip("10.85.0.64")).unwrap();
+        assert_eq!(patch["status"]["podIPs"], json!([{"$patch": "replace"}, {"ip": "10.85.0.64"}]));
+        // Applied as the API server applies a strategic merge patch: the new IP alone.
+        let mut api = serde_json::to_value(with_ip("10.85.0.62")).unwrap();
+        crate::testing::strategic_merge(&mut api, &patch["status"]);
+        assert_eq!(api["podIPs"], json!([{"ip": "10.85.0.64"}]));
+        assert_eq!(api["podIP"], "10.85.0.64");
     }
 
     #[test]

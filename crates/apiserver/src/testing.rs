@@ -160,9 +160,11 @@ impl IntoResponse for Refusal {
 
 /// A strategic merge patch as the API server applies one to the fields used here: objects merge
 /// key by key, `null` deletes, lists with a merge key in the core types (`conditions` and
-/// `addresses` by `type`, `podIPs` by `ip`, `ownerReferences` by `uid`) merge item by item;
-/// other lists are replaced. Directives (`$patch`, `$setElementOrder/...`, `$retainKeys`) are not
-/// applied: the server refuses a patch that carries one (see `PatchType::of`).
+/// `addresses` by `type`, `podIPs` and `hostIPs` by `ip`, `ownerReferences` by `uid`) merge item
+/// by item, unless one item is the directive `{"$patch": "replace"}`, which makes the rest of the
+/// list replace it; other lists are replaced. Other directives (`$patch` elsewhere,
+/// `$setElementOrder/...`, `$retainKeys`) are not applied: the server refuses a patch that carries
+/// one (see `PatchType::of`).
 pub fn strategic_merge(target: &mut Value, patch: &Value) {
     if target.is_null() && patch.is_object() {
         *target = json!({});
@@ -172,6 +174,10 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) {
         match (target.get_mut(key), value) {
             (_, Value::Null) => _ = target.remove(key),
             (Some(old @ Value::Object(_)), Value::Object(_)) => strategic_merge(old, value),
+            (_, Value::Array(new)) if merge_key(key).is_some() && new.iter().any(is_replace) => {
+                let rest: Vec<Value> = new.iter().filter(|item| !is_replace(item)).cloned().collect();
+                target.insert(key.clone(), Value::Array(rest));
+            }
             (Some(Value::Array(old)), Value::Array(new)) if merge_key(key).is_some() => {
                 let merge_key = merge_key(key).unwrap_or_default();
                 for item in new {
@@ -190,7 +196,7 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) {
 fn merge_key(list: &str) -> Option<&'static str> {
     match list {
         "conditions" | "addresses" => Some("type"),
-        "podIPs" => Some("ip"),
+        "podIPs" | "hostIPs" => Some("ip"),
         "ownerReferences" => Some("uid"),
         _ => None,
     }
@@ -216,13 +222,37 @@ pub fn json_merge(target: &mut Value, patch: &Value) {
     }
 }
 
-/// The first key of `patch` that is a strategic merge directive (`$patch`, `$setElementOrder/...`).
+/// Whether `item` of a list is the directive `{"$patch": "replace"}`.
+fn is_replace(item: &Value) -> bool {
+    *item == json!({ "$patch": "replace" })
+}
+
+/// The first key of `patch` that is a strategic merge directive this server does not apply
+/// (`$patch` but a list's `replace`, `$setElementOrder/...`, `$retainKeys`).
 fn directive(patch: &Value) -> Option<String> {
     match patch {
         Value::Object(map) => {
             map.iter().find_map(|(key, value)| if key.starts_with('$') { Some(key.clone()) } else { directive(value) })
         }
-        Value::Array(items) => items.iter().find_map(directive),
+        Value::Array(items) => items.iter().filter(|item| !is_replace(item)).find_map(directive),
+        _ => None,
+    }
+}
+
+/// The API server's validation of a pod's IPs (`validatePodIPs`): at most one IP of each family,
+/// the first of `podIPs` being `podIP`; the message of its 422.
+fn invalid_pod_ips(name: &str, status: &Value) -> Option<String> {
+    let ips: Vec<&str> = status["podIPs"].as_array().into_iter().flatten().filter_map(|p| p["ip"].as_str()).collect();
+    let v6 = ips.iter().filter(|ip| ip.contains(':')).count();
+    if v6 > 1 || ips.len() - v6 > 1 {
+        return Some(format!(
+            "Pod \"{name}\" is invalid: status.podIPs: Invalid value: {ips:?}: may specify no more than one IP for each IP family"
+        ));
+    }
+    match (status["podIP"].as_str(), ips.first()) {
+        (Some(ip), Some(first)) if ip != *first => Some(format!(
+            "Pod \"{name}\" is invalid: status.podIPs[0]: Invalid value: {first:?}: must be equal to status.podIP ({ip:?})"
+        )),
         _ => None,
     }
 }
@@ -413,6 +443,9 @@ async fn patch_pod_status(
     // The status subresource takes only the status from a patch.
     if let Some(status) = patch.get("status") {
         patch_type.apply(&mut pod["status"], status);
+    }
+    if let Some(message) = invalid_pod_ips(&name, &pod["status"]) {
+        return failure(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
     }
     let pod = objects.commit(key, pod, "MODIFIED");
     objects.changed.notify_waiters();

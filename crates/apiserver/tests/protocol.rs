@@ -10,7 +10,7 @@ use kube::{
     api::{ListParams, Patch, PatchParams},
 };
 use kubelet_apiserver::{heartbeat, testing::ApiServer};
-use serde_json::json;
+use serde_json::{Value, json};
 
 async fn client(server: &ApiServer) -> (Client, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -87,6 +87,33 @@ async fn a_patch_is_applied_by_its_content_type() {
     let node =
         nodes.patch_status("n", &PatchParams::default(), &Patch::Strategic(address("Hostname", "n"))).await.unwrap();
     assert_eq!(node.status.unwrap().addresses.unwrap().len(), 2);
+}
+
+/// As kube-apiserver: `podIPs` merge by `ip`, so a second IP of one family is a 422, unless
+/// the list says `$patch: replace`.
+#[tokio::test]
+async fn pod_ips_are_validated_and_replaced_only_when_asked() {
+    let server = ApiServer::start().await;
+    let (client, _dir) = client(&server).await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    server.put_pod(pod_with_conditions());
+    let ips = |ip: &str, list: Value| json!({"status": {"podIP": ip, "podIPs": list}});
+    let first = ips("10.85.0.62", json!([{"ip": "10.85.0.62"}]));
+    pods.patch_status("p", &PatchParams::default(), &Patch::Strategic(first)).await.unwrap();
+
+    let merged = ips("10.85.0.64", json!([{"ip": "10.85.0.64"}]));
+    let refused = pods.patch_status("p", &PatchParams::default(), &Patch::Strategic(merged)).await.unwrap_err();
+    assert_eq!(code(&refused), 422, "two IPs of one family: {refused}");
+    assert!(refused.to_string().contains("may specify no more than one IP for each IP family"), "{refused}");
+
+    let replaced = ips("10.85.0.64", json!([{"$patch": "replace"}, {"ip": "10.85.0.64"}]));
+    let pod = pods.patch_status("p", &PatchParams::default(), &Patch::Strategic(replaced)).await.unwrap();
+    let status = pod.status.unwrap();
+    assert_eq!(status.pod_ips.unwrap().iter().map(|p| p.ip.as_str()).collect::<Vec<_>>(), ["10.85.0.64"]);
+
+    let mismatched = ips("10.85.0.65", json!([{"$patch": "replace"}, {"ip": "10.85.0.64"}]));
+    let refused = pods.patch_status("p", &PatchParams::default(), &Patch::Strategic(mismatched)).await.unwrap_err();
+    assert_eq!(code(&refused), 422, "podIPs[0] must be podIP: {refused}");
 }
 
 #[tokio::test]
