@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    chaos, demo, harness, runtime, tidy,
+    chaos, cluster, demo, harness, runtime, tidy,
     util::{have, in_ci, project_root, run},
 };
 
@@ -174,6 +174,18 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
         return Ok(());
     }
     let started = runtime::start()?;
+    // Cluster mode against upstream's kube-apiserver when this machine has one; otherwise one
+    // line says its tests did not run (the binary is built from source, never in CI).
+    let control_plane = match cluster::missing_prerequisites() {
+        Some(why) => {
+            println!("SKIPPED cluster-mode tests against kube-apiserver: {why}");
+            false
+        }
+        None => {
+            cluster::up()?;
+            true
+        }
+    };
     let mut cmd = cargo();
     if nextest() {
         cmd.args([
@@ -195,6 +207,11 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
     for (key, value) in runtime::test_env() {
         cmd.env(key, value);
     }
+    if control_plane {
+        for (key, value) in cluster::test_env() {
+            cmd.env(key, value);
+        }
+    }
     let mut result = Ok(());
     for round in 1..=repeat {
         if repeat > 1 {
@@ -214,6 +231,9 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
         // The README's first command, checked: every example pod Running and ready, or Completed.
         println!("\n--> demo --check");
         result = demo::run_demo(&["--duration", "40s", "--check"]).context("demo --check failed");
+    }
+    if control_plane {
+        cluster::down()?;
     }
     if started {
         runtime::stop()?;

@@ -8,6 +8,7 @@
 mod bench;
 mod chaos;
 mod ci;
+mod cluster;
 mod demo;
 mod example;
 mod harness;
@@ -31,6 +32,8 @@ commands:
   setup                   (root) install Debian packages and build the test images
   runtime start|stop|status
                           (root) the project's own containerd and local registry
+  cluster up|down|status  (root) etcd and upstream's kube-apiserver (KUBELET_RS_KUBE_APISERVER) on
+                          loopback, with Node,RBAC authorization, NodeRestriction and node credentials
   images                  (root) rebuild the test images (and load them if the runtime runs)
   tidy                    project rules no compiler checks
   example                 the example agent (crates/kubelet/examples/process_agent.rs) running a pod
@@ -55,6 +58,9 @@ fn main() -> Result<()> {
         ["runtime", "start"] => runtime::start().map(drop),
         ["runtime", "stop"] => runtime::stop(),
         ["runtime", "status"] => runtime::status(),
+        ["cluster", "up"] => cluster::up(),
+        ["cluster", "down"] => cluster::down(),
+        ["cluster", "status"] => cluster::status(),
         ["images"] => {
             images::build()?;
             if runtime::containerd_running() {

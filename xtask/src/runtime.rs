@@ -76,33 +76,51 @@ pub(crate) fn missing_prerequisites() -> Option<String> {
     None
 }
 
-struct Daemon {
+/// A daemon this project starts by hand and stops by the PID it wrote.
+pub(crate) struct Daemon {
     name: &'static str,
     binary: &'static str,
 }
 
-const REGISTRY_DAEMON: Daemon = Daemon { name: "registry", binary: "docker-registry" };
-const CONTAINERD_DAEMON: Daemon = Daemon { name: "containerd", binary: "containerd" };
+const REGISTRY_DAEMON: Daemon = Daemon::new("registry", "docker-registry");
+const CONTAINERD_DAEMON: Daemon = Daemon::new("containerd", "containerd");
 
 impl Daemon {
+    /// The daemon `name`, whose processes run `binary` (a file name, as in their `argv[0]`).
+    pub(crate) const fn new(name: &'static str, binary: &'static str) -> Daemon {
+        Daemon { name, binary }
+    }
+
+    /// The daemon's name.
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
     fn pid_file(&self) -> PathBuf {
         run_dir().join(format!("{}.pid", self.name))
     }
 
-    fn log_file(&self) -> PathBuf {
+    pub(crate) fn log_file(&self) -> PathBuf {
         Path::new(STATE_DIR).join("log").join(format!("{}.log", self.name))
     }
 
     /// The PID we started, if that process still runs this daemon.
-    fn running_pid(&self) -> Option<u32> {
+    pub(crate) fn running_pid(&self) -> Option<u32> {
         let pid: u32 = fs::read_to_string(self.pid_file()).ok()?.trim().parse().ok()?;
         process_runs(pid, self.binary).then_some(pid)
     }
 
     fn spawn(&self, args: &[&str]) -> Result<u32> {
+        self.spawn_program(Path::new(self.binary), args)
+    }
+
+    /// Starts `program` (whose file name is the daemon's binary) with `args`, logging to
+    /// [`Daemon::log_file`], and writes its PID.
+    pub(crate) fn spawn_program(&self, program: &Path, args: &[&str]) -> Result<u32> {
+        fs::create_dir_all(run_dir())?;
         fs::create_dir_all(self.log_file().parent().context("log dir")?)?;
         let log = fs::OpenOptions::new().create(true).append(true).open(self.log_file())?;
-        let child = Command::new(self.binary)
+        let child = Command::new(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -110,13 +128,13 @@ impl Daemon {
             // A process group of its own: a Ctrl-C in the terminal that ran xtask does not reach it.
             .process_group(0)
             .spawn()
-            .with_context(|| format!("starting {}", self.binary))?;
+            .with_context(|| format!("starting {}", program.display()))?;
         let pid = child.id();
         fs::write(self.pid_file(), format!("{pid}\n"))?;
         Ok(pid)
     }
 
-    fn stop(&self) -> Result<()> {
+    pub(crate) fn stop(&self) -> Result<()> {
         let Some(pid) = self.running_pid() else {
             let _ = fs::remove_file(self.pid_file());
             return Ok(());
@@ -150,7 +168,7 @@ fn signal(pid: u32, sig: &str) -> Result<()> {
     output(Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string())).map(drop)
 }
 
-fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+pub(crate) fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while !ready() {
         if Instant::now() > deadline {

@@ -13,9 +13,9 @@ use crate::{
 };
 
 /// Debian packages: protoc for the CRI bindings, the runtime, CNI plugins (and ping, which the CNI
-/// tests use to reach a pod address), registry tools, and
-/// the C toolchain and busybox for the test images.
-const PACKAGES: [&str; 13] = [
+/// tests use to reach a pod address), registry tools,
+/// the C toolchain and busybox for the test images, and the control plane's etcd and tools.
+const PACKAGES: [&str; 16] = [
     "protobuf-compiler",
     "containerd",
     "runc",
@@ -29,6 +29,11 @@ const PACKAGES: [&str; 13] = [
     "gcc",
     "libc6-dev",
     "binutils",
+    // The control plane of `cargo xtask cluster`: etcd, and openssl and curl for its PKI and
+    // readiness check (kube-apiserver itself is built from source, see the README).
+    "etcd-server",
+    "openssl",
+    "curl",
 ];
 
 /// Cargo subcommands `cargo xtask ci` runs, installed from crates.io when missing.

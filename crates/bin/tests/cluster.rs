@@ -1,6 +1,7 @@
 //! Cluster mode (`--kubeconfig`) end to end: the whole binary against the in-process API server
 //! of `kubelet-apiserver`, on the in-memory runtime and (`real_` tests) on the real containerd,
-//! and against a real cluster when `KUBELET_RS_TEST_KUBECONFIG` names one.
+//! and against upstream's kube-apiserver with the node's own credentials when `cargo xtask
+//! cluster up` runs one (`KUBELET_RS_TEST_KUBECONFIG`).
 //!
 //! One scenario: the node registers and renews its lease; a pod bound to it runs with its
 //! config map and service account token volumes and its status reaches the API; a config map
@@ -56,11 +57,12 @@ struct View {
     events: Vec<Value>,
 }
 
-/// The cluster the scenario drives: the in-process API server, or the real cluster that
-/// `KUBELET_RS_TEST_KUBECONFIG` names (in a namespace of its own, removed afterwards).
+/// The cluster the scenario drives: the in-process API server, or the real one that
+/// `KUBELET_RS_TEST_KUBECONFIG` names (in a namespace of its own, removed afterwards), which the
+/// agent joins with the node's own credentials (`node_kubeconfig`).
 enum Cluster {
     Local(ApiServer),
-    Remote { client: kube::Client, kubeconfig: PathBuf, namespace: String },
+    Remote { client: kube::Client, node_kubeconfig: PathBuf, namespace: String },
 }
 
 impl Cluster {
@@ -80,7 +82,7 @@ impl Cluster {
                 server.write_kubeconfig(&path).unwrap();
                 path
             }
-            Cluster::Remote { kubeconfig, .. } => kubeconfig.clone(),
+            Cluster::Remote { node_kubeconfig, .. } => node_kubeconfig.clone(),
         }
     }
 
@@ -417,6 +419,24 @@ async fn scenario(
     assert_eq!(web["status"]["containerStatuses"][0]["restartCount"], 0);
     assert_eq!(in_runtime(&web_uid).await, 1, "still one sandbox for the pod");
 
+    // Web's sandbox dies (the real runtime): the agent makes a new one, whose IP differs, and the
+    // API server takes the status that says so. A patch that merged the new IP into the old
+    // `podIPs` (two IPs of one family) is a 422 on a real API server.
+    if real {
+        let before = web["status"]["podIP"].as_str().unwrap().to_owned();
+        stop_sandbox(endpoint, &web_uid).await;
+        let after = until("web to run in a new sandbox, its new IP in the API", &|v| {
+            let pod = v.pods.get(&web_key)?;
+            let ip = pod["status"]["podIP"].as_str()?;
+            let ready = pod["status"]["containerStatuses"][0]["ready"] == true;
+            (ip != before && ready && phase(pod) == "Running").then(|| pod.clone())
+        })
+        .await;
+        let ips: Vec<&Value> = after["status"]["podIPs"].as_array().unwrap().iter().collect();
+        assert_eq!(ips.len(), 1, "one IP of the family, the new one: {after}");
+        assert_eq!(ips[0]["ip"], after["status"]["podIP"], "{after}");
+    }
+
     // A graceful deletion: the agent stops the pod, then deletes it from the API.
     cluster.delete_pod("web", 10).await;
     until("web to be gone from the API", &|v| (!v.pods.contains_key(&web_key)).then_some(Value::Null)).await;
@@ -444,6 +464,22 @@ async fn scenario(
         eprintln!("requests served: {:?}", server.objects.lock().unwrap().requests);
     }
     drop(agent);
+}
+
+/// Stops the ready sandbox of pod `uid` behind the agent's back, as a crash of it would.
+async fn stop_sandbox(endpoint: &str, uid: &str) {
+    use cri_client::pb;
+    let client = cri_client::Client::connect(&cri_client::Config::new(endpoint)).unwrap();
+    let filter = pb::PodSandboxFilter {
+        label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+        state: Some(pb::PodSandboxStateValue { state: pb::PodSandboxState::SandboxReady.into() }),
+        ..Default::default()
+    };
+    let request = pb::ListPodSandboxRequest { filter: Some(filter) };
+    let sandboxes = client.runtime_service().list_pod_sandbox(request).await.unwrap().into_inner().items;
+    assert_eq!(sandboxes.len(), 1, "one ready sandbox for {uid}");
+    let stop = pb::StopPodSandboxRequest { pod_sandbox_id: sandboxes[0].id.clone() };
+    client.runtime_service().stop_pod_sandbox(stop).await.unwrap();
 }
 
 /// Waits (at most 10 s) until nothing of pod `uid` runs.
@@ -478,13 +514,11 @@ async fn a_node_joins_runs_bound_pods_mirrors_static_ones_and_ends_deletions() {
     scenario(&cluster, "fake://", dir.path(), "node-fake", "busybox", false, in_runtime).await;
 }
 
-/// The scenario on the real containerd against `cluster`, as node `cluster-<pid>`.
-async fn real_scenario(rt: &RealRuntime, cluster: &Cluster) {
-    let pid = std::process::id();
-    let dir = rt.scratch_dir.join(format!("cluster-{pid}"));
+/// The scenario on the real containerd against `cluster`, as node `node`.
+async fn real_scenario(rt: &RealRuntime, cluster: &Cluster, node: &str) {
+    let dir = rt.scratch_dir.join(format!("cluster-{node}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let node = format!("cluster-{pid}");
     let client = cri_client::Client::connect(&cri_client::Config::new(&rt.endpoint)).unwrap();
     let in_runtime = async |uid: &str| {
         let filter = cri_client::pb::PodSandboxFilter {
@@ -497,33 +531,59 @@ async fn real_scenario(rt: &RealRuntime, cluster: &Cluster) {
         let request = cri_client::pb::ListPodSandboxRequest { filter: Some(filter) };
         client.runtime_service().list_pod_sandbox(request).await.unwrap().into_inner().items.len()
     };
-    scenario(cluster, &rt.endpoint, &dir, &node, &rt.busybox_image, true, in_runtime).await;
-    cluster.clean_up(&node).await;
+    scenario(cluster, &rt.endpoint, &dir, node, &rt.busybox_image, true, in_runtime).await;
+    cluster.clean_up(node).await;
 }
 
 #[tokio::test]
 async fn real_cluster_mode_against_the_in_process_api_server() {
     let Some(rt) = RealRuntime::from_env("real_cluster_mode_against_the_in_process_api_server") else { return };
-    real_scenario(&rt, &Cluster::Local(ApiServer::start().await)).await;
+    let node = format!("cluster-{}", std::process::id());
+    real_scenario(&rt, &Cluster::Local(ApiServer::start().await), &node).await;
 }
 
-/// The same scenario against a real cluster: `KUBELET_RS_TEST_KUBECONFIG` names a kubeconfig
-/// whose user may register nodes and create namespaces, pods and config maps (cluster-admin,
-/// for a test cluster).
+/// The same scenario against a real kube-apiserver (`cargo xtask cluster up`, which `cargo xtask
+/// ci` starts when it has the binary): `KUBELET_RS_TEST_KUBECONFIG` names an admin's kubeconfig,
+/// which makes the namespace and what a controller-manager would put there; the agent joins as
+/// `kubelet-rs-node-0` with that node's kubeconfig from `KUBELET_RS_TEST_NODE_KUBECONFIGS`, so
+/// the Node authorizer and NodeRestriction judge every request it makes.
 #[tokio::test]
-async fn real_cluster_mode_against_the_cluster_of_kubelet_rs_test_kubeconfig() {
-    let test = "real_cluster_mode_against_the_cluster_of_kubelet_rs_test_kubeconfig";
+async fn real_cluster_mode_against_kube_apiserver() {
+    let test = "real_cluster_mode_against_kube_apiserver";
     let Some(rt) = RealRuntime::from_env(test) else { return };
-    let Some(kubeconfig) = std::env::var_os("KUBELET_RS_TEST_KUBECONFIG").map(PathBuf::from) else {
-        eprintln!("skipped {test}: KUBELET_RS_TEST_KUBECONFIG is not set (no real cluster to join)");
+    let var = |key: &str| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let (Some(admin), Some(nodes)) = (var("KUBELET_RS_TEST_KUBECONFIG"), var("KUBELET_RS_TEST_NODE_KUBECONFIGS"))
+    else {
+        eprintln!("skipped {test}: no kube-apiserver (`cargo xtask cluster up` sets KUBELET_RS_TEST_KUBECONFIG)");
         return;
     };
-    let client = apiserver::heartbeat::connect(&kubeconfig).await.unwrap();
+    let node = "kubelet-rs-node-0";
+    let client = apiserver::heartbeat::connect(&admin).await.unwrap();
     let namespace = format!("kubelet-rs-test-{}", std::process::id());
+    prepare_namespace(&client, &namespace, &admin).await;
+    let cluster = Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace };
+    real_scenario(&rt, &cluster, node).await;
+}
+
+/// Makes namespace `namespace` with what the controller-manager would put in it: the `default`
+/// service account and the `kube-root-ca.crt` config map (the CA of the admin's kubeconfig).
+async fn prepare_namespace(client: &kube::Client, namespace: &str, admin: &Path) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
     let object = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
     let object: Namespace = serde_json::from_value(object).unwrap();
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &object).await.unwrap();
-    real_scenario(&rt, &Cluster::Remote { client, kubeconfig, namespace }).await;
+    let account = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}});
+    let account: ServiceAccount = serde_json::from_value(account).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let kubeconfig = std::fs::read_to_string(admin).unwrap();
+    let ca_file = kubeconfig.lines().find_map(|l| l.trim().strip_prefix("certificate-authority: ")).unwrap();
+    let ca = std::fs::read_to_string(ca_file.trim()).unwrap();
+    let map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": ca}});
+    let map: ConfigMap = serde_json::from_value(map).unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), namespace).create(&PostParams::default(), &map).await.unwrap();
 }
 
 /// What the hostile container tries on each volume the agent writes, as root: plant links to
@@ -662,12 +722,12 @@ async fn real_no_container_reaches_the_host_through_its_volumes() {
 /// still mounted below `dir`: what a failed test leaves would otherwise confuse the next one.
 async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, uids: &str) {
     let client = cri_client::Client::connect(&cri_client::Config::new(&rt.endpoint)).unwrap();
-    let config = cri_client::manager::Config::new("cleanup").pods_dir(dir.join("root/pods"));
-    let runtime = cri_client::manager::CriRuntime::new(
-        client,
-        config.pod_logs_dir(dir.join("pods")).container_logs_dir(dir.join("containers")),
-        std::sync::Arc::new(kubelet_core::events::RingRecorder::default()),
-    );
+    let config = cri_client::manager::Config::new("cleanup")
+        .pods_dir(dir.join("root/pods"))
+        .pod_logs_dir(dir.join("pods"))
+        .container_logs_dir(dir.join("containers"));
+    let recorder = std::sync::Arc::new(kubelet_core::events::RingRecorder::default());
+    let runtime = cri_client::manager::CriRuntime::new(client, config, recorder);
     for pod in runtime.get_pods(true).await.unwrap().into_iter().filter(|p| p.uid.as_str().starts_with(uids)) {
         let mut api = Pod::default();
         api.metadata.name = Some(pod.name.clone());
