@@ -20,6 +20,7 @@ use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::Child,
+    sync::Arc,
     time::Duration,
 };
 
@@ -515,31 +516,44 @@ async fn a_node_joins_runs_bound_pods_mirrors_static_ones_and_ends_deletions() {
 }
 
 /// The scenario on the real containerd against `cluster`, as node `node`.
-async fn real_scenario(rt: &RealRuntime, cluster: &Cluster, node: &str) {
+async fn real_scenario(rt: &RealRuntime, cluster: Arc<Cluster>, node: &str) {
     let dir = rt.scratch_dir.join(format!("cluster-{node}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let client = cri_client::Client::connect(&cri_client::Config::new(&rt.endpoint)).unwrap();
-    let in_runtime = async |uid: &str| {
-        let filter = cri_client::pb::PodSandboxFilter {
-            label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
-            state: Some(cri_client::pb::PodSandboxStateValue {
-                state: cri_client::pb::PodSandboxState::SandboxReady.into(),
-            }),
-            ..Default::default()
-        };
-        let request = cri_client::pb::ListPodSandboxRequest { filter: Some(filter) };
-        client.runtime_service().list_pod_sandbox(request).await.unwrap().into_inner().items.len()
+    let body = {
+        let (rt, cluster, dir, node) = (rt.clone(), cluster.clone(), dir.clone(), node.to_owned());
+        async move {
+            let client = cri_client::Client::connect(&cri_client::Config::new(&rt.endpoint)).unwrap();
+            let in_runtime = async |uid: &str| {
+                let filter = cri_client::pb::PodSandboxFilter {
+                    label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+                    state: Some(cri_client::pb::PodSandboxStateValue {
+                        state: cri_client::pb::PodSandboxState::SandboxReady.into(),
+                    }),
+                    ..Default::default()
+                };
+                let request = cri_client::pb::ListPodSandboxRequest { filter: Some(filter) };
+                client.runtime_service().list_pod_sandbox(request).await.unwrap().into_inner().items.len()
+            };
+            scenario(&cluster, &rt.endpoint, &dir, &node, &rt.busybox_image, true, in_runtime).await;
+        }
     };
-    scenario(cluster, &rt.endpoint, &dir, node, &rt.busybox_image, true, in_runtime).await;
+    // The scenario's closures borrow across awaits, so it is not `Send`: it runs as a local task,
+    // whose panic comes back here after the cleanup.
+    let result = tokio::task::LocalSet::new().run_until(async { tokio::task::spawn_local(body).await }).await;
+    let namespace = cluster.namespace().to_owned();
+    remove_pods_and_mounts(rt, &dir, |pod| pod.namespace == namespace).await;
     cluster.clean_up(node).await;
+    if let Err(err) = result {
+        std::panic::resume_unwind(err.into_panic());
+    }
 }
 
 #[tokio::test]
 async fn real_cluster_mode_against_the_in_process_api_server() {
     let Some(rt) = RealRuntime::from_env("real_cluster_mode_against_the_in_process_api_server") else { return };
     let node = format!("cluster-{}", std::process::id());
-    real_scenario(&rt, &Cluster::Local(ApiServer::start().await), &node).await;
+    real_scenario(&rt, Arc::new(Cluster::Local(ApiServer::start().await)), &node).await;
 }
 
 /// The same scenario against a real kube-apiserver (`cargo xtask cluster up`, which `cargo xtask
@@ -562,7 +576,7 @@ async fn real_cluster_mode_against_kube_apiserver() {
     let namespace = format!("kubelet-rs-test-{}", std::process::id());
     prepare_namespace(&client, &namespace, &admin).await;
     let cluster = Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace };
-    real_scenario(&rt, &cluster, node).await;
+    real_scenario(&rt, Arc::new(cluster), node).await;
 }
 
 /// Makes namespace `namespace` with what the controller-manager would put in it: the `default`
@@ -707,20 +721,20 @@ async fn real_no_container_reaches_the_host_through_its_volumes() {
     let dir = rt.scratch_dir.join(format!("escape-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    let cluster = std::sync::Arc::new(Cluster::Local(ApiServer::start().await));
+    let cluster = Arc::new(Cluster::Local(ApiServer::start().await));
     let uids = format!("uid-{}-", cluster.local().unwrap().objects.lock().unwrap().uid_prefix);
     let outcome = tokio::spawn(attack_the_host_through_volumes(rt.clone(), dir.clone(), cluster));
     let result = outcome.await;
-    remove_pods_and_mounts(&rt, &dir, &uids).await;
+    remove_pods_and_mounts(&rt, &dir, |pod| pod.uid.as_str().starts_with(&uids)).await;
     if let Err(err) = result {
         std::panic::resume_unwind(err.into_panic());
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Removes from the runtime every pod whose UID starts with `uids`, then unmounts whatever is
+/// Removes from the runtime every pod `ours` says is the test's, then unmounts whatever is
 /// still mounted below `dir`: what a failed test leaves would otherwise confuse the next one.
-async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, uids: &str) {
+async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, ours: impl Fn(&kubelet_core::runtime::Pod) -> bool) {
     let client = cri_client::Client::connect(&cri_client::Config::new(&rt.endpoint)).unwrap();
     let config = cri_client::manager::Config::new("cleanup")
         .pods_dir(dir.join("root/pods"))
@@ -728,7 +742,7 @@ async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, uids: &str) {
         .container_logs_dir(dir.join("containers"));
     let recorder = std::sync::Arc::new(kubelet_core::events::RingRecorder::default());
     let runtime = cri_client::manager::CriRuntime::new(client, config, recorder);
-    for pod in runtime.get_pods(true).await.unwrap().into_iter().filter(|p| p.uid.as_str().starts_with(uids)) {
+    for pod in runtime.get_pods(true).await.unwrap().into_iter().filter(|p| ours(p)) {
         let mut api = Pod::default();
         api.metadata.name = Some(pod.name.clone());
         api.metadata.namespace = Some(pod.namespace.clone());
@@ -744,7 +758,7 @@ async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, uids: &str) {
 }
 
 /// The body of [`real_no_container_reaches_the_host_through_its_volumes`].
-async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster: std::sync::Arc<Cluster>) {
+async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>) {
     let pid = std::process::id();
     let canary = dir.join("canary");
     std::fs::create_dir_all(canary.join("sub")).unwrap();
