@@ -27,7 +27,7 @@ use std::{
 use apiserver::testing::ApiServer;
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod},
+    core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret},
 };
 use kube::{
     Api,
@@ -151,6 +151,39 @@ impl Cluster {
                 let params = PatchParams::apply("kubelet-rs-test").force();
                 let maps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
                 maps.patch(name, &params, &Patch::Apply(map)).await.unwrap();
+            }
+        }
+    }
+
+    /// Creates or replaces secret `name` of the scenario's namespace with `data`.
+    async fn put_secret(&self, name: &str, data: &[(&str, &[u8])]) {
+        match self {
+            Cluster::Local(server) => server.put_secret("default", name, data),
+            Cluster::Remote { client, namespace, .. } => {
+                let encoded: serde_json::Map<String, Value> =
+                    data.iter().map(|(k, v)| ((*k).to_owned(), json!(k8s_openapi::ByteString(v.to_vec())))).collect();
+                let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded});
+                let params = PatchParams::apply("kubelet-rs-test").force();
+                let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+                secrets.patch(name, &params, &Patch::Apply(secret)).await.unwrap();
+            }
+        }
+    }
+
+    /// Sets label `key` of pod `name` to `value`.
+    async fn label_pod(&self, name: &str, key: &str, value: &str) {
+        match self {
+            Cluster::Local(server) => {
+                let mut pod = server.objects.lock().unwrap().pods[&format!("default/{name}")].clone();
+                pod["metadata"]["labels"][key] = json!(value);
+                server.put_pod(pod);
+            }
+            Cluster::Remote { client, namespace, .. } => {
+                let patch = Patch::Merge(json!({"metadata": {"labels": {key: value}}}));
+                Api::<Pod>::namespaced(client.clone(), namespace)
+                    .patch(name, &PatchParams::default(), &patch)
+                    .await
+                    .unwrap();
             }
         }
     }
@@ -565,18 +598,24 @@ async fn real_cluster_mode_against_the_in_process_api_server() {
 async fn real_cluster_mode_against_kube_apiserver() {
     let test = "real_cluster_mode_against_kube_apiserver";
     let Some(rt) = RealRuntime::from_env(test) else { return };
-    let var = |key: &str| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let (Some(admin), Some(nodes)) = (var("KUBELET_RS_TEST_KUBECONFIG"), var("KUBELET_RS_TEST_NODE_KUBECONFIGS"))
-    else {
-        eprintln!("skipped {test}: no kube-apiserver (`cargo xtask cluster up` sets KUBELET_RS_TEST_KUBECONFIG)");
-        return;
-    };
+    let Some((admin, nodes)) = kube_apiserver(test) else { return };
     let node = "kubelet-rs-node-0";
     let client = apiserver::heartbeat::connect(&admin).await.unwrap();
     let namespace = format!("kubelet-rs-test-{}", std::process::id());
     prepare_namespace(&client, &namespace, &admin).await;
     let cluster = Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace };
     real_scenario(&rt, Arc::new(cluster), node).await;
+}
+
+/// The admin's kubeconfig and the directory of the nodes' kubeconfigs of the kube-apiserver that
+/// `cargo xtask cluster up` started, or `None` (after saying that `test` skipped) without one.
+fn kube_apiserver(test: &str) -> Option<(PathBuf, PathBuf)> {
+    let var = |key: &str| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let found = var("KUBELET_RS_TEST_KUBECONFIG").zip(var("KUBELET_RS_TEST_NODE_KUBECONFIGS"));
+    if found.is_none() {
+        eprintln!("skipped {test}: no kube-apiserver (`cargo xtask cluster up` sets KUBELET_RS_TEST_KUBECONFIG)");
+    }
+    found
 }
 
 /// Makes namespace `namespace` with what the controller-manager would put in it: the `default`
@@ -712,20 +751,41 @@ async fn wait_for(what: &str, dir: &Path, ready: impl Fn() -> bool) {
 /// No pod reaches outside itself: a root container cannot rewrite the volumes the agent writes
 /// (they are mounted read-only whatever the pod says), the agent's next writes leave the host
 /// alone, and a subPath that leads out of its volume is refused while one inside is bind-mounted
-/// and unmounted with the pod.
+/// and unmounted with the pod. Against the in-process API server.
 #[tokio::test]
 async fn real_no_container_reaches_the_host_through_its_volumes() {
     let test = "real_no_container_reaches_the_host_through_its_volumes";
     let Some(rt) = RealRuntime::from_env(test) else { return };
-    let pid = std::process::id();
-    let dir = rt.scratch_dir.join(format!("escape-{pid}"));
+    let node = format!("escape-{}", std::process::id());
+    escape_test(&rt, Arc::new(Cluster::Local(ApiServer::start().await)), &node).await;
+}
+
+/// The same against upstream's kube-apiserver, the agent holding node `kubelet-rs-node-1`'s
+/// credentials (see [`real_cluster_mode_against_kube_apiserver`]).
+#[tokio::test]
+async fn real_no_container_reaches_the_host_through_volumes_from_kube_apiserver() {
+    let test = "real_no_container_reaches_the_host_through_volumes_from_kube_apiserver";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let Some((admin, nodes)) = kube_apiserver(test) else { return };
+    let node = "kubelet-rs-node-1";
+    let client = apiserver::heartbeat::connect(&admin).await.unwrap();
+    let namespace = format!("kubelet-rs-escape-{}", std::process::id());
+    prepare_namespace(&client, &namespace, &admin).await;
+    let cluster = Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace };
+    escape_test(&rt, Arc::new(cluster), node).await;
+}
+
+/// Runs [`attack_the_host_through_volumes`] as node `node` of `cluster`, then removes the pods and
+/// mounts it left, whatever its outcome.
+async fn escape_test(rt: &RealRuntime, cluster: Arc<Cluster>, node: &str) {
+    let dir = rt.scratch_dir.join(format!("escape-{node}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    let cluster = Arc::new(Cluster::Local(ApiServer::start().await));
-    let uids = format!("uid-{}-", cluster.local().unwrap().objects.lock().unwrap().uid_prefix);
-    let outcome = tokio::spawn(attack_the_host_through_volumes(rt.clone(), dir.clone(), cluster));
-    let result = outcome.await;
-    remove_pods_and_mounts(&rt, &dir, |pod| pod.uid.as_str().starts_with(&uids)).await;
+    let body = attack_the_host_through_volumes(rt.clone(), dir.clone(), cluster.clone(), node.to_owned());
+    let result = tokio::task::LocalSet::new().run_until(async { tokio::task::spawn_local(body).await }).await;
+    let namespace = cluster.namespace().to_owned();
+    remove_pods_and_mounts(rt, &dir, |pod| pod.namespace == namespace).await;
+    cluster.clean_up(node).await;
     if let Err(err) = result {
         std::panic::resume_unwind(err.into_panic());
     }
@@ -758,22 +818,19 @@ async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, ours: impl Fn(&kub
 }
 
 /// The body of [`real_no_container_reaches_the_host_through_its_volumes`].
-async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>) {
-    let pid = std::process::id();
+async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
     let canary = dir.join("canary");
     std::fs::create_dir_all(canary.join("sub")).unwrap();
     std::fs::write(canary.join("keep"), "host data").unwrap();
     std::fs::write(canary.join("sub/keep"), "more host data").unwrap();
     let host = snapshot(&canary);
 
-    let server = cluster.local().unwrap();
     let kubeconfig = cluster.kubeconfig(&dir);
     std::fs::write(
         dir.join("config.yaml"),
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 2s\n",
     )
     .unwrap();
-    let node = format!("escape-{pid}");
     let _agent = Agent(
         common::agent_command(&rt.endpoint, &dir, &node)
             .args(["--healthz-port", "0", "--kubeconfig"])
@@ -783,17 +840,18 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
             .spawn()
             .unwrap(),
     );
-    server.put_config_map("default", "app", json!({"greeting": "hello"}));
-    server.put_secret("default", "db", &[("password", b"hunter2")]);
-    let uid_of = |name: &str| {
-        let objects = server.objects.lock().unwrap();
-        objects.pods.get(&format!("default/{name}")).and_then(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+    cluster.put_config_map("app", json!({"greeting": "hello"})).await;
+    cluster.put_secret("db", &[("password", b"hunter2")]).await;
+    let ns = cluster.namespace().to_owned();
+    let uid_of = async |name: &str| {
+        let key = format!("{ns}/{name}");
+        let what = format!("pod {name} to be bound");
+        until(&cluster, &node, &dir, &what, |v| v.pods.get(&key)?["metadata"]["uid"].as_str().map(str::to_owned)).await
     };
 
     // The hostile container runs its attempts.
-    server.put_pod(hostile_pod(&node, &rt.busybox_image, &canary));
-    wait_for("the hostile pod's uid", &dir, || uid_of("hostile").is_some()).await;
-    let pod_dir = dir.join("root/pods").join(uid_of("hostile").unwrap());
+    cluster.create_pod(hostile_pod(&node, &rt.busybox_image, &canary)).await;
+    let pod_dir = dir.join("root/pods").join(uid_of("hostile").await);
     let volumes = pod_dir.join("volumes");
     let out = volumes.join("kubernetes.io~empty-dir/out");
     wait_for("the hostile container's report", &dir, || out.join("done").exists()).await;
@@ -804,11 +862,9 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
     assert!(!report.contains("ESCAPE"), "the container rewrote a volume the agent writes:\n{report}");
 
     // The agent writes every volume again; the host is untouched and each volume is whole.
-    server.put_config_map("default", "app", json!({"greeting": "bye"}));
-    server.put_secret("default", "db", &[("password", b"changed")]);
-    let mut pod = server.objects.lock().unwrap().pods["default/hostile"].clone();
-    pod["metadata"]["labels"]["round"] = json!("2");
-    server.put_pod(pod);
+    cluster.put_config_map("app", json!({"greeting": "bye"})).await;
+    cluster.put_secret("db", &[("password", b"changed")]).await;
+    cluster.label_pod("hostile", "round", "2").await;
     let read = |path: &str| std::fs::read_to_string(volumes.join(path)).unwrap_or_default();
     wait_for("the agent's next writes of all four volumes", &dir, || {
         read("kubernetes.io~configmap/cm/greeting") == "bye"
@@ -830,9 +886,8 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
     }
 
     // subPath: a directory inside the volume and a config map's key are mounted, a link out is refused.
-    server.put_pod(sub_path_pod(&node, &rt.busybox_image, &canary));
-    wait_for("the subpaths pod's uid", &dir, || uid_of("subpaths").is_some()).await;
-    let sub_dir = dir.join("root/pods").join(uid_of("subpaths").unwrap());
+    cluster.create_pod(sub_path_pod(&node, &rt.busybox_image, &canary)).await;
+    let sub_dir = dir.join("root/pods").join(uid_of("subpaths").await);
     let seen = sub_dir.join("volumes/kubernetes.io~empty-dir/work/ok/seen");
     wait_for("container inside to read its subPaths", &dir, || {
         std::fs::read_to_string(&seen).is_ok_and(|s| s.starts_with("inside\n"))
@@ -840,7 +895,7 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
     .await;
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), "inside\nbye", "the directory and the config map's key");
     let escape = until(&cluster, &node, &dir, "container escape to be refused", |v| {
-        let statuses = v.pods.get("default/subpaths")?["status"]["containerStatuses"].as_array()?.clone();
+        let statuses = v.pods.get(&format!("{ns}/subpaths"))?["status"]["containerStatuses"].as_array()?.clone();
         let escape = statuses.into_iter().find(|s| s["name"] == "escape")?;
         (escape["state"]["waiting"]["reason"] == "CreateContainerConfigError").then_some(escape)
     })
@@ -855,8 +910,8 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
     assert!(table.contains(&format!(" {} ", bound.display())), "the subPath is a bind mount of the agent's");
 
     // Both pods deleted: their volumes and bind mounts go, and the host still has its data.
-    server.request_deletion("default", "hostile", 1);
-    server.request_deletion("default", "subpaths", 1);
+    cluster.delete_pod("hostile", 1).await;
+    cluster.delete_pod("subpaths", 1).await;
     until(&cluster, &node, &dir, "both pods to be gone from the API", |v| v.pods.is_empty().then_some(())).await;
     let pods_dir = dir.join("root/pods");
     let mounted_below = || {
