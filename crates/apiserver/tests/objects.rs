@@ -68,5 +68,4 @@ async fn objects_are_watched_while_pods_use_them() {
     objects.release(&PodUid::new("job"));
     tracker.close();
     tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await.expect("every watch ended");
-    assert!(!cancel.is_cancelled());
 }

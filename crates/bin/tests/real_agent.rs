@@ -578,8 +578,19 @@ async fn real_probes_restart_dead_containers_and_gate_readiness() {
             })
             .await;
             assert_eq!(unready["containerStatuses"][0]["started"], true, "no startup probe: started when running");
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let unready = pod_status(port, &format!("unready-{node}"), "unready", |_| true).await;
+            // Not ready because its probe ran and failed, not because nothing happened yet.
+            let unready_name = format!("unready-{node}");
+            let mut failures = 0;
+            for _ in 0..100 {
+                let (_, metrics) = get(port, "/metrics").await;
+                failures = probe_count(&metrics, &unready_name, "Readiness", "failed");
+                if failures >= 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(failures >= 2, "the readiness probe of {unready_name} ran and failed twice: {failures}");
+            let unready = pod_status(port, &unready_name, "unready", |_| true).await;
             assert_eq!(unready["containerStatuses"][0]["ready"], false, "{unready}");
             assert_eq!(condition(&unready, "ContainersReady"), "False");
 
@@ -620,6 +631,17 @@ async fn real_probes_restart_dead_containers_and_gate_readiness() {
         }
     };
     run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
+}
+
+/// How many `kind` probes of pod `pod` had `result`, from `prober_probe_total` in `metrics`.
+fn probe_count(metrics: &str, pod: &str, kind: &str, result: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("prober_probe_total{") && l.contains(&format!("pod=\"{pod}\"")))
+        .filter(|l| l.contains(&format!("probe_type=\"{kind}\"")) && l.contains(&format!("result=\"{result}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|n| n as u64)
+        .sum()
 }
 
 /// An HTTP server on 127.0.0.1 that answers 200 to everything and keeps each request's path.
