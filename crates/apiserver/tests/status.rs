@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use kubelet_apiserver::{heartbeat, status, testing::ApiServer};
 use serde_json::json;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 fn running(ready: &str) -> PodStatus {
@@ -17,6 +18,29 @@ fn running(ready: &str) -> PodStatus {
         conditions: Some(vec![PodCondition { type_: "Ready".into(), status: ready.into(), ..PodCondition::default() }]),
         ..PodStatus::default()
     }
+}
+
+/// Waits until the sink has handled every report sent before: the status of a pod of its own
+/// (`barrier-<n>`), sent last, reaches the API only after them, since the sink handles reports in
+/// order. What must not happen is checked after it, not after a sleep.
+async fn barrier(server: &ApiServer, tx: &mpsc::UnboundedSender<status::Report>, n: u32) {
+    let name = format!("barrier-{n}");
+    server.put_pod(json!({"metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
+    let key = format!("default/{name}");
+    tx.send(status::Report::Status(status::Change::new(&api_pod(server, &key), running("True")))).unwrap();
+    for _ in 0..200 {
+        if server.objects.lock().unwrap().pods[&key]["status"]["phase"] == "Running" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the sink did not reach {name}");
+}
+
+/// The resource version of pod `key`: it changes with every write of the pod.
+fn version(server: &ApiServer, key: &str) -> serde_json::Value {
+    server.objects.lock().unwrap().pods[key]["metadata"]["resourceVersion"].clone()
 }
 
 /// Waits (at most 10 s) until the API's status of pod `web` satisfies `done`.
@@ -60,25 +84,23 @@ async fn statuses_reach_the_api_with_their_uid_and_never_revert_a_terminal_phase
     )))
     .unwrap();
     until(&server, "Succeeded", |s| s["phase"] == "Succeeded").await;
-    let patches = server.requests("PATCH pods/status");
+    let before = version(&server, "default/web");
     tx.send(status::Report::Status(status::Change::new(&api_pod, running("True")))).unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(server.requests("PATCH pods/status"), patches, "a terminal phase is never reverted");
-    until(&server, "still Succeeded", |s| s["phase"] == "Succeeded").await;
+    barrier(&server, &tx, 1).await;
+    assert_eq!(version(&server, "default/web"), before, "a terminal phase is never reverted");
 
     // Re-created under another UID: the old pod's status is not written onto the new one.
     server.delete_pod("default", "web");
     server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
         "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
-    let patches = server.requests("PATCH pods/status");
+    let before = version(&server, "default/web");
     tx.send(status::Report::Status(status::Change::new(
         &api_pod,
         PodStatus { phase: Some("Failed".into()), ..PodStatus::default() },
     )))
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(server.requests("PATCH pods/status"), patches);
-    until(&server, "the new pod untouched", |s| s["phase"] == "Pending").await;
+    barrier(&server, &tx, 2).await;
+    assert_eq!(version(&server, "default/web"), before, "the new pod is untouched");
 
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
@@ -121,7 +143,7 @@ async fn a_terminated_pod_whose_deletion_was_asked_for_is_deleted_with_its_uid_a
     server.request_deletion("default", "web", 30);
     let web = api_pod(&server, "default/web");
     tx.send(status::Report::bound(&[web.clone(), job.clone()])).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    barrier(&server, &tx, 1).await;
     assert!(server.objects.lock().unwrap().pods.contains_key("default/web"), "still running: not deleted");
     assert_eq!(server.requests("DELETE pods"), 0);
     let failed = PodStatus { phase: Some("Failed".into()), ..PodStatus::default() };
@@ -133,7 +155,7 @@ async fn a_terminated_pod_whose_deletion_was_asked_for_is_deleted_with_its_uid_a
     let done = PodStatus { phase: Some("Succeeded".into()), ..PodStatus::default() };
     tx.send(status::Report::Status(status::Change::new(&job, done))).unwrap();
     tx.send(status::Report::Terminated(job.metadata.uid.clone().unwrap())).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    barrier(&server, &tx, 2).await;
     assert!(server.objects.lock().unwrap().pods.contains_key("default/job"), "no deletion asked for yet");
     server.request_deletion("default", "job", 30);
     tx.send(status::Report::bound(&[api_pod(&server, "default/job")])).unwrap();
@@ -148,7 +170,7 @@ async fn a_terminated_pod_whose_deletion_was_asked_for_is_deleted_with_its_uid_a
     tx.send(status::Report::Status(status::Change::new(&web, failed))).unwrap();
     tx.send(status::Report::Terminated(web.metadata.uid.clone().unwrap())).unwrap();
     tx.send(status::Report::bound(&[new_web])).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    barrier(&server, &tx, 3).await;
     assert!(server.objects.lock().unwrap().pods.contains_key("default/web"), "another pod by now");
 
     cancel.cancel();
@@ -176,8 +198,8 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
     // The status comes before the mirror does: it is kept, and sent once the mirror is there
     // (at the next resync at the latest).
     tx.send(status::Report::Status(status::Change::of_static(&static_pod, running("True")))).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(server.requests("PATCH pods/status"), 0, "no mirror yet");
+    barrier(&server, &tx, 1).await;
+    assert_eq!(server.requests("PATCH pods/status"), 1, "the barrier's alone: no mirror yet");
     server.put_pod(mirror.clone());
     for _ in 0..200 {
         if mirror_phase() == "Running" {
@@ -201,13 +223,13 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
 
     // Once the kubelet has removed the static pod, nothing more goes to a mirror.
     tx.send(status::Report::Removed("static-uid".into())).unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
     server.delete_pod("kube-system", "etcd-node-1");
     server.put_pod(mirror);
     tx.send(status::Report::bound(&[api_pod(&server, "kube-system/etcd-node-1")])).unwrap();
-    let patches = server.requests("PATCH pods/status");
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(server.requests("PATCH pods/status"), patches, "the removed static pod's entry is gone");
+    let before = version(&server, "kube-system/etcd-node-1");
+    // The entry went with `Removed`; a resync only retries entries there are.
+    barrier(&server, &tx, 2).await;
+    assert_eq!(version(&server, "kube-system/etcd-node-1"), before, "the removed static pod's entry is gone");
     assert_ne!(mirror_phase(), "Running", "no status for the new mirror");
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
