@@ -5,7 +5,28 @@
 // Reason: tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::process::Command;
+use std::{ffi::OsString, path::Path, process::Command};
+
+/// A runtime endpoint nobody answers.
+const NO_RUNTIME: &str = "unix:///nonexistent/cri.sock";
+
+/// The flags that keep the binary off the host: every directory it may write under `dir`, no
+/// healthz port, and `endpoint` for its runtime. Every test passes them, so one that gets
+/// further than it should still touches neither the host's kubelet paths nor its runtime.
+fn scratch(dir: &Path, endpoint: &str) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["--container-runtime-endpoint".into(), endpoint.into()];
+    for (flag, sub) in [
+        ("--root-dir", "root"),
+        ("--pod-logs-dir", "pods"),
+        ("--container-logs-dir", "containers"),
+        ("--pod-manifest-path", "manifests"),
+    ] {
+        args.push(flag.into());
+        args.push(dir.join(sub).into());
+    }
+    args.extend(["--healthz-port".into(), "0".into()]);
+    args
+}
 
 fn run_with(config: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -14,8 +35,7 @@ fn run_with(config: &str) -> (Option<i32>, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
         .args(["run", "--config"])
         .arg(&file)
-        .args(["--container-runtime-endpoint", "unix:///nonexistent/cri.sock", "--root-dir"])
-        .arg(dir.path().join("root"))
+        .args(scratch(dir.path(), NO_RUNTIME))
         .output()
         .unwrap();
     (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
@@ -53,9 +73,8 @@ fn a_good_config_file_gets_past_parsing() {
 fn json_logs_are_one_object_a_line() {
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
-        .args(["run", "--logging-format", "json", "--container-runtime-endpoint", "unix:///nonexistent/cri.sock"])
-        .args(["--healthz-port", "0", "--root-dir"])
-        .arg(dir.path().join("root"))
+        .args(["run", "--logging-format", "json"])
+        .args(scratch(dir.path(), NO_RUNTIME))
         .env_remove("RUST_LOG")
         .output()
         .unwrap();
@@ -86,56 +105,56 @@ fn an_unreadable_manifest_path_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("plain-file");
     std::fs::write(&file, "").unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
-        .args(["run", "--container-runtime-endpoint", "fake://", "--healthz-port", "0", "--pod-manifest-path"])
-        .arg(file.join("manifests"))
-        .arg("--root-dir")
-        .arg(dir.path().join("root"))
-        .output()
-        .unwrap();
+    let mut args = scratch(dir.path(), "fake://");
+    // The static pod path below a file, in place of the scratch one (the last flag wins).
+    args.extend(["--pod-manifest-path".into(), file.join("manifests").into()]);
+    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs")).arg("run").args(args).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot read the static pod path"), "{stderr}");
 }
 
-/// The binary with `args` as upstream's kubelet is invoked (no subcommand): exit code, stdout, stderr.
-fn kubelet(args: &[&str]) -> (Option<i32>, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs")).args(args).env_remove("RUST_LOG").output().unwrap();
+/// The binary as upstream's kubelet is invoked (no subcommand), with the scratch flags of `dir`
+/// and `endpoint`, then `args`: exit code, stdout, stderr.
+fn kubelet(dir: &Path, endpoint: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+        .args(scratch(dir, endpoint))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
     let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
     (output.status.code(), text(&output.stdout), text(&output.stderr))
 }
 
 #[test]
 fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
-    let (code, stdout, _) = kubelet(&["--version"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = kubelet(dir.path(), NO_RUNTIME, &["--version"]);
     assert_eq!(code, Some(0));
     assert!(stdout.starts_with("kubelet-rs "), "a version line: {stdout}");
 
-    let (code, _, stderr) = kubelet(&["--max-pod=3"]);
+    let (code, _, stderr) = kubelet(dir.path(), NO_RUNTIME, &["--max-pod=3"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--max-pods"), "the closest flag is suggested: {stderr}");
 
     // Flags without a subcommand run the agent; flags for missing features are named once, a
     // deprecated one gets upstream's line; the missing runtime then stops it (exit code 1).
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let (code, _, stderr) = kubelet(&[
-        "--container-runtime-endpoint",
-        "unix:///nonexistent/cri.sock",
-        "--root-dir",
-        root.to_str().unwrap(),
-        "--healthz-port",
-        "0",
-        "--node-labels",
-        "role=edge",
-        "--cert-dir",
-        "/var/lib/kubelet/pki",
-        "--pod-infra-container-image",
-        "registry.k8s.io/pause:3.10",
-        "--anonymous-auth=false",
-        "--max-pods",
-        "30",
-    ]);
+    let (code, _, stderr) = kubelet(
+        dir.path(),
+        NO_RUNTIME,
+        &[
+            "--node-labels",
+            "role=edge",
+            "--cert-dir",
+            "/var/lib/kubelet/pki",
+            "--pod-infra-container-image",
+            "registry.k8s.io/pause:3.10",
+            "--anonymous-auth=false",
+            "--max-pods",
+            "30",
+        ],
+    );
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains(
@@ -147,7 +166,7 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
     assert!(stderr.contains("cannot reach the container runtime"), "{stderr}");
 
     // A flag's value that asks for what the agent lacks stops it with code 2, naming the flag.
-    let (code, _, stderr) = kubelet(&["--cgroups-per-qos=false", "--root-dir", root.to_str().unwrap()]);
+    let (code, _, stderr) = kubelet(dir.path(), NO_RUNTIME, &["--cgroups-per-qos=false"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--cgroups-per-qos: field cgroupsPerQOS"), "{stderr}");
 }
@@ -155,17 +174,7 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
 #[test]
 fn a_missing_kubeconfig_stops_the_agent_and_says_there_is_no_bootstrap() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let (code, _, stderr) = kubelet(&[
-        "--container-runtime-endpoint",
-        "fake://",
-        "--root-dir",
-        root.to_str().unwrap(),
-        "--healthz-port",
-        "0",
-        "--kubeconfig",
-        "/nonexistent/kubelet.conf",
-    ]);
+    let (code, _, stderr) = kubelet(dir.path(), "fake://", &["--kubeconfig", "/nonexistent/kubelet.conf"]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("cannot join the cluster with --kubeconfig /nonexistent/kubelet.conf"), "{stderr}");
     assert!(stderr.contains("no TLS bootstrap"), "{stderr}");
