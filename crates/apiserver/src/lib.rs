@@ -71,7 +71,9 @@ use kubelet_core::runtime::Version;
 pub struct Facts {
     /// The node's name (`--hostname-override` or the host name, lower case).
     pub name: String,
-    /// The host name reported as the `Hostname` address.
+    /// The host name: the `Hostname` address and the `kubernetes.io/hostname` label. Upstream's
+    /// without a cloud provider is the node's name (`--hostname-override` when given), which
+    /// [`Facts::new`] sets.
     pub hostname: String,
     /// The node's IP (`--node-ip`), reported as its `InternalIP`; none: no InternalIP.
     pub ip: Option<IpAddr>,
@@ -129,16 +131,12 @@ impl Facts {
 }
 
 impl Facts {
-    /// Fills in what this host says of itself: its host name, kernel release, OS image, machine
-    /// and boot IDs, and the capacity of the filesystem holding `root_dir` (`ephemeral-storage`).
+    /// Fills in what this host says of itself: its kernel release, OS image, machine and boot
+    /// IDs, and the capacity of the filesystem holding `root_dir` (`ephemeral-storage`).
     /// What cannot be read stays empty.
     #[must_use]
     pub fn read_host(mut self, root_dir: &Path) -> Self {
         let read = |path: &str| std::fs::read_to_string(path).map(|s| s.trim().to_owned()).unwrap_or_default();
-        let hostname = read("/proc/sys/kernel/hostname").to_lowercase();
-        if !hostname.is_empty() {
-            self.hostname = hostname;
-        }
         self.kernel_version = read("/proc/sys/kernel/osrelease");
         self.machine_id = read("/etc/machine-id");
         self.boot_id = read("/proc/sys/kernel/random/boot_id");

@@ -331,7 +331,10 @@ async fn scenario(
     })
     .await;
     assert_eq!(registered["metadata"]["labels"]["role"], "edge");
-    assert!(registered["metadata"]["labels"]["kubernetes.io/hostname"].as_str().is_some());
+    // As upstream's: the host name label is the node's name, `--hostname-override` here.
+    assert_eq!(registered["metadata"]["labels"]["kubernetes.io/hostname"], node);
+    let addresses = registered["status"]["addresses"].as_array().unwrap();
+    assert!(addresses.iter().any(|a| a["type"] == "Hostname" && a["address"] == node), "{addresses:?}");
     assert_eq!(registered["spec"]["taints"][0]["key"], "dedicated");
     // A 4 s lease, the node's, in kube-node-lease, renewed every second.
     let lease_key = format!("kube-node-lease/{node}");
