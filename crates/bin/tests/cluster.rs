@@ -574,15 +574,7 @@ async fn real_scenario(rt: &RealRuntime, cluster: Arc<Cluster>, node: &str) {
             scenario(&cluster, &rt.endpoint, &dir, &node, &rt.busybox_image, true, in_runtime).await;
         }
     };
-    // The scenario's closures borrow across awaits, so it is not `Send`: it runs as a local task,
-    // whose panic comes back here after the cleanup.
-    let result = tokio::task::LocalSet::new().run_until(async { tokio::task::spawn_local(body).await }).await;
-    let namespace = cluster.namespace().to_owned();
-    remove_pods_and_mounts(rt, &dir, |pod| pod.namespace == namespace).await;
-    cluster.clean_up(node).await;
-    if let Err(err) = result {
-        std::panic::resume_unwind(err.into_panic());
-    }
+    run_and_clean_up(rt, &dir, &cluster, node, body).await;
 }
 
 #[tokio::test]
@@ -601,24 +593,45 @@ async fn real_cluster_mode_against_the_in_process_api_server() {
 async fn real_cluster_mode_against_kube_apiserver() {
     let test = "real_cluster_mode_against_kube_apiserver";
     let Some(rt) = RealRuntime::from_env(test) else { return };
-    let Some((admin, nodes)) = kube_apiserver(test) else { return };
     let node = "kubelet-rs-node-0";
-    let client = apiserver::heartbeat::connect(&admin).await.unwrap();
-    let namespace = format!("kubelet-rs-test-{}", std::process::id());
-    prepare_namespace(&client, &namespace, &admin).await;
-    let cluster = Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace };
+    let Some(cluster) = kube_apiserver(test, node).await else { return };
     real_scenario(&rt, Arc::new(cluster), node).await;
 }
 
-/// The admin's kubeconfig and the directory of the nodes' kubeconfigs of the kube-apiserver that
-/// `cargo xtask cluster up` started, or `None` (after saying that `test` skipped) without one.
-fn kube_apiserver(test: &str) -> Option<(PathBuf, PathBuf)> {
+/// The kube-apiserver that `cargo xtask cluster up` started, as `test` sees it: a namespace of
+/// the test's own made with the admin's kubeconfig (`KUBELET_RS_TEST_KUBECONFIG`), and node
+/// `node`'s kubeconfig for the agent (from `KUBELET_RS_TEST_NODE_KUBECONFIGS`); `None`, after
+/// saying that `test` skipped, without one.
+async fn kube_apiserver(test: &str, node: &str) -> Option<Cluster> {
     let var = |key: &str| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let found = var("KUBELET_RS_TEST_KUBECONFIG").zip(var("KUBELET_RS_TEST_NODE_KUBECONFIGS"));
-    if found.is_none() {
+    let Some((admin, nodes)) = var("KUBELET_RS_TEST_KUBECONFIG").zip(var("KUBELET_RS_TEST_NODE_KUBECONFIGS")) else {
         eprintln!("skipped {test}: no kube-apiserver (`cargo xtask cluster up` sets KUBELET_RS_TEST_KUBECONFIG)");
+        return None;
+    };
+    let client = apiserver::heartbeat::connect(&admin).await.unwrap();
+    let namespace = format!("kubelet-rs-{node}-{}", std::process::id());
+    prepare_namespace(&client, &namespace, &admin).await;
+    Some(Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace })
+}
+
+/// Runs `body` on the real runtime as node `node` of `cluster`, then removes the pods of the
+/// cluster's namespace and whatever is mounted below `dir` (whatever the outcome), forgets the
+/// node, and reports the body's failure. The body borrows across awaits, so it is not `Send`: it
+/// runs as a local task.
+async fn run_and_clean_up(
+    rt: &RealRuntime,
+    dir: &Path,
+    cluster: &Cluster,
+    node: &str,
+    body: impl Future<Output = ()> + 'static,
+) {
+    let result = tokio::task::LocalSet::new().run_until(async { tokio::task::spawn_local(body).await }).await;
+    let namespace = cluster.namespace().to_owned();
+    remove_pods_and_mounts(rt, dir, |pod| pod.namespace == namespace).await;
+    cluster.clean_up(node).await;
+    if let Err(err) = result {
+        std::panic::resume_unwind(err.into_panic());
     }
-    found
 }
 
 /// Makes namespace `namespace` with what the controller-manager would put in it: the `default`
@@ -769,12 +782,8 @@ async fn real_no_container_reaches_the_host_through_its_volumes() {
 async fn real_no_container_reaches_the_host_through_volumes_from_kube_apiserver() {
     let test = "real_no_container_reaches_the_host_through_volumes_from_kube_apiserver";
     let Some(rt) = RealRuntime::from_env(test) else { return };
-    let Some((admin, nodes)) = kube_apiserver(test) else { return };
     let node = "kubelet-rs-node-1";
-    let client = apiserver::heartbeat::connect(&admin).await.unwrap();
-    let namespace = format!("kubelet-rs-escape-{}", std::process::id());
-    prepare_namespace(&client, &namespace, &admin).await;
-    let cluster = Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace };
+    let Some(cluster) = kube_apiserver(test, node).await else { return };
     escape_test(&rt, Arc::new(cluster), node).await;
 }
 
@@ -785,13 +794,7 @@ async fn escape_test(rt: &RealRuntime, cluster: Arc<Cluster>, node: &str) {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
     let body = attack_the_host_through_volumes(rt.clone(), dir.clone(), cluster.clone(), node.to_owned());
-    let result = tokio::task::LocalSet::new().run_until(async { tokio::task::spawn_local(body).await }).await;
-    let namespace = cluster.namespace().to_owned();
-    remove_pods_and_mounts(rt, &dir, |pod| pod.namespace == namespace).await;
-    cluster.clean_up(node).await;
-    if let Err(err) = result {
-        std::panic::resume_unwind(err.into_panic());
-    }
+    run_and_clean_up(rt, &dir, &cluster, node, body).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
