@@ -13,6 +13,10 @@
 //! refreshed at every sync; secret and projected volumes live on a tmpfs. Claims and CSI are
 //! not here: the kubelet refuses pods that use them.
 //!
+//! Containers mount the volumes the manager writes read-only, the writer never follows a link a
+//! container could have planted, and [`subpath`] gives runtimes a `subPath` as a bind mount of a
+//! handle opened without following links.
+//!
 //! Teardown never follows a mount out of the pod's directory: a tmpfs the manager mounted is
 //! unmounted first, and a volume directory with anything else mounted below it is left alone
 //! with an error.
