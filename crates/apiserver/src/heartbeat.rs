@@ -18,7 +18,7 @@ use kubelet_core::{
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::{Facts, Health, lease, registration, set_status, should_report};
+use crate::{Facts, Health, lease, ratelimit::TokenBucketLayer, registration, set_status, should_report};
 
 /// What went wrong talking to the API server.
 #[derive(Debug, thiserror::Error)]
@@ -92,8 +92,9 @@ pub async fn connect(path: &Path) -> Result<Client, Error> {
     connect_limited(path, 50.0, 100).await
 }
 
-/// [`connect`] with `qps` requests per second on average and bursts of `burst`: at most
-/// `burst` requests in each window of `burst / qps` seconds (`kubeAPIQPS`, `kubeAPIBurst`).
+/// [`connect`] with `qps` requests per second on average and bursts of `burst`
+/// (`kubeAPIQPS`, `kubeAPIBurst`), through a token bucket as client-go's
+/// ([`crate::ratelimit`]).
 pub async fn connect_limited(path: &Path, qps: f64, burst: u32) -> Result<Client, Error> {
     let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Kubeconfig {
         path: path.display().to_string(),
@@ -103,10 +104,8 @@ pub async fn connect_limited(path: &Path, qps: f64, burst: u32) -> Result<Client
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| failed(e.into()))?;
-    let burst = burst.max(1);
-    let window = Duration::from_secs_f64(f64::from(burst) / qps.max(0.001));
     let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| failed(e.into()))?;
-    Ok(builder.with_layer(&tower::limit::RateLimitLayer::new(u64::from(burst), window)).build())
+    Ok(builder.with_layer(&TokenBucketLayer::new(qps, burst)).build())
 }
 
 /// Registers the node: creates it, or adopts the Node already there (upstream

@@ -27,7 +27,8 @@
 //! precondition, terminal phases kept, others' conditions kept), [`status::report`] sends the
 //! changes and ends graceful deletions (a terminated pod whose deletion was asked for is
 //! deleted with grace 0 and its UID as a precondition). [`mirror`] builds, creates and deletes
-//! static pods' mirror pods.
+//! static pods' mirror pods. [`ratelimit`] holds requests to `kubeAPIQPS` and `kubeAPIBurst`
+//! with a token bucket, as client-go does.
 //!
 //! # Example
 //!
@@ -48,6 +49,7 @@ pub mod heartbeat;
 pub mod lease;
 pub mod mirror;
 pub mod objects;
+pub mod ratelimit;
 pub mod source;
 pub mod status;
 #[cfg(feature = "test-util")]

@@ -141,7 +141,7 @@ async fn the_client_keeps_to_its_burst_and_rate() {
     let server = ApiServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
-    // A burst of 2, refilled every 20 s: the third request waits far longer than 2 s.
+    // A bucket of 2 tokens refilled at one every 10 s: the third request waits far longer than 2 s.
     let client = heartbeat::connect_limited(&dir.path().join("kubeconfig"), 0.1, 2).await.unwrap();
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
     let mut done = 0;

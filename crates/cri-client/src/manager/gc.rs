@@ -245,13 +245,24 @@ impl CriRuntime {
         // Never through a mount: a volume or subPath still mounted below keeps the directory
         // (housekeeping tears the volumes down and removes it later).
         let pod_dir = self.config.pods_dir.join(uid);
-        let mountinfo = tokio::fs::read_to_string("/proc/self/mountinfo").await.unwrap_or_default();
-        if let Some(mount) = kubelet_core::volume::mount_below(&mountinfo, &pod_dir) {
-            warn!(dir = %pod_dir.display(), mount, "not removing the pod directory: something is mounted below it");
-        } else if pod_dir.exists()
-            && let Err(err) = tokio::fs::remove_dir_all(&pod_dir).await
-        {
-            warn!(error = %err, dir = %pod_dir.display(), "cannot remove the pod directory");
+        if !pod_dir.exists() {
+            return Ok(());
+        }
+        // An unreadable mount table proves nothing is unmounted: keep the directory.
+        match tokio::fs::read_to_string("/proc/self/mountinfo").await {
+            Err(err) => {
+                warn!(error = %err, dir = %pod_dir.display(), "not removing the pod directory: cannot read the mount table");
+            }
+            Ok(mountinfo) => match kubelet_core::volume::mount_below(&mountinfo, &pod_dir) {
+                Some(mount) => {
+                    warn!(dir = %pod_dir.display(), mount, "not removing the pod directory: something is mounted below it");
+                }
+                None => {
+                    if let Err(err) = tokio::fs::remove_dir_all(&pod_dir).await {
+                        warn!(error = %err, dir = %pod_dir.display(), "cannot remove the pod directory");
+                    }
+                }
+            },
         }
         Ok(())
     }
