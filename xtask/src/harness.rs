@@ -223,14 +223,9 @@ impl Agent {
         self.pods().map(|pods| pods.iter().filter(|(_, phase)| phase == "Running").count()).unwrap_or(0)
     }
 
-    /// On-CPU time of every thread, in nanoseconds (`/proc/<pid>/task/*/schedstat`).
+    /// The process's CPU time in nanoseconds, threads that have exited included.
     pub(crate) fn cpu_ns(&self) -> u64 {
-        let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", self.pid())) else { return 0 };
-        tasks
-            .filter_map(Result::ok)
-            .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
-            .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
-            .sum()
+        cpu_ns_of(self.pid())
     }
 
     /// Resident memory in bytes.
@@ -300,6 +295,17 @@ impl Drop for Agent {
 
 fn signal(pid: u32, name: &str) {
     let _ = output(Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()));
+}
+
+/// The CPU time of process `pid` in nanoseconds, threads that have exited included: its CPU-time
+/// clock (`clock_getcpuclockid`), which counts to the nanosecond where `/proc/PID/stat` counts
+/// clock ticks and `/proc/PID/task/*/schedstat` forgets threads that ended.
+pub(crate) fn cpu_ns_of(pid: u32) -> u64 {
+    let pid = nix::unistd::Pid::from_raw(pid.cast_signed());
+    let Ok(clock) = nix::time::clock_getcpuclockid(pid) else { return 0 };
+    nix::time::clock_gettime(clock).map_or(0, |t| {
+        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0)
+    })
 }
 
 /// A numeric field of `/proc/<pid>/status` (the first number after `key`).
@@ -427,4 +433,24 @@ pub(crate) fn load() -> f64 {
         .ok()
         .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
         .unwrap_or(f64::NAN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_counts_threads_that_have_exited() {
+        let before = cpu_ns_of(std::process::id());
+        let busy = std::thread::spawn(|| {
+            let started = Instant::now();
+            let mut spins = 0u64;
+            while started.elapsed() < Duration::from_millis(200) {
+                spins = std::hint::black_box(spins + 1);
+            }
+        });
+        busy.join().unwrap();
+        let after = cpu_ns_of(std::process::id());
+        assert!(after - before >= 150_000_000, "{} ms counted of a 200 ms busy thread", (after - before) / 1_000_000);
+    }
 }
