@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use crate::{
     harness::{self, Agent, Binaries, CriTool, NAMESPACE, NODE, write_manifest},
     layout::STATE_DIR,
-    runtime,
+    leaks, runtime,
     util::{in_ci, is_root},
 };
 
@@ -32,6 +32,9 @@ use crate::{
 struct Options {
     crash_rounds: usize,
     crash_pods: usize,
+    /// Pods that run through all the faults of a scenario, checked after each.
+    steady_pods: usize,
+    runtime_crash_rounds: usize,
     /// SIGKILL at a random moment within this much of writing the manifests.
     crash_window: Duration,
     outage_pods: usize,
@@ -47,6 +50,8 @@ impl Options {
         Options {
             crash_rounds: 20,
             crash_pods: 20,
+            steady_pods: 5,
+            runtime_crash_rounds: 6,
             crash_window: Duration::from_millis(3000),
             outage_pods: 10,
             outage: Duration::from_secs(10),
@@ -60,6 +65,8 @@ impl Options {
         Options {
             crash_rounds: 3,
             crash_pods: 5,
+            steady_pods: 3,
+            runtime_crash_rounds: 2,
             crash_window: Duration::from_millis(1500),
             outage_pods: 3,
             outage: Duration::from_secs(10),
@@ -164,12 +171,17 @@ fn report(outcomes: &[Outcome]) -> Result<()> {
 type Scenario = fn(&Options, &Binaries, &Path) -> Result<Outcome>;
 
 fn run_scenarios(options: &Options, only: Option<&str>, binaries: &Binaries) -> Result<Vec<Outcome>> {
-    let scenarios: [(&str, Scenario); 4] =
-        [("crash", crash), ("outage", outage), ("churn", churn), ("bad-input", bad_input)];
+    let scenarios: [(&'static str, Scenario); 5] = [
+        ("crash", crash),
+        ("runtime-crash", runtime_crash),
+        ("outage", outage),
+        ("churn", churn),
+        ("bad-input", bad_input),
+    ];
     if let Some(name) = only
         && !scenarios.iter().any(|(n, _)| *n == name)
     {
-        bail!("no scenario {name:?}: crash, outage, churn or bad-input");
+        bail!("no scenario {name:?}: {}", scenarios.map(|(n, _)| n).join(", "));
     }
     let mut outcomes = Vec::new();
     for (name, scenario) in scenarios {
@@ -179,23 +191,18 @@ fn run_scenarios(options: &Options, only: Option<&str>, binaries: &Binaries) -> 
         println!("\n==> chaos: {name}");
         let dir = Path::new(STATE_DIR).join("chaos").join(name);
         let _ = fs::remove_dir_all(&dir);
-        let baseline = pod_cgroups();
-        let outcome = match scenario(options, binaries, &dir) {
-            Ok(outcome) => outcome,
-            Err(err) => {
-                let mut outcome = Outcome::new("error");
-                outcome.fail(format!("{name}: {err:#}"));
-                outcome
-            }
-        };
-        // Whatever happened, nothing of the scenario stays in the runtime or on the host.
-        clean_runtime(&CriTool::new(binaries.cri_tool.clone()));
-        let mut outcome = outcome;
-        if outcome.name == "error" {
-            outcome.name = scenario_name(name);
+        let baseline = leaks::host_objects();
+        let mut outcome = scenario(options, binaries, &dir).unwrap_or_else(|err| {
+            let mut outcome = Outcome::new(name);
+            outcome.fail(format!("{name}: {err:#}"));
+            outcome
+        });
+        // Counted before anything is cleaned up for the scenario: what its agent left.
+        for (kind, leaked) in leaks::leaked_after(&baseline, Duration::from_secs(15)) {
+            outcome.zero(leak_key(kind), leaked.len(), || leaked.join(", "));
         }
-        let leaked: Vec<String> = pod_cgroups().difference(&baseline).cloned().collect();
-        outcome.zero("leaked cgroups", leaked.len(), || leaked.join(", "));
+        // Whatever happened, nothing of the scenario stays in the runtime.
+        clean_runtime(&CriTool::new(binaries.cri_tool.clone()));
         if outcome.passed() {
             let _ = fs::remove_dir_all(&dir);
         } else {
@@ -206,12 +213,15 @@ fn run_scenarios(options: &Options, only: Option<&str>, binaries: &Binaries) -> 
     Ok(outcomes)
 }
 
-fn scenario_name(name: &str) -> &'static str {
-    match name {
-        "crash" => "crash",
-        "outage" => "outage",
-        "churn" => "churn",
-        _ => "bad-input",
+/// The count's name for leaks of one kind of host object.
+fn leak_key(kind: &str) -> &'static str {
+    match kind {
+        "netns" => "leaked netns",
+        "IPAM" => "leaked IPAM",
+        "veth" => "leaked veths",
+        "mounts" => "leaked mounts",
+        "shims" => "leaked shims",
+        _ => "leaked cgroups",
     }
 }
 
@@ -350,28 +360,6 @@ fn host_leaks(dir: &Path) -> Vec<String> {
     leaks
 }
 
-/// Pod cgroups on the host, cgroup v1 (every controller) and v2: `…/kubepods/[qos/]pod<uid>`.
-fn pod_cgroups() -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup/kubepods")];
-    if let Ok(controllers) = fs::read_dir("/sys/fs/cgroup") {
-        roots.extend(controllers.filter_map(Result::ok).map(|c| c.path().join("kubepods")));
-    }
-    for root in roots {
-        for dir in [root.clone(), root.join("besteffort"), root.join("burstable")] {
-            if let Ok(entries) = fs::read_dir(&dir) {
-                for entry in entries.filter_map(Result::ok) {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    if name.starts_with("pod") && entry.path().is_dir() {
-                        found.insert(entry.path().display().to_string());
-                    }
-                }
-            }
-        }
-    }
-    found
-}
-
 /// Stops and removes whatever of the harness namespace is left in the runtime.
 fn clean_runtime(tool: &CriTool) {
     if let Ok(state) = tool.state()
@@ -408,6 +396,160 @@ fn record(outcome: &mut Outcome, judgement: &Judgement, totals: &mut [usize; 3])
     }
 }
 
+/// What a crash round starts its pods with, so that the SIGKILL lands in each step in turn.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// A plain pod: sandbox, container start.
+    Start,
+    /// A memory-backed emptyDir (a tmpfs mount) and a downwardAPI volume (the atomic writer).
+    Volumes,
+    /// `imagePullPolicy: Always`: an image pull from the local registry.
+    Pull,
+}
+
+impl Step {
+    fn of_round(round: usize) -> Step {
+        [Step::Start, Step::Volumes, Step::Pull][round % 3]
+    }
+
+    fn manifest(self, name: &str) -> String {
+        let pod = with_pre_stop(&harness::manifest(name));
+        match self {
+            Step::Start => pod,
+            Step::Volumes => with_volumes(
+                &pod,
+                &[
+                    ("scratch", "emptyDir: {medium: Memory}"),
+                    ("info", "downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}"),
+                ],
+            ),
+            Step::Pull => pod.replace("imagePullPolicy: IfNotPresent", "imagePullPolicy: Always"),
+        }
+    }
+}
+
+/// Adds a preStop hook of one second, so that a pod being deleted spends that long in it.
+fn with_pre_stop(manifest: &str) -> String {
+    manifest.replace(
+        "    imagePullPolicy: IfNotPresent\n",
+        "    imagePullPolicy: IfNotPresent\n    lifecycle: {preStop: {exec: {command: [sleep, \"1\"]}}}\n",
+    )
+}
+
+/// Adds volumes, each mounted at `/<name>` in the pod's container.
+fn with_volumes(manifest: &str, volumes: &[(&str, &str)]) -> String {
+    let mounts: Vec<String> = volumes.iter().map(|(name, _)| format!("{{name: {name}, mountPath: /{name}}}")).collect();
+    let mut yaml = manifest.replace(
+        "    imagePullPolicy: IfNotPresent\n",
+        &format!("    imagePullPolicy: IfNotPresent\n    volumeMounts: [{}]\n", mounts.join(", ")),
+    );
+    yaml.push_str("  volumes:\n");
+    for (name, source) in volumes {
+        yaml.push_str(&format!("  - {{name: {name}, {source}}}\n"));
+    }
+    yaml
+}
+
+/// What must not change while a pod keeps running: its UID, ready sandboxes and running
+/// containers, by manifest name.
+type Identities = BTreeMap<String, (String, BTreeSet<String>, BTreeSet<String>)>;
+
+fn identities(state: &serde_json::Map<String, serde_json::Value>, names: &BTreeSet<String>) -> Identities {
+    let ids = |v: &serde_json::Value| -> BTreeSet<String> {
+        v.as_array().into_iter().flatten().filter_map(|id| id.as_str().map(str::to_owned)).collect()
+    };
+    state
+        .iter()
+        .filter(|(_, pod)| names.contains(harness::manifest_name(pod["name"].as_str().unwrap_or_default())))
+        .filter(|(_, pod)| pod["ready_sandboxes"].as_u64().unwrap_or(0) > 0)
+        .map(|(uid, pod)| {
+            let name = harness::manifest_name(pod["name"].as_str().unwrap_or_default()).to_owned();
+            (name, (uid.clone(), ids(&pod["ready_sandbox_ids"]), ids(&pod["running_ids"])))
+        })
+        .collect()
+}
+
+/// Restart counts summed per pod, by manifest name, from `/pods`.
+fn restart_counts(agent: &Agent) -> Result<BTreeMap<String, u64>> {
+    let (_, body) = harness::get(&agent.socket(), "/pods")?;
+    let list: serde_json::Value = serde_json::from_str(&body).context("decoding /pods")?;
+    let mut counts = BTreeMap::new();
+    for pod in list["items"].as_array().into_iter().flatten().filter(|p| p["metadata"]["namespace"] == NAMESPACE) {
+        let name = harness::manifest_name(pod["metadata"]["name"].as_str().unwrap_or_default()).to_owned();
+        let statuses = pod["status"]["containerStatuses"].as_array().into_iter().flatten();
+        counts.insert(name, statuses.map(|s| s["restartCount"].as_u64().unwrap_or(0)).sum());
+    }
+    Ok(counts)
+}
+
+/// The pods that run through a whole scenario: written first, their identity and a file in
+/// their emptyDir checked after every fault.
+struct SteadyPods {
+    names: BTreeSet<String>,
+    identities: Identities,
+}
+
+impl SteadyPods {
+    const MARKER: &str = "written-before-the-faults";
+
+    /// Starts `n` pods with an emptyDir each, waits for them, and plants a file in each emptyDir.
+    fn start(n: usize, agent: &mut Agent, tool: &CriTool, outcome: &mut Outcome) -> Result<SteadyPods> {
+        let names = names("steady", n);
+        for name in &names {
+            let manifest = with_volumes(&harness::manifest(name), &[("data", "emptyDir: {}")]);
+            write_manifest(&agent.dir.join("manifests"), name, &manifest)?;
+        }
+        let judgement = converge(agent, tool, &names, Duration::from_secs(120))?;
+        record(outcome, &judgement, &mut [0; 3]);
+        let identities = identities(&tool.state()?, &names);
+        let steady = SteadyPods { names, identities };
+        for (uid, _, _) in steady.identities.values() {
+            fs::write(steady.data_dir(agent, uid).join("marker"), Self::MARKER)?;
+        }
+        Ok(steady)
+    }
+
+    fn data_dir(&self, agent: &Agent, uid: &str) -> PathBuf {
+        agent.dir.join("root/pods").join(uid).join("volumes/kubernetes.io~empty-dir/data")
+    }
+
+    /// What changed of the steady pods: identity, restart count, emptyDir data.
+    fn check(&self, agent: &Agent, tool: &CriTool) -> Result<Vec<String>> {
+        let mut changed = Vec::new();
+        let now = identities(&tool.state()?, &self.names);
+        for (name, before) in &self.identities {
+            match now.get(name) {
+                Some(after) if after == before => {}
+                Some(after) => changed.push(format!("{name}: was {before:?}, now {after:?}")),
+                None => changed.push(format!("{name}: no longer runs")),
+            }
+            let marker = fs::read_to_string(self.data_dir(agent, &before.0).join("marker")).unwrap_or_default();
+            if marker != Self::MARKER {
+                changed.push(format!("{name}: the file in its emptyDir is gone or changed ({marker:?})"));
+            }
+        }
+        if self.identities.len() != self.names.len() {
+            changed.push(format!("only {} of {} steady pods ran at first", self.identities.len(), self.names.len()));
+        }
+        let restarts = restart_counts(agent)?;
+        for name in &self.names {
+            let count = restarts.get(name).copied().unwrap_or(0);
+            if count != 0 {
+                changed.push(format!("{name}: restart count {count}"));
+            }
+        }
+        Ok(changed)
+    }
+}
+
+/// Kills the agent and starts it again, waiting until it is healthy.
+fn crash_and_restart(agent: &mut Agent, binary: &Path) -> Result<()> {
+    agent.kill();
+    let dir = agent.dir.clone();
+    *agent = Agent::start(binary, &dir, &[])?;
+    agent.wait_healthy(Duration::from_secs(30))
+}
+
 fn crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
     let mut outcome = Outcome::new("crash");
     let tool = CriTool::new(binaries.cri_tool.clone());
@@ -415,26 +557,100 @@ fn crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> 
     let mut totals = [0usize; 3];
     let mut agent = Agent::start(&binaries.agent, dir, &[])?;
     agent.wait_healthy(Duration::from_secs(30))?;
+    let steady = SteadyPods::start(options.steady_pods, &mut agent, &tool, &mut outcome)?;
+    let manifests = dir.join("manifests");
+    let mut previous = BTreeSet::new();
+    let mut second_kills = 0;
+    let mut changed = Vec::new();
     for round in 1..=options.crash_rounds {
-        let expected = names(&format!("crash{round}"), options.crash_pods);
-        write_all(dir, &expected)?;
+        let step = Step::of_round(round);
+        let new = names(&format!("crash{round}"), options.crash_pods);
+        for name in &new {
+            write_manifest(&manifests, name, &step.manifest(name))?;
+        }
+        // The last round's pods are deleted now: the kill finds them in their preStop hook.
+        for name in &previous {
+            fs::remove_file(manifests.join(format!("{name}.yaml")))?;
+        }
         let delay = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));
         std::thread::sleep(delay);
         let running = agent.running();
-        agent.kill();
-        println!("chaos: crash round {round}: SIGKILL {delay:?} after writing, {running} pod(s) Running by then");
-        agent = Agent::start(&binaries.agent, dir, &[])?;
-        agent.wait_healthy(Duration::from_secs(30))?;
+        crash_and_restart(&mut agent, &binaries.agent)?;
+        let mut line = format!("chaos: crash round {round} ({step:?}): SIGKILL {delay:?} after writing, {running} pod(s) Running by then");
+        if round % 2 == 0 {
+            // The second kill lands in the recovery from the first.
+            let again = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));
+            std::thread::sleep(again);
+            crash_and_restart(&mut agent, &binaries.agent)?;
+            second_kills += 1;
+            line.push_str(&format!(", again {again:?} into the recovery"));
+        }
+        println!("{line}");
+        let expected: BTreeSet<String> = steady.names.union(&new).cloned().collect();
         let judgement = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
         record(&mut outcome, &judgement, &mut totals);
-        teardown(&mut agent, &tool, Duration::from_secs(120))?;
+        changed.extend(steady.check(&agent, &tool)?.into_iter().map(|c| format!("round {round}: {c}")));
+        previous = new;
     }
+    teardown(&mut agent, &tool, Duration::from_secs(120))?;
     let leaks = host_leaks(dir);
     agent.stop(Duration::from_secs(10))?;
     outcome.count("rounds", options.crash_rounds);
+    outcome.count("second kills", second_kills);
     outcome.count("duplicates", totals[0]);
     outcome.count("orphans", totals[1]);
     outcome.count("not converged", totals[2]);
+    outcome.zero("steady pods changed", changed.len(), || changed.join("; "));
+    outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
+    Ok(outcome)
+}
+
+/// SIGKILL containerd while pods start; once it is back, the agent converges and the pods that
+/// ran before keep running as they were.
+fn runtime_crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
+    let mut outcome = Outcome::new("runtime-crash");
+    let tool = CriTool::new(binaries.cri_tool.clone());
+    let mut rng = Rng::new();
+    let mut totals = [0usize; 3];
+    let mut agent = Agent::start(&binaries.agent, dir, &[])?;
+    agent.wait_healthy(Duration::from_secs(30))?;
+    let steady = SteadyPods::start(options.steady_pods, &mut agent, &tool, &mut outcome)?;
+    let manifests = dir.join("manifests");
+    let mut changed = Vec::new();
+    let mut previous = BTreeSet::new();
+    for round in 1..=options.runtime_crash_rounds {
+        let step = Step::of_round(round);
+        let new = names(&format!("rtcrash{round}"), options.crash_pods);
+        for name in &new {
+            write_manifest(&manifests, name, &step.manifest(name))?;
+        }
+        for name in &previous {
+            fs::remove_file(manifests.join(format!("{name}.yaml")))?;
+        }
+        let delay = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));
+        std::thread::sleep(delay);
+        runtime::kill_containerd()?;
+        println!("chaos: runtime crash round {round} ({step:?}): containerd SIGKILL {delay:?} after writing");
+        std::thread::sleep(Duration::from_millis(500));
+        runtime::start_containerd()?;
+        if !agent.alive() {
+            outcome.fail(format!("round {round}: the agent exited while containerd was down"));
+            return Ok(outcome);
+        }
+        let expected: BTreeSet<String> = steady.names.union(&new).cloned().collect();
+        let judgement = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
+        record(&mut outcome, &judgement, &mut totals);
+        changed.extend(steady.check(&agent, &tool)?.into_iter().map(|c| format!("round {round}: {c}")));
+        previous = new;
+    }
+    teardown(&mut agent, &tool, Duration::from_secs(120))?;
+    let leaks = host_leaks(dir);
+    agent.stop(Duration::from_secs(10))?;
+    outcome.count("rounds", options.runtime_crash_rounds);
+    outcome.count("duplicates", totals[0]);
+    outcome.count("orphans", totals[1]);
+    outcome.count("not converged", totals[2]);
+    outcome.zero("steady pods changed", changed.len(), || changed.join("; "));
     outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
     Ok(outcome)
 }

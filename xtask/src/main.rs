@@ -14,6 +14,7 @@ mod example;
 mod harness;
 mod images;
 mod layout;
+mod leaks;
 mod runtime;
 mod setup;
 mod tidy;

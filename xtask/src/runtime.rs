@@ -151,6 +151,24 @@ impl Daemon {
         println!("stopped {} (pid {pid})", self.name);
         Ok(())
     }
+
+    /// SIGKILL, as a crash would, and waits until the process is gone.
+    pub(crate) fn kill(&self) -> Result<()> {
+        let Some(pid) = self.running_pid() else {
+            bail!("{} is not running", self.name);
+        };
+        signal(pid, "KILL")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_runs(pid, self.binary) {
+            if Instant::now() > deadline {
+                bail!("{} (pid {pid}) still runs 10 s after SIGKILL", self.name);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        fs::remove_file(self.pid_file())?;
+        println!("killed {} (pid {pid})", self.name);
+        Ok(())
+    }
 }
 
 /// Whether `pid` is alive (not a zombie) and runs `binary`.
@@ -355,6 +373,12 @@ pub(crate) fn start_containerd() -> Result<()> {
 /// Stops containerd alone, as an outage would: its containers keep running under their shims.
 pub(crate) fn stop_containerd() -> Result<()> {
     CONTAINERD_DAEMON.stop()
+}
+
+/// Kills containerd with SIGKILL, as a crash would: its containers keep running under their
+/// shims.
+pub(crate) fn kill_containerd() -> Result<()> {
+    CONTAINERD_DAEMON.kill()
 }
 
 /// The CNI configuration directory containerd reads.

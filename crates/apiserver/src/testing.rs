@@ -27,6 +27,11 @@
 //! `resourceVersion` whenever it has been idle for [`WATCH_POLL`] while the version moved on (the
 //! API server sends one about every minute), so a client that keeps bookmarks resumes after a
 //! compaction without listing again, and one that ignores them lists again.
+//!
+//! It can also be away, as a real API server can: [`ApiServer::refuse_connections`] closes every
+//! connection and refuses new ones until [`ApiServer::accept_connections`], and
+//! [`ApiServer::set_fault`] answers every request 500, 503 or 429 with `Retry-After`, or never
+//! answers it, until the fault is cleared.
 
 use std::{
     collections::BTreeMap,
@@ -119,13 +124,92 @@ pub struct ApiServer {
     pub addr: SocketAddr,
     /// What it holds; tests read and change it.
     pub objects: Arc<Mutex<Objects>>,
-    task: tokio::task::JoinHandle<()>,
+    router: Router,
+    /// The task that accepts connections and serves them; aborting it closes them all.
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    faults: tokio::sync::watch::Sender<Option<Fault>>,
 }
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = lock_task(&self.task).take() {
+            task.abort();
+        }
     }
+}
+
+/// How the server answers every request while it has a fault ([`ApiServer::set_fault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// 500 `InternalError`.
+    InternalError,
+    /// 503 `ServiceUnavailable`.
+    Unavailable,
+    /// 429 `TooManyRequests` with `Retry-After`, as the API server's priority and fairness
+    /// answers when it sheds load.
+    TooManyRequests {
+        /// The `Retry-After` header, in seconds.
+        retry_after_seconds: u32,
+    },
+    /// The request is read and not answered until the fault ends.
+    Hang,
+}
+
+fn lock_task(
+    task: &Mutex<Option<tokio::task::JoinHandle<()>>>,
+) -> std::sync::MutexGuard<'_, Option<tokio::task::JoinHandle<()>>> {
+    // Reason: a test server; a panicking test already failed.
+    task.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Answers as `faults` says before the request reaches the routes.
+async fn inject_faults(
+    State(mut faults): State<tokio::sync::watch::Receiver<Option<Fault>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    loop {
+        let fault = *faults.borrow_and_update();
+        let message = || "the test API server is failing on purpose".to_owned();
+        match fault {
+            None => return next.run(request).await,
+            Some(Fault::InternalError) => return failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message()),
+            Some(Fault::Unavailable) => return failure(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message()),
+            Some(Fault::TooManyRequests { retry_after_seconds }) => {
+                let mut response = failure(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", message());
+                response.headers_mut().insert(axum::http::header::RETRY_AFTER, retry_after_seconds.into());
+                return response;
+            }
+            Some(Fault::Hang) => {
+                if faults.changed().await.is_err() {
+                    return failure(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message());
+                }
+            }
+        }
+    }
+}
+
+/// Accepts connections on `listener` and serves each with `router` until aborted, which ends
+/// every connection with it.
+fn serve(listener: tokio::net::TcpListener, router: Router) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                    connections.spawn(async move {
+                        let connection = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                        let _ = connection.await;
+                    });
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+    })
 }
 
 type Shared = Arc<Mutex<Objects>>;
@@ -892,15 +976,46 @@ impl ApiServer {
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
             .with_state(objects.clone());
+        let (faults, answers) = tokio::sync::watch::channel(None);
+        let router = router.layer(axum::middleware::from_fn_with_state(answers, inject_faults));
         // Reason: a test server that cannot listen leaves the test nothing to do.
         #[allow(clippy::expect_used)]
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free port on 127.0.0.1");
         #[allow(clippy::expect_used)]
         let addr = listener.local_addr().expect("the bound address");
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
-        ApiServer { addr, objects, task }
+        let task = Mutex::new(Some(serve(listener, router.clone())));
+        ApiServer { addr, objects, router, task, faults }
+    }
+
+    /// Closes every connection and refuses new ones, as an API server that went away; returns
+    /// once the listener is closed.
+    pub async fn refuse_connections(&self) {
+        let task = lock_task(&self.task).take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Listens again on the same address after [`ApiServer::refuse_connections`].
+    ///
+    /// # Panics
+    ///
+    /// When the address cannot be bound again (a test cannot go on).
+    pub async fn accept_connections(&self) {
+        // Reason: as in `start`.
+        #[allow(clippy::expect_used)]
+        let listener = tokio::net::TcpListener::bind(self.addr).await.expect("the server's address again");
+        let old = lock_task(&self.task).replace(serve(listener, self.router.clone()));
+        if let Some(old) = old {
+            old.abort();
+        }
+    }
+
+    /// Answers every request as `fault` says from now on; `None` serves them again (and answers
+    /// the requests a [`Fault::Hang`] held).
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        self.faults.send_replace(fault);
     }
 
     /// Writes a kubeconfig for this server (plain HTTP, no credentials) to `path`.

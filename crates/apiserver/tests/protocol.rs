@@ -141,3 +141,63 @@ async fn a_field_selector_the_resource_cannot_serve_is_refused() {
     assert_eq!(code(&refused), 400, "a misspelt field is refused, not ignored: {refused}");
     assert!(refused.to_string().contains("field label not supported: spec.nodename"), "{refused}");
 }
+
+/// A GET over a fresh connection, HTTP/1.0: the status code and the `Retry-After` header, or the
+/// connection's error.
+async fn raw_get(server: &ApiServer, path: &str) -> std::io::Result<(u16, Option<String>)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let retry_after = response
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after: ").map(|v| v.trim().to_owned()));
+    Ok((code, retry_after))
+}
+
+#[tokio::test]
+async fn the_server_can_be_away_in_every_way_and_come_back() {
+    use kubelet_apiserver::testing::Fault;
+    let server = ApiServer::start().await;
+    let path = "/api/v1/nodes/node-1";
+    assert_eq!(raw_get(&server, path).await.unwrap().0, 404, "served: no such node");
+
+    server.set_fault(Some(Fault::InternalError));
+    assert_eq!(raw_get(&server, path).await.unwrap().0, 500);
+    server.set_fault(Some(Fault::Unavailable));
+    assert_eq!(raw_get(&server, path).await.unwrap().0, 503);
+    server.set_fault(Some(Fault::TooManyRequests { retry_after_seconds: 7 }));
+    assert_eq!(raw_get(&server, path).await.unwrap(), (429, Some("7".to_owned())));
+
+    server.set_fault(Some(Fault::Hang));
+    let held = tokio::spawn({
+        let addr = server.addr;
+        async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.write_all(b"GET /api/v1/nodes/node-1 HTTP/1.0\r\nHost: test\r\n\r\n").await.unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).await.unwrap();
+            response
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!held.is_finished(), "a hanging server answers nothing");
+    server.set_fault(None);
+    let response = tokio::time::timeout(std::time::Duration::from_secs(5), held).await.unwrap().unwrap();
+    assert!(response.starts_with("HTTP/1.0 404"), "answered once the fault ends: {response}");
+
+    // A connection open when the server goes away is closed, and new ones are refused.
+    let mut open = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    server.refuse_connections().await;
+    let refused = raw_get(&server, path).await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
+    let mut rest = Vec::new();
+    let read = tokio::io::AsyncReadExt::read_to_end(&mut open, &mut rest).await;
+    assert!(read.is_err() || rest.is_empty(), "the open connection ends without an answer");
+    server.accept_connections().await;
+    assert_eq!(raw_get(&server, path).await.unwrap().0, 404);
+}

@@ -25,7 +25,7 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     process::ExitCode,
     sync::Arc,
@@ -115,6 +115,8 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
                         "running": pod.running,
                         "containers": pod.containers,
                         "started": pod.started,
+                        "ready_sandbox_ids": pod.ready_sandbox_ids,
+                        "running_ids": pod.running_ids,
                     });
                     (uid, value)
                 })
@@ -327,6 +329,10 @@ struct PodState {
     containers: usize,
     /// When the latest of its running containers started, as the runtime says (Unix seconds).
     started: f64,
+    /// The IDs of its ready sandboxes and of its running containers: a pod that keeps them kept
+    /// running throughout.
+    ready_sandbox_ids: BTreeSet<String>,
+    running_ids: BTreeSet<String>,
 }
 
 async fn state(mut rpc: Rpc, namespace: &str) -> Result<BTreeMap<String, PodState>, BoxError> {
@@ -338,7 +344,10 @@ async fn state(mut rpc: Rpc, namespace: &str) -> Result<BTreeMap<String, PodStat
         let pod = pods.entry(uid).or_default();
         pod.name = sandbox.labels.get(labels::POD_NAME).cloned().unwrap_or_default();
         pod.sandboxes += 1;
-        pod.ready_sandboxes += usize::from(sandbox.state == pb::PodSandboxState::SandboxReady as i32);
+        if sandbox.state == pb::PodSandboxState::SandboxReady as i32 {
+            pod.ready_sandboxes += 1;
+            pod.ready_sandbox_ids.insert(sandbox.id.clone());
+        }
     }
     for container in containers.iter().filter(|c| in_namespace(&c.labels, namespace)) {
         let uid = container.labels.get(labels::POD_UID).cloned().unwrap_or_default();
@@ -347,6 +356,7 @@ async fn state(mut rpc: Rpc, namespace: &str) -> Result<BTreeMap<String, PodStat
         if container.state == pb::ContainerState::ContainerRunning as i32 {
             let name = container.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
             *pod.running.entry(name).or_default() += 1;
+            pod.running_ids.insert(container.id.clone());
             let request = pb::ContainerStatusRequest { container_id: container.id.clone(), verbose: false };
             if let Some(status) = rpc.container_status(request).await?.into_inner().status {
                 #[allow(clippy::cast_precision_loss)] // Reason: nanoseconds since 1970 as seconds, to the microsecond.

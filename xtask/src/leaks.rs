@@ -1,0 +1,132 @@
+//! What pods leave on the host, counted by kind, so a chaos scenario can say what it leaked:
+//! network namespaces, IPAM reservations, veth interfaces, mounts, runtime shims and pod
+//! cgroups.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use crate::layout::STATE_DIR;
+
+/// The host objects of each kind, by name.
+pub(crate) type HostObjects = BTreeMap<&'static str, BTreeSet<String>>;
+
+/// Every kind of host object pods leave, as the host holds them now.
+pub(crate) fn host_objects() -> HostObjects {
+    BTreeMap::from([
+        ("netns", network_namespaces()),
+        ("IPAM", ipam_reservations()),
+        ("veth", veths()),
+        ("mounts", mounts()),
+        ("shims", shims()),
+        ("cgroups", pod_cgroups()),
+    ])
+}
+
+/// What `now` holds that `baseline` did not, by kind (every kind listed, empty when clean).
+pub(crate) fn leaked(baseline: &HostObjects, now: &HostObjects) -> BTreeMap<&'static str, Vec<String>> {
+    now.iter()
+        .map(|(kind, objects)| {
+            let before = baseline.get(kind);
+            let new = objects.iter().filter(|o| before.is_none_or(|b| !b.contains(*o))).cloned().collect();
+            (*kind, new)
+        })
+        .collect()
+}
+
+/// Waits up to `settle` for the host to hold nothing beyond `baseline` (shims and veths go a
+/// moment after their sandbox), and returns what it still holds then.
+pub(crate) fn leaked_after(baseline: &HostObjects, settle: Duration) -> BTreeMap<&'static str, Vec<String>> {
+    let deadline = Instant::now() + settle;
+    loop {
+        let leaks = leaked(baseline, &host_objects());
+        if leaks.values().all(Vec::is_empty) || Instant::now() > deadline {
+            return leaks;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Named network namespaces (containerd's `cni-<id>`).
+fn network_namespaces() -> BTreeSet<String> {
+    names_in(Path::new("/var/run/netns"), |_| true)
+}
+
+/// The host-local IPAM plugin's reservations: one file per address under its data directory.
+fn ipam_reservations() -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let root = Path::new(STATE_DIR).join("cni-ipam");
+    for network in names_in(&root, |_| true) {
+        let reserved = names_in(&root.join(&network), |n| n != "lock" && !n.starts_with("last_reserved_ip"));
+        found.extend(reserved.into_iter().map(|ip| format!("{network}/{ip}")));
+    }
+    found
+}
+
+/// The host ends of pods' veth pairs.
+fn veths() -> BTreeSet<String> {
+    names_in(Path::new("/sys/class/net"), |n| n.starts_with("veth"))
+}
+
+/// Mount points (field 5 of `/proc/self/mountinfo`).
+fn mounts() -> BTreeSet<String> {
+    let table = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    table.lines().filter_map(|line| line.split(' ').nth(4)).map(str::to_owned).collect()
+}
+
+/// Runtime shim processes, by PID.
+fn shims() -> BTreeSet<String> {
+    let is_shim = |pid: &str| {
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.starts_with("containerd-shim"))
+    };
+    names_in(Path::new("/proc"), |n| n.bytes().all(|b| b.is_ascii_digit()) && is_shim(n))
+}
+
+/// Pod cgroups on the host, cgroup v1 (every controller) and v2: `…/kubepods/[qos/]pod<uid>`.
+pub(crate) fn pod_cgroups() -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup/kubepods")];
+    if let Ok(controllers) = fs::read_dir("/sys/fs/cgroup") {
+        roots.extend(controllers.filter_map(Result::ok).map(|c| c.path().join("kubepods")));
+    }
+    for root in roots {
+        for dir in [root.clone(), root.join("besteffort"), root.join("burstable")] {
+            let pods = names_in(&dir, |n| n.starts_with("pod") && dir.join(n).is_dir());
+            found.extend(pods.into_iter().map(|pod| dir.join(pod).display().to_string()));
+        }
+    }
+    found
+}
+
+/// The names in `dir` that `keep` accepts (none when `dir` cannot be read).
+fn names_in(dir: &Path, keep: impl Fn(&str) -> bool) -> BTreeSet<String> {
+    let Ok(entries) = fs::read_dir(dir) else { return BTreeSet::new() };
+    entries.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| keep(n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leaked_lists_what_is_new_by_kind() {
+        let baseline: HostObjects =
+            BTreeMap::from([("netns", BTreeSet::from(["cni-a".to_owned()])), ("veth", BTreeSet::new())]);
+        let now: HostObjects = BTreeMap::from([
+            ("netns", BTreeSet::from(["cni-a".to_owned(), "cni-b".to_owned()])),
+            ("veth", BTreeSet::new()),
+        ]);
+        let leaks = leaked(&baseline, &now);
+        assert_eq!(leaks["netns"], vec!["cni-b".to_owned()]);
+        assert!(leaks["veth"].is_empty());
+        assert!(leaked(&now, &baseline).values().all(Vec::is_empty), "what went away is no leak");
+    }
+
+    #[test]
+    fn this_process_mounts_are_seen() {
+        assert!(mounts().contains("/"), "the root mount is in the table");
+    }
+}
