@@ -576,7 +576,9 @@ fn crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> 
         std::thread::sleep(delay);
         let running = agent.running();
         crash_and_restart(&mut agent, &binaries.agent)?;
-        let mut line = format!("chaos: crash round {round} ({step:?}): SIGKILL {delay:?} after writing, {running} pod(s) Running by then");
+        let mut line = format!(
+            "chaos: crash round {round} ({step:?}): SIGKILL {delay:?} after writing, {running} pod(s) Running by then"
+        );
         if round % 2 == 0 {
             // The second kill lands in the recovery from the first.
             let again = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));

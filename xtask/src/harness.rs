@@ -303,9 +303,8 @@ fn signal(pid: u32, name: &str) {
 pub(crate) fn cpu_ns_of(pid: u32) -> u64 {
     let pid = nix::unistd::Pid::from_raw(pid.cast_signed());
     let Ok(clock) = nix::time::clock_getcpuclockid(pid) else { return 0 };
-    nix::time::clock_gettime(clock).map_or(0, |t| {
-        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0)
-    })
+    nix::time::clock_gettime(clock)
+        .map_or(0, |t| u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0))
 }
 
 /// A numeric field of `/proc/<pid>/status` (the first number after `key`).

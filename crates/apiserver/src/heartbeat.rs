@@ -78,6 +78,13 @@ impl Config {
         self
     }
 
+    /// How long a heartbeat request may wait for its answer: the smaller of the status update
+    /// period and the lease duration, as upstream's `heartbeatClient` timeout.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        let lease = Duration::from_secs(u64::try_from(self.lease_duration_seconds).unwrap_or(0).max(1));
+        self.status_update.min(lease)
+    }
+
     /// Sets all three periods (tests use short ones).
     #[must_use]
     pub fn periods(mut self, status_update: Duration, status_report: Duration, lease_renew: Duration) -> Self {
@@ -96,16 +103,32 @@ pub async fn connect(path: &Path) -> Result<Client, Error> {
 /// (`kubeAPIQPS`, `kubeAPIBurst`), through a token bucket as client-go's
 /// ([`crate::ratelimit`]).
 pub async fn connect_limited(path: &Path, qps: f64, burst: u32) -> Result<Client, Error> {
-    let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Kubeconfig {
-        path: path.display().to_string(),
-        source,
-    };
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| failed(e.into()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| failed(e.into()))?;
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| failed(e.into()))?;
+    let config = client_config(path).await?;
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kubeconfig_error(path, e.into()))?;
     Ok(builder.with_layer(&TokenBucketLayer::new(qps, burst)).build())
+}
+
+/// A client for the node's heartbeats, its status and lease, as upstream's `heartbeatClient`:
+/// no client-side rate limit, so heartbeats never queue behind other requests, and each request
+/// given up when no answer came within `timeout` ([`Config::heartbeat_timeout`]), so that one
+/// lost with its connection never holds the next heartbeat back.
+pub async fn connect_heartbeat(path: &Path, timeout: Duration) -> Result<Client, Error> {
+    let mut config = client_config(path).await?;
+    config.read_timeout = Some(timeout);
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kubeconfig_error(path, e.into()))?;
+    Ok(builder.build())
+}
+
+/// The client configuration the kubeconfig at `path` holds.
+async fn client_config(path: &Path) -> Result<kube::Config, Error> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| kubeconfig_error(path, e.into()))?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| kubeconfig_error(path, e.into()))
+}
+
+fn kubeconfig_error(path: &Path, source: Box<dyn std::error::Error + Send + Sync>) -> Error {
+    Error::Kubeconfig { path: path.display().to_string(), source }
 }
 
 /// Registers the node: creates it, or adopts the Node already there (upstream

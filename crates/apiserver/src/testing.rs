@@ -152,7 +152,8 @@ pub enum Fault {
         /// The `Retry-After` header, in seconds.
         retry_after_seconds: u32,
     },
-    /// The request is read and not answered until the fault ends.
+    /// The request is read and never answered, as over a connection that was lost: the client
+    /// must give it up itself. Requests after the fault are answered.
     Hang,
 }
 
@@ -165,28 +166,22 @@ fn lock_task(
 
 /// Answers as `faults` says before the request reaches the routes.
 async fn inject_faults(
-    State(mut faults): State<tokio::sync::watch::Receiver<Option<Fault>>>,
+    State(faults): State<tokio::sync::watch::Receiver<Option<Fault>>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    loop {
-        let fault = *faults.borrow_and_update();
-        let message = || "the test API server is failing on purpose".to_owned();
-        match fault {
-            None => return next.run(request).await,
-            Some(Fault::InternalError) => return failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message()),
-            Some(Fault::Unavailable) => return failure(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message()),
-            Some(Fault::TooManyRequests { retry_after_seconds }) => {
-                let mut response = failure(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", message());
-                response.headers_mut().insert(axum::http::header::RETRY_AFTER, retry_after_seconds.into());
-                return response;
-            }
-            Some(Fault::Hang) => {
-                if faults.changed().await.is_err() {
-                    return failure(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message());
-                }
-            }
+    let fault = *faults.borrow();
+    let message = || "the test API server is failing on purpose".to_owned();
+    match fault {
+        None => next.run(request).await,
+        Some(Fault::InternalError) => failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message()),
+        Some(Fault::Unavailable) => failure(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message()),
+        Some(Fault::TooManyRequests { retry_after_seconds }) => {
+            let mut response = failure(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", message());
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, retry_after_seconds.into());
+            response
         }
+        Some(Fault::Hang) => std::future::pending().await,
     }
 }
 
@@ -1012,8 +1007,8 @@ impl ApiServer {
         }
     }
 
-    /// Answers every request as `fault` says from now on; `None` serves them again (and answers
-    /// the requests a [`Fault::Hang`] held).
+    /// Answers every request as `fault` says from now on; `None` serves them again (requests a
+    /// [`Fault::Hang`] held stay unanswered).
     pub fn set_fault(&self, fault: Option<Fault>) {
         self.faults.send_replace(fault);
     }

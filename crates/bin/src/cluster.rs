@@ -179,8 +179,16 @@ pub(crate) fn spawn(
         .periods(file.node_status_update_frequency, file.node_status_report_frequency, lease)
         .lease_duration(file.node_lease_duration_seconds);
     let cancel = cancel.child_token();
+    let kubeconfig = settings.kubeconfig.clone().unwrap_or_default();
     tracker.spawn(
         async move {
+            let heartbeats = match heartbeat::connect_heartbeat(&kubeconfig, config.heartbeat_timeout()).await {
+                Ok(heartbeats) => heartbeats,
+                Err(err) => {
+                    warn!(error = %kubelet_core::ErrorChain(&err), "cannot make the heartbeat client; the node's status and lease go through the main client");
+                    client.clone()
+                }
+            };
             let mut failures = 0;
             let node = loop {
                 match heartbeat::register(&client, &facts).await {
@@ -202,7 +210,7 @@ pub(crate) fn spawn(
                 health.network_errors = runtime_state.network_errors();
                 health
             };
-            heartbeat::run(client, node, facts, health, recorder, config, cancel).await;
+            heartbeat::run(heartbeats, node, facts, health, recorder, config, cancel).await;
         }
         .instrument(info_span!("node_status")),
     );

@@ -927,3 +927,158 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
     wait_for("every volume and subPath of the pods to be unmounted", &dir, || mounted_below().is_none()).await;
     assert_eq!(snapshot(&canary), host, "nothing outside the volumes changed");
 }
+
+/// The node's lease in the outage test. The lease must be renewed, and the status reported
+/// (every 2 s even unchanged there), before a lease taken after the API server's return could run
+/// out, so the node is never taken for dead once the server is back. A lease the agent could not
+/// read is tried again after a backoff of at most 7 s (upstream's `backoffEnsureLease`), so that
+/// is the bound a 10 s lease leaves room for.
+const OUTAGE_LEASE_SECONDS: u64 = 10;
+
+/// The API server goes away in each way a node meets, each time for longer than the node's
+/// lease: it refuses connections, answers 500 and 503, answers 429 with `Retry-After`, and
+/// hangs requests without ever answering them. The pods keep running as they were (container
+/// IDs, restart counts, the mirror pod's UID); after each return the lease is renewed and the
+/// status reported before the lease could run out; and a pod bound afterwards runs.
+#[tokio::test]
+async fn real_a_node_rides_out_an_api_server_outage() {
+    let Some(rt) = RealRuntime::from_env("real_a_node_rides_out_an_api_server_outage") else { return };
+    let node = format!("outage-{}", std::process::id());
+    let dir = rt.scratch_dir.join(format!("cluster-{node}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    let cluster = Arc::new(Cluster::Local(ApiServer::start().await));
+    let body = {
+        let (rt, cluster, dir, node) = (rt.clone(), cluster.clone(), dir.clone(), node.clone());
+        async move { ride_out_outages(&rt, &cluster, &dir, &node).await }
+    };
+    run_and_clean_up(&rt, &dir, &cluster, &node, body).await;
+}
+
+async fn ride_out_outages(rt: &RealRuntime, cluster: &Cluster, dir: &Path, node: &str) {
+    use apiserver::testing::Fault;
+    let server = cluster.local().unwrap();
+    std::fs::write(
+        dir.join("config.yaml"),
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n\
+             nodeStatusReportFrequency: 2s\nsyncFrequency: 2s\nnodeLeaseDurationSeconds: {OUTAGE_LEASE_SECONDS}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("manifests/static.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: static, namespace: default}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {}\n    command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 1; done\"]\n",
+            rt.busybox_image
+        ),
+    )
+    .unwrap();
+    let kubeconfig = cluster.kubeconfig(dir);
+    let _agent = Agent(
+        common::agent_command(&rt.endpoint, dir, node)
+            .args(["--healthz-port", "0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--config")
+            .arg(dir.join("config.yaml"))
+            .spawn()
+            .unwrap(),
+    );
+    cluster.put_config_map("app", json!({"greeting": "hello"})).await;
+    cluster.create_pod(bound_pod("web", node, &rt.busybox_image)).await;
+    let mirror_key = format!("default/static-{node}");
+    let (web, mirror) = until(cluster, node, dir, "web and the static pod's mirror to run", |v| {
+        let web = v.pods.get("default/web")?;
+        let mirror = v.pods.get(&mirror_key)?;
+        (phase(web) == "Running" && phase(mirror) == "Running").then(|| (web.clone(), mirror.clone()))
+    })
+    .await;
+    let containers = |web: &Value, mirror: &Value| {
+        let id = |pod: &Value| pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap_or("").to_owned();
+        (id(web), id(mirror), mirror["metadata"]["uid"].clone())
+    };
+    let before = containers(&web, &mirror);
+
+    let phases: [(&str, Vec<Option<Fault>>); 4] = [
+        ("refused connections", vec![]),
+        ("500 then 503", vec![Some(Fault::InternalError), Some(Fault::Unavailable)]),
+        ("429 with Retry-After", vec![Some(Fault::TooManyRequests { retry_after_seconds: 2 })]),
+        ("hung requests", vec![Some(Fault::Hang)]),
+    ];
+    let away = Duration::from_secs(OUTAGE_LEASE_SECONDS + 2);
+    for (what, faults) in phases {
+        if faults.is_empty() {
+            server.refuse_connections().await;
+            tokio::time::sleep(away).await;
+            server.accept_connections().await;
+        } else {
+            let share = away / u32::try_from(faults.len()).unwrap();
+            for fault in faults {
+                server.set_fault(fault);
+                tokio::time::sleep(share).await;
+            }
+            // A hang never answers what it held, as a lost connection would not: the agent must
+            // give those requests up by itself.
+            server.set_fault(None);
+        }
+        let back = std::time::SystemTime::now();
+        let renewed = wait_for_heartbeats(server, node, back).await;
+        eprintln!("after {what} for {away:?}: lease renewed and status reported {renewed:?} after the return");
+        assert!(
+            renewed < Duration::from_secs(OUTAGE_LEASE_SECONDS),
+            "after {what}, the lease and status took {renewed:?}, longer than the lease; agent log:\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+        );
+    }
+
+    // Everything ran through it as it was, and the pod source resumed.
+    cluster.create_pod(bound_pod("after", node, &rt.busybox_image)).await;
+    let (web, mirror) = until(cluster, node, dir, "a pod bound after the outages to run", |v| {
+        let after = v.pods.get("default/after")?;
+        (phase(after) == "Running").then(|| (v.pods["default/web"].clone(), v.pods[&mirror_key].clone()))
+    })
+    .await;
+    assert_eq!(
+        containers(&web, &mirror),
+        before,
+        "web's and the static pod's containers and the mirror pod are the ones from before"
+    );
+    for pod in [&web, &mirror] {
+        assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 0, "{pod}");
+    }
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Waits until both the node's lease and its Ready condition's heartbeat are newer than `since`;
+/// returns how long that took.
+async fn wait_for_heartbeats(server: &ApiServer, node: &str, since: std::time::SystemTime) -> Duration {
+    // The Ready condition's times are whole seconds.
+    let second = since.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let floor = std::time::UNIX_EPOCH + Duration::from_secs(second);
+    let newer = |time: &Value| {
+        let Some(time) = time.as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok()) else {
+            return false;
+        };
+        std::time::SystemTime::from(time) >= floor
+    };
+    for _ in 0..600 {
+        let renewed = {
+            let objects = server.objects.lock().unwrap();
+            let lease = objects.leases.get(&format!("kube-node-lease/{node}")).map(|l| l["spec"]["renewTime"].clone());
+            let ready = objects.nodes.get(node).and_then(|n| {
+                n["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == "Ready")
+                    .map(|c| c["lastHeartbeatTime"].clone())
+            });
+            lease.is_some_and(|l| newer(&l)) && ready.is_some_and(|r| newer(&r))
+        };
+        if renewed {
+            return since.elapsed().unwrap_or_default();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no lease renewal and status report within 60 s of the API server's return");
+}
