@@ -16,6 +16,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -171,10 +172,11 @@ fn report(outcomes: &[Outcome]) -> Result<()> {
 type Scenario = fn(&Options, &Binaries, &Path) -> Result<Outcome>;
 
 fn run_scenarios(options: &Options, only: Option<&str>, binaries: &Binaries) -> Result<Vec<Outcome>> {
-    let scenarios: [(&'static str, Scenario); 5] = [
+    let scenarios: [(&'static str, Scenario); 6] = [
         ("crash", crash),
         ("runtime-crash", runtime_crash),
         ("outage", outage),
+        ("disk-full", disk_full),
         ("churn", churn),
         ("bad-input", bad_input),
     ];
@@ -482,8 +484,8 @@ fn restart_counts(agent: &Agent) -> Result<BTreeMap<String, u64>> {
     Ok(counts)
 }
 
-/// The pods that run through a whole scenario: written first, their identity and a file in
-/// their emptyDir checked after every fault.
+/// The pods that run through a whole scenario, each with an emptyDir and a downwardAPI volume:
+/// written first, their identity and a file planted in their emptyDir checked after every fault.
 struct SteadyPods {
     names: BTreeSet<String>,
     identities: Identities,
@@ -496,7 +498,11 @@ impl SteadyPods {
     fn start(n: usize, agent: &mut Agent, tool: &CriTool, outcome: &mut Outcome) -> Result<SteadyPods> {
         let names = names("steady", n);
         for name in &names {
-            let manifest = with_volumes(&harness::manifest(name), &[("data", "emptyDir: {}")]);
+            let volumes = [
+                ("data", "emptyDir: {}"),
+                ("info", "downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}"),
+            ];
+            let manifest = with_volumes(&harness::manifest(name), &volumes);
             write_manifest(&agent.dir.join("manifests"), name, &manifest)?;
         }
         let judgement = converge(agent, tool, &names, Duration::from_secs(120))?;
@@ -712,6 +718,165 @@ fn outage(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome>
     outcome.count("not converged", totals[2]);
     outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
     Ok(outcome)
+}
+
+/// Small tmpfs mounts made for a scenario, unmounted when dropped.
+struct SmallFilesystems(Vec<PathBuf>);
+
+impl SmallFilesystems {
+    fn mount(paths: &[PathBuf], size: &str) -> Result<SmallFilesystems> {
+        let mut mounted = SmallFilesystems(Vec::new());
+        for path in paths {
+            fs::create_dir_all(path)?;
+            let options = format!("size={size}");
+            crate::util::output(Command::new("mount").args(["-t", "tmpfs", "-o", &options, "tmpfs"]).arg(path))?;
+            mounted.0.push(path.clone());
+        }
+        Ok(mounted)
+    }
+
+    /// Remounts the first one read-only, or read-write again. (A filesystem with a file open for
+    /// writing, as the log directories always have, cannot be made read-only.)
+    fn set_read_only(&self, read_only: bool) -> Result<()> {
+        let options = if read_only { "remount,ro" } else { "remount,rw" };
+        if let Some(path) = self.0.first() {
+            crate::util::output(Command::new("mount").args(["-o", options]).arg(path))?;
+        }
+        Ok(())
+    }
+
+    /// Fills every one up with a file named `.chaos-filler`.
+    fn fill(&self) -> Result<()> {
+        use std::io::Write as _;
+        let chunk = vec![0u8; 1 << 20];
+        for path in &self.0 {
+            let mut filler = fs::File::create(path.join(".chaos-filler"))?;
+            while filler.write_all(&chunk).is_ok() {}
+            let _ = filler.sync_all();
+        }
+        Ok(())
+    }
+
+    fn empty(&self) {
+        for path in &self.0 {
+            let _ = fs::remove_file(path.join(".chaos-filler"));
+        }
+    }
+}
+
+impl Drop for SmallFilesystems {
+    fn drop(&mut self) {
+        for path in self.0.iter().rev() {
+            // Lazily: whatever still holds a file there lets go of it later.
+            let _ = crate::util::output(Command::new("umount").arg("-l").arg(path));
+        }
+    }
+}
+
+/// What a written volume directory holds beyond one `..data` link, one `..<timestamp>` set and
+/// its visible names: the leftovers of a half-done write.
+fn half_written(volume: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(volume) else { return vec![format!("{}: unreadable", volume.display())] };
+    let names: Vec<String> =
+        entries.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let sets = names.iter().filter(|n| n.starts_with("..") && *n != "..data").count();
+    let mut found = Vec::new();
+    if sets != 1 || !names.iter().any(|n| n == "..data") {
+        found.push(format!("{}: {names:?}", volume.display()));
+    }
+    if fs::read_to_string(volume.join("name")).is_err() {
+        found.push(format!("{}: its file cannot be read", volume.display()));
+    }
+    found
+}
+
+/// The root directory and the log directories on small filesystems, filled up, and then the
+/// root directory made read-only, while pods run and new ones are written; the agent must stay up, say why the new
+/// pods cannot start, keep what runs, leave no half-written volume, and start them by itself
+/// once space returns.
+fn disk_full(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
+    let mut outcome = Outcome::new("disk-full");
+    let tool = CriTool::new(binaries.cri_tool.clone());
+    let small = SmallFilesystems::mount(&[dir.join("root"), dir.join("logs"), dir.join("containers")], "24m")?;
+    let mut agent = Agent::start(&binaries.agent, dir, &[])?;
+    agent.wait_healthy(Duration::from_secs(30))?;
+    let steady = SteadyPods::start(options.steady_pods, &mut agent, &tool, &mut outcome)?;
+    let manifests = dir.join("manifests");
+    let mut waiting = BTreeSet::new();
+    for (phase, read_only) in [("full", false), ("read-only", true)] {
+        if read_only {
+            small.empty();
+            small.set_read_only(true)?;
+        } else {
+            small.fill()?;
+        }
+        let new = names(&format!("{phase}-pod"), options.crash_pods.min(3));
+        for name in &new {
+            write_manifest(&manifests, name, &Step::Volumes.manifest(name))?;
+        }
+        waiting.extend(new.iter().cloned());
+        // Long enough for several syncs and retries of the pods that cannot start.
+        std::thread::sleep(Duration::from_secs(10));
+        if !agent.alive() {
+            outcome.fail(format!("the agent exited with its disks {phase}"));
+            return Ok(outcome);
+        }
+        let explained =
+            new.iter().filter(|name| wait_for_any_warning(&agent, name, Duration::from_secs(5)).is_some()).count();
+        outcome.count(
+            if read_only { "pods explained, read-only" } else { "pods explained, full" },
+            format!("{explained}/{}", new.len()),
+        );
+        if explained < new.len() {
+            outcome.fail(format!(
+                "{} pod(s) that could not start while the disks were {phase} had no Warning event",
+                new.len() - explained
+            ));
+        }
+        let changed = steady.check(&agent, &tool)?;
+        outcome.zero(
+            if read_only { "steady pods changed, read-only" } else { "steady pods changed, full" },
+            changed.len(),
+            || changed.join("; "),
+        );
+    }
+    small.set_read_only(false)?;
+    small.empty();
+    let back = Instant::now();
+    let expected: BTreeSet<String> = steady.names.union(&waiting).cloned().collect();
+    let judgement = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
+    outcome.count("converged after", format!("{:.1} s", back.elapsed().as_secs_f64()));
+    record(&mut outcome, &judgement, &mut [0; 3]);
+    let changed = steady.check(&agent, &tool)?;
+    outcome.zero("steady pods changed", changed.len(), || changed.join("; "));
+    let mut half = Vec::new();
+    for (uid, _, _) in identities(&tool.state()?, &waiting).values() {
+        half.extend(half_written(&dir.join("root/pods").join(uid).join("volumes/kubernetes.io~downward-api/info")));
+    }
+    outcome.zero("half-written volumes", half.len(), || half.join("; "));
+    teardown(&mut agent, &tool, Duration::from_secs(120))?;
+    let leaks = host_leaks(dir);
+    agent.stop(Duration::from_secs(10))?;
+    drop(small);
+    outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
+    Ok(outcome)
+}
+
+/// Waits for any Warning event about pod `name`; returns its reason and message.
+fn wait_for_any_warning(agent: &Agent, name: &str, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok((200, body)) = harness::get(&agent.socket(), &format!("/events/{NAMESPACE}/{name}-{NODE}"))
+            && let Ok(list) = serde_json::from_str::<serde_json::Value>(&body)
+            && let Some(event) =
+                list["items"].as_array().and_then(|items| items.iter().find(|e| e["type"] == "Warning"))
+        {
+            let message: String = event["message"].as_str().unwrap_or_default().chars().take(120).collect();
+            return Some(format!("{}: {message}", event["reason"].as_str().unwrap_or_default()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    None
 }
 
 /// Resident MiB, threads and open files of the agent.

@@ -13,9 +13,11 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Removes the cgroup directory `parent` (for example `/kubepods/besteffort/pod<uid>`) under every
 /// hierarchy below `root`; returns how many directories were removed.
 ///
-/// A hierarchy without the directory is fine.
-/// It fails when `parent` is not an absolute path without `..`, or when a directory still holds
-/// processes or child cgroups.
+/// A hierarchy without the directory is fine. Empty child cgroups go first, deepest first, as
+/// libcontainer's removal does: a container whose runtime lost it between creating its cgroup and
+/// starting it leaves one behind.
+/// It fails when `parent` is not an absolute path without `..`, or when a directory or a child
+/// still holds processes.
 pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
     let relative = Path::new(parent);
     let valid = relative.is_absolute()
@@ -27,18 +29,29 @@ pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
     let relative = relative.strip_prefix("/").unwrap_or(relative);
     let mut removed = 0;
     for hierarchy in hierarchies(root)? {
-        match std::fs::remove_dir(hierarchy.join(relative)) {
+        let dir = hierarchy.join(relative);
+        match remove_cgroup_tree(&dir) {
             Ok(()) => removed += 1,
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-            Err(err) => {
-                return Err(io::Error::new(
-                    err.kind(),
-                    format!("removing {}: {err}", hierarchy.join(relative).display()),
-                ));
-            }
+            Err(err) => return Err(io::Error::new(err.kind(), format!("removing {}: {err}", dir.display()))),
         }
     }
     Ok(removed)
+}
+
+/// Removes cgroup `dir` after its child cgroups, deepest first. Only directories are followed
+/// (never a link), and a cgroup directory's own files go with it.
+fn remove_cgroup_tree(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            match remove_cgroup_tree(&entry.path()) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
+        }
+    }
+    std::fs::remove_dir(dir)
 }
 
 /// The hierarchies below `root`: `root` itself (cgroup v2, or the v1 mount point) and each
@@ -86,6 +99,15 @@ mod tests {
         assert!(root.join("cpu/kubepods/besteffort").is_dir(), "only the pod level goes");
         assert_eq!(remove_pod_cgroup(&root, "/kubepods/besteffort/pod1").unwrap(), 0, "idempotent");
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn empty_child_cgroups_go_first() {
+        let root = tempfile::tempdir().unwrap();
+        let container = root.path().join("pids/kubepods/besteffort/pod1/abc");
+        std::fs::create_dir_all(container.join("nested")).unwrap();
+        assert_eq!(remove_pod_cgroup(root.path(), "/kubepods/besteffort/pod1").unwrap(), 1);
+        assert!(!root.path().join("pids/kubepods/besteffort/pod1").exists());
     }
 
     #[test]

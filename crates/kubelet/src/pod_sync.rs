@@ -367,6 +367,14 @@ impl<R: Runtime> PodSync<R> {
     fn pod_dir(&self, uid: &PodUid) -> PathBuf {
         self.config.root_dir.join("pods").join(uid.as_str())
     }
+
+    /// The pod's data directories (upstream `makePodDataDirs`).
+    async fn make_pod_dirs(&self, uid: &PodUid) -> std::io::Result<()> {
+        for dir in ["volumes", "plugins", "containers"] {
+            tokio::fs::create_dir_all(self.pod_dir(uid).join(dir)).await?;
+        }
+        Ok(())
+    }
 }
 
 /// How long the pod may still be active under `activeDeadlineSeconds` (zero once exceeded), or
@@ -437,8 +445,11 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             return Err(Error::NetworkNotReady(network.join("; ")));
         }
         if !lock(&self.dirs_made).contains(&uid) {
-            for dir in ["volumes", "plugins", "containers"] {
-                tokio::fs::create_dir_all(self.pod_dir(&uid).join(dir)).await?;
+            if let Err(err) = self.make_pod_dirs(&uid).await {
+                // Upstream's event (`FailedToMakePodDataDirectories`); the worker retries.
+                let message = format!("error making pod data directories: {err}");
+                self.recorder.record(Event::new(EventType::Warning, "Failed", message, ObjectRef::pod(pod)));
+                return Err(Error::Io(err));
             }
             lock(&self.dirs_made).insert(uid.clone());
         }

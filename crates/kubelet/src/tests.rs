@@ -701,3 +701,22 @@ async fn volumes_are_set_up_before_the_containers_and_torn_down_after_them() {
     f.sync.sync_terminated_pod(&p, &f.runtime_status(&p).await).await.unwrap();
     assert_eq!(*lock(&volumes.unmounted), [PodUid::of(&p)]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn pod_directories_that_cannot_be_made_are_a_warning_and_nothing_starts() {
+    let mut f = fixture();
+    // A file where the pods directory should be: nothing below it can be made.
+    std::fs::write(f.root.path().join("pods"), "not a directory").unwrap();
+    let p = pod("nodirs", "Always", &["app"]);
+    let err = f.sync(&p).await.unwrap_err();
+    assert!(matches!(err, Error::Io(_)), "{err}");
+    let event = f.events.events().into_iter().find(|e| e.reason == "Failed").expect("a Failed event");
+    assert_eq!(event.kind, kubelet_core::events::EventType::Warning);
+    assert!(event.message.starts_with("error making pod data directories: "), "{}", event.message);
+    assert!(f.runtime.get_pods(true).await.unwrap().is_empty(), "nothing starts without its directories");
+
+    // Once the directories can be made, the pod starts.
+    std::fs::remove_file(f.root.path().join("pods")).unwrap();
+    f.sync(&p).await.unwrap();
+    assert_eq!(f.runtime.get_pods(true).await.unwrap().len(), 1);
+}

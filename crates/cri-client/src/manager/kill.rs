@@ -123,7 +123,14 @@ pub(super) async fn kill_pod(
                 .collect()
         })
         .unwrap_or_default();
-    let live = || running.containers.iter().filter(|c| c.state != ContainerState::Exited);
+    // Only running containers are killed as upstream kills them (its running pod holds no
+    // other), with the Killing event and the preStop hook. One the runtime holds as created or
+    // unknown (a start it lost when it crashed) has nothing to run a hook in: it is only stopped.
+    let live = || running.containers.iter().filter(|c| c.state == ContainerState::Running);
+    for c in running.containers.iter().filter(|c| matches!(c.state, ContainerState::Created | ContainerState::Unknown))
+    {
+        rt.stop_container(&c.id, grace_override.unwrap_or(MIN_GRACE_PERIOD_SECONDS)).await?;
+    }
     let started = Instant::now();
     let kills = live()
         .filter(|c| !sidecars.contains(&c.name.as_str()))
