@@ -704,7 +704,7 @@ async fn volumes_are_set_up_before_the_containers_and_torn_down_after_them() {
 
 #[tokio::test(start_paused = true)]
 async fn pod_directories_that_cannot_be_made_are_a_warning_and_nothing_starts() {
-    let mut f = fixture();
+    let f = fixture();
     // A file where the pods directory should be: nothing below it can be made.
     std::fs::write(f.root.path().join("pods"), "not a directory").unwrap();
     let p = pod("nodirs", "Always", &["app"]);
