@@ -10,7 +10,7 @@
 //! the cache drops every token due, so it holds no more than the tokens of the last lifetime.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     fmt::Debug,
     sync::Mutex,
     time::Duration,
@@ -42,8 +42,24 @@ struct Token {
     refresh_at: Instant,
 }
 
+/// What an object holds: its text keys (a config map's `data`; a secret's are all bytes) and its
+/// binary ones (a config map's `binaryData`).
+#[derive(Clone, Debug, Default)]
+struct Contents {
+    text: BTreeMap<String, String>,
+    bytes: ObjectData,
+}
+
+impl Contents {
+    /// Every key, as volumes hold them.
+    fn all(self) -> ObjectData {
+        let text = self.text.into_iter().map(|(k, v)| (k, v.into_bytes()));
+        text.chain(self.bytes).collect()
+    }
+}
+
 /// What a watch of one object last said: nothing yet, then the object (`None`: it does not exist).
-type Latest = Option<Option<ObjectData>>;
+type Latest = Option<Option<Contents>>;
 
 /// A watched object: the latest word of its watch, the pods that use it, and its watch's stop.
 struct Watched {
@@ -90,8 +106,8 @@ impl ApiObjects {
         resource: &'static str,
         pod: &Pod,
         name: &str,
-        data: fn(K) -> ObjectData,
-    ) -> Result<Option<ObjectData>, String>
+        data: fn(K) -> Contents,
+    ) -> Result<Option<Contents>, String>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -129,13 +145,13 @@ impl ApiObjects {
     }
 }
 
-fn config_map_data(cm: ConfigMap) -> ObjectData {
-    let text = cm.data.into_iter().flatten().map(|(k, v)| (k, v.into_bytes()));
-    text.chain(cm.binary_data.into_iter().flatten().map(|(k, v)| (k, v.0))).collect()
+fn config_map_data(cm: ConfigMap) -> Contents {
+    let bytes = cm.binary_data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect();
+    Contents { text: cm.data.unwrap_or_default(), bytes }
 }
 
-fn secret_data(secret: Secret) -> ObjectData {
-    secret.data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect()
+fn secret_data(secret: Secret) -> Contents {
+    Contents { text: BTreeMap::new(), bytes: secret.data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect() }
 }
 
 /// Watches object `name` through `api` until `stop`, telling `latest` what it is now.
@@ -143,14 +159,14 @@ async fn watch_object<K>(
     api: Api<K>,
     name: String,
     latest: watch::Sender<Latest>,
-    data: fn(K) -> ObjectData,
+    data: fn(K) -> Contents,
     stop: CancellationToken,
 ) where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher(api, config).default_backoff().boxed();
-    let mut listing: Option<ObjectData> = None;
+    let mut listing: Option<Contents> = None;
     loop {
         let event = tokio::select! {
             () = stop.cancelled() => return,
@@ -170,11 +186,28 @@ async fn watch_object<K>(
 
 impl ObjectSource for ApiObjects {
     fn config_map<'a>(&'a self, pod: &'a Pod, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>> {
-        Box::pin(self.read::<ConfigMap>("configmaps", pod, name, config_map_data))
+        Box::pin(async move {
+            let read = self.read::<ConfigMap>("configmaps", pod, name, config_map_data).await?;
+            Ok(read.map(Contents::all))
+        })
+    }
+
+    fn config_map_text<'a>(
+        &'a self,
+        pod: &'a Pod,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>, String>> {
+        Box::pin(async move {
+            let read = self.read::<ConfigMap>("configmaps", pod, name, config_map_data).await?;
+            Ok(read.map(|contents| contents.text))
+        })
     }
 
     fn secret<'a>(&'a self, pod: &'a Pod, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>> {
-        Box::pin(self.read::<Secret>("secrets", pod, name, secret_data))
+        Box::pin(async move {
+            let read = self.read::<Secret>("secrets", pod, name, secret_data).await?;
+            Ok(read.map(Contents::all))
+        })
     }
 
     fn release(&self, uid: &PodUid) {

@@ -94,7 +94,7 @@ async fn run_with(
         .hooks(Arc::new(prober::Hooks::default()))
         .sub_paths(Arc::new(volumes::subpath::BindMounter::new(settings.root_dir.join("pods"))));
     if let Some(cluster) = &client {
-        runtime = runtime.pull_secrets(cluster.objects.clone());
+        runtime = runtime.objects(cluster.objects.clone());
     }
     run_on(Arc::new(runtime), recorder, startup, client, settings, metrics, cancel).await
 }

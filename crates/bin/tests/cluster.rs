@@ -248,7 +248,9 @@ fn bound_pod(name: &str, node: &str, image: &str) -> Value {
             "nodeName": node, "restartPolicy": "Always", "dnsPolicy": "Default", "terminationGracePeriodSeconds": 2,
             "schedulerName": "default-scheduler", "enableServiceLinks": false,
             "containers": [{"name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+                "command": ["sh", "-c", "echo \"env: $CFG_greeting $GREETING\"; trap 'exit 0' TERM; while true; do sleep 1; done"],
+                "envFrom": [{"configMapRef": {"name": "app"}, "prefix": "CFG_"}],
+                "env": [{"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "greeting"}}}],
                 "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}],
         },
         "status": {"phase": "Pending"},
@@ -375,6 +377,12 @@ async fn scenario(
     let volumes = dir.join("root/pods").join(&web_uid).join("volumes");
     let greeting = volumes.join("kubernetes.io~configmap/cfg/greeting");
     assert_eq!(std::fs::read_to_string(&greeting).unwrap(), "hello");
+    if real {
+        // The config map reaches the environment too, through envFrom and configMapKeyRef.
+        let log = dir.join("pods").join(format!("{ns}_web_{web_uid}")).join("app/0.log");
+        let said = wait_for_text(&log, "env: ").await;
+        assert!(said.ends_with("env: hello hello"), "web's first line: {said:?}");
+    }
     if real {
         let access = volumes.join("kubernetes.io~projected/kube-api-access-abcde");
         let read = |file: &str| std::fs::read_to_string(access.join(file)).unwrap();
@@ -507,6 +515,18 @@ async fn scenario(
         eprintln!("requests served: {:?}", server.objects.lock().unwrap().requests);
     }
     drop(agent);
+}
+
+/// Waits (at most 10 s) for a line containing `text` in the file at `path`, and returns it.
+async fn wait_for_text(path: &Path, text: &str) -> String {
+    for _ in 0..100 {
+        let content = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = content.lines().find(|l| l.contains(text)) {
+            return line.to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no line with {text:?} in {} within 10 s", path.display());
 }
 
 /// Stops the ready sandbox of pod `uid` behind the agent's back, as a crash of it would.

@@ -2,10 +2,7 @@
 //! command and args with `$(VAR)` expansion, environment with downward-API values, security
 //! context, resources and the log path.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    path::PathBuf,
-};
+use std::{collections::BTreeMap, path::PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kubelet_core::{
@@ -57,72 +54,6 @@ pub struct Downward<'a> {
     pub node_name: &'a str,
     /// The node's IP.
     pub host_ip: &'a str,
-}
-
-fn field_ref(pod: &Pod, path: &str, downward: &Downward<'_>) -> Result<String, String> {
-    let value = match path {
-        "spec.nodeName" => downward.node_name.to_owned(),
-        "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
-        "status.hostIP" | "status.hostIPs" => downward.host_ip.to_owned(),
-        "status.podIP" => downward.pod_ips.first().cloned().unwrap_or_default(),
-        "status.podIPs" => downward.pod_ips.join(","),
-        _ => kubelet_core::types::metadata_field(pod, path)
-            .ok_or_else(|| format!("unsupported fieldRef fieldPath {path:?}"))?,
-    };
-    Ok(value)
-}
-
-fn resource_field_ref(container: &Container, resource: &str, divisor: Option<&str>) -> Result<String, String> {
-    let (limit, name) = match resource.split_once('.') {
-        Some(("limits", name)) => (true, name),
-        Some(("requests", name)) => (false, name),
-        _ => return Err(format!("unsupported resourceFieldRef resource {resource:?}")),
-    };
-    let divisor = divisor.and_then(kubelet_core::resources::parse_quantity).filter(|d| *d > 0.0).unwrap_or(1.0);
-    let value = container_resource(container, name, limit)
-        .and_then(|q| kubelet_core::resources::parse_quantity(&q.0))
-        .unwrap_or(0.0);
-    // Upstream rounds up to the divisor's unit.
-    #[allow(clippy::cast_possible_truncation)] // Reason: resource values are far below 2^63.
-    Ok(((value / divisor).ceil() as i64).to_string())
-}
-
-/// The container's environment, in order, with `$(VAR)` references to earlier variables
-/// expanded; an error names the variable that cannot be resolved (a `CreateContainerConfigError`).
-pub fn environment(pod: &Pod, container: &Container, downward: &Downward<'_>) -> Result<Vec<(String, String)>, String> {
-    let mut env: Vec<(String, String)> = Vec::new();
-    for var in container.env.iter().flatten() {
-        let value = match (&var.value, &var.value_from) {
-            (Some(value), _) => {
-                let defined: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                expand(value, &|name| defined.get(name).map(|v| (*v).to_owned()))
-            }
-            (None, Some(source)) => {
-                if let Some(field) = &source.field_ref {
-                    field_ref(pod, &field.field_path, downward)?
-                } else if let Some(resource) = &source.resource_field_ref {
-                    let target = match resource.container_name.as_deref() {
-                        Some(name) if !name.is_empty() && name != container.name => pod
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.containers.iter().find(|c| c.name == name))
-                            .ok_or_else(|| format!("resourceFieldRef names unknown container {name:?}"))?,
-                        _ => container,
-                    };
-                    resource_field_ref(target, &resource.resource, resource.divisor.as_ref().map(|d| d.0.as_str()))?
-                } else {
-                    return Err(format!(
-                        "couldn't find a source for env var {:?}: config maps and secrets need an API server",
-                        var.name
-                    ));
-                }
-            }
-            (None, None) => String::new(),
-        };
-        env.retain(|(k, _)| *k != var.name);
-        env.push((var.name.clone(), value));
-    }
-    Ok(env)
 }
 
 /// CPU shares from a CPU request in millicores (upstream `MilliCPUToShares`).
@@ -292,8 +223,8 @@ pub struct ConfigInput<'a> {
     pub image_ref: &'a str,
     /// The image's user.
     pub image_user: &'a ImageUser,
-    /// Downward-API values.
-    pub downward: Downward<'a>,
+    /// The container's environment ([`environment`]).
+    pub env: &'a [(String, String)],
     /// The node's memory capacity in bytes, for the OOM score of Burstable pods.
     pub memory_capacity: i64,
     /// The host paths of the pod's volumes, for the container's `volumeMounts`.
@@ -305,9 +236,9 @@ pub struct ConfigInput<'a> {
 /// The container config; an error is a `CreateContainerConfigError` message.
 pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, String> {
     let ConfigInput { pod, container, restart_count, .. } = *input;
-    let env = environment(pod, container, &input.downward)?;
+    let env = input.env;
     let mounts = mounts(container, input.volumes, input.sub_paths)?;
-    let defined: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let defined = env::lookup_of(env);
     let lookup = |name: &str| defined.get(name).map(|v| (*v).to_owned());
     let expand_all = |list: &Option<Vec<String>>| list.iter().flatten().map(|s| expand(s, &lookup)).collect::<Vec<_>>();
     Ok(pb::ContainerConfig {
@@ -336,5 +267,8 @@ pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, 
     })
 }
 
+mod env;
 #[cfg(test)]
 mod tests;
+
+pub use env::{EnvObjects, Environment, environment};

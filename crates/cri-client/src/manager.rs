@@ -154,8 +154,9 @@ pub struct CriRuntime {
     image_pulls: Option<tokio::sync::Semaphore>,
     startup: Option<Arc<kubelet_core::StartupTracker>>,
     hooks: Option<Arc<dyn HookRunner>>,
-    /// Where pods' `imagePullSecrets` are read (cluster mode).
-    pull_secrets: Option<Arc<dyn kubelet_core::volume::ObjectSource>>,
+    /// Where pods' `imagePullSecrets` and the config maps and secrets of containers'
+    /// environments are read (cluster mode).
+    objects: Option<Arc<dyn kubelet_core::volume::ObjectSource>>,
     /// What makes `subPath` mounts safe to hand to the runtime.
     sub_paths: Option<Arc<dyn kubelet_core::volume::SubPathMounter>>,
 }
@@ -194,7 +195,7 @@ impl CriRuntime {
             image_pulls: config.image_pull_limit.map(tokio::sync::Semaphore::new),
             startup: None,
             hooks: None,
-            pull_secrets: None,
+            objects: None,
             sub_paths: None,
             config,
         }
@@ -215,12 +216,15 @@ impl CriRuntime {
         self
     }
 
-    /// Reads pods' `imagePullSecrets` from `secrets` and pulls with their credentials (upstream's
-    /// keyring: the most specific registry match first, each tried until one pull succeeds);
-    /// without it, pods' pull secrets are not read.
+    /// Reads from `objects` the API objects a pod names beyond its volumes: the secrets of its
+    /// `imagePullSecrets`, pulling with their credentials (upstream's keyring: the most specific
+    /// registry match first, each tried until one pull succeeds), and the config maps and
+    /// secrets of its containers' `envFrom` and `valueFrom`. Without it (a standalone node), pull
+    /// secrets are not read and a container whose environment names an object fails with
+    /// `CreateContainerConfigError`, as upstream's without an API client.
     #[must_use]
-    pub fn pull_secrets(mut self, secrets: Arc<dyn kubelet_core::volume::ObjectSource>) -> Self {
-        self.pull_secrets = Some(secrets);
+    pub fn objects(mut self, objects: Arc<dyn kubelet_core::volume::ObjectSource>) -> Self {
+        self.objects = Some(objects);
         self
     }
 

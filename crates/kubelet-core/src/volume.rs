@@ -38,6 +38,15 @@ pub trait ObjectSource: Send + Sync + 'static {
     /// The keys of config map `name` in `pod`'s namespace, or `None` when it does not exist.
     fn config_map<'a>(&'a self, pod: &'a Pod, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>>;
 
+    /// The `data` of config map `name` in `pod`'s namespace (its text keys, without
+    /// `binaryData`), as containers' `envFrom` and `configMapKeyRef` read it, or `None` when it
+    /// does not exist.
+    fn config_map_text<'a>(
+        &'a self,
+        pod: &'a Pod,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>, String>>;
+
     /// The keys of secret `name` in `pod`'s namespace, or `None` when it does not exist.
     fn secret<'a>(&'a self, pod: &'a Pod, name: &'a str) -> BoxFuture<'a, Result<Option<ObjectData>, String>>;
 

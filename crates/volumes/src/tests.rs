@@ -159,6 +159,14 @@ impl ObjectSource for Objects {
         Box::pin(async move { Ok(found) })
     }
 
+    fn config_map_text<'a>(
+        &'a self,
+        _pod: &'a Pod,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>, String>> {
+        Box::pin(async { Err("volumes read no config map as text".to_owned()) })
+    }
+
     fn secret<'a>(
         &'a self,
         _pod: &'a Pod,

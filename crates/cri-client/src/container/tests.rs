@@ -1,11 +1,12 @@
 //! Container config tests: expansion, environment, resources, security context.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::{
     api::core::v1::{
-        EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, PodSpec, ResourceFieldSelector,
-        ResourceRequirements, SecurityContext,
+        ConfigMapEnvSource, ConfigMapKeySelector, EnvFromSource, EnvVar, EnvVarSource, ObjectFieldSelector,
+        PodSecurityContext, PodSpec, ResourceFieldSelector, ResourceRequirements, SecretEnvSource, SecretKeySelector,
+        SecurityContext,
     },
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
 };
@@ -90,8 +91,9 @@ fn environment_resolves_values_references_and_downward_fields() {
     });
     let pod = pod_with(c.clone());
     let ips = ["10.85.0.7".to_owned()];
-    let got = environment(&pod, &c, &Downward { pod_ips: &ips, node_name: "node-1", host_ip: "192.0.2.2" }).unwrap();
-    let got: HashMap<_, _> = got.into_iter().collect();
+    let downward = Downward { pod_ips: &ips, node_name: "node-1", host_ip: "192.0.2.2" };
+    let got = environment(&pod, &c, &downward, &EnvObjects::default()).unwrap();
+    let got: HashMap<_, _> = got.vars.into_iter().collect();
     assert_eq!(got["DATA"], "/srv/data");
     assert_eq!(
         (got["POD"].as_str(), got["NS"].as_str(), got["IP"].as_str(), got["NODE"].as_str()),
@@ -101,16 +103,123 @@ fn environment_resolves_values_references_and_downward_fields() {
     assert_eq!(got["CPU"], "64");
 }
 
-#[test]
-fn api_sourced_environment_is_a_config_error() {
-    let mut c = Container { name: "c".into(), ..Container::default() };
-    c.env = Some(vec![EnvVar {
-        name: "PASSWORD".into(),
-        value_from: Some(EnvVarSource { secret_key_ref: Some(Default::default()), ..Default::default() }),
+fn config_map_key(name: &str, map: &str, key: &str, optional: bool) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: map.into(),
+                key: key.into(),
+                optional: Some(optional),
+            }),
+            ..Default::default()
+        }),
         ..EnvVar::default()
-    }]);
-    let err = environment(&pod_with(c.clone()), &c, &Downward::default()).unwrap_err();
-    assert!(err.contains("PASSWORD"), "{err}");
+    }
+}
+
+fn secret_key(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector { name: secret.into(), key: key.into(), optional: None }),
+            ..Default::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+/// A config map `app` and a secret `db` as an API server holds them.
+fn objects() -> EnvObjects {
+    let mut objects = EnvObjects::default();
+    let app = BTreeMap::from([
+        ("MODE".to_owned(), "fast".to_owned()),
+        ("LEVEL".to_owned(), "3".to_owned()),
+        ("1BAD".to_owned(), "x".to_owned()),
+        ("has space".to_owned(), "y".to_owned()),
+    ]);
+    objects.config_maps.insert("app".into(), Some(app));
+    objects.config_maps.insert("gone".into(), None);
+    objects.secrets.insert("db".into(), Some(BTreeMap::from([("password".to_owned(), b"hunter2".to_vec())])));
+    objects
+}
+
+#[test]
+fn env_from_and_key_references_read_config_maps_and_secrets() {
+    let mut c = Container { name: "c".into(), ..Container::default() };
+    c.env_from = Some(vec![
+        EnvFromSource {
+            config_map_ref: Some(ConfigMapEnvSource { name: "app".into(), optional: None }),
+            prefix: Some("APP_".into()),
+            ..Default::default()
+        },
+        EnvFromSource {
+            config_map_ref: Some(ConfigMapEnvSource { name: "gone".into(), optional: Some(true) }),
+            ..Default::default()
+        },
+        EnvFromSource { secret_ref: Some(SecretEnvSource { name: "db".into(), optional: None }), ..Default::default() },
+    ]);
+    c.env = Some(vec![
+        env("URL", "db://$(APP_MODE):$(password)"),
+        config_map_key("LEVEL", "app", "LEVEL", false),
+        config_map_key("OPTIONAL_MISSING_KEY", "app", "nope", true),
+        config_map_key("OPTIONAL_MISSING_MAP", "gone", "x", true),
+        secret_key("PASSWORD", "db", "password"),
+        env("APP_MODE", "overridden"),
+    ]);
+    let pod = pod_with(c.clone());
+    let got = environment(&pod, &c, &Downward::default(), &objects()).unwrap();
+    let vars: HashMap<_, _> = got.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(vars["APP_LEVEL"], "3");
+    assert_eq!(vars["password"], "hunter2", "a secret's keys, unprefixed");
+    assert_eq!(vars["URL"], "db://fast:hunter2", "env expands against what envFrom defined");
+    assert_eq!(vars["LEVEL"], "3");
+    assert_eq!(vars["PASSWORD"], "hunter2");
+    assert_eq!(vars["APP_MODE"], "overridden", "env wins over envFrom");
+    assert!(!vars.contains_key("OPTIONAL_MISSING_KEY") && !vars.contains_key("OPTIONAL_MISSING_MAP"));
+    assert_eq!(
+        got.invalid_names,
+        [
+            "Keys [APP_has space] from the EnvFrom configMap ns/app were skipped since they are considered invalid environment variable names."
+        ],
+        "APP_1BAD is a valid name once prefixed; `has space` is not"
+    );
+}
+
+#[test]
+fn what_the_environment_cannot_resolve_is_a_config_error_in_upstreams_words() {
+    let c = |var: EnvVar| Container { name: "c".into(), env: Some(vec![var]), ..Container::default() };
+    let fails = |container: Container, objects: &EnvObjects| {
+        environment(&pod_with(container.clone()), &container, &Downward::default(), objects).unwrap_err()
+    };
+    let none = EnvObjects::default();
+    assert_eq!(fails(c(secret_key("P", "db", "password")), &none), "couldn't get secret ns/db, no kubeClient defined");
+    assert_eq!(
+        fails(c(config_map_key("L", "app", "LEVEL", false)), &none),
+        "couldn't get configMap ns/app, no kubeClient defined"
+    );
+    assert_eq!(fails(c(config_map_key("L", "gone", "x", false)), &objects()), "configmap \"gone\" not found");
+    assert_eq!(
+        fails(c(config_map_key("L", "app", "nope", false)), &objects()),
+        "couldn't find key nope in ConfigMap ns/app"
+    );
+    assert_eq!(fails(c(secret_key("P", "db", "user")), &objects()), "couldn't find key user in Secret ns/db");
+}
+
+#[test]
+fn references_name_every_object_of_the_environment() {
+    let mut c = Container { name: "c".into(), ..Container::default() };
+    c.env_from = Some(vec![
+        EnvFromSource {
+            config_map_ref: Some(ConfigMapEnvSource { name: "a".into(), optional: None }),
+            ..Default::default()
+        },
+        EnvFromSource { secret_ref: Some(SecretEnvSource { name: "s1".into(), optional: None }), ..Default::default() },
+    ]);
+    c.env = Some(vec![config_map_key("X", "b", "k", false), secret_key("Y", "s2", "k"), env("Z", "z")]);
+    let (config_maps, secrets) = EnvObjects::references(&c);
+    assert_eq!(config_maps.into_iter().collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(secrets.into_iter().collect::<Vec<_>>(), ["s1", "s2"]);
 }
 
 #[test]
@@ -170,7 +279,7 @@ fn container_config_has_log_path_attempt_labels_and_expanded_command() {
         restart_count: 3,
         image_ref: "sha256:abc",
         image_user: &user,
-        downward: Downward::default(),
+        env: &[("GREETING".to_owned(), "hello".to_owned())],
         memory_capacity: 1 << 30,
         volumes: &PodVolumes::new(),
         sub_paths: &SubPathMounts::new(),

@@ -89,7 +89,7 @@ impl CriRuntime {
             .map(|r| r.name.as_str())
             .filter(|n| !n.is_empty())
             .collect();
-        let Some(source) = self.pull_secrets.as_ref().filter(|_| !names.is_empty()) else { return Vec::new() };
+        let Some(source) = self.objects.as_ref().filter(|_| !names.is_empty()) else { return Vec::new() };
         let mut secrets = Vec::new();
         for name in names {
             match source.secret(pod, name).await {

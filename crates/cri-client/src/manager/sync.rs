@@ -88,21 +88,29 @@ impl CriRuntime {
                 return Err(SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message));
             }
         };
+        let config_error = |message: String| {
+            self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
+            SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
+        };
+        let env_objects = self.env_objects(pod, spec).await.map_err(config_error)?;
+        let downward =
+            container::Downward { pod_ips, node_name: &self.config.node_name, host_ip: &self.config.node_ip };
+        let env = container::environment(pod, spec, &downward, &env_objects).map_err(config_error)?;
+        for message in &env.invalid_names {
+            self.event(pod, EventType::Warning, "InvalidEnvironmentVariableNames", message.clone());
+        }
         let input = container::ConfigInput {
             pod,
             container: spec,
             restart_count,
             image_ref: &image_ref,
             image_user: &image_user,
-            downward: container::Downward { pod_ips, node_name: &self.config.node_name, host_ip: &self.config.node_ip },
+            env: &env.vars,
             memory_capacity: self.memory_capacity,
             volumes,
             sub_paths: &sub_paths,
         };
-        let mut config = container::container_config(&input).map_err(|message| {
-            self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
-            SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
-        })?;
+        let mut config = container::container_config(&input).map_err(config_error)?;
         // The termination message file: a host file mounted at `terminationMessagePath`.
         if let Some(path) = spec.termination_message_path.as_deref().filter(|p| !p.is_empty()) {
             let dir = self.config.pods_dir.join(pod_meta(pod).2).join("containers").join(&spec.name);
@@ -230,6 +238,23 @@ impl CriRuntime {
 }
 
 impl CriRuntime {
+    /// Reads the config maps and secrets the container's environment names, from the runtime's
+    /// object source; without one, none is read (the environment then says so).
+    async fn env_objects(&self, pod: &ApiPod, spec: &ApiContainer) -> Result<container::EnvObjects, String> {
+        let mut objects = container::EnvObjects::default();
+        let Some(source) = &self.objects else { return Ok(objects) };
+        let (config_maps, secrets) = container::EnvObjects::references(spec);
+        for name in config_maps {
+            let data = source.config_map_text(pod, &name).await?;
+            objects.config_maps.insert(name, data);
+        }
+        for name in secrets {
+            let data = source.secret(pod, &name).await?;
+            objects.secrets.insert(name, data);
+        }
+        Ok(objects)
+    }
+
     /// Prepares each `subPath` of the container's mounts (upstream `makeMounts` with
     /// `PrepareSafeSubpath`) with the runtime's [`SubPathMounter`](kubelet_core::volume::SubPathMounter).
     /// As upstream, the error the pod shows does not say what was found on the host; the log does.
