@@ -64,8 +64,35 @@ pub fn status_patch(api: &Pod, uid: &str, ours: &PodStatus) -> Option<Value> {
         return None;
     }
     let mut status = serde_json::to_value(&merged).ok()?;
+    if let Some(theirs) = api.status.as_ref().and_then(|s| serde_json::to_value(s).ok()) {
+        delete_what_went(&theirs, &mut status);
+    }
     replace_lists(&mut status);
     Some(json!({ "metadata": { "uid": uid }, "status": status }))
+}
+
+/// Says `null` for what the API's status (`theirs`) has and the kubelet's (`ours`) has not, as
+/// upstream's two-way patch does: a top-level field, or a field of a condition the kubelet sends
+/// (conditions merge by `type`, so a `reason` or `message` the condition no longer has would
+/// otherwise stay). Lists replaced whole need nothing.
+fn delete_what_went(theirs: &Value, ours: &mut Value) {
+    let (Some(theirs), Some(ours)) = (theirs.as_object(), ours.as_object_mut()) else { return };
+    for key in theirs.keys() {
+        ours.entry(key.clone()).or_insert(Value::Null);
+    }
+    let (Some(Value::Array(old)), Some(Value::Array(new))) = (theirs.get("conditions"), ours.get_mut("conditions"))
+    else {
+        return;
+    };
+    for condition in new.iter_mut().filter_map(Value::as_object_mut) {
+        let Some(before) = old.iter().find(|c| c.get("type") == condition.get("type")).and_then(Value::as_object)
+        else {
+            continue;
+        };
+        for key in before.keys() {
+            condition.entry(key.clone()).or_insert(Value::Null);
+        }
+    }
 }
 
 /// The lists of a pod's status that a strategic merge patch merges item by item (by `ip`), which
@@ -345,6 +372,21 @@ mod tests {
         crate::testing::strategic_merge(&mut api, &patch["status"]);
         assert_eq!(api["podIPs"], json!([{"ip": "10.85.0.64"}]));
         assert_eq!(api["podIP"], "10.85.0.64");
+    }
+
+    #[test]
+    fn what_the_kubelets_status_no_longer_says_is_deleted_from_the_apis() {
+        let mut theirs = running("False");
+        let ready = &mut theirs.conditions.as_mut().unwrap()[0];
+        ready.reason = Some("ContainersNotReady".into());
+        ready.message = Some("containers with unready status: [app]".into());
+        theirs.nominated_node_name = Some("elsewhere".into());
+        let patch = status_patch(&api_pod("u1", theirs.clone()), "u1", &running("True")).unwrap();
+        // Applied as the API server applies it: the Ready condition has no reason left.
+        let mut api = serde_json::to_value(theirs).unwrap();
+        crate::testing::strategic_merge(&mut api, &patch["status"]);
+        assert_eq!(api["conditions"], json!([{"type": "Ready", "status": "True"}]));
+        assert!(api.get("nominatedNodeName").is_none(), "{api}");
     }
 
     #[test]

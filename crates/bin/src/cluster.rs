@@ -4,7 +4,7 @@
 //! as config source "api", sends pod statuses (static pods' to their mirror pods) and ends
 //! graceful deletions through the status sink, and keeps a mirror pod for each static pod.
 
-use std::{net::IpAddr, path::Path, sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use apiserver::{
@@ -45,7 +45,7 @@ pub(crate) async fn connect(path: &Path, qps: f64, burst: u32) -> Result<Client>
 pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     let file = &settings.file;
     let mut facts = Facts::new(&settings.node_name, runtime).read_host(&settings.root_dir);
-    facts.ip = settings.node_ip.parse().ok().or_else(default_route_ip);
+    facts.ip = settings.node_ip.parse().ok();
     facts.labels.clone_from(&settings.node_labels);
     facts.taints.clone_from(&file.register_with_taints);
     let node = NodeResources::of_this_node();
@@ -54,14 +54,6 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     facts.reserved = file.reserved();
     facts.kubelet_version = format!("v1.36.0-kubelet-rs.{}", env!("CARGO_PKG_VERSION"));
     facts
-}
-
-/// The address this host reaches the world from (upstream's default node IP): a UDP socket
-/// "connected" to a public address sends nothing but picks the route's source address.
-fn default_route_ip() -> Option<IpAddr> {
-    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-    socket.connect("192.0.2.1:80").ok()?;
-    Some(socket.local_addr().ok()?.ip())
 }
 
 /// Where the kubelet's statuses go: the API pod statuses, static pods' to their mirrors.

@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod cnitool;
 mod flags;
+mod node_ip;
 mod settings;
 
 use std::{process::ExitCode, time::Duration};

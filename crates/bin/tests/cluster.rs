@@ -369,6 +369,14 @@ async fn scenario(
     })
     .await;
     let web_uid = web["metadata"]["uid"].as_str().unwrap().to_owned();
+    // The pod runs on the node's IP, the one the Node reports.
+    let internal_ip = addresses.iter().find(|a| a["type"] == "InternalIP").map(|a| a["address"].clone());
+    assert!(internal_ip.as_ref().is_some_and(|ip| ip.as_str().is_some_and(|ip| !ip.is_empty())), "{addresses:?}");
+    assert_eq!(Some(&web["status"]["hostIP"]), internal_ip.as_ref(), "{web}");
+    assert_eq!(web["status"]["hostIPs"][0]["ip"], web["status"]["hostIP"], "{web}");
+    // Ready now: the reason it was not ready is gone, not merged into the new condition.
+    let ready = web["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap();
+    assert_eq!((ready["status"].as_str(), ready.get("reason")), (Some("True"), None), "{web}");
     let container = web["status"]["containerStatuses"][0]["containerID"].clone();
     assert!(container.as_str().is_some_and(|id| !id.is_empty()), "{web}");
     if let Some(sandboxes) = in_runtime(&web_uid).await {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{
     api::core::v1::{
         Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-        ContainerStatus, Pod, PodCondition, PodIP, PodStatus as ApiPodStatus,
+        ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus as ApiPodStatus,
     },
     apimachinery::pkg::apis::meta::v1::Time,
 };
@@ -671,6 +671,7 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         message: old.message.clone().filter(|_| old.phase.as_deref() == Some(phase.as_str())),
         conditions: Some(conditions),
         host_ip: (!input.host_ip.is_empty()).then(|| input.host_ip.to_owned()),
+        host_ips: (!input.host_ip.is_empty()).then(|| vec![HostIP { ip: input.host_ip.to_owned() }]),
         pod_ip: ips.first().cloned(),
         pod_ips: (!ips.is_empty()).then(|| ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
         start_time: old.start_time.clone().or_else(|| Some(input.now.clone())),
