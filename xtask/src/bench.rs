@@ -9,8 +9,9 @@
 //!   and until every pod is Running in `/pods`.
 //! - Teardown: from removing the manifests until no sandbox of them is ready.
 //! - Restart: from the runtime confirming a container's death (StopContainer without grace) until
-//!   the runtime started its replacement, and from then until `/pods` shows it restarted and
-//!   running (the target: a transition the runtime reports is seen within 50 ms).
+//!   `/pods` first shows it (the target: a transition the runtime reports is seen within 50 ms),
+//!   until the runtime started its replacement, and from then until `/pods` shows it restarted
+//!   and running.
 //! - Idle cost with 0 and with 50 pods: CPU seconds per minute, resident memory (and its
 //!   anonymous part: what the resident figure holds beyond the binary's own pages), threads, open
 //!   files, and the relists per minute and their mean time from the agent's own
@@ -300,15 +301,20 @@ fn measure(options: &Options) -> Result<Results> {
             floor_sequential: seq.median,
         });
     }
+    results.figures.push(
+        Figure::new("container death (runtime confirms) → the death seen in /pods", "s", &runs.death_seen)
+            .target(Target::AtMost(0.05)),
+    );
     results.figures.push(Figure::new(
         "container death (runtime confirms) → replacement started by the runtime",
         "s",
         &runs.restart,
     ));
-    results.figures.push(
-        Figure::new("replacement started by the runtime → restarted and Running in /pods", "s", &runs.restart_seen)
-            .target(Target::AtMost(0.05)),
-    );
+    results.figures.push(Figure::new(
+        "replacement started by the runtime → restarted and Running in /pods",
+        "s",
+        &runs.restart_seen,
+    ));
     results.figures.push(Figure::new(
         format!("agent CPU probing {PROBED_CONTAINERS} containers (an exec and an httpGet probe each, 1 s period)"),
         "s/min",
@@ -378,6 +384,9 @@ struct AgentRuns {
     cri: Samples,
     /// Manifests removed → no sandbox ready.
     teardown: Samples,
+    /// A container's death confirmed by the runtime → `/pods` no longer shows it running (a
+    /// transition the runtime reports, which the agent must notice by itself).
+    death_seen: Vec<f64>,
     /// A container's death confirmed by the runtime → its replacement started by the runtime.
     restart: Vec<f64>,
     /// The replacement started by the runtime → restarted and running in `/pods`.
@@ -401,9 +410,10 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
             runs.cri.entry(n).or_default().push(cri);
             if n == 1 {
                 progress(&format!("agent restart of a dead container, run {round} of {}", options.repeat));
-                let (restarted, seen) = restart_after_death(agent, tool)?;
-                runs.restart.push(restarted);
-                runs.restart_seen.push(seen);
+                let restart = restart_after_death(agent, tool)?;
+                runs.death_seen.push(restart.death_seen);
+                runs.restart.push(restart.replacement_started);
+                runs.restart_seen.push(restart.replacement_seen);
             }
             if n == largest && round == options.repeat {
                 progress(&format!("idle, {n} pods: {} windows of {:?}", options.windows, options.window));
@@ -518,26 +528,42 @@ fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize, round: usize) -> Resu
     Ok((api, cri))
 }
 
-/// Stops the running container at once; returns seconds from the runtime's confirmation until
-/// the runtime started its replacement, and from then until `/pods` shows it restarted and
-/// running.
-fn restart_after_death(agent: &mut Agent, tool: &CriTool) -> Result<(f64, f64)> {
+/// Seconds of a restart after a container's death, from the runtime's confirmation of the death.
+struct Restart {
+    /// Until `/pods` first shows the container not running, or already restarted.
+    death_seen: f64,
+    /// Until the runtime started the replacement.
+    replacement_started: f64,
+    /// From the replacement's start until `/pods` shows it restarted and running.
+    replacement_seen: f64,
+}
+
+/// Stops the running container at once, and times how the agent notices and replaces it.
+fn restart_after_death(agent: &mut Agent, tool: &CriTool) -> Result<Restart> {
     let (before, _) = agent.restarts()?;
     let killed = tool.kill_containers()?;
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut death_seen = None;
     let seen = loop {
         let (restarts, running) = agent.restarts()?;
+        if death_seen.is_none() && (restarts > before || !running) {
+            death_seen = Some(harness::unix_now());
+        }
         if restarts > before && running {
             break harness::unix_now();
         }
         if Instant::now() > deadline {
             bail!("the killed container was not restarted within 60 s");
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(2));
     };
     // When the runtime started the replacement, by its own clock (the same machine's).
     let started = tool.state()?.values().filter_map(|pod| pod["started"].as_f64()).fold(f64::NAN, f64::max);
-    Ok((started - killed, seen - started))
+    Ok(Restart {
+        death_seen: death_seen.unwrap_or(seen) - killed,
+        replacement_started: started - killed,
+        replacement_seen: seen - started,
+    })
 }
 
 /// Removes every manifest; returns seconds until no sandbox of them is ready, then waits until
