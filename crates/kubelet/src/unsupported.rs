@@ -27,11 +27,6 @@ pub const FIELDS: &[&str] = &[
     "spec.containers[*].volumeMounts[*].subPathExpr",
     "spec.containers[*].volumeMounts[*].recursiveReadOnly",
     "spec.containers[*].volumeDevices",
-    "spec.containers[*].livenessProbe.httpGet.scheme",
-    "spec.containers[*].readinessProbe.httpGet.scheme",
-    "spec.containers[*].startupProbe.httpGet.scheme",
-    "spec.containers[*].lifecycle.postStart.httpGet.scheme",
-    "spec.containers[*].lifecycle.preStop.httpGet.scheme",
     "spec.containers[*].lifecycle.postStart.tcpSocket",
     "spec.containers[*].lifecycle.preStop.tcpSocket",
     "spec.containers[*].lifecycle.stopSignal",
@@ -207,18 +202,12 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: 
         ("readinessProbe", &c.readiness_probe),
         ("startupProbe", &c.startup_probe),
     ] {
-        let Some(probe) = probe else { continue };
-        check(!probed, name);
-        // No TLS client: an HTTPS probe would fail forever.
-        let scheme = probe.http_get.as_ref().and_then(|h| h.scheme.as_deref()).unwrap_or("HTTP");
-        check(probed && !scheme.eq_ignore_ascii_case("HTTP"), &format!("{name}.httpGet.scheme"));
+        check(!probed && probe.is_some(), name);
     }
     if let Some(lifecycle) = &c.lifecycle {
         check(!hooked, "lifecycle");
         for (name, handler) in [("postStart", &lifecycle.post_start), ("preStop", &lifecycle.pre_stop)] {
             let Some(handler) = handler.as_ref().filter(|_| hooked) else { continue };
-            let scheme = handler.http_get.as_ref().and_then(|h| h.scheme.as_deref()).unwrap_or("HTTP");
-            check(!scheme.eq_ignore_ascii_case("HTTP"), &format!("lifecycle.{name}.httpGet.scheme"));
             // Upstream keeps the field for compatibility only; the hook would fail every time.
             check(handler.tcp_socket.is_some(), &format!("lifecycle.{name}.tcpSocket"));
         }
@@ -237,7 +226,7 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: 
 mod tests {
     use k8s_openapi::api::core::v1::{
         AppArmorProfile, ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
-        EphemeralContainer, HTTPGetAction, HostAlias, Lifecycle, LifecycleHandler, PodReadinessGate, PodResourceClaim,
+        EphemeralContainer, HostAlias, Lifecycle, LifecycleHandler, PodReadinessGate, PodResourceClaim,
         PodSecurityContext, Probe, ResourceClaim, ResourceRequirements, SELinuxOptions, TCPSocketAction, Volume,
         VolumeDevice, VolumeMount,
     };
@@ -330,12 +319,7 @@ mod tests {
             "spec.containers[*].livenessProbe" => c.liveness_probe = Some(Probe::default()),
             "spec.containers[*].readinessProbe" => c.readiness_probe = Some(Probe::default()),
             "spec.containers[*].startupProbe" => c.startup_probe = Some(Probe::default()),
-            "spec.containers[*].livenessProbe.httpGet.scheme" => c.liveness_probe = Some(https()),
-            "spec.containers[*].readinessProbe.httpGet.scheme" => c.readiness_probe = Some(https()),
-            "spec.containers[*].startupProbe.httpGet.scheme" => c.startup_probe = Some(https()),
             "spec.containers[*].lifecycle" => c.lifecycle = Some(Lifecycle::default()),
-            "spec.containers[*].lifecycle.postStart.httpGet.scheme" => c.lifecycle = Some(hook(true, https_hook())),
-            "spec.containers[*].lifecycle.preStop.httpGet.scheme" => c.lifecycle = Some(hook(false, https_hook())),
             "spec.containers[*].lifecycle.postStart.tcpSocket" => c.lifecycle = Some(hook(true, tcp_hook())),
             "spec.containers[*].lifecycle.preStop.tcpSocket" => c.lifecycle = Some(hook(false, tcp_hook())),
             "spec.containers[*].lifecycle.stopSignal" => {
@@ -376,20 +360,8 @@ mod tests {
         }
     }
 
-    fn https_hook() -> LifecycleHandler {
-        let http_get = HTTPGetAction { scheme: Some("HTTPS".into()), ..HTTPGetAction::default() };
-        LifecycleHandler { http_get: Some(http_get), ..LifecycleHandler::default() }
-    }
-
     fn tcp_hook() -> LifecycleHandler {
         LifecycleHandler { tcp_socket: Some(TCPSocketAction::default()), ..LifecycleHandler::default() }
-    }
-
-    fn https() -> Probe {
-        Probe {
-            http_get: Some(HTTPGetAction { scheme: Some("HTTPS".into()), ..HTTPGetAction::default() }),
-            ..Probe::default()
-        }
     }
 
     /// `spec.containers[*].lifecycle` matches `spec.containers[0].lifecycle`.

@@ -84,6 +84,8 @@ pub(crate) struct HttpTarget {
     pub(crate) path: String,
     /// Extra headers, in order; a `Host` header replaces the request's host.
     pub(crate) headers: Vec<(String, String)>,
+    /// HTTPS (`scheme: HTTPS`), without verifying the server's certificate, as upstream.
+    pub(crate) tls: bool,
 }
 
 impl HttpTarget {
@@ -97,11 +99,19 @@ impl HttpTarget {
             p => format!("/{p}"),
         };
         let headers = action.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect();
-        Ok(HttpTarget { host, port, path, headers })
+        let tls = match action.scheme.as_deref().map(str::to_ascii_uppercase).as_deref() {
+            None | Some("" | "HTTP") => false,
+            Some("HTTPS") => true,
+            Some(_) => {
+                return Err(ProbeError(format!("unsupported scheme {:?}", action.scheme.as_deref().unwrap_or(""))));
+            }
+        };
+        Ok(HttpTarget { host, port, path, headers, tls })
     }
 
     fn url(&self) -> String {
-        format!("http://{}{}", join_host_port(&self.host, self.port), self.path)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{}", join_host_port(&self.host, self.port), self.path)
     }
 }
 
@@ -174,6 +184,22 @@ async fn http_once(
     user_agent: &str,
 ) -> Result<(StatusCode, Option<String>, Vec<u8>), Box<dyn std::error::Error + Send + Sync>> {
     let stream = TcpStream::connect(join_host_port(&target.host, target.port)).await?;
+    if target.tls {
+        let stream = crate::tls::connect(stream, &target.host).await?;
+        return http_over(stream, target, user_agent).await;
+    }
+    http_over(stream, target, user_agent).await
+}
+
+/// One GET over `stream`, as [`http_once`] says.
+async fn http_over<S>(
+    stream: S,
+    target: &HttpTarget,
+    user_agent: &str,
+) -> Result<(StatusCode, Option<String>, Vec<u8>), Box<dyn std::error::Error + Send + Sync>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let connection = tokio::spawn(connection);
     let mut request = Request::get(target.path.as_str())
@@ -214,10 +240,14 @@ fn redirect(target: &HttpTarget, location: &str) -> Option<HttpTarget> {
     if location.starts_with('/') {
         return Some(HttpTarget { path: location.to_owned(), ..target.clone() });
     }
-    let rest = location.strip_prefix("http://")?;
+    let (rest, tls, default_port) = match (location.strip_prefix("http://"), location.strip_prefix("https://")) {
+        (Some(rest), _) => (rest, false, 80),
+        (_, Some(rest)) => (rest, true, 443),
+        _ => return None,
+    };
     let (authority, path) = rest.find('/').map_or((rest, "/"), |i| (&rest[..i], &rest[i..]));
-    let (host, port) = split_host_port(authority, 80)?;
-    (host == target.host).then(|| HttpTarget { host, port, path: path.to_owned(), ..target.clone() })
+    let (host, port) = split_host_port(authority, default_port)?;
+    (host == target.host).then(|| HttpTarget { host, port, path: path.to_owned(), tls, ..target.clone() })
 }
 
 fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> {

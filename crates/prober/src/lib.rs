@@ -22,8 +22,8 @@
 //! or `preStop` handler (exec, httpGet, sleep) when a runtime asks; the runtime decides when, and
 //! what a failure means.
 //!
-//! Differences from upstream: httpGet probes speak plain HTTP only (the kubelet refuses
-//! `scheme: HTTPS` until the agent carries a TLS client), and so do httpGet hooks.
+//! httpGet probes and hooks with `scheme: HTTPS` speak TLS without checking the server's
+//! certificate against any authority, as upstream's (`InsecureSkipVerify`).
 //!
 //! # Example
 //!
@@ -60,6 +60,7 @@ mod grpc;
 mod handlers;
 mod hook;
 mod manager;
+mod tls;
 mod worker;
 
 pub use crate::{

@@ -386,9 +386,6 @@ impl<R: Runtime> WorkerTask<R> {
         if let Some(action) = &probe.exec {
             handlers::exec(self.inner.runtime.as_ref(), container_id, action, timeout).await
         } else if let Some(action) = &probe.http_get {
-            if action.scheme.as_deref().is_some_and(|s| !s.eq_ignore_ascii_case("HTTP")) {
-                return Err(handlers::ProbeError(format!("unsupported scheme {:?}", action.scheme)));
-            }
             let target = HttpTarget::of(action, &self.container, pod_ip)?;
             Ok(handlers::http(&target, &self.inner.config.user_agent, timeout).await)
         } else if let Some(action) = &probe.tcp_socket {

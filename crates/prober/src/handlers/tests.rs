@@ -41,7 +41,7 @@ async fn server(respond: fn(&str, u16) -> String) -> (u16, Arc<Mutex<Vec<String>
 }
 
 fn target(port: u16, path: &str) -> HttpTarget {
-    HttpTarget { host: "127.0.0.1".into(), port, path: path.into(), headers: Vec::new() }
+    HttpTarget { host: "127.0.0.1".into(), port, path: path.into(), headers: Vec::new(), tls: false }
 }
 
 #[tokio::test]
@@ -144,7 +144,8 @@ fn targets_resolve_named_ports_default_paths_and_the_pod_ip() {
             host: "10.1.0.5".into(),
             port: 8080,
             path: "/healthz".into(),
-            headers: vec![("X-A".into(), "b".into())]
+            headers: vec![("X-A".into(), "b".into())],
+            tls: false,
         }
     );
     assert_eq!(t.url(), "http://10.1.0.5:8080/healthz");
@@ -155,6 +156,10 @@ fn targets_resolve_named_ports_default_paths_and_the_pod_ip() {
     };
     let t = HttpTarget::of(&by_number, &container, "10.1.0.5").unwrap();
     assert_eq!(t.url(), "http://[fd00::1]:81/");
+    let https = HTTPGetAction { scheme: Some("HTTPS".into()), ..by_number.clone() };
+    assert_eq!(HttpTarget::of(&https, &container, "10.1.0.5").unwrap().url(), "https://[fd00::1]:81/");
+    let ftp = HTTPGetAction { scheme: Some("FTP".into()), ..by_number.clone() };
+    assert_eq!(HttpTarget::of(&ftp, &container, "ip").unwrap_err().0, "unsupported scheme \"FTP\"");
     let missing = HTTPGetAction { port: IntOrString::String("admin".into()), ..HTTPGetAction::default() };
     assert_eq!(HttpTarget::of(&missing, &container, "ip").unwrap_err().0, "couldn't find port: \"admin\" in \"web\"");
     assert!(resolve_port(&IntOrString::Int(70000), &container).is_err());
@@ -167,7 +172,12 @@ fn redirects_keep_to_the_host() {
     assert_eq!(redirect(&from, "http://127.0.0.1:81/c").map(|t| (t.port, t.path)), Some((81, "/c".into())));
     assert_eq!(redirect(&from, "http://127.0.0.1").map(|t| (t.port, t.path)), Some((80, "/".into())));
     assert_eq!(redirect(&from, "http://other/"), None);
-    assert_eq!(redirect(&from, "https://127.0.0.1/"), None, "no TLS client: not followed");
+    let to_https = redirect(&from, "https://127.0.0.1/s").unwrap();
+    assert_eq!(
+        (to_https.tls, to_https.port, to_https.path.as_str()),
+        (true, 443, "/s"),
+        "the host decides, not the scheme"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -193,4 +203,49 @@ async fn exec_passes_on_exit_zero_and_fails_with_the_output() {
     assert_eq!(exec(&runtime, &id, &action, TIMEOUT).await.unwrap(), Verdict::Failure("not yet".into()));
     let gone = exec(&runtime, "nope", &action, TIMEOUT).await.unwrap_err();
     assert!(gone.0.contains("not found"), "a runtime error is no verdict: {gone}");
+}
+
+/// An HTTPS server on loopback (a self-signed certificate no authority vouches for) answering
+/// every request 200.
+async fn tls_server() -> u16 {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let cert = CertificateDer::from(include_bytes!("testdata/cert.der").to_vec());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(include_bytes!("testdata/key.der").to_vec()));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let Ok(mut stream) = acceptor.accept(stream).await else { continue };
+            let mut buf = vec![0; 4096];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await;
+            let _ = stream.shutdown().await;
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn https_probes_pass_without_checking_the_certificate_as_upstreams() {
+    let port = tls_server().await;
+    let https = HttpTarget { tls: true, ..target(port, "/") };
+    assert_eq!(http(&https, "kube-probe/1.36", TIMEOUT).await, Verdict::Success);
+    // The same server spoken to in plain HTTP answers nothing a probe can pass.
+    assert!(matches!(http(&target(port, "/"), "kube-probe/1.36", TIMEOUT).await, Verdict::Failure(_)));
+    // And HTTPS to a plain HTTP server fails in the handshake.
+    let (plain, _) = server(|_, _| "HTTP/1.1 200 OK".to_owned()).await;
+    let Verdict::Failure(why) = http(&HttpTarget { tls: true, ..target(plain, "/") }, "kube-probe/1.36", TIMEOUT).await
+    else {
+        panic!("HTTPS to a plain server passed");
+    };
+    assert!(why.starts_with("Get \"https://127.0.0.1:"), "{why}");
 }
