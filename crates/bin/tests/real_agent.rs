@@ -663,14 +663,70 @@ async fn recording_server() -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
     (port, paths)
 }
 
+/// An HTTPS server on 127.0.0.1 with a self-signed certificate (made with `openssl` in `dir`)
+/// that answers 200 to everything and keeps each request's path.
+async fn recording_tls_server(dir: &Path) -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (cert, key) = (dir.join("cert.der"), dir.join("key.der"));
+    let made = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=probe -outform der -out {} -keyout {dir}/key.pem && openssl pkcs8 -topk8 -nocrypt -in {dir}/key.pem -outform der -out {}",
+            cert.display(),
+            key.display(),
+            dir = dir.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "openssl: {}", String::from_utf8_lossy(&made.stderr));
+    let cert = CertificateDer::from(std::fs::read(cert).unwrap());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(std::fs::read(key).unwrap()));
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let paths = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = paths.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(mut stream) = acceptor.accept(stream).await else { continue };
+            let mut buf = vec![0; 4096];
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+            seen.lock().unwrap().push(head.split_whitespace().nth(1).unwrap_or_default().to_owned());
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+            let _ = stream.shutdown().await;
+        }
+    });
+    (port, paths)
+}
+
 #[tokio::test]
 async fn real_hooks_run_after_start_and_before_stop() {
     let Some(rt) = RealRuntime::from_env("real_hooks_run_after_start_and_before_stop") else { return };
     let (dir, node) = scratch(&rt, "agent-hooks", "hooks");
     let port = free_port();
     let (hook_port, hook_paths) = recording_server().await;
+    let (tls_port, tls_paths) = recording_tls_server(&dir).await;
     let image = rt.busybox_image.clone();
     let manifests = dir.join("manifests");
+    // `secure`'s postStart hook and readiness probe speak HTTPS to a server whose certificate no
+    // authority vouches for, as upstream's do.
+    let secure = probed_pod_yaml(
+        "secure",
+        &image,
+        "exec sleep 3600",
+        &format!(
+            "    lifecycle:\n      postStart:\n        httpGet: {{host: 127.0.0.1, port: {tls_port}, path: /started, scheme: HTTPS}}\n    readinessProbe:\n      httpGet: {{host: 127.0.0.1, port: {tls_port}, path: /ready, scheme: HTTPS}}\n      periodSeconds: 1\n"
+        ),
+    );
+    std::fs::write(manifests.join("secure.yaml"), secure).unwrap();
     // `app`'s postStart writes the file its readiness probe reads; its preStop sleeps far past
     // the 5 s grace period. `web`'s hooks are httpGet requests the agent makes to this test.
     let hooked = [
@@ -729,6 +785,13 @@ async fn real_hooks_run_after_start_and_before_stop() {
             let status = pod_status(port, &hooked, "hooked to be ready", |s| condition(s, "Ready") == "True").await;
             assert_eq!(status["containerStatuses"][0]["restartCount"], 0, "{status}");
             assert_eq!(*hook_paths.lock().unwrap(), ["/poststart"], "web's postStart request");
+            pod_status(port, &format!("secure-{node}"), "secure to be ready over HTTPS", |s| {
+                condition(s, "Ready") == "True"
+            })
+            .await;
+            let over_tls = tls_paths.lock().unwrap().clone();
+            assert_eq!(over_tls.first().map(String::as_str), Some("/started"), "{over_tls:?}");
+            assert!(over_tls.iter().any(|p| p == "/ready"), "{over_tls:?}");
 
             let bad = pod_status(port, &format!("badstart-{node}"), "the restart after the failed postStart", |s| {
                 s["containerStatuses"][0]["restartCount"].as_i64() >= Some(1)
