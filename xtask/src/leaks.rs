@@ -77,12 +77,30 @@ fn mounts() -> BTreeSet<String> {
     table.lines().filter_map(|line| line.split(' ').nth(4)).map(str::to_owned).collect()
 }
 
-/// Runtime shim processes, by PID.
+/// Runtime shim processes, as `<pid> <id>` (the `-id` it serves).
 fn shims() -> BTreeSet<String> {
     let is_shim = |pid: &str| {
         fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.starts_with("containerd-shim"))
     };
-    names_in(Path::new("/proc"), |n| n.bytes().all(|b| b.is_ascii_digit()) && is_shim(n))
+    let pids = names_in(Path::new("/proc"), |n| n.bytes().all(|b| b.is_ascii_digit()) && is_shim(n));
+    pids.into_iter().map(|pid| format!("{pid} {}", shim_id(&pid).unwrap_or_default())).collect()
+}
+
+/// The `-id` argument of shim `pid`.
+fn shim_id(pid: &str) -> Option<String> {
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut args = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned());
+    args.by_ref().find(|a| a == "-id")?;
+    args.next()
+}
+
+/// Splits leaked shims (`<pid> <id>`) into those serving a container the runtime still holds
+/// (`held`, by ID) and those it lost track of: containerd 1.6 keeps a shim running when a
+/// RunPodSandbox is cancelled in flight or containerd dies during it, after logging "cleaning
+/// up after shim disconnected" and forgetting the sandbox (containerd issues 6860, 8931, 9309).
+/// No CRI call can see or stop such a shim.
+pub(crate) fn split_lost_shims(leaked: Vec<String>, held: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
+    leaked.into_iter().partition(|shim| shim.split_once(' ').is_some_and(|(_, id)| held.contains(id)))
 }
 
 /// Pod cgroups on the host, cgroup v1 (every controller) and v2: `…/kubepods/[qos/]pod<uid>`.
@@ -123,6 +141,13 @@ mod tests {
         assert_eq!(leaks["netns"], vec!["cni-b".to_owned()]);
         assert!(leaks["veth"].is_empty());
         assert!(leaked(&now, &baseline).values().all(Vec::is_empty), "what went away is no leak");
+    }
+
+    #[test]
+    fn shims_the_runtime_lost_are_told_apart() {
+        let held = BTreeSet::from(["abc".to_owned()]);
+        let (held_shims, lost) = split_lost_shims(vec!["10 abc".to_owned(), "11 def".to_owned()], &held);
+        assert_eq!((held_shims, lost), (vec!["10 abc".to_owned()], vec!["11 def".to_owned()]));
     }
 
     #[test]

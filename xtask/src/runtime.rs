@@ -375,6 +375,13 @@ pub(crate) fn stop_containerd() -> Result<()> {
     CONTAINERD_DAEMON.stop()
 }
 
+/// The IDs of every container (sandboxes included) containerd holds in the CRI namespace.
+pub(crate) fn container_ids() -> std::collections::BTreeSet<String> {
+    let listed =
+        output(Command::new("ctr").arg("--address").arg(socket()).args(["-n", "k8s.io", "containers", "ls", "-q"]));
+    listed.unwrap_or_default().lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect()
+}
+
 /// Kills containerd with SIGKILL, as a crash would: its containers keep running under their
 /// shims.
 pub(crate) fn kill_containerd() -> Result<()> {

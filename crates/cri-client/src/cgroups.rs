@@ -13,20 +13,21 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Removes the cgroup directory `parent` (for example `/kubepods/besteffort/pod<uid>`) under every
 /// hierarchy below `root`; returns how many directories were removed.
 ///
-/// A hierarchy without the directory is fine. Empty child cgroups go first, deepest first, as
-/// libcontainer's removal does: a container whose runtime lost it between creating its cgroup and
-/// starting it leaves one behind.
-/// It fails when `parent` is not an absolute path without `..`, or when a directory or a child
-/// still holds processes.
+/// A hierarchy without the directory is fine. Processes still in it or in a child cgroup are
+/// killed first, as upstream's `tryKillingCgroupProcesses` does: a sandbox the runtime lost
+/// when it crashed leaves its pause process there, which nothing else would ever stop. Empty
+/// child cgroups go first, deepest first, as libcontainer's removal does: a container whose
+/// runtime lost it between creating its cgroup and starting it leaves one behind.
+/// It fails when `parent` is not an absolute path without `..`, or when a directory still holds
+/// processes (just killed ones a moment after, until their parent reaps them).
 pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
-    let relative = Path::new(parent);
-    let valid = relative.is_absolute()
-        && relative.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
-        && relative.components().count() > 1;
-    if !valid {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("invalid cgroup parent {parent:?}")));
+    let relative = relative_parent(parent)?;
+    let killed = kill_processes(root, relative)?;
+    if killed > 0 {
+        tracing::warn!(parent, killed, "killed processes left in a gone pod's cgroup");
+        // Their parent (the runtime's shim) reaps them in a moment.
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let relative = relative.strip_prefix("/").unwrap_or(relative);
     let mut removed = 0;
     for hierarchy in hierarchies(root)? {
         let dir = hierarchy.join(relative);
@@ -37,6 +38,51 @@ pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
         }
     }
     Ok(removed)
+}
+
+/// `parent` below a hierarchy's root, when it is an absolute path of at least two names
+/// without `..`.
+fn relative_parent(parent: &str) -> io::Result<&Path> {
+    let relative = Path::new(parent);
+    let valid = relative.is_absolute()
+        && relative.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && relative.components().count() > 1;
+    if !valid {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("invalid cgroup parent {parent:?}")));
+    }
+    Ok(relative.strip_prefix("/").unwrap_or(relative))
+}
+
+/// SIGKILLs every process in cgroup `relative` or below it, under any hierarchy; returns how
+/// many it signalled.
+fn kill_processes(root: &Path, relative: &Path) -> io::Result<usize> {
+    let mut pids = std::collections::BTreeSet::new();
+    for hierarchy in hierarchies(root)? {
+        collect_pids(&hierarchy.join(relative), &mut pids);
+    }
+    let mut killed = 0;
+    for pid in pids {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        match nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL) {
+            Ok(()) => killed += 1,
+            Err(nix::errno::Errno::ESRCH) => {}
+            Err(errno) => return Err(io::Error::from(errno)),
+        }
+    }
+    Ok(killed)
+}
+
+/// The processes of cgroup `dir` and its children (only directories are followed).
+fn collect_pids(dir: &Path, pids: &mut std::collections::BTreeSet<i32>) {
+    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()).filter(|pid| *pid > 0));
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_pids(&entry.path(), pids);
+        }
+    }
 }
 
 /// Removes cgroup `dir` after its child cgroups, deepest first. Only directories are followed
@@ -108,6 +154,20 @@ mod tests {
         std::fs::create_dir_all(container.join("nested")).unwrap();
         assert_eq!(remove_pod_cgroup(root.path(), "/kubepods/besteffort/pod1").unwrap(), 1);
         assert!(!root.path().join("pids/kubepods/besteffort/pod1").exists());
+    }
+
+    #[test]
+    fn processes_left_in_the_pod_cgroup_are_killed_first() {
+        let root = tempfile::tempdir().unwrap();
+        let container = root.path().join("pids/kubepods/besteffort/pod1/lost-sandbox");
+        std::fs::create_dir_all(&container).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        std::fs::write(container.join("cgroup.procs"), format!("{}\n", child.id())).unwrap();
+        // A regular directory keeps its files; a cgroup's go with it. Only the kill is tested here.
+        let relative = relative_parent("/kubepods/besteffort/pod1").unwrap();
+        assert_eq!(kill_processes(root.path(), relative).unwrap(), 1);
+        let status = child.wait().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "SIGKILLed");
     }
 
     #[test]

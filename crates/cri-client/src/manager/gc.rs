@@ -57,6 +57,22 @@ impl CriRuntime {
         {
             warn!(error = %err, dir = %dir.display(), "cannot remove the pod log directory");
         }
+        self.remove_dangling_log_links(&format!("{name}_{namespace}_")).await;
+    }
+
+    /// Removes the legacy container log symlinks named for a pod (`<name>_<namespace>_...log`)
+    /// whose log is gone: a container the runtime removed with its sandbox leaves its link, which
+    /// now points at nothing. A link of a pod of the same name that still logs stays.
+    async fn remove_dangling_log_links(&self, prefix: &str) {
+        let Ok(mut entries) = tokio::fs::read_dir(&self.config.container_logs_dir).await else { return };
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_link = entry.file_type().await.is_ok_and(|t| t.is_symlink());
+            // `exists` follows the link: false once its log is gone.
+            if name.starts_with(prefix) && name.ends_with(".log") && is_link && !entry.path().exists() {
+                let _ = tokio::fs::remove_file(entry.path()).await;
+            }
+        }
     }
 }
 
