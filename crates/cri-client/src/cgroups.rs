@@ -19,14 +19,12 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// child cgroups go first, deepest first, as libcontainer's removal does: a container whose
 /// runtime lost it between creating its cgroup and starting it leaves one behind.
 /// It fails when `parent` is not an absolute path without `..`, or when a directory still holds
-/// processes (just killed ones a moment after, until their parent reaps them).
+/// processes (just killed ones, until their parent reaps them: try again a moment later).
 pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
     let relative = relative_parent(parent)?;
     let killed = kill_processes(root, relative)?;
     if killed > 0 {
         tracing::warn!(parent, killed, "killed processes left in a gone pod's cgroup");
-        // Their parent (the runtime's shim) reaps them in a moment.
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let mut removed = 0;
     for hierarchy in hierarchies(root)? {

@@ -20,7 +20,7 @@ impl CriRuntime {
     async fn remove_leftovers(&self, uid: &PodUid) -> Result<(), Error> {
         let mut failed = None;
         for parent in self.pod_cgroup_parents(uid.as_str()) {
-            if let Err(err) = cgroups::remove_pod_cgroup(&self.config.cgroup_mount, &parent) {
+            if let Err(err) = self.remove_pod_cgroup(&parent).await {
                 debug!(error = %err, parent, "pod cgroup not removed");
                 failed.get_or_insert(err);
             }
@@ -29,6 +29,18 @@ impl CriRuntime {
         match failed {
             Some(source) => Err(Error::Leftover { uid: uid.to_string(), source }),
             None => Ok(()),
+        }
+    }
+
+    /// Removes the pod cgroup `parent`, once more after a moment when the first try fails (the
+    /// processes it killed there are reaped by then).
+    async fn remove_pod_cgroup(&self, parent: &str) -> std::io::Result<usize> {
+        match cgroups::remove_pod_cgroup(&self.config.cgroup_mount, parent) {
+            Err(err) if err.kind() != std::io::ErrorKind::InvalidInput => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                cgroups::remove_pod_cgroup(&self.config.cgroup_mount, parent)
+            }
+            result => result,
         }
     }
 
@@ -47,7 +59,7 @@ impl CriRuntime {
     /// Removes a pod's cgroup and log directory once nothing of it remains in the runtime.
     pub(super) async fn cleanup_pod(&self, uid: &str, name: &str, namespace: &str, qos_parents: &[String]) {
         for parent in qos_parents {
-            if let Err(err) = cgroups::remove_pod_cgroup(&self.config.cgroup_mount, parent) {
+            if let Err(err) = self.remove_pod_cgroup(parent).await {
                 debug!(error = %err, parent, "pod cgroup not removed");
             }
         }
