@@ -373,7 +373,10 @@ async fn scenario(
     let internal_ip = addresses.iter().find(|a| a["type"] == "InternalIP").map(|a| a["address"].clone());
     assert!(internal_ip.as_ref().is_some_and(|ip| ip.as_str().is_some_and(|ip| !ip.is_empty())), "{addresses:?}");
     assert_eq!(Some(&web["status"]["hostIP"]), internal_ip.as_ref(), "{web}");
-    assert_eq!(web["status"]["hostIPs"][0]["ip"], web["status"]["hostIP"], "{web}");
+    // The kube-apiserver of the tests (v1.26) predates `hostIPs` and drops it.
+    if cluster.local().is_some() {
+        assert_eq!(web["status"]["hostIPs"][0]["ip"], web["status"]["hostIP"], "{web}");
+    }
     // Ready now: the reason it was not ready is gone, not merged into the new condition.
     let ready = web["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap();
     assert_eq!((ready["status"].as_str(), ready.get("reason")), (Some("True"), None), "{web}");
