@@ -75,6 +75,7 @@ pub(crate) const FLAGS: &[(&str, Kind, Effect)] = &[
     ),
     ("experimental-allocatable-ignore-eviction", Bool, Deprecated("will be removed in 1.25 or later.")),
     // ContainerRuntimeOptions.
+    ("runtime-cgroups", Text, Missing),
     (
         "pod-infra-container-image",
         Text,
@@ -335,6 +336,45 @@ mod tests {
                 assert!(config::configuration::support(field).is_some(), "--{name}: {field} is not upstream's");
             }
         }
+    }
+
+    /// Upstream flags declared outside `options.go`, and this agent's own, with where each is from.
+    const DECLARED_ELSEWHERE: &[&str] = &[
+        // pkg/kubelet/config/flags.go, ContainerRuntimeOptions.AddFlags.
+        "runtime-cgroups",
+        "pod-infra-container-image",
+        "image-credential-provider-config",
+        "image-credential-provider-bin-dir",
+        // k8s.io/component-base/logs/api/v1, AddFlags (called from AddKubeletConfigFlags).
+        "v",
+        "vmodule",
+        "log-flush-frequency",
+        "logging-format",
+        "log-json-split-stream",
+        "log-json-info-buffer-size",
+        "log-text-split-stream",
+        "log-text-info-buffer-size",
+        // kubelet-rs's own: where pod and container log links go.
+        "pod-logs-dir",
+        "container-logs-dir",
+    ];
+
+    #[test]
+    fn every_flag_of_upstreams_options_is_declared_and_nothing_else_is_unexplained() {
+        let fixture = include_str!("../tests/fixtures/upstream-kubelet-flags.txt");
+        let upstream: Vec<&str> = fixture.lines().filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+        let command = register(<crate::settings::RunArgs as clap::Args>::augment_args(Command::new("run")));
+        let ours: Vec<String> =
+            command.get_arguments().filter_map(|arg| arg.get_long()).map(str::to_owned).collect();
+        let missing: Vec<&&str> = upstream.iter().filter(|f| !ours.iter().any(|o| o == *f)).collect();
+        let unexplained: Vec<&String> = ours
+            .iter()
+            .filter(|o| !upstream.contains(&o.as_str()) && !DECLARED_ELSEWHERE.contains(&o.as_str()))
+            .collect();
+        assert!(missing.is_empty(), "upstream's flags this agent does not declare: {missing:?}");
+        assert!(unexplained.is_empty(), "flags neither upstream's options.go nor listed as from elsewhere: {unexplained:?}");
+        let undeclared: Vec<&&str> = DECLARED_ELSEWHERE.iter().filter(|f| !ours.iter().any(|o| o == *f)).collect();
+        assert!(undeclared.is_empty(), "listed but not declared: {undeclared:?}");
     }
 
     #[test]

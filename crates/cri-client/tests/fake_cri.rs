@@ -37,7 +37,11 @@ struct FakeCri {
     events: Arc<Mutex<Option<Vec<pb::ContainerEventResponse>>>>,
     errors: Arc<Mutex<HashMap<&'static str, VecDeque<Status>>>>,
     delay: Arc<Mutex<Duration>>,
+    /// A delay for one method, in place of `delay`.
+    method_delays: Arc<Mutex<HashMap<&'static str, Duration>>>,
     calls: Arc<Mutex<Vec<&'static str>>>,
+    /// The calls that ran to their end (a call the client cancels is dropped while it waits).
+    finished: Arc<Mutex<Vec<&'static str>>>,
     /// What `ListContainers` answers; `RemoveContainer` removes from it.
     containers: Arc<Mutex<Vec<pb::Container>>>,
     /// What `ContainerStatus` answers; unimplemented when unset.
@@ -53,8 +57,10 @@ impl FakeCri {
 
     async fn enter(&self, method: &'static str) -> Result<(), Status> {
         self.calls.lock().unwrap().push(method);
-        let delay = *self.delay.lock().unwrap();
+        let delay = self.method_delays.lock().unwrap().get(method).copied();
+        let delay = delay.unwrap_or(*self.delay.lock().unwrap());
         tokio::time::sleep(delay).await;
+        self.finished.lock().unwrap().push(method);
         match self.errors.lock().unwrap().get_mut(method).and_then(VecDeque::pop_front) {
             Some(status) => Err(status),
             None => Ok(()),
@@ -464,6 +470,44 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
         .sync_pod(&pod, &status, &Backoff::default(), &kubelet_core::ProbeResults::new(), &Default::default())
         .await;
     assert!(reasons_of(&recorder).contains(&"SandboxChanged".to_owned()), "{:?}", reasons_of(&recorder));
+    f.server.abort();
+}
+
+#[tokio::test]
+async fn a_sandbox_start_runs_to_its_end_when_the_sync_is_dropped() {
+    let f = start();
+    let logs = tempfile::tempdir().unwrap();
+    f.fake.method_delays.lock().unwrap().insert("run_pod_sandbox", Duration::from_millis(400));
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let runtime = CriRuntime::new(client, manager_config(logs.path()), Arc::new(RingRecorder::default()));
+    let pod = Pod {
+        metadata: ObjectMeta {
+            uid: Some("u".into()),
+            name: Some("p".into()),
+            namespace: Some("ns".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container { name: "c".into(), image: Some("i".into()), ..Container::default() }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    let status = PodStatus::new(PodUid::new("u"), "p", "ns");
+    let (backoff, probes) = (Backoff::default(), kubelet_core::ProbeResults::new());
+    let volumes = kubelet_core::volume::PodVolumes::default();
+    let sync = runtime.sync_pod(&pod, &status, &backoff, &probes, &volumes);
+    // The pod worker drops its sync like this when the pod is deleted while it starts.
+    let dropped = tokio::time::timeout(Duration::from_millis(150), sync).await;
+    assert!(dropped.is_err(), "the sync was still waiting for its sandbox");
+    assert!(f.fake.calls.lock().unwrap().contains(&"run_pod_sandbox"), "the sandbox was asked for");
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        f.fake.finished.lock().unwrap().contains(&"run_pod_sandbox"),
+        "the runtime saw the RunPodSandbox call cancelled: {:?}",
+        f.fake.finished.lock().unwrap()
+    );
     f.server.abort();
 }
 

@@ -297,6 +297,24 @@ impl CriRuntime {
     }
 }
 
+/// Asks the runtime for a sandbox and lets the call finish even when the sync that made it is
+/// cancelled (the pod was deleted, or its grace period cut, while it started).
+///
+/// containerd 1.6 keeps the shim of a RunPodSandbox cancelled in flight running after it forgets
+/// the sandbox (containerd issues 6860, 8931 and 9309), and no CRI call can reach that shim again.
+/// A sandbox that finishes is seen by the next relist and removed with its pod like any other.
+/// The spawned call ends by itself: the client's request timeout bounds it.
+async fn run_sandbox_to_completion(
+    mut client: pb::runtime_service_client::RuntimeServiceClient<crate::CriChannel>,
+    request: pb::RunPodSandboxRequest,
+) -> Result<tonic::Response<pb::RunPodSandboxResponse>, tonic::Status> {
+    let call = tokio::spawn(async move { client.run_pod_sandbox(request).await });
+    match call.await {
+        Ok(answer) => answer,
+        Err(ended) => Err(tonic::Status::internal(format!("the RunPodSandbox call ended early: {ended}"))),
+    }
+}
+
 pub(super) async fn sync_pod(
     rt: &CriRuntime,
     pod: &ApiPod,
@@ -399,7 +417,7 @@ pub(super) async fn sync_pod(
         let request =
             pb::RunPodSandboxRequest { config: Some(config), runtime_handler: rt.config.runtime_handler.clone() };
         metrics::counter!("kubelet_started_pods_total").increment(1);
-        match rt.client.runtime_service().run_pod_sandbox(request).await {
+        match run_sandbox_to_completion(rt.client.runtime_service(), request).await {
             Ok(response) => {
                 sandbox_id = response.into_inner().pod_sandbox_id;
                 result.push(SyncResult::ok(SyncAction::CreatePodSandbox, &full_name));
