@@ -563,66 +563,53 @@ fn crash_and_restart(agent: &mut Agent, binary: &Path) -> Result<()> {
 }
 
 fn crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
-    let mut outcome = Outcome::new("crash");
-    let tool = CriTool::new(binaries.cri_tool.clone());
-    let mut rng = Rng::new();
-    let mut totals = [0usize; 3];
-    let mut agent = Agent::start(&binaries.agent, dir, &[])?;
-    agent.wait_healthy(Duration::from_secs(30))?;
-    let steady = SteadyPods::start(options.steady_pods, &mut agent, &tool, &mut outcome)?;
-    let manifests = dir.join("manifests");
-    let mut previous = BTreeSet::new();
     let mut second_kills = 0;
-    let mut changed = Vec::new();
-    for round in 1..=options.crash_rounds {
-        let step = Step::of_round(round);
-        let new = names(&format!("crash{round}"), options.crash_pods);
-        for name in &new {
-            write_manifest(&manifests, name, &step.manifest(name))?;
-        }
-        // The last round's pods are deleted now: the kill finds them in their preStop hook.
-        for name in &previous {
-            fs::remove_file(manifests.join(format!("{name}.yaml")))?;
-        }
-        let delay = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));
-        std::thread::sleep(delay);
-        let running = agent.running();
-        crash_and_restart(&mut agent, &binaries.agent)?;
-        let mut line = format!(
-            "chaos: crash round {round} ({step:?}): SIGKILL {delay:?} after writing, {running} pod(s) Running by then"
-        );
-        if round % 2 == 0 {
-            // The second kill lands in the recovery from the first.
-            let again = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));
-            std::thread::sleep(again);
-            crash_and_restart(&mut agent, &binaries.agent)?;
-            second_kills += 1;
-            line.push_str(&format!(", again {again:?} into the recovery"));
-        }
-        println!("{line}");
-        let expected: BTreeSet<String> = steady.names.union(&new).cloned().collect();
-        let judgement = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
-        record(&mut outcome, &judgement, &mut totals);
-        changed.extend(steady.check(&agent, &tool)?.into_iter().map(|c| format!("round {round}: {c}")));
-        previous = new;
-    }
-    teardown(&mut agent, &tool, Duration::from_secs(120))?;
-    let leaks = host_leaks(dir);
-    agent.stop(Duration::from_secs(10))?;
-    outcome.count("rounds", options.crash_rounds);
+    let mut outcome =
+        rounds_under_fault("crash", options.crash_rounds, options, binaries, dir, |agent, rng, round| {
+            let running = agent.running();
+            crash_and_restart(agent, &binaries.agent)?;
+            let mut line = format!("SIGKILL, {running} pod(s) Running by then");
+            if round % 2 == 0 {
+                // The second kill lands in the recovery from the first.
+                let again = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));
+                std::thread::sleep(again);
+                crash_and_restart(agent, &binaries.agent)?;
+                second_kills += 1;
+                line.push_str(&format!(", again {again:?} into the recovery"));
+            }
+            Ok(line)
+        })?;
     outcome.count("second kills", second_kills);
-    outcome.count("duplicates", totals[0]);
-    outcome.count("orphans", totals[1]);
-    outcome.count("not converged", totals[2]);
-    outcome.zero("steady pods changed", changed.len(), || changed.join("; "));
-    outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
     Ok(outcome)
 }
 
 /// SIGKILL containerd while pods start; once it is back, the agent converges and the pods that
 /// ran before keep running as they were.
 fn runtime_crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
-    let mut outcome = Outcome::new("runtime-crash");
+    rounds_under_fault("runtime-crash", options.runtime_crash_rounds, options, binaries, dir, |agent, _, _| {
+        runtime::kill_containerd()?;
+        std::thread::sleep(Duration::from_millis(500));
+        runtime::start_containerd()?;
+        if !agent.alive() {
+            bail!("the agent exited while containerd was down");
+        }
+        Ok("containerd SIGKILL".to_owned())
+    })
+}
+
+/// The rounds `crash` and `runtime-crash` share. Steady pods run throughout. Each round writes
+/// its pods (the step they exercise rotates) and deletes the last round's, waits a random moment
+/// within the crash window, and lets `strike` fault the node (it says what it did); then the
+/// agent must converge, and the steady pods must be as they were.
+fn rounds_under_fault(
+    name: &'static str,
+    rounds: usize,
+    options: &Options,
+    binaries: &Binaries,
+    dir: &Path,
+    mut strike: impl FnMut(&mut Agent, &mut Rng, usize) -> Result<String>,
+) -> Result<Outcome> {
+    let mut outcome = Outcome::new(name);
     let tool = CriTool::new(binaries.cri_tool.clone());
     let mut rng = Rng::new();
     let mut totals = [0usize; 3];
@@ -630,27 +617,22 @@ fn runtime_crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<O
     agent.wait_healthy(Duration::from_secs(30))?;
     let steady = SteadyPods::start(options.steady_pods, &mut agent, &tool, &mut outcome)?;
     let manifests = dir.join("manifests");
-    let mut changed = Vec::new();
     let mut previous = BTreeSet::new();
-    for round in 1..=options.runtime_crash_rounds {
+    let mut changed = Vec::new();
+    for round in 1..=rounds {
         let step = Step::of_round(round);
-        let new = names(&format!("rtcrash{round}"), options.crash_pods);
-        for name in &new {
-            write_manifest(&manifests, name, &step.manifest(name))?;
+        let new = names(&format!("{}{round}", name.replace('-', "")), options.crash_pods);
+        for pod in &new {
+            write_manifest(&manifests, pod, &step.manifest(pod))?;
         }
-        for name in &previous {
-            fs::remove_file(manifests.join(format!("{name}.yaml")))?;
+        // The last round's pods are deleted now: the fault finds them in their preStop hook.
+        for pod in &previous {
+            fs::remove_file(manifests.join(format!("{pod}.yaml")))?;
         }
         let delay = Duration::from_millis(rng.below(options.crash_window.as_millis() as u64));
         std::thread::sleep(delay);
-        runtime::kill_containerd()?;
-        println!("chaos: runtime crash round {round} ({step:?}): containerd SIGKILL {delay:?} after writing");
-        std::thread::sleep(Duration::from_millis(500));
-        runtime::start_containerd()?;
-        if !agent.alive() {
-            outcome.fail(format!("round {round}: the agent exited while containerd was down"));
-            return Ok(outcome);
-        }
+        let what = strike(&mut agent, &mut rng, round).with_context(|| format!("round {round}"))?;
+        println!("chaos: {name} round {round} ({step:?}): {delay:?} after writing, {what}");
         let expected: BTreeSet<String> = steady.names.union(&new).cloned().collect();
         let judgement = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
         record(&mut outcome, &judgement, &mut totals);
@@ -660,7 +642,7 @@ fn runtime_crash(options: &Options, binaries: &Binaries, dir: &Path) -> Result<O
     teardown(&mut agent, &tool, Duration::from_secs(120))?;
     let leaks = host_leaks(dir);
     agent.stop(Duration::from_secs(10))?;
-    outcome.count("rounds", options.runtime_crash_rounds);
+    outcome.count("rounds", rounds);
     outcome.count("duplicates", totals[0]);
     outcome.count("orphans", totals[1]);
     outcome.count("not converged", totals[2]);

@@ -31,6 +31,8 @@ pub(crate) const ENV_APISERVER: &str = "KUBELET_RS_KUBE_APISERVER";
 const ENV_ADMIN: &str = "KUBELET_RS_TEST_KUBECONFIG";
 /// The directory of the nodes' kubeconfigs (`<node>.kubeconfig`), for tests.
 const ENV_NODES: &str = "KUBELET_RS_TEST_NODE_KUBECONFIGS";
+/// Where the kube-apiserver's PID is kept, for tests that stop it.
+const ENV_APISERVER_PID_FILE: &str = "KUBELET_RS_TEST_KUBE_APISERVER_PID_FILE";
 /// How many test nodes get a certificate: `kubelet-rs-node-0` and on.
 const NODES: usize = 4;
 
@@ -76,9 +78,13 @@ pub(crate) fn missing_prerequisites() -> Option<String> {
     (!missing.is_empty()).then(|| format!("missing {} (run `cargo xtask setup`)", missing.join(", ")))
 }
 
-/// What the tests need to reach the control plane.
+/// What the tests need to reach the control plane, and to take kube-apiserver away.
 pub(crate) fn test_env() -> Vec<(&'static str, String)> {
-    vec![(ENV_ADMIN, admin_kubeconfig().display().to_string()), (ENV_NODES, nodes_dir().display().to_string())]
+    vec![
+        (ENV_ADMIN, admin_kubeconfig().display().to_string()),
+        (ENV_NODES, nodes_dir().display().to_string()),
+        (ENV_APISERVER_PID_FILE, APISERVER.pid_file().display().to_string()),
+    ]
 }
 
 /// A free TCP port on 127.0.0.1 (free when asked; the daemon binds it a moment later).

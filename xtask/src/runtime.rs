@@ -96,7 +96,8 @@ impl Daemon {
         self.name
     }
 
-    fn pid_file(&self) -> PathBuf {
+    /// Where the PID of the process started last is kept.
+    pub(crate) fn pid_file(&self) -> PathBuf {
         run_dir().join(format!("{}.pid", self.name))
     }
 

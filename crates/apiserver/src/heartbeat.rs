@@ -18,7 +18,9 @@ use kubelet_core::{
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::{Facts, Health, lease, ratelimit::TokenBucketLayer, registration, set_status, should_report};
+use crate::{
+    Facts, Health, lease, ratelimit::TokenBucketLayer, registration, retry::RetryAfterLayer, set_status, should_report,
+};
 
 /// What went wrong talking to the API server.
 #[derive(Debug, thiserror::Error)]
@@ -102,10 +104,13 @@ pub async fn connect(path: &Path) -> Result<Client, Error> {
 /// [`connect`] with `qps` requests per second on average and bursts of `burst`
 /// (`kubeAPIQPS`, `kubeAPIBurst`), through a token bucket as client-go's
 /// ([`crate::ratelimit`]).
+///
+/// A request the server asks to have retried is retried as client-go does
+/// ([`crate::retry`]); the retries do not take tokens of the bucket.
 pub async fn connect_limited(path: &Path, qps: f64, burst: u32) -> Result<Client, Error> {
     let config = client_config(path).await?;
     let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kubeconfig_error(path, e.into()))?;
-    Ok(builder.with_layer(&TokenBucketLayer::new(qps, burst)).build())
+    Ok(builder.with_layer(&RetryAfterLayer).with_layer(&TokenBucketLayer::new(qps, burst)).build())
 }
 
 /// A client for the node's heartbeats, its status and lease, as upstream's `heartbeatClient`:
@@ -116,15 +121,18 @@ pub async fn connect_heartbeat(path: &Path, timeout: Duration) -> Result<Client,
     let mut config = client_config(path).await?;
     config.read_timeout = Some(timeout);
     let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kubeconfig_error(path, e.into()))?;
-    Ok(builder.build())
+    Ok(builder.with_layer(&RetryAfterLayer).build())
 }
 
-/// The client configuration the kubeconfig at `path` holds.
+/// The client configuration the kubeconfig at `path` holds, with kube's own retry off (the
+/// clients retry as client-go does, [`crate::retry`]).
 async fn client_config(path: &Path) -> Result<kube::Config, Error> {
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| kubeconfig_error(path, e.into()))?;
-    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| kubeconfig_error(path, e.into()))
+        .map_err(|e| kubeconfig_error(path, e.into()))?;
+    config.default_retry = false;
+    Ok(config)
 }
 
 fn kubeconfig_error(path: &Path, source: Box<dyn std::error::Error + Send + Sync>) -> Error {

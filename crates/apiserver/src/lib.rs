@@ -28,7 +28,8 @@
 //! changes and ends graceful deletions (a terminated pod whose deletion was asked for is
 //! deleted with grace 0 and its UID as a precondition). [`mirror`] builds, creates and deletes
 //! static pods' mirror pods. [`ratelimit`] holds requests to `kubeAPIQPS` and `kubeAPIBurst`
-//! with a token bucket, as client-go does.
+//! with a token bucket, as client-go does, and [`retry`] retries what the server asks to have
+//! retried (`Retry-After`), as client-go does.
 //!
 //! # Example
 //!
@@ -50,6 +51,7 @@ pub mod lease;
 pub mod mirror;
 pub mod objects;
 pub mod ratelimit;
+pub mod retry;
 pub mod source;
 pub mod status;
 #[cfg(feature = "test-util")]

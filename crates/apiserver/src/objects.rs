@@ -8,16 +8,19 @@
 //! sync. A watch stops once no running pod uses its object. Tokens come from the TokenRequest API, bound
 //! to the pod, and are kept until 80% of their lifetime has passed (upstream's refresh point);
 //! the cache drops every token due, so it holds no more than the tokens of the last lifetime.
+//!
+//! Services are watched all at once from the first read on (upstream's service informer), for
+//! the service variables of containers; the watch lasts as long as the source.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fmt::Debug,
-    sync::Mutex,
+    sync::{Mutex, OnceLock},
     time::Duration,
 };
 
 use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -25,7 +28,7 @@ use tracing::{Instrument, info_span, warn};
 
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
-    core::v1::{ConfigMap, Pod, Secret, ServiceAccount},
+    core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount},
 };
 use kube::{Api, Client, api::PostParams};
 use kubelet_core::{
@@ -78,6 +81,8 @@ pub struct ApiObjects {
     tokens: Mutex<HashMap<(String, String, i64), Token>>,
     /// Watched objects by resource (`configmaps`, `secrets`), namespace and name.
     watched: Mutex<HashMap<(&'static str, String, String), Watched>>,
+    /// Every service of the cluster, from the watch the first read starts.
+    services: OnceLock<reflector::Store<Service>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
 }
@@ -91,7 +96,14 @@ impl std::fmt::Debug for ApiObjects {
 impl ApiObjects {
     /// Objects read through `client`; the watches run on `tracker` until `cancel`.
     pub fn new(client: Client, tracker: TaskTracker, cancel: CancellationToken) -> Self {
-        ApiObjects { client, tokens: Mutex::default(), watched: Mutex::default(), tracker, cancel }
+        ApiObjects {
+            client,
+            tokens: Mutex::default(),
+            watched: Mutex::default(),
+            services: OnceLock::new(),
+            tracker,
+            cancel,
+        }
     }
 
     fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<(&'static str, String, String), Watched>> {
@@ -137,6 +149,32 @@ impl ApiObjects {
             Ok(Err(_)) => Err(format!("the watch of {resource} {namespace}/{name} has stopped")),
             Err(_) => Err(format!("timed out listing {resource} {namespace}/{name}")),
         }
+    }
+
+    /// The store of every service, its watch started on the first call.
+    fn service_store(&self) -> &reflector::Store<Service> {
+        self.services.get_or_init(|| {
+            let (store, writer) = reflector::store();
+            let api: Api<Service> = Api::all(self.client.clone());
+            let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+            let stop = self.cancel.clone();
+            let watch = async move {
+                let mut events = std::pin::pin!(events);
+                loop {
+                    let event = tokio::select! {
+                        () = stop.cancelled() => return,
+                        event = events.next() => event,
+                    };
+                    match event {
+                        None => return,
+                        Some(Ok(_)) => {}
+                        Some(Err(err)) => warn!(error = %err, "the watch of services failed; listing again"),
+                    }
+                }
+            };
+            self.tracker.spawn(watch.instrument(info_span!("service_watch")));
+            store
+        })
     }
 
     fn tokens(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, i64), Token>> {
@@ -207,6 +245,22 @@ impl ObjectSource for ApiObjects {
         Box::pin(async move {
             let read = self.read::<Secret>("secrets", pod, name, secret_data).await?;
             Ok(read.map(Contents::all))
+        })
+    }
+
+    fn services<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Option<Vec<Service>>, String>> {
+        Box::pin(async move {
+            let store = self.service_store();
+            match tokio::time::timeout(FIRST_LIST_TIMEOUT, store.wait_until_ready()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err("the watch of services has stopped".to_owned()),
+                Err(_) => return Err("timed out listing the services".to_owned()),
+            }
+            let wanted = |service: &Service| {
+                let (ns, name) = (service.metadata.namespace.as_deref(), service.metadata.name.as_deref());
+                ns == Some(namespace) || (ns == Some("default") && name == Some("kubernetes"))
+            };
+            Ok(Some(store.state().iter().filter(|s| wanted(s)).map(|s| Service::clone(s)).collect()))
         })
     }
 

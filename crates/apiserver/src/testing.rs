@@ -72,7 +72,7 @@ pub struct Objects {
     /// Pods by `namespace/name`.
     pub pods: BTreeMap<String, Value>,
     /// Watch events (`ADDED`, `MODIFIED`, `DELETED`) with their versions and resources
-    /// (`pods`, `configmaps`, `secrets`), oldest first.
+    /// (`pods`, `configmaps`, `secrets`, `services`), oldest first.
     pub watch_events: Vec<(u64, &'static str, &'static str, Value)>,
     /// Watches from versions up to this one are gone (410).
     pub compacted: u64,
@@ -82,7 +82,7 @@ pub struct Objects {
     pub watch_generation: u64,
     /// Events by `namespace/name`.
     pub events: BTreeMap<String, Value>,
-    /// Config maps and secrets by `configmaps/namespace/name` and `secrets/namespace/name`.
+    /// Config maps, secrets and services by `resource/namespace/name`.
     pub objects: BTreeMap<String, Value>,
     /// The TokenRequests served, as `namespace/serviceaccount` with the bound pod's name.
     pub token_requests: Vec<(String, String)>,
@@ -681,6 +681,13 @@ async fn pods(
     list_or_watch(objects, "pods", None, query)
 }
 
+async fn services(
+    State(objects): State<Shared>,
+    axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>,
+) -> Response {
+    list_or_watch(objects, "services", None, query)
+}
+
 async fn namespaced_list(
     State(objects): State<Shared>,
     UrlPath((ns, resource)): UrlPath<(String, String)>,
@@ -784,6 +791,7 @@ fn list_or_watch(
     let kind = match resource {
         "pods" => "Pod",
         "configmaps" => "ConfigMap",
+        "services" => "Service",
         _ => "Secret",
     };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
@@ -831,7 +839,7 @@ fn list_or_watch(
     axum::body::Body::from_stream(stream).into_response()
 }
 
-/// Creates or replaces a config map or secret: an `ADDED` or `MODIFIED` event.
+/// Creates or replaces a config map, secret or service: an `ADDED` or `MODIFIED` event.
 fn put_object(objects: &mut Objects, resource: &'static str, key: String, mut object: Value) {
     let kind = if objects.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
     objects.stamp(&mut object, kind == "ADDED");
@@ -886,7 +894,16 @@ impl ApiServer {
         put_object(&mut objects, "secrets", format!("secrets/{namespace}/{name}"), object);
     }
 
-    /// Deletes config map or secret `namespace/name` (`resource` `configmaps` or `secrets`).
+    /// Creates or replaces service `namespace/name` with `spec` (its `clusterIP` and `ports`).
+    pub fn put_service(&self, namespace: &str, name: &str, spec: Value) {
+        let mut objects = lock(&self.objects);
+        let object = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec});
+        put_object(&mut objects, "services", format!("services/{namespace}/{name}"), object);
+    }
+
+    /// Deletes config map, secret or service `namespace/name` (`resource` `configmaps`,
+    /// `secrets` or `services`).
     pub fn delete_object(&self, resource: &'static str, namespace: &str, name: &str) {
         let mut objects = lock(&self.objects);
         if let Some(mut object) = objects.objects.remove(&format!("{resource}/{namespace}/{name}")) {
@@ -960,6 +977,7 @@ impl ApiServer {
                 }),
             )
             .route("/api/v1/pods", get(pods))
+            .route("/api/v1/services", get(services))
             .route("/api/v1/namespaces/{ns}/pods", post(create_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).delete(delete_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}/status", axum::routing::patch(patch_pod_status))

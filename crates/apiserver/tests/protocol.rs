@@ -203,3 +203,35 @@ async fn the_server_can_be_away_in_every_way_and_come_back() {
     server.accept_connections().await;
     assert_eq!(raw_get(&server, path).await.unwrap().0, 404);
 }
+
+#[tokio::test]
+async fn a_request_the_server_asks_to_retry_is_retried_and_no_other() {
+    use kubelet_apiserver::testing::Fault;
+    use std::{sync::Arc, time::Duration};
+    let server = Arc::new(ApiServer::start().await);
+    let (client, _dir) = client(&server).await;
+    let nodes: Api<Node> = Api::all(client);
+
+    let clear_later = |after: Duration| {
+        let server = Arc::clone(&server);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            server.set_fault(None);
+        })
+    };
+
+    // 503 without Retry-After is the caller's: kube's own back-off would retry it until the
+    // fault clears and answer 404.
+    server.set_fault(Some(Fault::Unavailable));
+    let clear = clear_later(Duration::from_millis(500));
+    let unavailable = nodes.get("node-1").await.unwrap_err();
+    assert_eq!(code(&unavailable), 503, "not retried: {unavailable}");
+    clear.await.unwrap();
+
+    // 429 with Retry-After: 1 is sent again each second until the server answers.
+    server.set_fault(Some(Fault::TooManyRequests { retry_after_seconds: 1 }));
+    let clear = clear_later(Duration::from_millis(1500));
+    let answered = nodes.get("node-1").await.unwrap_err();
+    assert_eq!(code(&answered), 404, "retried until the server answered: {answered}");
+    clear.await.unwrap();
+}

@@ -364,15 +364,17 @@ mod tests {
         let fixture = include_str!("../tests/fixtures/upstream-kubelet-flags.txt");
         let upstream: Vec<&str> = fixture.lines().filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
         let command = register(<crate::settings::RunArgs as clap::Args>::augment_args(Command::new("run")));
-        let ours: Vec<String> =
-            command.get_arguments().filter_map(|arg| arg.get_long()).map(str::to_owned).collect();
+        let ours: Vec<String> = command.get_arguments().filter_map(|arg| arg.get_long()).map(str::to_owned).collect();
         let missing: Vec<&&str> = upstream.iter().filter(|f| !ours.iter().any(|o| o == *f)).collect();
         let unexplained: Vec<&String> = ours
             .iter()
             .filter(|o| !upstream.contains(&o.as_str()) && !DECLARED_ELSEWHERE.contains(&o.as_str()))
             .collect();
         assert!(missing.is_empty(), "upstream's flags this agent does not declare: {missing:?}");
-        assert!(unexplained.is_empty(), "flags neither upstream's options.go nor listed as from elsewhere: {unexplained:?}");
+        assert!(
+            unexplained.is_empty(),
+            "flags neither upstream's options.go nor listed as from elsewhere: {unexplained:?}"
+        );
         let undeclared: Vec<&&str> = DECLARED_ELSEWHERE.iter().filter(|f| !ours.iter().any(|o| o == *f)).collect();
         assert!(undeclared.is_empty(), "listed but not declared: {undeclared:?}");
     }

@@ -27,7 +27,7 @@ use std::{
 use apiserver::testing::ApiServer;
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret},
+    core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret, Service},
 };
 use kube::{
     Api,
@@ -42,6 +42,23 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+impl Agent {
+    /// Starts the agent as node `node` of the cluster `kubeconfig` names, with its configuration
+    /// file at `dir/config.yaml` and `extra` flags, its health port off.
+    fn join(endpoint: &str, dir: &Path, node: &str, kubeconfig: &Path, extra: &[&str]) -> Agent {
+        let child = common::agent_command(endpoint, dir, node)
+            .args(["--healthz-port", "0"])
+            .args(extra)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--config")
+            .arg(dir.join("config.yaml"))
+            .spawn()
+            .unwrap();
+        Agent(child)
     }
 }
 
@@ -170,6 +187,42 @@ impl Cluster {
         }
     }
 
+    /// Creates service `name` of the scenario's namespace with one TCP port `port` named
+    /// `port_name`; the in-process server gives it `local_ip`, kube-apiserver one of its range.
+    /// In the in-process server it also makes `kubernetes` of `default`, as kube-apiserver does.
+    async fn put_service(&self, name: &str, port_name: &str, port: u16, local_ip: &str) {
+        let ports = json!([{"name": port_name, "port": port, "protocol": "TCP"}]);
+        match self {
+            Cluster::Local(server) => {
+                let https = json!([{"name": "https", "port": 443, "protocol": "TCP"}]);
+                server.put_service("default", "kubernetes", json!({"clusterIP": "10.96.0.1", "ports": https}));
+                server.put_service("default", name, json!({"clusterIP": local_ip, "ports": ports}));
+            }
+            Cluster::Remote { client, namespace, .. } => {
+                let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+                    "spec": {"ports": ports, "selector": {"app": name}}});
+                let params = PatchParams::apply("kubelet-rs-test").force();
+                let services = Api::<Service>::namespaced(client.clone(), namespace);
+                services.patch(name, &params, &Patch::Apply(service)).await.unwrap();
+            }
+        }
+    }
+
+    /// Service `namespace/name`'s cluster IP and first port, as the API server holds them.
+    async fn service_address(&self, namespace: &str, name: &str) -> (String, i32) {
+        let service: Service = match self {
+            Cluster::Local(server) => {
+                let o = server.objects.lock().unwrap();
+                serde_json::from_value(o.objects[&format!("services/{namespace}/{name}")].clone()).unwrap()
+            }
+            Cluster::Remote { client, .. } => {
+                Api::<Service>::namespaced(client.clone(), namespace).get(name).await.unwrap()
+            }
+        };
+        let spec = service.spec.unwrap();
+        (spec.cluster_ip.unwrap(), spec.ports.unwrap()[0].port)
+    }
+
     /// Sets label `key` of pod `name` to `value`.
     async fn label_pod(&self, name: &str, key: &str, value: &str) {
         match self {
@@ -246,9 +299,9 @@ fn bound_pod(name: &str, node: &str, image: &str) -> Value {
         "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
         "spec": {
             "nodeName": node, "restartPolicy": "Always", "dnsPolicy": "Default", "terminationGracePeriodSeconds": 2,
-            "schedulerName": "default-scheduler", "enableServiceLinks": false,
+            "schedulerName": "default-scheduler", "enableServiceLinks": true,
             "containers": [{"name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "echo \"env: $CFG_greeting $GREETING\"; trap 'exit 0' TERM; while true; do sleep 1; done"],
+                "command": ["sh", "-c", "echo \"env: $CFG_greeting $GREETING $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT $CACHE_SERVICE_HOST:$CACHE_SERVICE_PORT_REDIS $CACHE_PORT\"; trap 'exit 0' TERM; while true; do sleep 1; done"],
                 "envFrom": [{"configMapRef": {"name": "app"}, "prefix": "CFG_"}],
                 "env": [{"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "greeting"}}}],
                 "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}],
@@ -312,17 +365,7 @@ async fn scenario(
         ),
     )
     .unwrap();
-    let start = || {
-        let child = common::agent_command(endpoint, dir, node)
-            .args(["--healthz-port", "0", "--node-labels", "role=edge"])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--config")
-            .arg(dir.join("config.yaml"))
-            .spawn()
-            .unwrap();
-        Agent(child)
-    };
+    let start = || Agent::join(endpoint, dir, node, &kubeconfig, &["--node-labels", "role=edge"]);
     let mut agent = start();
     let until = async |what: &str, probe: &dyn Fn(&View) -> Option<Value>| until(cluster, node, dir, what, probe).await;
 
@@ -355,6 +398,7 @@ async fn scenario(
 
     // A bound pod runs with its volumes from the API, and its status reaches the API.
     cluster.put_config_map("app", json!({"greeting": "hello"})).await;
+    cluster.put_service("cache", "redis", 6379, "10.96.0.20").await;
     if let Some(server) = cluster.local() {
         server.put_config_map("default", "kube-root-ca.crt", json!({"ca.crt": "CA"}));
     }
@@ -389,10 +433,15 @@ async fn scenario(
     let greeting = volumes.join("kubernetes.io~configmap/cfg/greeting");
     assert_eq!(std::fs::read_to_string(&greeting).unwrap(), "hello");
     if real {
-        // The config map reaches the environment too, through envFrom and configMapKeyRef.
+        // The config map reaches the environment too, through envFrom and configMapKeyRef, and
+        // so do the service variables: the API server's, and with enableServiceLinks the
+        // namespace's.
         let log = dir.join("pods").join(format!("{ns}_web_{web_uid}")).join("app/0.log");
         let said = wait_for_text(&log, "env: ").await;
-        assert!(said.ends_with("env: hello hello"), "web's first line: {said:?}");
+        let (api_ip, api_port) = cluster.service_address("default", "kubernetes").await;
+        let (cache_ip, _) = cluster.service_address(ns, "cache").await;
+        let expected = format!("env: hello hello {api_ip}:{api_port} {cache_ip}:6379 tcp://{cache_ip}:6379");
+        assert!(said.ends_with(&expected), "web's first line: {said:?}, not {expected:?}");
     }
     if real {
         let access = volumes.join("kubernetes.io~projected/kube-api-access-abcde");
@@ -862,15 +911,7 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 2s\n",
     )
     .unwrap();
-    let _agent = Agent(
-        common::agent_command(&rt.endpoint, &dir, &node)
-            .args(["--healthz-port", "0", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .arg("--config")
-            .arg(dir.join("config.yaml"))
-            .spawn()
-            .unwrap(),
-    );
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &[]);
     cluster.put_config_map("app", json!({"greeting": "hello"})).await;
     cluster.put_secret("db", &[("password", b"hunter2")]).await;
     let ns = cluster.namespace().to_owned();
@@ -967,22 +1008,145 @@ const OUTAGE_LEASE_SECONDS: u64 = 10;
 /// status reported before the lease could run out; and a pod bound afterwards runs.
 #[tokio::test]
 async fn real_a_node_rides_out_an_api_server_outage() {
+    use apiserver::testing::Fault;
     let Some(rt) = RealRuntime::from_env("real_a_node_rides_out_an_api_server_outage") else { return };
     let node = format!("outage-{}", std::process::id());
+    let phases = vec![
+        ("refused connections", Away::Refused),
+        ("500 then 503", Away::Faults(vec![Some(Fault::InternalError), Some(Fault::Unavailable)])),
+        ("429 with Retry-After", Away::Faults(vec![Some(Fault::TooManyRequests { retry_after_seconds: 2 })])),
+        ("hung requests", Away::Faults(vec![Some(Fault::Hang)])),
+    ];
+    let cluster = Arc::new(Cluster::Local(ApiServer::start().await));
+    outage_test(&rt, cluster, &node, phases).await;
+}
+
+/// The same against upstream's kube-apiserver, the agent holding node `kubelet-rs-node-2`'s
+/// credentials: its port refuses every connection (a firewall rule resets them, as when the
+/// process is gone), then the process is stopped (SIGSTOP: connections stay open and requests
+/// hang), each for longer than the lease.
+#[tokio::test]
+async fn real_a_node_rides_out_a_kube_apiserver_outage() {
+    let test = "real_a_node_rides_out_a_kube_apiserver_outage";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let node = "kubelet-rs-node-2";
+    let Some(cluster) = kube_apiserver(test, node).await else { return };
+    let phases = vec![("refused connections", Away::Refused), ("a stopped process", Away::Stopped)];
+    outage_test(&rt, Arc::new(cluster), node, phases).await;
+}
+
+/// How the API server is away in one phase of the outage test.
+enum Away {
+    /// Connections are refused.
+    Refused,
+    /// The in-process server answers with these faults, one after the other.
+    Faults(Vec<Option<apiserver::testing::Fault>>),
+    /// kube-apiserver's process is stopped.
+    Stopped,
+}
+
+async fn outage_test(rt: &RealRuntime, cluster: Arc<Cluster>, node: &str, phases: Vec<(&'static str, Away)>) {
     let dir = rt.scratch_dir.join(format!("cluster-{node}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    let cluster = Arc::new(Cluster::Local(ApiServer::start().await));
     let body = {
-        let (rt, cluster, dir, node) = (rt.clone(), cluster.clone(), dir.clone(), node.clone());
-        async move { ride_out_outages(&rt, &cluster, &dir, &node).await }
+        let (rt, cluster, dir, node) = (rt.clone(), cluster.clone(), dir.clone(), node.to_owned());
+        async move { ride_out_outages(&rt, &cluster, &dir, &node, phases).await }
     };
-    run_and_clean_up(&rt, &dir, &cluster, &node, body).await;
+    run_and_clean_up(rt, &dir, &cluster, node, body).await;
 }
 
-async fn ride_out_outages(rt: &RealRuntime, cluster: &Cluster, dir: &Path, node: &str) {
-    use apiserver::testing::Fault;
-    let server = cluster.local().unwrap();
+/// Keeps the API server away as `away` says for `how_long`.
+async fn stay_away(cluster: &Cluster, dir: &Path, away: Away, how_long: Duration) {
+    match (cluster, away) {
+        (Cluster::Local(server), Away::Refused) => {
+            server.refuse_connections().await;
+            tokio::time::sleep(how_long).await;
+            server.accept_connections().await;
+        }
+        (Cluster::Local(server), Away::Faults(faults)) => {
+            let share = how_long / u32::try_from(faults.len()).unwrap();
+            for fault in faults {
+                server.set_fault(fault);
+                tokio::time::sleep(share).await;
+            }
+            // A hang never answers what it held, as a lost connection would not: the agent must
+            // give those requests up by itself.
+            server.set_fault(None);
+        }
+        (Cluster::Remote { .. }, Away::Refused) => {
+            let _refusing = RefusedPort::start(api_server_port(&cluster.kubeconfig(dir)));
+            tokio::time::sleep(how_long).await;
+        }
+        (Cluster::Remote { .. }, Away::Stopped) => {
+            let _stopped = StoppedProcess::start(kube_apiserver_pid());
+            tokio::time::sleep(how_long).await;
+        }
+        _ => panic!("this server cannot be away that way"),
+    }
+}
+
+/// The port of the API server a kubeconfig names (`server: https://127.0.0.1:PORT`).
+fn api_server_port(kubeconfig: &Path) -> u16 {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let server = text.lines().find_map(|l| l.trim().strip_prefix("server: ")).unwrap();
+    server.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()
+}
+
+/// The PID of the kube-apiserver `cargo xtask cluster up` started.
+fn kube_apiserver_pid() -> i32 {
+    let file = std::env::var("KUBELET_RS_TEST_KUBE_APISERVER_PID_FILE").unwrap();
+    std::fs::read_to_string(file).unwrap().trim().parse().unwrap()
+}
+
+/// A firewall rule that resets every connection to a loopback port while it lives.
+struct RefusedPort(String);
+
+impl RefusedPort {
+    fn start(port: u16) -> RefusedPort {
+        let rule = RefusedPort(port.to_string());
+        rule.iptables("-I");
+        rule
+    }
+
+    fn iptables(&self, action: &str) {
+        let rule = ["INPUT", "-i", "lo", "-p", "tcp", "--dport", &self.0, "-j", "REJECT", "--reject-with", "tcp-reset"];
+        let status = std::process::Command::new("iptables").arg(action).args(rule).status().unwrap();
+        assert!(status.success(), "iptables {action} failed");
+    }
+}
+
+impl Drop for RefusedPort {
+    fn drop(&mut self) {
+        self.iptables("-D");
+    }
+}
+
+/// A process stopped (SIGSTOP) while this lives, and continued (SIGCONT) after.
+struct StoppedProcess(nix::unistd::Pid);
+
+impl StoppedProcess {
+    fn start(pid: i32) -> StoppedProcess {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        StoppedProcess(pid)
+    }
+}
+
+impl Drop for StoppedProcess {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+async fn ride_out_outages(
+    rt: &RealRuntime,
+    cluster: &Cluster,
+    dir: &Path,
+    node: &str,
+    phases: Vec<(&'static str, Away)>,
+) {
+    let ns = cluster.namespace();
     std::fs::write(
         dir.join("config.yaml"),
         format!(
@@ -994,26 +1158,18 @@ async fn ride_out_outages(rt: &RealRuntime, cluster: &Cluster, dir: &Path, node:
     std::fs::write(
         dir.join("manifests/static.yaml"),
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: static, namespace: default}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {}\n    command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 1; done\"]\n",
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: static, namespace: {ns}}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {}\n    command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 1; done\"]\n",
             rt.busybox_image
         ),
     )
     .unwrap();
     let kubeconfig = cluster.kubeconfig(dir);
-    let _agent = Agent(
-        common::agent_command(&rt.endpoint, dir, node)
-            .args(["--healthz-port", "0", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .arg("--config")
-            .arg(dir.join("config.yaml"))
-            .spawn()
-            .unwrap(),
-    );
+    let _agent = Agent::join(&rt.endpoint, dir, node, &kubeconfig, &[]);
     cluster.put_config_map("app", json!({"greeting": "hello"})).await;
     cluster.create_pod(bound_pod("web", node, &rt.busybox_image)).await;
-    let mirror_key = format!("default/static-{node}");
+    let (web_key, mirror_key, after_key) = (format!("{ns}/web"), format!("{ns}/static-{node}"), format!("{ns}/after"));
     let (web, mirror) = until(cluster, node, dir, "web and the static pod's mirror to run", |v| {
-        let web = v.pods.get("default/web")?;
+        let web = v.pods.get(&web_key)?;
         let mirror = v.pods.get(&mirror_key)?;
         (phase(web) == "Running" && phase(mirror) == "Running").then(|| (web.clone(), mirror.clone()))
     })
@@ -1024,30 +1180,11 @@ async fn ride_out_outages(rt: &RealRuntime, cluster: &Cluster, dir: &Path, node:
     };
     let before = containers(&web, &mirror);
 
-    let phases: [(&str, Vec<Option<Fault>>); 4] = [
-        ("refused connections", vec![]),
-        ("500 then 503", vec![Some(Fault::InternalError), Some(Fault::Unavailable)]),
-        ("429 with Retry-After", vec![Some(Fault::TooManyRequests { retry_after_seconds: 2 })]),
-        ("hung requests", vec![Some(Fault::Hang)]),
-    ];
     let away = Duration::from_secs(OUTAGE_LEASE_SECONDS + 2);
-    for (what, faults) in phases {
-        if faults.is_empty() {
-            server.refuse_connections().await;
-            tokio::time::sleep(away).await;
-            server.accept_connections().await;
-        } else {
-            let share = away / u32::try_from(faults.len()).unwrap();
-            for fault in faults {
-                server.set_fault(fault);
-                tokio::time::sleep(share).await;
-            }
-            // A hang never answers what it held, as a lost connection would not: the agent must
-            // give those requests up by itself.
-            server.set_fault(None);
-        }
+    for (what, how) in phases {
+        stay_away(cluster, dir, how, away).await;
         let back = std::time::SystemTime::now();
-        let renewed = wait_for_heartbeats(server, node, back).await;
+        let renewed = wait_for_heartbeats(cluster, node, back).await;
         eprintln!("after {what} for {away:?}: lease renewed and status reported {renewed:?} after the return");
         assert!(
             renewed < Duration::from_secs(OUTAGE_LEASE_SECONDS),
@@ -1059,8 +1196,8 @@ async fn ride_out_outages(rt: &RealRuntime, cluster: &Cluster, dir: &Path, node:
     // Everything ran through it as it was, and the pod source resumed.
     cluster.create_pod(bound_pod("after", node, &rt.busybox_image)).await;
     let (web, mirror) = until(cluster, node, dir, "a pod bound after the outages to run", |v| {
-        let after = v.pods.get("default/after")?;
-        (phase(after) == "Running").then(|| (v.pods["default/web"].clone(), v.pods[&mirror_key].clone()))
+        let after = v.pods.get(&after_key)?;
+        (phase(after) == "Running").then(|| (v.pods[&web_key].clone(), v.pods[&mirror_key].clone()))
     })
     .await;
     assert_eq!(
@@ -1077,7 +1214,7 @@ async fn ride_out_outages(rt: &RealRuntime, cluster: &Cluster, dir: &Path, node:
 
 /// Waits until both the node's lease and its Ready condition's heartbeat are newer than `since`;
 /// returns how long that took.
-async fn wait_for_heartbeats(server: &ApiServer, node: &str, since: std::time::SystemTime) -> Duration {
+async fn wait_for_heartbeats(cluster: &Cluster, node: &str, since: std::time::SystemTime) -> Duration {
     // The Ready condition's times are whole seconds.
     let second = since.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let floor = std::time::UNIX_EPOCH + Duration::from_secs(second);
@@ -1088,19 +1225,16 @@ async fn wait_for_heartbeats(server: &ApiServer, node: &str, since: std::time::S
         std::time::SystemTime::from(time) >= floor
     };
     for _ in 0..600 {
-        let renewed = {
-            let objects = server.objects.lock().unwrap();
-            let lease = objects.leases.get(&format!("kube-node-lease/{node}")).map(|l| l["spec"]["renewTime"].clone());
-            let ready = objects.nodes.get(node).and_then(|n| {
-                n["status"]["conditions"]
-                    .as_array()?
-                    .iter()
-                    .find(|c| c["type"] == "Ready")
-                    .map(|c| c["lastHeartbeatTime"].clone())
-            });
-            lease.is_some_and(|l| newer(&l)) && ready.is_some_and(|r| newer(&r))
-        };
-        if renewed {
+        let view = cluster.view(node).await;
+        let lease = view.leases.get(&format!("kube-node-lease/{node}")).map(|l| l["spec"]["renewTime"].clone());
+        let ready = view.nodes.get(node).and_then(|n| {
+            n["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Ready")
+                .map(|c| c["lastHeartbeatTime"].clone())
+        });
+        if lease.is_some_and(|l| newer(&l)) && ready.is_some_and(|r| newer(&r)) {
             return since.elapsed().unwrap_or_default();
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

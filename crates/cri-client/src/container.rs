@@ -271,4 +271,4 @@ mod env;
 #[cfg(test)]
 mod tests;
 
-pub use env::{EnvObjects, Environment, environment};
+pub use env::{EnvObjects, Environment, environment, service_environment};

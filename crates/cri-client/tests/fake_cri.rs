@@ -422,6 +422,23 @@ async fn unimplemented_methods_are_classified_not_fatal() {
     f.server.abort();
 }
 
+/// Pod `ns/p` (UID `u`) with one container `c` of image `i`.
+fn one_container_pod() -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            uid: Some("u".into()),
+            name: Some("p".into()),
+            namespace: Some("ns".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container { name: "c".into(), image: Some("i".into()), ..Container::default() }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
 #[tokio::test]
 async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
     let f = start();
@@ -434,19 +451,7 @@ async fn a_cri_failure_becomes_a_sync_result_and_the_runtime_goes_on() {
     let config = manager_config(logs.path());
     let recorder = Arc::new(RingRecorder::default());
     let runtime = CriRuntime::new(client, config, recorder.clone());
-    let pod = Pod {
-        metadata: ObjectMeta {
-            uid: Some("u".into()),
-            name: Some("p".into()),
-            namespace: Some("ns".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container { name: "c".into(), image: Some("i".into()), ..Container::default() }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
+    let pod = one_container_pod();
     let result = runtime
         .sync_pod(
             &pod,
@@ -480,19 +485,7 @@ async fn a_sandbox_start_runs_to_its_end_when_the_sync_is_dropped() {
     f.fake.method_delays.lock().unwrap().insert("run_pod_sandbox", Duration::from_millis(400));
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
     let runtime = CriRuntime::new(client, manager_config(logs.path()), Arc::new(RingRecorder::default()));
-    let pod = Pod {
-        metadata: ObjectMeta {
-            uid: Some("u".into()),
-            name: Some("p".into()),
-            namespace: Some("ns".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container { name: "c".into(), image: Some("i".into()), ..Container::default() }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
+    let pod = one_container_pod();
     let status = PodStatus::new(PodUid::new("u"), "p", "ns");
     let (backoff, probes) = (Backoff::default(), kubelet_core::ProbeResults::new());
     let volumes = kubelet_core::volume::PodVolumes::default();

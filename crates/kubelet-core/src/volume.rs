@@ -63,6 +63,18 @@ pub trait ObjectSource: Send + Sync + 'static {
         audience: Option<&'a str>,
         expiration_seconds: i64,
     ) -> BoxFuture<'a, Result<String, String>>;
+
+    /// The services of `namespace`, and `kubernetes` of `default`: what upstream's
+    /// `getServiceEnvVarMap` reads for the variables of a container in `namespace`. `Ok(None)`
+    /// when the source has no services, as a kubelet without an API server, whose containers get
+    /// no service variables; an error when they have not been listed even once yet.
+    fn services<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Vec<k8s_openapi::api::core::v1::Service>>, String>> {
+        let _ = namespace;
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// How long a sync waits for a pod's volumes before it fails with `FailedMount` and is retried

@@ -1,11 +1,12 @@
 //! The container's environment (upstream `makeEnvironmentVariables`): the keys of its `envFrom`
 //! config maps and secrets first, then its `env` in order, each value's `$(VAR)` references
-//! expanded against what is defined before it, and each `valueFrom` read from the pod's fields,
-//! the container's resources, or a config map's or secret's key.
+//! expanded against what is defined before it and the service variables, and each `valueFrom`
+//! read from the pod's fields, the container's resources, or a config map's or secret's key;
+//! last, the service variables ([`service_environment`]) it does not define itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Service};
 use kubelet_core::{resources::container_resource, volume::ObjectData};
 
 use super::{Downward, expand};
@@ -13,13 +14,16 @@ use super::{Downward, expand};
 /// The config maps and secrets a container's environment names, as read for it by name: `None`
 /// for one that does not exist. A name that is not here could not be read at all: the agent has
 /// no API server (a static pod in standalone mode).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct EnvObjects {
     /// Config maps' `data` (their text keys; `binaryData` is not for environment variables).
     pub config_maps: BTreeMap<String, Option<BTreeMap<String, String>>>,
     /// Secrets' `data`.
     pub secrets: BTreeMap<String, Option<ObjectData>>,
+    /// The services of the pod's namespace and `kubernetes` of `default` (none without an API
+    /// server).
+    pub services: Vec<Service>,
 }
 
 impl EnvObjects {
@@ -70,6 +74,8 @@ pub fn environment(
     objects: &EnvObjects,
 ) -> Result<Environment, String> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+    let services = service_environment(&objects.services, namespace, links);
     let mut env = Environment::default();
     for from in container.env_from.iter().flatten() {
         let prefix = from.prefix.as_deref().unwrap_or_default();
@@ -116,8 +122,10 @@ pub fn environment(
     }
     for var in container.env.iter().flatten() {
         let value = match (&var.value, &var.value_from) {
-            (Some(value), _) => expand(value, &|name| env.lookup(name)),
-            (None, Some(source)) => {
+            (Some(value), _) if !value.is_empty() => {
+                expand(value, &|name| env.lookup(name).or_else(|| services.get(name).cloned()))
+            }
+            (_, Some(source)) => {
                 if let Some(field) = &source.field_ref {
                     field_ref(pod, &field.field_path, downward)?
                 } else if let Some(resource) = &source.resource_field_ref {
@@ -158,11 +166,87 @@ pub fn environment(
                     return Err(format!("couldn't find a source for env var {:?}", var.name));
                 }
             }
-            (None, None) => String::new(),
+            (_, None) => String::new(),
         };
         env.set(var.name.clone(), value);
     }
+    for (name, value) in services {
+        if env.lookup(&name).is_none() {
+            env.vars.push((name, value));
+        }
+    }
     Ok(env)
+}
+
+/// The name `kubernetes` of `default` goes by: the API server's own service, whose variables
+/// every pod gets, `enableServiceLinks` or not (upstream's `masterServices`).
+const API_SERVER_SERVICE: &str = "kubernetes";
+
+/// The service variables of a container in `namespace` (upstream `getServiceEnvVarMap` and
+/// `envvars.FromServices`): those of `kubernetes` in `default`, and with `links`
+/// (`enableServiceLinks`) those of every service in `namespace`, whose own `kubernetes` wins.
+/// Services without a cluster IP (headless, ExternalName) have none.
+pub fn service_environment(services: &[Service], namespace: &str, links: bool) -> BTreeMap<String, String> {
+    let mut chosen: BTreeMap<&str, &Service> = BTreeMap::new();
+    for service in services {
+        let (Some(name), Some(service_namespace)) =
+            (service.metadata.name.as_deref(), service.metadata.namespace.as_deref())
+        else {
+            continue;
+        };
+        let cluster_ip = service.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()).unwrap_or_default();
+        if cluster_ip.is_empty() || cluster_ip == "None" {
+            continue;
+        }
+        if service_namespace == "default" && name == API_SERVER_SERVICE {
+            chosen.entry(name).or_insert(service);
+        } else if service_namespace == namespace && links {
+            chosen.insert(name, service);
+        }
+    }
+    let mut vars = BTreeMap::new();
+    for (name, service) in chosen {
+        service_variables(name, service, &mut vars);
+    }
+    vars
+}
+
+/// One service's variables: `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT` (the first port), one
+/// `<NAME>_SERVICE_PORT_<PORT NAME>` per named port, and Docker's link variables.
+fn service_variables(name: &str, service: &Service, vars: &mut BTreeMap<String, String>) {
+    let Some(spec) = &service.spec else { return };
+    let (Some(ip), Some(ports)) = (spec.cluster_ip.as_deref(), spec.ports.as_deref()) else { return };
+    let Some(first) = ports.first() else { return };
+    let prefix = env_var_name(name);
+    vars.insert(format!("{prefix}_SERVICE_HOST"), ip.to_owned());
+    vars.insert(format!("{prefix}_SERVICE_PORT"), first.port.to_string());
+    for port in ports {
+        if let Some(port_name) = port.name.as_deref().filter(|n| !n.is_empty()) {
+            vars.insert(format!("{prefix}_SERVICE_PORT_{}", env_var_name(port_name)), port.port.to_string());
+        }
+    }
+    for (index, port) in ports.iter().enumerate() {
+        let protocol = port.protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
+        let address = format!("{}://{}", protocol.to_lowercase(), host_port(ip, port.port));
+        if index == 0 {
+            vars.insert(format!("{prefix}_PORT"), address.clone());
+        }
+        let port_prefix = format!("{prefix}_PORT_{}_{}", port.port, protocol.to_uppercase());
+        vars.insert(format!("{port_prefix}_PROTO"), protocol.to_lowercase());
+        vars.insert(format!("{port_prefix}_PORT"), port.port.to_string());
+        vars.insert(format!("{port_prefix}_ADDR"), ip.to_owned());
+        vars.insert(port_prefix, address);
+    }
+}
+
+/// A service or port name as a variable name: upper case, `-` as `_`.
+fn env_var_name(name: &str) -> String {
+    name.replace('-', "_").to_uppercase()
+}
+
+/// `ip:port`, with an IPv6 address in brackets (Go's `net.JoinHostPort`).
+fn host_port(ip: &str, port: i32) -> String {
+    if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") }
 }
 
 /// Upstream's error for an object it cannot read without an API server.

@@ -341,3 +341,93 @@ fn volume_mounts_become_cri_mounts_with_sub_paths_and_propagation() {
     let bidirectional = mount("cache", "/x", None, Some("Bidirectional"));
     assert!(mounts(&with(bidirectional), &volumes, &none).unwrap_err().contains("privileged"));
 }
+
+/// Service `namespace/name` with cluster IP `ip` and `ports` (name, port, protocol).
+fn service(namespace: &str, name: &str, ip: &str, ports: &[(&str, i32, &str)]) -> k8s_openapi::api::core::v1::Service {
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    let ports = ports
+        .iter()
+        .map(|(port_name, port, protocol)| ServicePort {
+            name: (!port_name.is_empty()).then(|| (*port_name).to_owned()),
+            port: *port,
+            protocol: (!protocol.is_empty()).then(|| (*protocol).to_owned()),
+            ..ServicePort::default()
+        })
+        .collect();
+    Service {
+        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..ObjectMeta::default() },
+        spec: Some(ServiceSpec { cluster_ip: Some(ip.into()), ports: Some(ports), ..ServiceSpec::default() }),
+        ..Default::default()
+    }
+}
+
+/// The API server's service, one of the pod's namespace with two ports, a headless one, and
+/// one of another namespace.
+fn services() -> Vec<k8s_openapi::api::core::v1::Service> {
+    vec![
+        service("default", "kubernetes", "10.96.0.1", &[("https", 443, "TCP")]),
+        service("ns", "redis-master", "10.96.0.20", &[("", 6379, ""), ("metrics-port", 9121, "TCP")]),
+        service("ns", "dns", "10.96.0.10", &[("dns", 53, "UDP")]),
+        service("ns", "headless", "None", &[("", 80, "TCP")]),
+        service("other", "elsewhere", "10.96.0.30", &[("", 80, "TCP")]),
+    ]
+}
+
+#[test]
+fn service_variables_are_upstreams() {
+    let vars = service_environment(&services(), "ns", true);
+    let kubernetes = [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "443"),
+        ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+        ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+        ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+        ("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+        ("KUBERNETES_PORT_443_TCP_PORT", "443"),
+        ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1"),
+    ];
+    for (name, value) in kubernetes {
+        assert_eq!(vars.get(name).map(String::as_str), Some(value), "{name}");
+    }
+    for (name, value) in [
+        ("REDIS_MASTER_SERVICE_HOST", "10.96.0.20"),
+        ("REDIS_MASTER_SERVICE_PORT", "6379"),
+        ("REDIS_MASTER_SERVICE_PORT_METRICS_PORT", "9121"),
+        ("REDIS_MASTER_PORT", "tcp://10.96.0.20:6379"),
+        ("REDIS_MASTER_PORT_9121_TCP", "tcp://10.96.0.20:9121"),
+        ("DNS_PORT", "udp://10.96.0.10:53"),
+        ("DNS_PORT_53_UDP_PROTO", "udp"),
+    ] {
+        assert_eq!(vars.get(name).map(String::as_str), Some(value), "{name}");
+    }
+    assert_eq!(vars.len(), 8 + 12 + 8, "nothing of the headless service or another namespace: {vars:?}");
+
+    let without_links = service_environment(&services(), "ns", false);
+    let expected: BTreeMap<String, String> = kubernetes.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+    assert_eq!(without_links, expected, "only the API server's service without enableServiceLinks");
+
+    let ipv6 = service("default", "kubernetes", "fd00::1", &[("https", 443, "TCP")]);
+    assert_eq!(service_environment(&[ipv6], "ns", true)["KUBERNETES_PORT"], "tcp://[fd00::1]:443");
+}
+
+#[test]
+fn service_variables_come_last_and_give_way_to_the_containers_own() {
+    let mut c = Container { name: "c".into(), ..Container::default() };
+    c.env = Some(vec![
+        env("REDIS", "$(REDIS_MASTER_SERVICE_HOST):$(REDIS_MASTER_SERVICE_PORT)"),
+        env("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc"),
+    ]);
+    let pod = pod_with(c.clone());
+    let objects = EnvObjects { services: services(), ..EnvObjects::default() };
+    let got = environment(&pod, &c, &Downward::default(), &objects).unwrap();
+    assert_eq!(got.vars[0], ("REDIS".to_owned(), "10.96.0.20:6379".to_owned()), "expanded from the services");
+    assert_eq!(got.vars[1].1, "kubernetes.default.svc");
+    assert_eq!(got.vars.iter().filter(|(k, _)| k == "KUBERNETES_SERVICE_HOST").count(), 1, "the container's wins");
+    assert!(got.vars.iter().any(|(k, v)| k == "KUBERNETES_SERVICE_PORT" && v == "443"));
+
+    let mut no_links = pod.clone();
+    no_links.spec.as_mut().unwrap().enable_service_links = Some(false);
+    let got = environment(&no_links, &c, &Downward::default(), &objects).unwrap();
+    assert_eq!(got.vars[0].1, "$(REDIS_MASTER_SERVICE_HOST):$(REDIS_MASTER_SERVICE_PORT)", "left as written");
+    assert!(!got.vars.iter().any(|(k, _)| k.starts_with("REDIS_MASTER")));
+}

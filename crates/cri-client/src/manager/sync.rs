@@ -238,11 +238,27 @@ impl CriRuntime {
 }
 
 impl CriRuntime {
-    /// Reads the config maps and secrets the container's environment names, from the runtime's
-    /// object source; without one, none is read (the environment then says so).
+    /// Reads the config maps and secrets the container's environment names, and the services
+    /// whose variables it gets, from the runtime's object source; without one, none is read (the
+    /// environment then says so of a config map or secret, and has no service variables).
+    ///
+    /// As upstream, a pod from the API server waits until the services have been listed once,
+    /// so that no container misses `KUBERNETES_SERVICE_HOST` after a restart; a static pod does
+    /// not wait for the API server.
     async fn env_objects(&self, pod: &ApiPod, spec: &ApiContainer) -> Result<container::EnvObjects, String> {
         let mut objects = container::EnvObjects::default();
         let Some(source) = &self.objects else { return Ok(objects) };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        match source.services(namespace).await {
+            Ok(services) => objects.services = services.unwrap_or_default(),
+            Err(error) if kubelet_core::types::is_static_pod(pod) => {
+                debug!(%error, "a static pod starts without service variables");
+            }
+            Err(error) => {
+                warn!(%error, "services have not been listed");
+                return Err("services have not yet been read at least once, cannot construct envvars".to_owned());
+            }
+        }
         let (config_maps, secrets) = container::EnvObjects::references(spec);
         for name in config_maps {
             let data = source.config_map_text(pod, &name).await?;
