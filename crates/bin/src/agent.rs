@@ -4,12 +4,13 @@
 //! pod workers), hands them to the library's `Agent` builder, and adds the static pod sources,
 //! cluster mode (`--kubeconfig`, in [`crate::cluster`]) and the local API.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use apiserver::objects::ApiObjects;
 use config::{PodConfig, file, http};
 use cri_client::{Client, Config as CriConfig, CriRuntime, manager};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kubelet::{Agent, admission::NodeResources, agent, server};
 use kubelet_core::{
     Runtime, Source, StartupTracker,
@@ -83,6 +84,7 @@ async fn run_with(
         .cgroup_root(&settings.pods_cgroup)
         .node_ip(&settings.node_ip)
         .image_pull_limit(file.image_pull_limit())
+        .allocatable(allocatable_quantities(&node_allocatable(file)))
         .dns(
             file.resolv_conf.clone(),
             file.cluster_dns.iter().map(ToString::to_string).collect(),
@@ -97,6 +99,26 @@ async fn run_with(
         runtime = runtime.objects(cluster.objects.clone());
     }
     run_on(Arc::new(runtime), recorder, startup, client, settings, metrics, cancel).await
+}
+
+/// The node's allocatable resources: capacity minus `systemReserved` and `kubeReserved`
+/// (upstream's node allocatable, eviction thresholds aside), and `maxPods`.
+fn node_allocatable(file: &config::KubeletConfiguration) -> NodeResources {
+    let mut node = NodeResources::of_this_node();
+    let (reserved_cpu, reserved_memory) = file.reserved();
+    node.cpu_milli = (node.cpu_milli - reserved_cpu).max(0);
+    node.memory_bytes = (node.memory_bytes - reserved_memory).max(0);
+    node.max_pods = file.max_pods as usize;
+    node
+}
+
+/// `node`'s allocatable CPU and memory as quantities, for `resourceFieldRef`s to limits a
+/// container does not set.
+fn allocatable_quantities(node: &NodeResources) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([
+        ("cpu".to_owned(), Quantity(format!("{}m", node.cpu_milli))),
+        ("memory".to_owned(), Quantity(node.memory_bytes.to_string())),
+    ])
 }
 
 /// `fake://?startLatency=200ms&failureRate=0.1`: the in-memory runtime, each pod sync taking
@@ -184,12 +206,8 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     }
     check_manifest_path(file.static_pod_path.as_deref())?;
 
-    // Allocatable: capacity minus systemReserved and kubeReserved (upstream's node allocatable).
-    let mut node = NodeResources::of_this_node();
-    let (reserved_cpu, reserved_memory) = file.reserved();
-    node.cpu_milli = (node.cpu_milli - reserved_cpu).max(0);
-    node.memory_bytes = (node.memory_bytes - reserved_memory).max(0);
-    node.max_pods = file.max_pods as usize;
+    let node = node_allocatable(file);
+    let allocatable = allocatable_quantities(&node);
     let kubelet_config =
         kubelet::Config::new(&settings.node_name).root_dir(&settings.root_dir).node_ip(&settings.node_ip).node(node);
     let mut sources = Vec::new();
@@ -205,7 +223,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     });
     let (file_period, http_period, sync_period) = settings.periods();
     let mut builder = Agent::builder(runtime, agent::Config::new(kubelet_config, sources));
-    let mut volumes = volumes::Manager::new(settings.root_dir.join("pods"));
+    let mut volumes = volumes::Manager::new(settings.root_dir.join("pods")).allocatable(allocatable);
     if let Some((Cluster { client, objects }, _)) = &cluster {
         builder = builder.mirror_client(crate::cluster::ApiMirrors::new(client.clone(), &settings.node_name));
         // configMap, secret and projected volumes read the API server.

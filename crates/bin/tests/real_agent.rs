@@ -1107,6 +1107,9 @@ fn volumes_pod_yaml(uid: &str, app: &str, image: &str, host: &Path) -> String {
         &format!("  labels: {{app: {app}}}"),
         "spec:",
         "  terminationGracePeriodSeconds: 2",
+        "  hostname: db-0",
+        "  subdomain: db",
+        "  hostAliases: [{ip: 10.1.2.3, hostnames: [foo.local, bar.local]}]",
         "  volumes:",
         "  - {name: cache, emptyDir: {}}",
         "  - {name: shm, emptyDir: {medium: Memory, sizeLimit: 16Mi}}",
@@ -1160,7 +1163,12 @@ async fn real_volumes_for_node_local_pods() {
         rt.busybox_image
     );
     std::fs::write(dir.join("manifests/secret.yaml"), secret).unwrap();
-    let agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+    let agent = Agent::start_with(
+        &rt,
+        &dir,
+        &node,
+        &["--read-only-port", &port.to_string(), "--cluster-domain", "cluster.local"],
+    );
     let runtime = test_runtime(&rt, &dir, &node);
 
     let outcome = {
@@ -1187,6 +1195,14 @@ async fn real_volumes_for_node_local_pods() {
             assert!(host.join("from-the-pod").exists(), "the hostPath is the host's directory");
             assert_eq!(exec(&["cat", "/info/labels"]).await, "app=\"one\"");
             assert_eq!(exec(&["cat", "/proj/name"]).await, name);
+            // The managed /etc/hosts: the pod's IP with its hostname and FQDN, and its aliases.
+            let hosts = exec(&["cat", "/etc/hosts"]).await;
+            let ip = wait_for(&rt_for_body, &name, "app", running).await.ips[0].clone();
+            let fqdn = format!("{ip}\tdb-0.db.default.svc.cluster.local\tdb-0\n");
+            assert!(hosts.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"), "{hosts}");
+            assert!(hosts.contains(&fqdn), "{hosts:?} has no {fqdn:?}");
+            assert!(hosts.ends_with("# Entries added by HostAliases.\n10.1.2.3\tfoo.local\tbar.local\n"), "{hosts}");
+            assert_eq!(exec(&["hostname"]).await, "db-0\n");
             exec(&["touch", "/sub/x"]).await;
             assert_eq!(exec(&["ls", "/cache/nested"]).await, "x\n", "the subPath is inside the volume");
             let pod_dir = dir.join("root/pods").join(&uid);

@@ -12,6 +12,7 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kubelet_core::resources::parse_quantity;
 
 mod fields;
@@ -402,15 +403,13 @@ impl KubeletConfiguration {
 
     /// CPU (millicores) and memory (bytes) reserved by `systemReserved` plus `kubeReserved`.
     pub fn reserved(&self) -> (i64, i64) {
-        let sum = |resource: &str, scale: f64| -> i64 {
-            #[allow(clippy::cast_possible_truncation)] // Reason: reservations are far below 2^63.
+        let sum = |resource: &str, scaled: fn(&Quantity) -> Option<i64>| -> i64 {
             [&self.system_reserved, &self.kube_reserved]
                 .iter()
-                .filter_map(|m| m.get(resource).and_then(|q| parse_quantity(q)))
-                .map(|q| (q * scale).ceil() as i64)
+                .filter_map(|m| m.get(resource).and_then(|q| scaled(&Quantity(q.clone()))))
                 .sum()
         };
-        (sum("cpu", 1000.0), sum("memory", 1.0))
+        (sum("cpu", kubelet_core::resources::milli), sum("memory", kubelet_core::resources::units))
     }
 }
 

@@ -46,7 +46,7 @@ pub fn expand(input: &str, lookup: &dyn Fn(&str) -> Option<String>) -> String {
 }
 
 /// What the environment's downward-API values come from.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Downward<'a> {
     /// The pod's IPs, primary first.
     pub pod_ips: &'a [String],
@@ -54,6 +54,19 @@ pub struct Downward<'a> {
     pub node_name: &'a str,
     /// The node's IP.
     pub host_ip: &'a str,
+    /// The node's allocatable resources, for `resourceFieldRef`s to limits the container does
+    /// not set.
+    pub allocatable: &'a std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+}
+
+/// No allocatable resources: what [`Downward::default`] knows.
+static NO_ALLOCATABLE: std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> =
+    std::collections::BTreeMap::new();
+
+impl Default for Downward<'_> {
+    fn default() -> Self {
+        Downward { pod_ips: &[], node_name: "", host_ip: "", allocatable: &NO_ALLOCATABLE }
+    }
 }
 
 /// CPU shares from a CPU request in millicores (upstream `MilliCPUToShares`).

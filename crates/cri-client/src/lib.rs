@@ -39,6 +39,7 @@ pub mod cgroups;
 pub mod container;
 mod containerd;
 mod convert;
+pub mod hosts;
 mod instrument;
 pub mod labels;
 pub mod manager;

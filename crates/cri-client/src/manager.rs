@@ -36,7 +36,7 @@ use crate::{
 };
 
 /// How the runtime manager lays things out on the node; defaults are upstream's.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct Config {
     /// Where pod log directories go (`podLogsDir`, `/var/log/pods`).
@@ -66,6 +66,9 @@ pub struct Config {
     /// How many image pulls may run at once: `Some(1)` is upstream's `serializeImagePulls`
     /// (the default), `None` no limit (`maxParallelImagePulls` unset).
     pub image_pull_limit: Option<usize>,
+    /// The node's allocatable resources, which a `resourceFieldRef` to a CPU or memory limit
+    /// the container does not set reads (upstream `defaultPodLimitsForDownwardAPI`).
+    pub allocatable: std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 }
 
 impl Config {
@@ -84,7 +87,18 @@ impl Config {
             node_ip: String::new(),
             pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
             image_pull_limit: Some(1),
+            allocatable: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// Sets the node's allocatable resources (`cpu`, `memory`, ...).
+    #[must_use]
+    pub fn allocatable(
+        mut self,
+        allocatable: std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    ) -> Self {
+        self.allocatable = allocatable;
+        self
     }
 
     /// Sets how many image pulls may run at once (`None`: no limit).

@@ -1,5 +1,7 @@
 //! Resource quantities and QoS classes, as the kubelet reads them from pod specs.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::{
     api::core::v1::{Container, Pod},
     apimachinery::pkg::api::resource::Quantity,
@@ -35,16 +37,104 @@ pub fn parse_quantity(quantity: &str) -> Option<f64> {
     Some(value * multiplier)
 }
 
-/// A quantity in milli-units, rounded up (CPU in millicores).
-pub fn milli(quantity: &Quantity) -> Option<i64> {
-    #[allow(clippy::cast_possible_truncation)] // Reason: resource values are far below 2^63 milli-units.
-    parse_quantity(&quantity.0).map(|v| (v * 1000.0).ceil() as i64)
+/// A quantity in nano-units, exact as upstream's `resource.Quantity` keeps it (`1.1` is
+/// 1,100,000,000, where a float makes it 1,100,000,000.0000002); what is left below one
+/// nano-unit rounds up. `None` when it does not parse or does not fit.
+pub fn nano_units(quantity: &str) -> Option<i128> {
+    let q = quantity.trim();
+    let split = q.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(q.len());
+    let (number, suffix) = q.split_at(split);
+    let (negative, number) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number.strip_prefix('+').unwrap_or(number)),
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || !(whole.chars().chain(fraction.chars()).all(|c| c.is_ascii_digit())) {
+        return None;
+    }
+    let digits: i128 = format!("{whole}{fraction}").parse().ok()?;
+    // The value is `digits * 10^exponent * 2^binary` units, kept in nano-units.
+    let (mut exponent, binary): (i32, u32) = match suffix {
+        "" => (0, 0),
+        "n" => (-9, 0),
+        "u" => (-6, 0),
+        "m" => (-3, 0),
+        "k" => (3, 0),
+        "M" => (6, 0),
+        "G" => (9, 0),
+        "T" => (12, 0),
+        "P" => (15, 0),
+        "E" => (18, 0),
+        "Ki" => (0, 10),
+        "Mi" => (0, 20),
+        "Gi" => (0, 30),
+        "Ti" => (0, 40),
+        "Pi" => (0, 50),
+        "Ei" => (0, 60),
+        exponent if exponent.starts_with(['e', 'E']) => (exponent[1..].parse().ok()?, 0),
+        _ => return None,
+    };
+    exponent += 9 - i32::try_from(fraction.len()).ok()?;
+    let mut value = digits.checked_mul(1i128.checked_shl(binary)?)?;
+    if exponent >= 0 {
+        value = value.checked_mul(10i128.checked_pow(u32::try_from(exponent).ok()?)?)?;
+    } else {
+        let scale = 10i128.checked_pow(exponent.unsigned_abs())?;
+        value = value.div_euclid(scale) + i128::from(value.rem_euclid(scale) != 0);
+    }
+    Some(if negative { -value } else { value })
 }
 
-/// A quantity in whole units, rounded up (memory in bytes).
+/// `nano` nano-units in units of `per` nano-units, rounded up, if it fits in an `i64`.
+fn scaled_up(nano: i128, per: i128) -> Option<i64> {
+    i64::try_from(nano.div_euclid(per) + i128::from(nano.rem_euclid(per) != 0)).ok()
+}
+
+/// A quantity in milli-units, rounded up (CPU in millicores; upstream `MilliValue`).
+pub fn milli(quantity: &Quantity) -> Option<i64> {
+    scaled_up(nano_units(&quantity.0)?, 1_000_000)
+}
+
+/// A quantity in whole units, rounded up (memory in bytes; upstream `Value`).
 pub fn units(quantity: &Quantity) -> Option<i64> {
-    #[allow(clippy::cast_possible_truncation)] // Reason: resource values are far below 2^63.
-    parse_quantity(&quantity.0).map(|v| v.ceil() as i64)
+    scaled_up(nano_units(&quantity.0)?, 1_000_000_000)
+}
+
+/// The value of a `resourceFieldRef` to `resource` (`limits.cpu`, `requests.memory`, ...) of
+/// `container`, in units of `divisor` and rounded up, as upstream's
+/// `ExtractContainerResourceValue` after `defaultPodLimitsForDownwardAPI`: a CPU, memory or
+/// ephemeral-storage limit the container does not set (or sets to zero) is the node's
+/// `allocatable` one. A limit the node's allocatable does not name either is an error here,
+/// where upstream would write zero for a resource it does not track.
+pub fn resource_field_value(
+    container: &Container,
+    resource: &str,
+    divisor: Option<&Quantity>,
+    allocatable: &BTreeMap<String, Quantity>,
+) -> Result<String, String> {
+    let unsupported = || format!("unsupported container resource : {resource}");
+    let (limit, name) = match resource.split_once('.') {
+        Some(("limits", name)) => (true, name),
+        Some(("requests", name)) => (false, name),
+        _ => return Err(unsupported()),
+    };
+    if !matches!(name, "cpu" | "memory" | "ephemeral-storage") && !name.starts_with("hugepages-") {
+        return Err(unsupported());
+    }
+    let set = container_resource(container, name, limit).filter(|q| nano_units(&q.0).is_some_and(|v| v != 0));
+    let value = match set {
+        Some(quantity) => Some(quantity),
+        None if limit && matches!(name, "cpu" | "memory" | "ephemeral-storage") => {
+            Some(allocatable.get(name).ok_or_else(|| format!("the node's allocatable {name} is not known"))?)
+        }
+        None => None,
+    };
+    let value = value.map_or(Some(0), |q| nano_units(&q.0)).ok_or_else(|| format!("{resource}: not a quantity"))?;
+    let divisor = divisor.and_then(|d| nano_units(&d.0)).filter(|d| *d != 0).unwrap_or(1_000_000_000);
+    // CPU counts in millicores, everything else in whole units, each rounded up first.
+    let per: i128 = if name == "cpu" { 1_000_000 } else { 1_000_000_000 };
+    let (value, divisor) = (scaled_up(value, per).unwrap_or(i64::MAX), scaled_up(divisor, per).unwrap_or(1).max(1));
+    Ok(scaled_up(i128::from(value), i128::from(divisor)).unwrap_or(i64::MAX).to_string())
 }
 
 /// A container's request (or, with `limit`, limit) of `resource`, if set.
@@ -83,11 +173,62 @@ pub fn qos_class(pod: &Pod) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
 
     use super::*;
+
+    #[test]
+    fn quantities_are_exact() {
+        assert_eq!(nano_units("1.1"), Some(1_100_000_000));
+        assert_eq!(milli(&Quantity("1.1".into())), Some(1100), "a float makes it 1101");
+        assert_eq!(milli(&Quantity("100m".into())), Some(100));
+        assert_eq!(milli(&Quantity("0.0001".into())), Some(1), "rounded up");
+        assert_eq!(units(&Quantity("1.5Gi".into())), Some(1_610_612_736));
+        assert_eq!(units(&Quantity("128974848".into())), Some(128_974_848));
+        assert_eq!(units(&Quantity("129e6".into())), Some(129_000_000));
+        assert_eq!(units(&Quantity("123Mi".into())), Some(128_974_848));
+        assert_eq!(units(&Quantity("1Ei".into())), Some(1 << 60));
+        assert_eq!(nano_units("1n"), Some(1));
+        assert_eq!(nano_units("0.5n"), Some(1), "below a nano-unit rounds up");
+        assert_eq!(nano_units("-2"), Some(-2_000_000_000));
+        for bad in ["", "m", "1.2.3", "1x", "1Ki2", ".", "abc"] {
+            assert_eq!(nano_units(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn resource_field_values_are_upstreams() {
+        let container = Container {
+            resources: Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([
+                    ("cpu".into(), Quantity("1.1".into())),
+                    ("memory".into(), Quantity("1.5Mi".into())),
+                ])),
+                limits: Some(BTreeMap::from([("memory".into(), Quantity("0".into()))])),
+                ..Default::default()
+            }),
+            ..Container::default()
+        };
+        let allocatable = BTreeMap::from([
+            ("cpu".to_owned(), Quantity("1900m".into())),
+            ("memory".to_owned(), Quantity("7Gi".into())),
+        ]);
+        let value = |resource: &str, divisor: Option<&str>| {
+            resource_field_value(&container, resource, divisor.map(|d| Quantity(d.into())).as_ref(), &allocatable)
+        };
+        assert_eq!(value("requests.cpu", None).unwrap(), "2", "1.1 cores in cores, rounded up");
+        assert_eq!(value("requests.cpu", Some("1m")).unwrap(), "1100");
+        assert_eq!(value("requests.memory", Some("1Ki")).unwrap(), "1536");
+        assert_eq!(value("requests.memory", Some("1Mi")).unwrap(), "2");
+        assert_eq!(value("limits.cpu", Some("1m")).unwrap(), "1900", "no CPU limit: the node's allocatable");
+        assert_eq!(value("limits.memory", Some("1Gi")).unwrap(), "7", "a zero limit: the node's allocatable");
+        assert_eq!(value("requests.ephemeral-storage", None).unwrap(), "0");
+        assert!(value("limits.ephemeral-storage", None).is_err(), "an allocatable the node does not know");
+        assert_eq!(
+            value("limits.nvidia.com/gpu", None).unwrap_err(),
+            "unsupported container resource : limits.nvidia.com/gpu"
+        );
+    }
 
     #[test]
     fn quantities() {

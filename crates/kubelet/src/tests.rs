@@ -476,7 +476,7 @@ async fn housekeeping_restarts_a_desired_pod_its_workers_forgot() {
     k.handle_pod_additions(vec![reused.clone()]).await;
     // A rejected pod is desired too, but never runs.
     let mut refused = (*pod("refused", "Always", &["c"])).clone();
-    refused.spec.as_mut().unwrap().host_aliases = Some(vec![k8s_openapi::api::core::v1::HostAlias::default()]);
+    refused.spec.as_mut().unwrap().runtime_class_name = Some("gvisor".into());
     k.handle_pod_additions(vec![Arc::new(refused)]).await;
     lock(&w.known)
         .insert(PodUid::new("running"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));

@@ -15,7 +15,6 @@ pub const REASON: &str = "UnsupportedPodSpec";
 pub const FIELDS: &[&str] = &[
     "spec.volumes[*]",
     "spec.runtimeClassName",
-    "spec.hostAliases",
     "spec.readinessGates",
     "spec.setHostnameAsFQDN",
     "spec.hostUsers",
@@ -118,7 +117,6 @@ fn pod_fields(spec: &PodSpec, abilities: Abilities<'_>) -> Vec<String> {
         }
     };
     check(spec.runtime_class_name.as_ref().is_some_and(|s| !s.is_empty()), "spec.runtimeClassName");
-    check(spec.host_aliases.as_ref().is_some_and(|a| !a.is_empty()), "spec.hostAliases");
     check(spec.readiness_gates.as_ref().is_some_and(|g| !g.is_empty()), "spec.readinessGates");
     check(spec.set_hostname_as_fqdn == Some(true), "spec.setHostnameAsFQDN");
     check(spec.host_users == Some(false), "spec.hostUsers");
@@ -226,9 +224,8 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: 
 mod tests {
     use k8s_openapi::api::core::v1::{
         AppArmorProfile, ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
-        EphemeralContainer, HostAlias, Lifecycle, LifecycleHandler, PodReadinessGate, PodResourceClaim,
-        PodSecurityContext, Probe, ResourceClaim, ResourceRequirements, SELinuxOptions, TCPSocketAction, Volume,
-        VolumeDevice, VolumeMount,
+        EphemeralContainer, Lifecycle, LifecycleHandler, PodReadinessGate, PodResourceClaim, PodSecurityContext, Probe,
+        ResourceClaim, ResourceRequirements, SELinuxOptions, TCPSocketAction, Volume, VolumeDevice, VolumeMount,
     };
 
     use super::*;
@@ -279,9 +276,6 @@ mod tests {
                 }]);
             }
             "spec.runtimeClassName" => spec.runtime_class_name = Some("gvisor".into()),
-            "spec.hostAliases" => {
-                spec.host_aliases = Some(vec![HostAlias { ip: "10.0.0.1".into(), ..HostAlias::default() }])
-            }
             "spec.readinessGates" => {
                 spec.readiness_gates = Some(vec![PodReadinessGate { condition_type: "x".into() }]);
             }

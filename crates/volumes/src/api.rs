@@ -175,7 +175,7 @@ impl VolumePlugin for Secret {
 
 /// Projected volumes: with an object source, of any of configMap, secret, downwardAPI and
 /// serviceAccountToken sources, on a tmpfs; without one, of downwardAPI sources alone, on disk.
-pub(crate) struct Projected(pub(crate) Option<Arc<dyn ObjectSource>>);
+pub(crate) struct Projected(pub(crate) Option<Arc<dyn ObjectSource>>, pub(crate) Arc<downward::Allocatable>);
 
 impl Projected {
     /// Whether this plugin writes `source`.
@@ -205,7 +205,7 @@ impl Projected {
             return select(&data, secret.items.as_ref(), mode, &format!("secret {:?}", secret.name), optional);
         }
         if let Some(downward) = &source.downward_api {
-            return downward::files(pod, downward.items.iter().flatten(), mode);
+            return downward::files(pod, downward.items.iter().flatten(), mode, &self.1);
         }
         if let Some(token) = &source.service_account_token {
             atomic::validate_path(&token.path)?;

@@ -2,12 +2,19 @@
 //! containers' resources as files, written atomically and refreshed on every sync; projected
 //! volumes (`api.rs`) write downwardAPI sources with [`files`] too.
 
-use std::{collections::BTreeMap, path::Path, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::{Arc, RwLock},
+};
 
-use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, Pod, Volume};
+use k8s_openapi::{
+    api::core::v1::{DownwardAPIVolumeFile, Pod, Volume},
+    apimachinery::pkg::api::resource::Quantity,
+};
 use kubelet_core::{
     hook::BoxFuture,
-    resources::{container_resource, parse_quantity},
+    resources::resource_field_value,
     volume::{DOWNWARD_API, VolumePlugin},
 };
 
@@ -16,9 +23,26 @@ use crate::atomic::{self, File};
 /// Files' mode when the volume sets none (upstream `DownwardAPIVolumeSourceDefaultMode`).
 const DEFAULT_MODE: i32 = 0o644;
 
+/// The node's allocatable resources, which a `resourceFieldRef` to a limit a container does not
+/// set reads (upstream `defaultPodLimitsForDownwardAPI`); shared by the plugins that write
+/// downwardAPI files, set with [`crate::Manager::allocatable`].
+#[derive(Debug, Default)]
+pub(crate) struct Allocatable(RwLock<BTreeMap<String, Quantity>>);
+
+impl Allocatable {
+    pub(crate) fn set(&self, allocatable: BTreeMap<String, Quantity>) {
+        // Each write replaces the whole map: a poisoned lock holds a whole one.
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = allocatable;
+    }
+
+    fn get(&self) -> BTreeMap<String, Quantity> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
 /// downwardAPI volumes.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct DownwardApi;
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DownwardApi(pub(crate) Arc<Allocatable>);
 
 impl VolumePlugin for DownwardApi {
     fn name(&self) -> &str {
@@ -33,7 +57,7 @@ impl VolumePlugin for DownwardApi {
         Box::pin(async move {
             let source = volume.downward_api.as_ref().ok_or("not a downwardAPI volume")?;
             let mode = source.default_mode.unwrap_or(DEFAULT_MODE);
-            let payload = files(pod, source.items.iter().flatten(), mode)?;
+            let payload = files(pod, source.items.iter().flatten(), mode, &self.0)?;
             write(dir, payload).await
         })
     }
@@ -56,6 +80,7 @@ pub(crate) fn files<'a>(
     pod: &Pod,
     items: impl Iterator<Item = &'a DownwardAPIVolumeFile>,
     default_mode: i32,
+    allocatable: &Allocatable,
 ) -> Result<BTreeMap<String, File>, String> {
     let mut payload = BTreeMap::new();
     for item in items {
@@ -63,7 +88,7 @@ pub(crate) fn files<'a>(
         let content = if let Some(field) = &item.field_ref {
             field_value(pod, &field.field_path)?
         } else if let Some(resource) = &item.resource_field_ref {
-            resource_value(pod, resource)?
+            resource_value(pod, resource, &allocatable.get())?
         } else {
             return Err(format!("{:?}: neither fieldRef nor resourceFieldRef", item.path));
         };
@@ -81,9 +106,13 @@ fn field_value(pod: &Pod, path: &str) -> Result<String, String> {
 }
 
 /// A `resourceFieldRef`: the named container's request or limit, in units of the divisor,
-/// rounded up. A limit the container does not set is refused (upstream falls back to the
-/// node's allocatable, which this agent does not track per resource).
-fn resource_value(pod: &Pod, selector: &k8s_openapi::api::core::v1::ResourceFieldSelector) -> Result<String, String> {
+/// rounded up; an unset CPU or memory limit is the node's allocatable
+/// ([`resource_field_value`]).
+fn resource_value(
+    pod: &Pod,
+    selector: &k8s_openapi::api::core::v1::ResourceFieldSelector,
+    allocatable: &BTreeMap<String, Quantity>,
+) -> Result<String, String> {
     let name = selector.container_name.as_deref().unwrap_or_default();
     let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
     let container = spec
@@ -92,24 +121,7 @@ fn resource_value(pod: &Pod, selector: &k8s_openapi::api::core::v1::ResourceFiel
         .chain(spec.init_containers.iter().flatten())
         .find(|c| c.name == name)
         .ok_or_else(|| format!("resourceFieldRef names unknown container {name:?}"))?;
-    let (limit, resource) = match selector.resource.split_once('.') {
-        Some(("limits", resource)) => (true, resource),
-        Some(("requests", resource)) => (false, resource),
-        _ => return Err(format!("unsupported resourceFieldRef resource {:?}", selector.resource)),
-    };
-    let divisor = selector.divisor.as_ref().and_then(|d| parse_quantity(&d.0)).filter(|d| *d > 0.0).unwrap_or(1.0);
-    let value = match container_resource(container, resource, limit).and_then(|q| parse_quantity(&q.0)) {
-        Some(value) => value,
-        None if !limit => 0.0,
-        None => {
-            return Err(format!(
-                "container {name:?} sets no {}: this agent cannot default it to the node's allocatable",
-                selector.resource
-            ));
-        }
-    };
-    #[allow(clippy::cast_possible_truncation)] // Reason: resource values are far below 2^63.
-    Ok(((value / divisor).ceil() as i64).to_string())
+    resource_field_value(container, &selector.resource, selector.divisor.as_ref(), allocatable)
 }
 
 #[cfg(test)]
@@ -162,14 +174,17 @@ mod tests {
             item("app", Some("metadata.labels['app']"), None),
             item("mem", None, Some(("app", "limits.memory"))),
         ];
-        let files = files(&pod, items.iter(), 0o600).unwrap();
+        let allocatable = Allocatable::default();
+        allocatable.set(BTreeMap::from([("cpu".to_owned(), Quantity("1500m".into()))]));
+        let files = files(&pod, items.iter(), 0o600, &allocatable).unwrap();
         let text = |p: &str| String::from_utf8(files[p].content.clone()).unwrap();
         assert_eq!(text("labels"), "app=\"web\"\ntier=\"front\"");
         assert_eq!((text("name").as_str(), text("app").as_str(), text("mem").as_str()), ("web", "web", "64"));
         assert_eq!(files["name"].mode, 0o600);
         let unset = [item("cpu", None, Some(("app", "limits.cpu")))];
-        assert!(super::files(&pod, unset.iter(), 0o644).unwrap_err().contains("sets no limits.cpu"));
+        let files = super::files(&pod, unset.iter(), 0o644, &allocatable).unwrap();
+        assert_eq!(files["cpu"].content, b"1", "an unset limit is the node's allocatable, 1.5 cores in 1Mi");
         let escape = [item("../x", Some("metadata.name"), None)];
-        assert!(super::files(&pod, escape.iter(), 0o644).is_err());
+        assert!(super::files(&pod, escape.iter(), 0o644, &allocatable).is_err());
     }
 }

@@ -52,11 +52,15 @@ mod mount;
 pub mod subpath;
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
-use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::{
+    api::core::v1::{Pod, Volume},
+    apimachinery::pkg::api::resource::Quantity,
+};
 use kubelet_core::ErrorChain;
 use kubelet_core::{
     PodUid,
@@ -71,6 +75,7 @@ pub struct Manager {
     pods_dir: PathBuf,
     plugins: Vec<Arc<dyn VolumePlugin>>,
     objects: Option<Arc<dyn ObjectSource>>,
+    allocatable: Arc<downward::Allocatable>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -84,16 +89,27 @@ impl Manager {
     /// A manager of the volumes under `pods_dir` (`<root-dir>/pods`, `/var/lib/kubelet/pods`)
     /// with the built-in plugins.
     pub fn new(pods_dir: impl Into<PathBuf>) -> Self {
+        let allocatable = Arc::new(downward::Allocatable::default());
         Manager {
             pods_dir: pods_dir.into(),
             plugins: vec![
                 Arc::new(empty_dir::EmptyDir),
                 Arc::new(host_path::HostPath),
-                Arc::new(downward::DownwardApi),
-                Arc::new(api::Projected(None)),
+                Arc::new(downward::DownwardApi(allocatable.clone())),
+                Arc::new(api::Projected(None, allocatable.clone())),
             ],
             objects: None,
+            allocatable,
         }
+    }
+
+    /// The node's allocatable resources (`cpu`, `memory`, ...), which a downwardAPI
+    /// `resourceFieldRef` to a limit the container does not set reads, as upstream's; without
+    /// them such a file cannot be written.
+    #[must_use]
+    pub fn allocatable(self, allocatable: BTreeMap<String, Quantity>) -> Self {
+        self.allocatable.set(allocatable);
+        self
     }
 
     /// Adds the volumes that need the API server, with their content from `objects`:
@@ -102,9 +118,10 @@ impl Manager {
     #[must_use]
     pub fn objects(mut self, objects: Arc<dyn ObjectSource>) -> Self {
         self.objects = Some(objects.clone());
+        let allocatable = self.allocatable.clone();
         self.plugin(Arc::new(api::ConfigMap(objects.clone())))
             .plugin(Arc::new(api::Secret(objects.clone())))
-            .plugin(Arc::new(api::Projected(Some(objects))))
+            .plugin(Arc::new(api::Projected(Some(objects), allocatable)))
     }
 
     /// Adds a volume plugin; it is asked before the built-in ones.

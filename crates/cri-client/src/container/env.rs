@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Service};
-use kubelet_core::{resources::container_resource, volume::ObjectData};
+use kubelet_core::volume::ObjectData;
 
 use super::{Downward, expand};
 
@@ -137,7 +137,12 @@ pub fn environment(
                             .ok_or_else(|| format!("resourceFieldRef names unknown container {name:?}"))?,
                         _ => container,
                     };
-                    resource_field_ref(target, &resource.resource, resource.divisor.as_ref().map(|d| d.0.as_str()))?
+                    kubelet_core::resources::resource_field_value(
+                        target,
+                        &resource.resource,
+                        resource.divisor.as_ref(),
+                        downward.allocatable,
+                    )?
                 } else if let Some(key_ref) = &source.config_map_key_ref {
                     let name = &key_ref.name;
                     let optional = key_ref.optional == Some(true);
@@ -274,21 +279,6 @@ fn field_ref(pod: &Pod, path: &str, downward: &Downward<'_>) -> Result<String, S
             .ok_or_else(|| format!("unsupported fieldRef fieldPath {path:?}"))?,
     };
     Ok(value)
-}
-
-fn resource_field_ref(container: &Container, resource: &str, divisor: Option<&str>) -> Result<String, String> {
-    let (limit, name) = match resource.split_once('.') {
-        Some(("limits", name)) => (true, name),
-        Some(("requests", name)) => (false, name),
-        _ => return Err(format!("unsupported resourceFieldRef resource {resource:?}")),
-    };
-    let divisor = divisor.and_then(kubelet_core::resources::parse_quantity).filter(|d| *d > 0.0).unwrap_or(1.0);
-    let value = container_resource(container, name, limit)
-        .and_then(|q| kubelet_core::resources::parse_quantity(&q.0))
-        .unwrap_or(0.0);
-    // Upstream rounds up to the divisor's unit.
-    #[allow(clippy::cast_possible_truncation)] // Reason: resource values are far below 2^63.
-    Ok(((value / divisor).ceil() as i64).to_string())
 }
 
 /// The environment as a lookup for `$(VAR)` in commands and arguments.

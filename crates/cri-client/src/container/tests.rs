@@ -84,6 +84,18 @@ fn environment_resolves_values_references_and_downward_fields() {
             }),
             ..EnvVar::default()
         },
+        EnvVar {
+            name: "CPU_LIMIT".into(),
+            value_from: Some(EnvVarSource {
+                resource_field_ref: Some(ResourceFieldSelector {
+                    resource: "limits.cpu".into(),
+                    divisor: Some(Quantity("1m".into())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..EnvVar::default()
+        },
     ]);
     c.resources = Some(ResourceRequirements {
         limits: Some(BTreeMap::from([("memory".into(), Quantity("64Mi".into()))])),
@@ -91,7 +103,8 @@ fn environment_resolves_values_references_and_downward_fields() {
     });
     let pod = pod_with(c.clone());
     let ips = ["10.85.0.7".to_owned()];
-    let downward = Downward { pod_ips: &ips, node_name: "node-1", host_ip: "192.0.2.2" };
+    let allocatable = BTreeMap::from([("cpu".to_owned(), Quantity("1900m".into()))]);
+    let downward = Downward { pod_ips: &ips, node_name: "node-1", host_ip: "192.0.2.2", allocatable: &allocatable };
     let got = environment(&pod, &c, &downward, &EnvObjects::default()).unwrap();
     let got: HashMap<_, _> = got.vars.into_iter().collect();
     assert_eq!(got["DATA"], "/srv/data");
@@ -101,6 +114,7 @@ fn environment_resolves_values_references_and_downward_fields() {
     );
     assert_eq!(got["APP"], "web");
     assert_eq!(got["CPU"], "64");
+    assert_eq!(got["CPU_LIMIT"], "1900", "an unset limit is the node's allocatable");
 }
 
 fn config_map_key(name: &str, map: &str, key: &str, optional: bool) -> EnvVar {

@@ -2,6 +2,7 @@
 //! then start ephemeral, init and regular containers, each behind the crash-loop backoff.
 
 use super::*;
+use crate::hosts;
 
 /// The `container_type` label of upstream's container metrics.
 pub(super) fn container_type(pod: &ApiPod, name: &str) -> &'static str {
@@ -93,8 +94,12 @@ impl CriRuntime {
             SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
         };
         let env_objects = self.env_objects(pod, spec).await.map_err(config_error)?;
-        let downward =
-            container::Downward { pod_ips, node_name: &self.config.node_name, host_ip: &self.config.node_ip };
+        let downward = container::Downward {
+            pod_ips,
+            node_name: &self.config.node_name,
+            host_ip: &self.config.node_ip,
+            allocatable: &self.config.allocatable,
+        };
         let env = container::environment(pod, spec, &downward, &env_objects).map_err(config_error)?;
         for message in &env.invalid_names {
             self.event(pod, EventType::Warning, "InvalidEnvironmentVariableNames", message.clone());
@@ -111,6 +116,9 @@ impl CriRuntime {
             sub_paths: &sub_paths,
         };
         let mut config = container::container_config(&input).map_err(config_error)?;
+        if let Some(hosts) = self.etc_hosts_mount(pod, spec, pod_ips).await.map_err(config_error)? {
+            config.mounts.push(hosts);
+        }
         // The termination message file: a host file mounted at `terminationMessagePath`.
         if let Some(path) = spec.termination_message_path.as_deref().filter(|p| !p.is_empty()) {
             let dir = self.config.pods_dir.join(pod_meta(pod).2).join("containers").join(&spec.name);
@@ -238,6 +246,44 @@ impl CriRuntime {
 }
 
 impl CriRuntime {
+    /// Writes the pod's managed hosts file ([`crate::hosts`]) and returns its mount, for a
+    /// container that mounts nothing at `/etc/hosts`; nothing for a pod on its own network whose
+    /// IPs are not known, as upstream. The file is written anew for each container, as upstream
+    /// writes it, and never through a link. It is mounted writable, as upstream mounts it.
+    async fn etc_hosts_mount(
+        &self,
+        pod: &ApiPod,
+        spec: &ApiContainer,
+        pod_ips: &[String],
+    ) -> Result<Option<pb::Mount>, String> {
+        if !hosts::wanted_by(spec) {
+            return Ok(None);
+        }
+        let text = if pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false) {
+            let node = tokio::fs::read_to_string(hosts::ETC_HOSTS)
+                .await
+                .map_err(|e| format!("cannot read the node's {}: {e}", hosts::ETC_HOSTS))?;
+            hosts::host_network(&node, hosts::aliases(pod))
+        } else if pod_ips.is_empty() {
+            return Ok(None);
+        } else {
+            let domain = hosts::domain(pod, &self.config.cluster_domain);
+            hosts::managed(pod_ips, &sandbox::hostname(pod), &domain, hosts::aliases(pod))
+        };
+        let pod_dir = self.config.pods_dir.join(pod_meta(pod).2);
+        let file = pod_dir.join(hosts::FILE_NAME);
+        let written = async {
+            tokio::fs::create_dir_all(&pod_dir).await?;
+            write_without_following(&file, text.as_bytes()).await
+        };
+        written.await.map_err(|e| format!("cannot write the pod's hosts file {}: {e}", file.display()))?;
+        Ok(Some(pb::Mount {
+            container_path: hosts::ETC_HOSTS.to_owned(),
+            host_path: file.display().to_string(),
+            ..pb::Mount::default()
+        }))
+    }
+
     /// Reads the config maps and secrets the container's environment names, and the services
     /// whose variables it gets, from the runtime's object source; without one, none is read (the
     /// environment then says so of a config map or secret, and has no service variables).
@@ -329,6 +375,23 @@ async fn run_sandbox_to_completion(
         Ok(answer) => answer,
         Err(ended) => Err(tonic::Status::internal(format!("the RunPodSandbox call ended early: {ended}"))),
     }
+}
+
+/// Writes `bytes` to `file` (mode 0644), refusing to follow a link in its place.
+async fn write_without_following(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    use tokio::io::AsyncWriteExt as _;
+    let mut out = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(file)
+        .await?;
+    out.write_all(bytes).await?;
+    out.set_permissions(std::fs::Permissions::from_mode(0o644)).await?;
+    out.flush().await
 }
 
 pub(super) async fn sync_pod(
