@@ -103,6 +103,26 @@ pub(crate) fn split_lost_shims(leaked: Vec<String>, held: &BTreeSet<String>) -> 
     leaked.into_iter().partition(|shim| shim.split_once(' ').is_some_and(|(_, id)| held.contains(id)))
 }
 
+/// Splits leaked network namespaces into those a container of the runtime still uses
+/// (`in_use`, by name) and those no container uses: made by a RunPodSandbox that containerd
+/// died in, and forgotten by it on its return. No CRI call can see or remove them.
+pub(crate) fn split_lost_netns(leaked: Vec<String>, in_use: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
+    leaked.into_iter().partition(|name| in_use.contains(name))
+}
+
+/// Whether mount point `mount` is the bind mount of one of the network namespaces `names`.
+pub(crate) fn is_netns_mount_of(mount: &str, names: &[String]) -> bool {
+    let name = mount.strip_prefix("/var/run/netns/").or_else(|| mount.strip_prefix("/run/netns/"));
+    name.is_some_and(|name| names.iter().any(|n| n == name))
+}
+
+/// Removes the network namespaces `names` (unmounted and deleted, as `ip netns delete` does).
+pub(crate) fn remove_netns(names: &[String]) {
+    for name in names {
+        let _ = std::process::Command::new("ip").args(["netns", "delete", name]).status();
+    }
+}
+
 /// Pod cgroups on the host, cgroup v1 (every controller) and v2: `…/kubepods/[qos/]pod<uid>`.
 pub(crate) fn pod_cgroups() -> BTreeSet<String> {
     let mut found = BTreeSet::new();
@@ -141,6 +161,17 @@ mod tests {
         assert_eq!(leaks["netns"], vec!["cni-b".to_owned()]);
         assert!(leaks["veth"].is_empty());
         assert!(leaked(&now, &baseline).values().all(Vec::is_empty), "what went away is no leak");
+    }
+
+    #[test]
+    fn netns_the_runtime_lost_and_their_mounts_are_told_apart() {
+        let in_use = BTreeSet::from(["cni-a".to_owned()]);
+        let (held, lost) = split_lost_netns(vec!["cni-a".to_owned(), "cni-b".to_owned()], &in_use);
+        assert_eq!((held, lost.clone()), (vec!["cni-a".to_owned()], vec!["cni-b".to_owned()]));
+        assert!(is_netns_mount_of("/run/netns/cni-b", &lost));
+        assert!(is_netns_mount_of("/var/run/netns/cni-b", &lost));
+        assert!(!is_netns_mount_of("/run/netns/cni-a", &lost));
+        assert!(!is_netns_mount_of("/var/lib/kubelet/pods/cni-b", &lost));
     }
 
     #[test]

@@ -383,6 +383,30 @@ pub(crate) fn container_ids() -> std::collections::BTreeSet<String> {
     listed.unwrap_or_default().lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect()
 }
 
+/// The named network namespaces (`cni-<id>`) the runtime's containers use, from their specs.
+pub(crate) fn network_namespaces_in_use() -> std::collections::BTreeSet<String> {
+    let mut in_use = std::collections::BTreeSet::new();
+    for id in container_ids() {
+        let info = output(Command::new("ctr").arg("--address").arg(socket()).args([
+            "-n",
+            "k8s.io",
+            "containers",
+            "info",
+            &id,
+        ]));
+        let Ok(info) = serde_json::from_str::<serde_json::Value>(&info.unwrap_or_default()) else { continue };
+        for namespace in info["Spec"]["linux"]["namespaces"].as_array().into_iter().flatten() {
+            if namespace["type"] == "network"
+                && let Some(name) = namespace["path"].as_str().and_then(|p| p.rsplit('/').next())
+                && name.starts_with("cni-")
+            {
+                in_use.insert(name.to_owned());
+            }
+        }
+    }
+    in_use
+}
+
 /// Kills containerd with SIGKILL, as a crash would: its containers keep running under their
 /// shims.
 pub(crate) fn kill_containerd() -> Result<()> {

@@ -197,6 +197,16 @@ mod tests {
     }
 
     #[test]
+    fn every_millicore_up_to_ten_cores_reads_back_exactly() {
+        for n in 1..=10_000i64 {
+            assert_eq!(milli(&Quantity(format!("{n}m"))), Some(n), "{n}m");
+            let cores = format!("{}.{:03}", n / 1000, n % 1000);
+            assert_eq!(milli(&Quantity(cores.clone())), Some(n), "{cores}");
+            assert_eq!(units(&Quantity(format!("{n}Mi"))), Some(n << 20), "{n}Mi");
+        }
+    }
+
+    #[test]
     fn resource_field_values_are_upstreams() {
         let container = Container {
             resources: Some(ResourceRequirements {
