@@ -195,6 +195,16 @@ pub struct TaintError {
 /// The label keys a kubelet sets on its Node.
 pub mod labels;
 
+/// The labels a kubelet gives its Node: `extra` (`--node-labels`), then its own
+/// (`kubernetes.io/hostname` as `hostname`, `kubernetes.io/os`, `kubernetes.io/arch`), which win.
+pub fn node_labels(hostname: &str, extra: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut labels = extra.clone();
+    labels.insert(labels::HOSTNAME.to_owned(), hostname.to_owned());
+    labels.insert(labels::OS.to_owned(), std::env::consts::OS.to_owned());
+    labels.insert(labels::ARCH.to_owned(), go_arch().to_owned());
+    labels
+}
+
 /// This machine's architecture as Go (and so Kubernetes) names it: `amd64`, `arm64`...
 pub fn go_arch() -> &'static str {
     match std::env::consts::ARCH {
@@ -234,10 +244,7 @@ pub fn parse_taints(text: &str) -> Result<Vec<Taint>, TaintError> {
 /// The Node to register (upstream `initialNode`): the kubelet's labels over `--node-labels`,
 /// the taints, and a first status.
 pub fn registration(facts: &Facts) -> Node {
-    let mut labels = facts.labels.clone();
-    labels.insert(labels::HOSTNAME.to_owned(), facts.hostname.clone());
-    labels.insert(labels::OS.to_owned(), std::env::consts::OS.to_owned());
-    labels.insert(labels::ARCH.to_owned(), go_arch().to_owned());
+    let labels = node_labels(&facts.hostname, &facts.labels);
     Node {
         metadata: ObjectMeta { name: Some(facts.name.clone()), labels: Some(labels), ..ObjectMeta::default() },
         spec: Some(NodeSpec {

@@ -81,10 +81,11 @@ async fn run_with(
         .pod_logs_dir(&file.pod_logs_dir)
         .container_logs_dir(&settings.container_logs_dir)
         .pods_dir(settings.root_dir.join("pods"))
+        .seccomp_dir(settings.root_dir.join("seccomp"))
         .cgroup_root(&settings.pods_cgroup)
         .node_ip(&settings.node_ip)
         .image_pull_limit(file.image_pull_limit())
-        .allocatable(allocatable_quantities(&node_allocatable(file)))
+        .allocatable(allocatable_quantities(&node_allocatable(&settings)))
         .dns(
             file.resolv_conf.clone(),
             file.cluster_dns.iter().map(ToString::to_string).collect(),
@@ -101,14 +102,18 @@ async fn run_with(
     run_on(Arc::new(runtime), recorder, startup, client, settings, metrics, cancel).await
 }
 
-/// The node's allocatable resources: capacity minus `systemReserved` and `kubeReserved`
-/// (upstream's node allocatable, eviction thresholds aside), and `maxPods`.
-fn node_allocatable(file: &config::KubeletConfiguration) -> NodeResources {
+/// What the node offers pods: capacity minus `systemReserved` and `kubeReserved` (upstream's
+/// node allocatable, eviction thresholds aside), `maxPods`, the labels it registers with (for
+/// `nodeSelector` and the required node affinity) and `allowedUnsafeSysctls`.
+fn node_allocatable(settings: &Settings) -> NodeResources {
+    let file = &settings.file;
     let mut node = NodeResources::of_this_node();
     let (reserved_cpu, reserved_memory) = file.reserved();
     node.cpu_milli = (node.cpu_milli - reserved_cpu).max(0);
     node.memory_bytes = (node.memory_bytes - reserved_memory).max(0);
     node.max_pods = file.max_pods as usize;
+    node.labels = apiserver::node_labels(&settings.node_name, &settings.node_labels);
+    node.allowed_unsafe_sysctls.clone_from(&file.allowed_unsafe_sysctls);
     node
 }
 
@@ -206,7 +211,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     }
     check_manifest_path(file.static_pod_path.as_deref())?;
 
-    let node = node_allocatable(file);
+    let node = node_allocatable(&settings);
     let allocatable = allocatable_quantities(&node);
     let kubelet_config =
         kubelet::Config::new(&settings.node_name).root_dir(&settings.root_dir).node_ip(&settings.node_ip).node(node);

@@ -87,6 +87,8 @@ pub struct KubeletConfiguration {
     pub cluster_dns: Vec<IpAddr>,
     /// `clusterDomain`: the cluster's DNS domain, searched by `ClusterFirst` pods.
     pub cluster_domain: String,
+    /// `allowedUnsafeSysctls`: the unsafe sysctls (or `prefix*` patterns) pods may set.
+    pub allowed_unsafe_sysctls: Vec<String>,
     /// `resolvConf` (`/etc/resolv.conf`): the node's resolver configuration, the base of pods'
     /// DNS; `None` (an empty string in the file) gives pods no DNS from the node.
     pub resolv_conf: Option<PathBuf>,
@@ -145,6 +147,7 @@ impl Default for KubeletConfiguration {
             max_parallel_image_pulls: None,
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
+            allowed_unsafe_sysctls: Vec::new(),
             resolv_conf: Some(PathBuf::from("/etc/resolv.conf")),
             fail_swap_on: true,
             oom_score_adj: -999,
@@ -196,6 +199,7 @@ struct Raw {
     #[serde(rename = "clusterDNS")]
     cluster_dns: Option<Vec<String>>,
     cluster_domain: Option<String>,
+    allowed_unsafe_sysctls: Option<Vec<String>>,
     resolv_conf: Option<String>,
     fail_swap_on: Option<bool>,
     oom_score_adj: Option<i32>,
@@ -360,6 +364,9 @@ impl KubeletConfiguration {
             config.cluster_dns.push(ip);
         }
         config.cluster_domain = raw.cluster_domain.unwrap_or_default().trim_end_matches('.').to_owned();
+        config.allowed_unsafe_sysctls = raw.allowed_unsafe_sysctls.unwrap_or_default();
+        kubelet_core::sysctl::check_allowed_unsafe(&config.allowed_unsafe_sysctls)
+            .map_err(|message| at("allowedUnsafeSysctls", message))?;
         if let Some(path) = raw.resolv_conf {
             config.resolv_conf = (!path.is_empty()).then(|| PathBuf::from(path));
         }

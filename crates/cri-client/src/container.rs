@@ -2,7 +2,10 @@
 //! command and args with `$(VAR)` expansion, environment with downward-API values, security
 //! context, resources and the log path.
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kubelet_core::{
@@ -91,6 +94,7 @@ pub fn linux_resources(pod: &Pod, container: &Container, memory_capacity: i64) -
         resources.cpu_quota = (limit * 100_000 / 1000).max(1000);
     }
     resources.oom_score_adj = match qos_class(pod) {
+        _ if is_node_critical(pod) => -997,
         "Guaranteed" => -997,
         "BestEffort" => 1000,
         _ => {
@@ -101,16 +105,45 @@ pub fn linux_resources(pod: &Pod, container: &Container, memory_capacity: i64) -
     resources
 }
 
-fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> Option<pb::SecurityProfile> {
-    let profile = profile?;
+/// Whether `pod` is node-critical (upstream `IsNodeCriticalPod`): `system-node-critical`, and
+/// critical, being static, a mirror pod, or of a priority of at least `system-cluster-critical`'s.
+/// Its containers are the last the kernel kills, as a Guaranteed pod's.
+fn is_node_critical(pod: &Pod) -> bool {
+    const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+    let Some(spec) = pod.spec.as_ref() else { return false };
+    let critical = kubelet_core::types::is_static_pod(pod)
+        || kubelet_core::types::is_mirror_pod(pod)
+        || spec.priority.is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
+    critical && spec.priority_class_name.as_deref() == Some("system-node-critical")
+}
+
+/// Where the kubelet keeps `Localhost` seccomp profiles when nobody says (`<root-dir>/seccomp`).
+pub const DEFAULT_SECCOMP_DIR: &str = "/var/lib/kubelet/seccomp";
+
+/// The CRI profile of a container's `seccompProfile`; a `Localhost` one is a file under
+/// `profiles` (`<root-dir>/seccomp`, upstream's `seccompProfileRoot`), named by a relative path
+/// that stays there.
+fn seccomp(
+    profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>,
+    profiles: &Path,
+) -> Result<Option<pb::SecurityProfile>, String> {
+    let Some(profile) = profile else { return Ok(None) };
     let (kind, local) = match profile.type_.as_str() {
         "RuntimeDefault" => (pb::security_profile::ProfileType::RuntimeDefault, String::new()),
         "Localhost" => {
-            (pb::security_profile::ProfileType::Localhost, profile.localhost_profile.clone().unwrap_or_default())
+            let relative = profile.localhost_profile.as_deref().filter(|p| !p.is_empty());
+            let relative = relative.ok_or("localhostProfile must be set if seccompProfile type is Localhost.")?;
+            let inside = Path::new(relative)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+            if !inside {
+                return Err(format!("localhostProfile {relative:?} must be a relative path without '..'"));
+            }
+            (pb::security_profile::ProfileType::Localhost, profiles.join(relative).display().to_string())
         }
         _ => (pb::security_profile::ProfileType::Unconfined, String::new()),
     };
-    Some(pb::SecurityProfile { profile_type: kind as i32, localhost_ref: local })
+    Ok(Some(pb::SecurityProfile { profile_type: kind as i32, localhost_ref: local }))
 }
 
 /// The user an image runs as, from `ImageStatus`.
@@ -127,6 +160,7 @@ pub fn security_context(
     pod: &Pod,
     container: &Container,
     image_user: &ImageUser,
+    seccomp_profiles: &Path,
 ) -> Result<pb::LinuxContainerSecurityContext, String> {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let sc = container.security_context.as_ref();
@@ -166,7 +200,8 @@ pub fn security_context(
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
         seccomp: seccomp(
             sc.and_then(|s| s.seccomp_profile.as_ref()).or_else(|| pod_sc.and_then(|s| s.seccomp_profile.as_ref())),
-        ),
+            seccomp_profiles,
+        )?,
         ..pb::LinuxContainerSecurityContext::default()
     })
 }
@@ -244,6 +279,8 @@ pub struct ConfigInput<'a> {
     pub volumes: &'a PodVolumes,
     /// The host paths prepared for the container's `subPath` mounts.
     pub sub_paths: &'a SubPathMounts,
+    /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
+    pub seccomp_profiles: &'a Path,
 }
 
 /// The container config; an error is a `CreateContainerConfigError` message.
@@ -274,7 +311,7 @@ pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, 
         tty: container.tty.unwrap_or(false),
         linux: Some(pb::LinuxContainerConfig {
             resources: Some(linux_resources(pod, container, input.memory_capacity)),
-            security_context: Some(security_context(pod, container, input.image_user)?),
+            security_context: Some(security_context(pod, container, input.image_user, input.seccomp_profiles)?),
         }),
         ..pb::ContainerConfig::default()
     })

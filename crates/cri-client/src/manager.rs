@@ -66,6 +66,8 @@ pub struct Config {
     /// How many image pulls may run at once: `Some(1)` is upstream's `serializeImagePulls`
     /// (the default), `None` no limit (`maxParallelImagePulls` unset).
     pub image_pull_limit: Option<usize>,
+    /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
+    pub seccomp_dir: PathBuf,
     /// The node's allocatable resources, which a `resourceFieldRef` to a CPU or memory limit
     /// the container does not set reads (upstream `defaultPodLimitsForDownwardAPI`).
     pub allocatable: std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
@@ -88,7 +90,15 @@ impl Config {
             pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
             image_pull_limit: Some(1),
             allocatable: std::collections::BTreeMap::new(),
+            seccomp_dir: PathBuf::from(crate::container::DEFAULT_SECCOMP_DIR),
         }
+    }
+
+    /// Sets where `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
+    #[must_use]
+    pub fn seccomp_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.seccomp_dir = dir.into();
+        self
     }
 
     /// Sets the node's allocatable resources (`cpu`, `memory`, ...).

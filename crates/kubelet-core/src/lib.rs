@@ -116,6 +116,7 @@ pub mod runtime;
 mod startup;
 mod state;
 pub mod sync_loop;
+pub mod sysctl;
 pub mod types;
 pub mod volume;
 mod workers;

@@ -152,6 +152,20 @@ pub trait ProbeManager: Send + Sync + 'static {
     /// Housekeeping: stop probing every pod not in `desired`.
     fn cleanup_pods(&self, desired: &HashSet<PodUid>);
 
+    /// A pod began terminating: stop its liveness and startup probes, whose verdicts become
+    /// Success so nothing restarts a container on its way out, and keep probing readiness
+    /// until it is gone (upstream `StopLivenessAndStartup`). By default, every probe stops.
+    fn stop_liveness_and_startup(&self, pod: &Pod) {
+        self.remove_pod(pod);
+    }
+
+    /// Container `container` of pod `uid` has started and is not ready: run its readiness probe
+    /// now rather than at its next period (upstream's manual trigger in `UpdatePodStatus`). By
+    /// default nothing happens.
+    fn probe_readiness_now(&self, uid: &PodUid, container: &str) {
+        let _ = (uid, container);
+    }
+
     /// Resolves once every probe task has stopped, after the agent's cancellation token fired
     /// (by default at once: nothing runs in the background).
     fn stopped(&self) -> crate::hook::BoxFuture<'_, ()> {

@@ -1,13 +1,23 @@
-//! Pod admission (upstream `pkg/kubelet/lifecycle/predicate.go`): a pod is admitted only if the
-//! node has room for it among the active pods.
+//! Pod admission (upstream `pkg/kubelet/lifecycle/predicate.go` and `pkg/kubelet/sysctl`): a
+//! pod is admitted only if it is for this node's OS, the node has room for it among the active
+//! pods, it matches the node's labels, its host ports are free and its sysctls are allowed.
+//!
+//! Extended resources the node does not have (`nvidia.com/gpu` here) are left out of the
+//! requests, as upstream leaves them (`removeMissingExtendedResources`); the node has none.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::api::resource::Quantity};
 
 use kubelet_core::resources::{container_resource, milli, units};
 
-/// What the node offers to pods.
+mod affinity;
+mod sysctls;
+
+/// The node label naming its operating system.
+const OS_LABEL: &str = "kubernetes.io/os";
+
+/// What the node offers to pods, and what it allows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NodeResources {
@@ -17,8 +27,11 @@ pub struct NodeResources {
     pub memory_bytes: i64,
     /// `maxPods` (110).
     pub max_pods: usize,
-    /// The node's labels, for `nodeSelector`.
+    /// The node's labels, for `nodeSelector` and the required node affinity.
     pub labels: BTreeMap<String, String>,
+    /// The unsafe sysctls (names, or prefixes ending in `*`) pods may set beside the safe ones
+    /// (`allowedUnsafeSysctls`).
+    pub allowed_unsafe_sysctls: Vec<String>,
 }
 
 impl NodeResources {
@@ -28,7 +41,8 @@ impl NodeResources {
             cpu_milli,
             memory_bytes,
             max_pods: 110,
-            labels: BTreeMap::from([("kubernetes.io/os".to_owned(), "linux".to_owned())]),
+            labels: BTreeMap::from([(OS_LABEL.to_owned(), "linux".to_owned())]),
+            allowed_unsafe_sysctls: Vec::new(),
         }
     }
 
@@ -49,77 +63,127 @@ impl NodeResources {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Rejection {
-    /// Reason, e.g. `OutOfcpu`, `OutOfmemory`, `OutOfpods`, `NodeAffinity`, `NodePorts`.
+    /// Reason, e.g. `OutOfcpu`, `OutOfmemory`, `OutOfpods`, `NodeAffinity`, `NodePorts`,
+    /// `SysctlForbidden`.
     pub reason: String,
     /// Message.
     pub message: String,
 }
 
-/// A pod's effective requests: the larger of the sum over its containers and any single init
-/// container (upstream's `PodRequests`).
-pub fn pod_requests(pod: &Pod) -> (i64, i64) {
-    let Some(spec) = pod.spec.as_ref() else { return (0, 0) };
-    let sum = |resource: &str, f: fn(&k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Option<i64>| -> i64 {
-        spec.containers.iter().filter_map(|c| container_resource(c, resource, false).and_then(f)).sum()
-    };
-    let init_max =
-        |resource: &str, f: fn(&k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Option<i64>| -> i64 {
-            spec.init_containers
-                .iter()
-                .flatten()
-                .filter_map(|c| container_resource(c, resource, false).and_then(f))
-                .max()
-                .unwrap_or(0)
-        };
-    (sum("cpu", milli).max(init_max("cpu", milli)), sum("memory", units).max(init_max("memory", units)))
+impl Rejection {
+    fn new(reason: impl Into<String>, message: impl Into<String>) -> Rejection {
+        Rejection { reason: reason.into(), message: message.into() }
+    }
+
+    /// A failed scheduler predicate, as upstream's `PredicateFailureError` words it.
+    fn predicate(name: &str, description: &str) -> Rejection {
+        Rejection::new(name, format!("Predicate {name} failed: {description}"))
+    }
 }
 
-fn host_ports(pod: &Pod) -> Vec<(String, i32)> {
+/// A pod's requests of `resource` (upstream's `PodRequests`): its containers' sum, raised to
+/// any init container's (plus the sidecars started before it), with the sidecars' requests
+/// added, and the pod's `overhead` on top. `scaled` reads one quantity (millicores for CPU,
+/// units otherwise).
+fn pod_request(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> i64 {
+    let Some(spec) = pod.spec.as_ref() else { return 0 };
+    let request = |c: &k8s_openapi::api::core::v1::Container| {
+        container_resource(c, resource, false).and_then(scaled).unwrap_or(0)
+    };
+    let mut total: i64 = spec.containers.iter().map(request).sum();
+    let (mut sidecars, mut init_peak) = (0i64, 0i64);
+    for init in spec.init_containers.iter().flatten() {
+        if init.restart_policy.as_deref() == Some("Always") {
+            total += request(init);
+            sidecars += request(init);
+            init_peak = init_peak.max(sidecars);
+        } else {
+            init_peak = init_peak.max(request(init) + sidecars);
+        }
+    }
+    let overhead = spec.overhead.as_ref().and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0);
+    total.max(init_peak) + overhead
+}
+
+/// A pod's effective CPU (millicores) and memory (bytes) requests (upstream's `PodRequests`:
+/// init containers, sidecars and the pod overhead counted as upstream counts them).
+pub fn pod_requests(pod: &Pod) -> (i64, i64) {
+    (pod_request(pod, "cpu", milli), pod_request(pod, "memory", units))
+}
+
+/// A host port a pod asks for: protocol, host IP (`0.0.0.0` when unset) and port.
+type HostPort = (String, String, i32);
+
+fn host_ports(pod: &Pod) -> Vec<HostPort> {
     pod.spec
         .iter()
         .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
         .flat_map(|c| c.ports.iter().flatten())
         .filter_map(|p| {
-            p.host_port.filter(|h| *h > 0).map(|h| (p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()), h))
+            let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".to_owned());
+            let ip = p.host_ip.clone().filter(|ip| !ip.is_empty()).unwrap_or_else(|| "0.0.0.0".to_owned());
+            p.host_port.filter(|h| *h > 0).map(|h| (protocol, ip, h))
         })
         .collect()
 }
 
-/// Decides whether `pod` fits next to the `active` pods.
+/// Whether two host ports collide (upstream's `HostPortInfo`): same protocol and port, and the
+/// same IP or either on every address.
+fn ports_collide(a: &HostPort, b: &HostPort) -> bool {
+    a.0 == b.0 && a.2 == b.2 && (a.1 == b.1 || a.1 == "0.0.0.0" || b.1 == "0.0.0.0")
+}
+
+/// Decides whether `pod` may run next to the `active` pods, with upstream's checks in
+/// upstream's order (`predicateAdmitHandler.Admit`, then the sysctl allowlist): the OS label
+/// and `spec.os`, then the scheduler's admission checks (pod count, CPU, memory, the required
+/// node affinity and `nodeSelector`, host ports), then the pod's sysctls.
 pub fn admit(pod: &Pod, active: &[&Pod], node: &NodeResources) -> Result<(), Rejection> {
-    let reject = |reason: &str, message: String| Err(Rejection { reason: reason.to_owned(), message });
-    if active.len() >= node.max_pods {
-        return reject(
-            "OutOfpods",
-            format!(
-                "Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {}",
-                active.len(),
-                node.max_pods
-            ),
-        );
+    let labels = pod.metadata.labels.as_ref();
+    if labels.and_then(|l| l.get(OS_LABEL)).is_some_and(|os| os != "linux") {
+        return Err(Rejection::new(
+            "PodOSSelectorNodeLabelDoesNotMatch",
+            "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label",
+        ));
     }
-    if let Some(selector) = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref())
-        && selector.iter().any(|(k, v)| node.labels.get(k) != Some(v))
-    {
-        return reject("NodeAffinity", "Predicate NodeAffinity failed".to_owned());
+    if pod.spec.as_ref().and_then(|s| s.os.as_ref()).is_some_and(|os| os.name != "linux") {
+        return Err(Rejection::new("PodOSNotSupported", "Failed to admit pod as the OS field doesn't match node OS"));
+    }
+    fits(pod, active, node)?;
+    if !affinity::required_affinity_matches(pod, &node.labels) {
+        return Err(Rejection::predicate("NodeAffinity", "node(s) didn't match Pod's node affinity/selector"));
+    }
+    let used_ports: Vec<HostPort> = active.iter().flat_map(|p| host_ports(p)).collect();
+    if host_ports(pod).iter().any(|wanted| used_ports.iter().any(|used| ports_collide(wanted, used))) {
+        return Err(Rejection::predicate("NodePorts", "node(s) didn't have free ports for the requested pod ports"));
+    }
+    sysctls::check(pod, &node.allowed_unsafe_sysctls)
+        .map_err(|error| Rejection::new("SysctlForbidden", format!("forbidden sysctl: {error}")))
+}
+
+/// Upstream's `noderesources.Fits`: room for one more pod, and for its CPU and memory requests.
+fn fits(pod: &Pod, active: &[&Pod], node: &NodeResources) -> Result<(), Rejection> {
+    let short = |resource: &str, requested: i64, used: i64, capacity: i64| {
+        Rejection::new(
+            format!("OutOf{resource}"),
+            format!(
+                "Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, capacity: {capacity}"
+            ),
+        )
+    };
+    let pods = i64::try_from(active.len()).unwrap_or(i64::MAX);
+    let max_pods = i64::try_from(node.max_pods).unwrap_or(i64::MAX);
+    if pods + 1 > max_pods {
+        return Err(short("pods", 1, pods, max_pods));
     }
     let (cpu, memory) = pod_requests(pod);
     let used_cpu: i64 = active.iter().map(|p| pod_requests(p).0).sum();
     let used_memory: i64 = active.iter().map(|p| pod_requests(p).1).sum();
-    let resources = [("cpu", cpu, used_cpu, node.cpu_milli), ("memory", memory, used_memory, node.memory_bytes)];
-    for (resource, requested, used, capacity) in resources {
-        if requested > 0 && used + requested > capacity {
-            return reject(
-                &format!("OutOf{resource}"),
-                format!(
-                    "Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, capacity: {capacity}"
-                ),
-            );
+    for (resource, requested, used, capacity) in
+        [("cpu", cpu, used_cpu, node.cpu_milli), ("memory", memory, used_memory, node.memory_bytes)]
+    {
+        if requested > 0 && requested > capacity - used {
+            return Err(short(resource, requested, used, capacity));
         }
-    }
-    let used_ports: HashSet<(String, i32)> = active.iter().flat_map(|p| host_ports(p)).collect();
-    if host_ports(pod).iter().any(|p| used_ports.contains(p)) {
-        return reject("NodePorts", "Predicate NodePorts failed".to_owned());
     }
     Ok(())
 }

@@ -337,6 +337,18 @@ impl<R: Runtime> PodSync<R> {
         status::api_pod_status(&input)
     }
 
+    /// Has the prober run the readiness probe of every started container that is not ready now,
+    /// not at its next period (upstream's manual trigger in `UpdatePodStatus`), so a container
+    /// is ready as soon as its probe passes after it starts.
+    fn probe_readiness_of_unready(&self, uid: &PodUid, status: &ApiPodStatus) {
+        let Some(prober) = &self.prober else { return };
+        for container in status.container_statuses.iter().flatten() {
+            if container.started == Some(true) && !container.ready {
+                prober.probe_readiness_now(uid, &container.name);
+            }
+        }
+    }
+
     /// Keeps the start failures of `result` (upstream's reason cache); returns whether any changed.
     fn record_failures(&self, uid: &PodUid, result: &runtime::PodSyncResult) -> bool {
         let mut failures = lock(&self.failures);
@@ -411,6 +423,7 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         let uid = PodUid::of(pod);
         debug!(pod = %pod_full_name(pod), %update_type, "sync pod");
         let mut api_status = self.api_status(pod, runtime_status, false);
+        self.probe_readiness_of_unready(&uid, &api_status);
         let deadline = deadline_remaining(pod, &api_status);
         if deadline == Some(Duration::ZERO) {
             api_status.phase = Some(status::FAILED.to_owned());
@@ -498,9 +511,10 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         status_fn: Option<&PodStatusFn>,
     ) -> Result<(), Error> {
         let uid = PodUid::of(pod);
-        // Nothing restarts a container on its way out (upstream `StopLivenessAndStartup`).
+        // Nothing restarts a container on its way out; readiness is still probed until the pod
+        // has terminated (upstream `StopLivenessAndStartup`).
         if let Some(prober) = &self.prober {
-            prober.remove_pod(pod);
+            prober.stop_liveness_and_startup(pod);
         }
         let mut api_status = self.api_status(pod, runtime_status, false);
         if let Some(edit) = status_fn {
@@ -554,6 +568,9 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
     }
 
     async fn sync_terminated_pod(&self, pod: &Arc<Pod>, runtime_status: &PodStatus) -> Result<(), Error> {
+        if let Some(prober) = &self.prober {
+            prober.remove_pod(pod);
+        }
         let status = self.api_status(pod, runtime_status, true);
         self.statuses.set(pod, status);
         // Its volumes go now that nothing runs (upstream's volume manager unmounts them once the

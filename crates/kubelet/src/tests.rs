@@ -364,6 +364,102 @@ async fn admission_checks_cpu_memory_selector_and_host_ports() {
     assert!(admit(&with("400m", "512Mi", Some(9090)), &[&running], &node).is_ok());
 }
 
+#[test]
+fn admission_is_upstreams_predicates_in_upstreams_words() {
+    use k8s_openapi::api::core::v1::{Container, PodOS, PodSecurityContext, Sysctl};
+    let node = NodeResources::new(1000, 1 << 30);
+    let requesting = |cpu: &str| ResourceRequirements {
+        requests: Some(BTreeMap::from([("cpu".into(), Quantity(cpu.into()))])),
+        ..Default::default()
+    };
+    let base = || (*pod("x", "Always", &["c"])).clone();
+
+    let mut windows = base();
+    windows.metadata.labels = Some(BTreeMap::from([("kubernetes.io/os".into(), "windows".into())]));
+    let rejection = admit(&windows, &[], &node).unwrap_err();
+    assert_eq!(rejection.reason, "PodOSSelectorNodeLabelDoesNotMatch");
+    assert_eq!(rejection.message, "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label");
+    let mut os_field = base();
+    os_field.spec.as_mut().unwrap().os = Some(PodOS { name: "windows".into() });
+    assert_eq!(admit(&os_field, &[], &node).unwrap_err().reason, "PodOSNotSupported");
+
+    // Sidecars add to the sum and to later init containers; the overhead adds on top.
+    let mut sidecars = base();
+    let spec = sidecars.spec.as_mut().unwrap();
+    spec.containers[0].resources = Some(requesting("300m"));
+    spec.init_containers = Some(vec![
+        Container {
+            name: "proxy".into(),
+            restart_policy: Some("Always".into()),
+            resources: Some(requesting("200m")),
+            ..Default::default()
+        },
+        Container { name: "setup".into(), resources: Some(requesting("700m")), ..Default::default() },
+    ]);
+    assert_eq!(crate::admission::pod_requests(&sidecars).0, 900, "the setup container with the sidecar running");
+    sidecars.spec.as_mut().unwrap().overhead = Some(BTreeMap::from([("cpu".into(), Quantity("150m".into()))]));
+    let rejection = admit(&sidecars, &[], &node).unwrap_err();
+    assert_eq!(rejection.reason, "OutOfcpu");
+    assert_eq!(rejection.message, "Node didn't have enough resource: cpu, requested: 1050, used: 0, capacity: 1000");
+
+    let mut selector = base();
+    selector.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([("disk".into(), "ssd".into())]));
+    let rejection = admit(&selector, &[], &node).unwrap_err();
+    assert_eq!(
+        (rejection.reason.as_str(), rejection.message.as_str()),
+        ("NodeAffinity", "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector")
+    );
+    let mut labelled = node.clone();
+    labelled.labels.insert("disk".into(), "ssd".into());
+    assert!(admit(&selector, &[], &labelled).is_ok(), "the node's own labels count");
+
+    // Host ports collide on the same IP, or when either takes every address.
+    let on = |ip: Option<&str>| {
+        let mut p = base();
+        p.spec.as_mut().unwrap().containers[0].ports = Some(vec![ContainerPort {
+            container_port: 80,
+            host_port: Some(8080),
+            host_ip: ip.map(Into::into),
+            ..Default::default()
+        }]);
+        p
+    };
+    let (first, second, every) = (on(Some("10.0.0.1")), on(Some("10.0.0.2")), on(None));
+    assert!(admit(&second, &[&first], &node).is_ok(), "another IP");
+    let rejection = admit(&every, &[&first], &node).unwrap_err();
+    assert_eq!(
+        rejection.message,
+        "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports"
+    );
+
+    let with_sysctl = |name: &str, host_network: bool| {
+        let mut p = base();
+        let spec = p.spec.as_mut().unwrap();
+        spec.host_network = Some(host_network);
+        spec.security_context = Some(PodSecurityContext {
+            sysctls: Some(vec![Sysctl { name: name.into(), value: "1".into() }]),
+            ..Default::default()
+        });
+        p
+    };
+    assert!(admit(&with_sysctl("net.ipv4.tcp_syncookies", false), &[], &node).is_ok());
+    let rejection = admit(&with_sysctl("net.core.somaxconn", false), &[], &node).unwrap_err();
+    assert_eq!(
+        (rejection.reason.as_str(), rejection.message.as_str()),
+        ("SysctlForbidden", "forbidden sysctl: \"net.core.somaxconn\" not allowlisted")
+    );
+    let mut permissive = node.clone();
+    permissive.allowed_unsafe_sysctls = vec!["net.core.*".into()];
+    assert!(admit(&with_sysctl("net.core.somaxconn", false), &[], &permissive).is_ok());
+    let rejection = admit(&with_sysctl("net.core.somaxconn", true), &[], &permissive).unwrap_err();
+    assert_eq!(rejection.message, "forbidden sysctl: \"net.core.somaxconn\" not allowed with host net enabled");
+
+    let mut full = node.clone();
+    full.max_pods = 1;
+    let rejection = admit(&base(), &[&base()], &full).unwrap_err();
+    assert_eq!(rejection.message, "Node didn't have enough resource: pods, requested: 1, used: 1, capacity: 1");
+}
+
 #[tokio::test(start_paused = true)]
 async fn removals_wait_for_every_source_then_kill() {
     let f = fixture();
@@ -719,4 +815,57 @@ async fn pod_directories_that_cannot_be_made_are_a_warning_and_nothing_starts() 
     std::fs::remove_file(f.root.path().join("pods")).unwrap();
     f.sync(&p).await.unwrap();
     assert_eq!(f.runtime.get_pods(true).await.unwrap().len(), 1);
+}
+
+/// A prober that records what the kubelet asks of it.
+#[derive(Default)]
+struct RecordedProber {
+    calls: Mutex<Vec<String>>,
+}
+
+impl kubelet_core::ProbeManager for RecordedProber {
+    fn add_pod(&self, pod: &Arc<Pod>) {
+        lock(&self.calls).push(format!("add {}", PodUid::of(pod)));
+    }
+
+    fn remove_pod(&self, pod: &Pod) {
+        lock(&self.calls).push(format!("remove {}", PodUid::of(pod)));
+    }
+
+    fn cleanup_pods(&self, _: &std::collections::HashSet<PodUid>) {}
+
+    fn stop_liveness_and_startup(&self, pod: &Pod) {
+        lock(&self.calls).push(format!("stop liveness and startup {}", PodUid::of(pod)));
+    }
+
+    fn probe_readiness_now(&self, uid: &PodUid, container: &str) {
+        lock(&self.calls).push(format!("readiness now {uid}/{container}"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_is_probed_at_once_once_started_and_kept_while_terminating() {
+    let runtime = Arc::new(FakeRuntime::new());
+    let state = Arc::new(RuntimeState::default());
+    state.update_from_status(Ok::<_, String>(&ready_status(true)), Instant::now());
+    let root = tempfile::tempdir().unwrap();
+    let config = Config::new("node-1").root_dir(root.path()).node(NodeResources::new(4000, 8 << 30));
+    let prober = Arc::new(RecordedProber::default());
+    let sync =
+        PodSync::new(runtime.clone(), state, Arc::new(StatusStore::new()), Arc::new(RingRecorder::default()), config)
+            .prober(prober.clone(), Arc::new(kubelet_core::ProbeResults::new()));
+    let mut spec = (*pod("web", "Always", &["app"])).clone();
+    spec.spec.as_mut().unwrap().containers[0].readiness_probe = Some(k8s_openapi::api::core::v1::Probe::default());
+    let p = Arc::new(spec);
+    let status_now = || async { runtime.get_pod_status(&PodUid::of(&p), "", "").await.unwrap() };
+    sync.sync_pod(SyncPodType::Create, &p, None, &status_now().await).await.unwrap();
+    assert!(lock(&prober.calls).is_empty(), "nothing runs yet");
+    sync.sync_pod(SyncPodType::Sync, &p, None, &status_now().await).await.unwrap();
+    assert_eq!(*lock(&prober.calls), ["readiness now web/app"], "started, not ready: probed now");
+    lock(&prober.calls).clear();
+    sync.sync_terminating_pod(&p, &status_now().await, 0, None).await.unwrap();
+    assert_eq!(lock(&prober.calls).first().map(String::as_str), Some("stop liveness and startup web"));
+    assert!(!lock(&prober.calls).iter().any(|c| c.starts_with("remove")), "readiness goes on while it terminates");
+    sync.sync_terminated_pod(&p, &status_now().await).await.unwrap();
+    assert!(lock(&prober.calls).iter().any(|c| c == "remove web"), "every probe stops once it has terminated");
 }

@@ -19,7 +19,7 @@ use kubelet_core::{
     types::is_sidecar,
 };
 use tokio::{
-    sync::mpsc,
+    sync::{Notify, mpsc},
     time::{Instant, MissedTickBehavior},
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -64,8 +64,8 @@ struct Inner<R> {
     updates: mpsc::Sender<ProbeResult>,
     recorder: Arc<dyn EventRecorder>,
     config: Config,
-    /// The running workers, each with its generation and its token.
-    workers: Mutex<HashMap<Key, (u64, CancellationToken)>>,
+    /// The running workers.
+    workers: Mutex<HashMap<Key, Running>>,
     generation: AtomicU64,
     tracker: TaskTracker,
     cancel: CancellationToken,
@@ -126,12 +126,20 @@ impl<R: Runtime> Manager<R> {
     }
 
     fn stop_where(&self, mut matches: impl FnMut(&Key) -> bool) {
-        for (key, (_, token)) in lock(&self.inner.workers).iter() {
+        for (key, running) in lock(&self.inner.workers).iter() {
             if matches(key) {
-                token.cancel();
+                running.cancel.cancel();
             }
         }
     }
+}
+
+/// A running worker: its generation (a newer worker may replace it), its token, and what
+/// wakes it before its next period.
+struct Running {
+    generation: u64,
+    cancel: CancellationToken,
+    trigger: Arc<Notify>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -164,12 +172,14 @@ impl<R: Runtime> ProbeManager for Manager<R> {
         for container in probed_containers(pod) {
             for (kind, probe) in probes(container) {
                 let key = (uid.clone(), container.name.clone(), kind);
-                if workers.get(&key).is_some_and(|(_, token)| !token.is_cancelled()) {
+                if workers.get(&key).is_some_and(|running| !running.cancel.is_cancelled()) {
                     continue;
                 }
                 let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
                 let token = self.inner.cancel.child_token();
-                workers.insert(key.clone(), (generation, token.clone()));
+                let trigger = Arc::new(Notify::new());
+                let running = Running { generation, cancel: token.clone(), trigger: trigger.clone() };
+                workers.insert(key.clone(), running);
                 let span = info_span!(
                     "probe",
                     pod.uid = %uid,
@@ -185,6 +195,7 @@ impl<R: Runtime> ProbeManager for Manager<R> {
                     container: container.clone(),
                     probe: probe.clone(),
                     cancel: token,
+                    trigger,
                 };
                 self.inner.tracker.spawn(task.run().instrument(span));
             }
@@ -198,6 +209,18 @@ impl<R: Runtime> ProbeManager for Manager<R> {
 
     fn cleanup_pods(&self, desired: &HashSet<PodUid>) {
         self.stop_where(|(uid, _, _)| !desired.contains(uid));
+    }
+
+    fn stop_liveness_and_startup(&self, pod: &Pod) {
+        let uid = PodUid::of(pod);
+        self.stop_where(|(key_uid, _, kind)| *key_uid == uid && *kind != ProbeKind::Readiness);
+    }
+
+    fn probe_readiness_now(&self, uid: &PodUid, container: &str) {
+        let key = (uid.clone(), container.to_owned(), ProbeKind::Readiness);
+        if let Some(running) = lock(&self.inner.workers).get(&key) {
+            running.trigger.notify_one();
+        }
     }
 
     fn stopped(&self) -> kubelet_core::hook::BoxFuture<'_, ()> {
@@ -214,6 +237,8 @@ struct WorkerTask<R> {
     container: Container,
     probe: Probe,
     cancel: CancellationToken,
+    /// Wakes the worker before its next period ([`ProbeManager::probe_readiness_now`]).
+    trigger: Arc<Notify>,
 }
 
 /// Seconds from a probe field, at least `min`.
@@ -253,6 +278,7 @@ impl<R: Runtime> WorkerTask<R> {
             tokio::select! {
                 () = self.cancel.cancelled() => break,
                 _ = ticker.tick() => {}
+                () = self.trigger.notified() => {}
             }
             let status = self.inner.cache.get(&self.key.0).status;
             let seen = match status.container_status(&self.container.name) {
@@ -300,7 +326,7 @@ impl<R: Runtime> WorkerTask<R> {
             self.inner.results.remove(self.key.2, id);
         }
         let mut workers = lock(&self.inner.workers);
-        if workers.get(&self.key).is_some_and(|(generation, _)| *generation == self.generation) {
+        if workers.get(&self.key).is_some_and(|running| running.generation == self.generation) {
             workers.remove(&self.key);
         }
         debug!("probe worker stopped");

@@ -123,7 +123,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("systemReservedCgroup", WithoutEffect),
     ("kubeReservedCgroup", WithoutEffect),
     ("enforceNodeAllocatable", WithoutEffect),
-    ("allowedUnsafeSysctls", WithoutEffect),
+    ("allowedUnsafeSysctls", Honoured),
     ("volumePluginDir", WithoutEffect),
     ("providerID", WithoutEffect),
     ("kernelMemcgNotification", WithoutEffect),

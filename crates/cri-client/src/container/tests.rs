@@ -257,6 +257,21 @@ fn resources_become_shares_quota_limit_and_oom_score() {
     let best_effort = Container { name: "c".into(), ..Container::default() };
     let r = linux_resources(&pod_with(best_effort.clone()), &best_effort, 1 << 30);
     assert_eq!((r.cpu_shares, r.cpu_quota, r.oom_score_adj), (2, 0, 1000));
+    // The quota of 102m is 10200, not a float's 10300.
+    let mut small = Container { name: "c".into(), ..Container::default() };
+    small.resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([("cpu".into(), Quantity("102m".into()))])),
+        ..Default::default()
+    });
+    assert_eq!(linux_resources(&pod_with(small.clone()), &small, 1 << 30).cpu_quota, 10_200);
+
+    // A node-critical pod (system-node-critical and static, mirror or of critical priority)
+    // is the last to go, whatever its QoS.
+    let mut critical = pod_with(best_effort.clone());
+    critical.spec.as_mut().unwrap().priority_class_name = Some("system-node-critical".into());
+    assert_eq!(linux_resources(&critical, &best_effort, 1 << 30).oom_score_adj, 1000, "not critical yet");
+    critical.spec.as_mut().unwrap().priority = Some(2_000_001_000);
+    assert_eq!(linux_resources(&critical, &best_effort, 1 << 30).oom_score_adj, -997);
 }
 
 #[test]
@@ -265,14 +280,42 @@ fn run_as_non_root_is_checked_against_the_effective_user() {
     c.security_context = Some(SecurityContext { run_as_non_root: Some(true), ..SecurityContext::default() });
     let pod = pod_with(c.clone());
     let root = ImageUser { uid: Some(0), username: String::new() };
-    assert_eq!(security_context(&pod, &c, &root).unwrap_err(), "container has runAsNonRoot and image will run as root");
+    assert_eq!(
+        security_context(&pod, &c, &root, profiles()).unwrap_err(),
+        "container has runAsNonRoot and image will run as root"
+    );
     let named = ImageUser { uid: None, username: "app".into() };
-    assert!(security_context(&pod, &c, &named).unwrap_err().contains("non-numeric user (app)"));
+    assert!(security_context(&pod, &c, &named, profiles()).unwrap_err().contains("non-numeric user (app)"));
     let mut ok = pod.clone();
     ok.spec.as_mut().unwrap().security_context =
         Some(PodSecurityContext { run_as_user: Some(1000), ..PodSecurityContext::default() });
-    let sc = security_context(&ok, &c, &root).unwrap();
+    let sc = security_context(&ok, &c, &root, profiles()).unwrap();
     assert_eq!(sc.run_as_user.unwrap().value, 1000, "the pod's runAsUser applies");
+}
+
+fn profiles() -> &'static std::path::Path {
+    std::path::Path::new("/var/lib/kubelet/seccomp")
+}
+
+#[test]
+fn localhost_seccomp_profiles_live_under_the_root_directory() {
+    use k8s_openapi::api::core::v1::SeccompProfile;
+    let with_profile = |path: Option<&str>| {
+        let mut c = Container { name: "c".into(), ..Container::default() };
+        c.security_context = Some(SecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "Localhost".into(),
+                localhost_profile: path.map(Into::into),
+            }),
+            ..SecurityContext::default()
+        });
+        let pod = pod_with(c.clone());
+        security_context(&pod, &c, &ImageUser::default(), profiles()).map(|sc| sc.seccomp.unwrap().localhost_ref)
+    };
+    assert_eq!(with_profile(Some("profiles/audit.json")).unwrap(), "/var/lib/kubelet/seccomp/profiles/audit.json");
+    assert!(with_profile(Some("../../etc/x.json")).is_err(), "nothing outside the profiles' directory");
+    assert!(with_profile(Some("/etc/x.json")).is_err());
+    assert!(with_profile(None).is_err());
 }
 
 #[test]
@@ -297,6 +340,7 @@ fn container_config_has_log_path_attempt_labels_and_expanded_command() {
         memory_capacity: 1 << 30,
         volumes: &PodVolumes::new(),
         sub_paths: &SubPathMounts::new(),
+        seccomp_profiles: std::path::Path::new("/var/lib/kubelet/seccomp"),
     };
     let config = container_config(&input).unwrap();
     assert_eq!(config.log_path, "app/3.log");

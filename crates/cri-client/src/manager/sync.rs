@@ -114,6 +114,7 @@ impl CriRuntime {
             memory_capacity: self.memory_capacity,
             volumes,
             sub_paths: &sub_paths,
+            seccomp_profiles: &self.config.seccomp_dir,
         };
         let mut config = container::container_config(&input).map_err(config_error)?;
         if let Some(hosts) = self.etc_hosts_mount(pod, spec, pod_ips).await.map_err(config_error)? {

@@ -209,3 +209,44 @@ async fn removing_or_cleaning_up_a_pod_stops_its_workers_and_forgets_their_resul
     assert_eq!(h.prober.worker_count(), 1);
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_started_unready_container_is_probed_for_readiness_at_once_when_asked() {
+    let mut h = harness();
+    // Long after the agent started: no start-up jitter.
+    tokio::time::advance(Duration::from_secs(200)).await;
+    let mut p = pod("p1", &["app"]);
+    p.spec.as_mut().unwrap().containers[0].readiness_probe = Some(exec_probe(100, 3));
+    h.runtime.set_exec_result("app", exit(0));
+    h.prober.add_pod(&Arc::new(p.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The container starts after the worker's first look; its next is 100 s away.
+    h.run(&p).await;
+    assert!(h.changes_within(Duration::from_secs(1)).await.is_empty(), "nothing before the period");
+    h.prober.probe_readiness_now(&PodUid::of(&p), "app");
+    assert_eq!(
+        h.changes_within(Duration::from_secs(1)).await,
+        [(ProbeKind::Readiness, ProbeOutcome::Failure), (ProbeKind::Readiness, ProbeOutcome::Success)],
+        "probed when asked, not 100 s later"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_terminating_pod_keeps_its_readiness_probe_only() {
+    let h = harness();
+    let mut p = pod("p1", &["app"]);
+    let container = &mut p.spec.as_mut().unwrap().containers[0];
+    container.readiness_probe = Some(exec_probe(1, 1));
+    container.liveness_probe = Some(exec_probe(1, 1));
+    h.run(&p).await;
+    h.prober.add_pod(&Arc::new(p.clone()));
+    assert_eq!(h.prober.worker_count(), 2);
+    h.prober.stop_liveness_and_startup(&p);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(h.prober.worker_count(), 1, "readiness goes on while the pod terminates");
+    h.prober.remove_pod(&p);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(h.prober.worker_count(), 0);
+    h.stop().await;
+}
