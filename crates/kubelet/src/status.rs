@@ -663,7 +663,11 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
     let owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
     conditions.extend(old_conditions.iter().filter(|c| !owned.contains(&c.type_.as_str())).cloned());
     set_transition_times(&mut conditions, &old_conditions, &input.now);
-    let ips = input.runtime.ips.clone();
+    let mut ips = input.runtime.ips.clone();
+    // A host-network pod's IPs are the node's (upstream `generateAPIPodStatus`).
+    if ips.is_empty() && !input.host_ip.is_empty() && pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+        ips.push(input.host_ip.to_owned());
+    }
     ApiPodStatus {
         phase: Some(phase.clone()),
         // Reason and message stay while the phase does.

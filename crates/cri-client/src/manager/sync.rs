@@ -94,6 +94,11 @@ impl CriRuntime {
             SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
         };
         let env_objects = self.env_objects(pod, spec).await.map_err(config_error)?;
+        // A host-network pod's IPs are the node's (upstream gives them to its downward API).
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+        let node_ips = [self.config.node_ip.clone()];
+        let pod_ips =
+            if host_network && pod_ips.is_empty() && !self.config.node_ip.is_empty() { &node_ips[..] } else { pod_ips };
         let downward = container::Downward {
             pod_ips,
             node_name: &self.config.node_name,

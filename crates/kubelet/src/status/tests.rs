@@ -415,6 +415,17 @@ mod api {
         let got = api_pod_status(&StatusInput::new(&p, &status, &no_failures, now()));
         assert_eq!((got.phase.as_deref(), got.reason.as_deref()), (Some(FAILED), Some("DeadlineExceeded")));
     }
+
+    #[test]
+    fn a_host_network_pods_ips_are_the_nodes() {
+        let mut p = pod("Always", vec![], &["a"]);
+        p.spec.as_mut().unwrap().host_network = Some(true);
+        let mut status = rt_status(&[("a", Rt::Running, 0, 0)]);
+        status.ips.clear();
+        let got = api_pod_status(&StatusInput::new(&p, &status, &no_failures, now()).host_ip("192.0.2.2"));
+        assert_eq!(got.pod_ip.as_deref(), Some("192.0.2.2"));
+        assert_eq!(got.pod_ips.unwrap()[0].ip, "192.0.2.2");
+    }
 }
 
 #[test]
