@@ -160,15 +160,9 @@ impl ApiObjects {
             let stop = self.cancel.clone();
             let watch = async move {
                 let mut events = std::pin::pin!(events);
-                loop {
-                    let event = tokio::select! {
-                        () = stop.cancelled() => return,
-                        event = events.next() => event,
-                    };
-                    match event {
-                        None => return,
-                        Some(Ok(_)) => {}
-                        Some(Err(err)) => warn!(error = %err, "the watch of services failed; listing again"),
+                while let Some(event) = stop.run_until_cancelled(events.next()).await.flatten() {
+                    if let Err(err) = event {
+                        warn!(error = %err, "the watch of services failed; listing again");
                     }
                 }
             };
@@ -205,19 +199,14 @@ async fn watch_object<K>(
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher(api, config).default_backoff().boxed();
     let mut listing: Option<Contents> = None;
-    loop {
-        let event = tokio::select! {
-            () = stop.cancelled() => return,
-            event = events.next() => event,
-        };
+    while let Some(event) = stop.run_until_cancelled(events.next()).await.flatten() {
         match event {
-            None => return,
-            Some(Ok(watcher::Event::Init)) => listing = None,
-            Some(Ok(watcher::Event::InitApply(object))) => listing = Some(data(object)),
-            Some(Ok(watcher::Event::InitDone)) => _ = latest.send(Some(listing.take())),
-            Some(Ok(watcher::Event::Apply(object))) => _ = latest.send(Some(Some(data(object)))),
-            Some(Ok(watcher::Event::Delete(_))) => _ = latest.send(Some(None)),
-            Some(Err(err)) => warn!(object = %name, error = %err, "the watch of an object failed; listing again"),
+            Ok(watcher::Event::Init) => listing = None,
+            Ok(watcher::Event::InitApply(object)) => listing = Some(data(object)),
+            Ok(watcher::Event::InitDone) => _ = latest.send(Some(listing.take())),
+            Ok(watcher::Event::Apply(object)) => _ = latest.send(Some(Some(data(object)))),
+            Ok(watcher::Event::Delete(_)) => _ = latest.send(Some(None)),
+            Err(err) => warn!(object = %name, error = %err, "the watch of an object failed; listing again"),
         }
     }
 }

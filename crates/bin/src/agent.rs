@@ -9,7 +9,11 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use anyhow::{Context, Result};
 use apiserver::objects::ApiObjects;
 use config::{PodConfig, file, http};
-use cri_client::{Client, Config as CriConfig, CriRuntime, manager};
+use cri_client::{
+    Client, Config as CriConfig, CriRuntime,
+    log_rotation::{LogRotationPolicy, LogRotator},
+    manager,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kubelet::{Agent, admission::NodeResources, agent, server};
 use kubelet_core::{
@@ -77,6 +81,7 @@ async fn run_with(
         cri_config = cri_config.image_endpoint(endpoint);
     }
     let cri = Client::connect(&cri_config).context("invalid containerRuntimeEndpoint")?;
+    let log_rotation = spawn_log_rotation(&cri, file, &cancel);
     let runtime_config = manager::Config::new(&settings.node_name)
         .pod_logs_dir(&file.pod_logs_dir)
         .container_logs_dir(&settings.container_logs_dir)
@@ -99,7 +104,34 @@ async fn run_with(
     if let Some(cluster) = &client {
         runtime = runtime.objects(cluster.objects.clone());
     }
-    run_on(Arc::new(runtime), recorder, startup, client, settings, metrics, cancel).await
+    let ran = run_on(Arc::new(runtime), recorder, startup, client, settings, metrics, cancel).await;
+    if let Some(task) = log_rotation {
+        let _ = task.await;
+    }
+    ran
+}
+
+/// Container log rotation (`containerLogMaxSize` and the rest), unless the size is negative.
+fn spawn_log_rotation(
+    cri: &Client,
+    file: &config::KubeletConfiguration,
+    cancel: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let max_size = file.container_log_max_size?;
+    let policy = LogRotationPolicy::new(
+        max_size,
+        file.container_log_max_files as usize,
+        file.container_log_max_workers as usize,
+        file.container_log_monitor_interval,
+    );
+    let rotator = LogRotator::new(cri.clone(), &file.pod_logs_dir, policy);
+    let cancel = cancel.child_token();
+    let rotation = async move {
+        if let Err(err) = rotator.run(cancel).await {
+            warn!(error = %err, "container logs are not rotated: the log directories cannot be watched");
+        }
+    };
+    Some(tokio::spawn(rotation.instrument(info_span!("log_rotation"))))
 }
 
 /// What the node offers pods: capacity minus `systemReserved` and `kubeReserved` (upstream's

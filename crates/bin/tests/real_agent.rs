@@ -1022,6 +1022,125 @@ async fn real_get_pods_and_logs_through_the_unix_socket() {
     run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
 }
 
+/// The files of a container log directory that count against `containerLogMaxFiles` (a
+/// compression's `.tmp` does not), sorted by name.
+fn log_files(container_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(container_dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("0.log") && !n.ends_with(".tmp"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The numbers of the `line-N-...` lines in a container's log files, oldest file first (the
+/// rotated ones in name order, decompressed, then the live one).
+fn logged_numbers(container_dir: &Path) -> Vec<u64> {
+    let mut names = log_files(container_dir);
+    // The live file sorts first by name ("0.log" < "0.log.<stamp>"), but was written last.
+    let live_first = names.first().is_some_and(|n| n == "0.log");
+    names.rotate_left(usize::from(live_first));
+    let mut numbers = Vec::new();
+    for name in names {
+        let path = container_dir.join(&name);
+        let mut text = String::new();
+        let Ok(file) = std::fs::File::open(&path) else { continue };
+        if name.ends_with(".gz") {
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text).unwrap();
+        } else {
+            std::io::Read::read_to_string(&mut std::io::BufReader::new(file), &mut text).unwrap();
+        }
+        let found = text.lines().filter_map(|l| l.split(" line-").nth(1)?.split('-').next()?.parse::<u64>().ok());
+        numbers.extend(found);
+    }
+    numbers
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn real_container_logs_rotate_without_losing_lines() {
+    let Some(rt) = RealRuntime::from_env("real_container_logs_rotate_without_losing_lines") else { return };
+    let (dir, node) = scratch(&rt, "agent-logrotate", "logrotate");
+    let config = dir.join("kubelet.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 3s\n",
+    )
+    .unwrap();
+    // About 30 MiB of numbered 100-byte lines over 15 s or so, then the last number, then idle.
+    let script = "pad=$(head -c 80 /dev/zero | tr -c x x); i=0; \
+                  while [ $i -lt 200000 ]; do echo line-$i-$pad; i=$((i+1)); \
+                  if [ $((i % 15000)) -eq 0 ]; then sleep 1; fi; done; echo last-$i; sleep 3600";
+    std::fs::write(dir.join("manifests/chatty.yaml"), manifest("chatty", &rt.busybox_image, script)).unwrap();
+    let mut command = agent_command(&rt, &dir, &node);
+    command.arg("--config").arg(&config);
+    let _agent = Agent::spawn(&mut command);
+    let root = dir.join("root").to_string_lossy().into_owned();
+    let runtime = test_runtime(&rt, &dir, &node);
+
+    let outcome = {
+        let dir = dir.clone();
+        let node = node.clone();
+        let runtime = test_runtime(&rt, &dir, &node);
+        async move {
+            let pod = format!("chatty-{node}");
+            let status = wait_for(&runtime, &pod, "the chatty pod to run", running).await;
+            let pod_dir = std::fs::read_dir(dir.join("pods"))
+                .unwrap()
+                .filter_map(Result::ok)
+                .find(|e| e.file_name().to_string_lossy().ends_with(status.uid.as_str()))
+                .expect("the pod's log directory")
+                .path();
+            let container_dir = pod_dir.join("app");
+            // Watch the file count while the container writes, until it says it is done.
+            let mut most = 0;
+            let mut done = false;
+            for _ in 0..1200 {
+                most = most.max(log_files(&container_dir).len());
+                let live = std::fs::read_to_string(container_dir.join("0.log")).unwrap_or_default();
+                if live.contains("last-200000") {
+                    done = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(done, "the container wrote its last line");
+            // The live file is rotated once more on the next round; wait for it (at most 10 s).
+            for _ in 0..100 {
+                if std::fs::metadata(container_dir.join("0.log")).map_or(0, |m| m.len()) < 1024 * 1024 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let files = log_files(&container_dir);
+            assert!(most <= 3, "at most 3 files at any time, saw {most}");
+            assert!(files.iter().any(|f| f.ends_with(".gz")), "older files are compressed: {files:?}");
+            let numbers = logged_numbers(&container_dir);
+            let first = *numbers.first().expect("numbered lines kept");
+            assert!(first > 0, "the oldest lines were rotated away");
+            let expected: Vec<u64> = (first..200_000).collect();
+            assert!(
+                numbers == expected,
+                "kept lines {first}.. are consecutive up to the last: {} lines",
+                numbers.len()
+            );
+
+            // `kubelet-rs logs` reads across the uncompressed rotated file and the live one.
+            let (ok, logs, err) = kubelet_rs(&["logs", &pod, "--root-dir", &root]);
+            assert!(ok, "logs: {err}");
+            let shown: Vec<u64> =
+                logs.lines().filter_map(|l| l.strip_prefix("line-")?.split('-').next()?.parse().ok()).collect();
+            assert!(!shown.is_empty() && shown.windows(2).all(|w| w[1] == w[0] + 1), "logs are consecutive");
+            assert_eq!(shown.last(), Some(&199_999));
+            assert!(logs.ends_with("last-200000\n"), "the last line is shown");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 /// A unix socket that forwards to the runtime's, so a test can make "the runtime socket" vanish
 /// and come back without touching the runtime other tests use.
 struct SocketProxy {

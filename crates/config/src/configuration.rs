@@ -116,6 +116,15 @@ pub struct KubeletConfiguration {
     pub kube_api_qps: f64,
     /// `kubeAPIBurst` (100): the API client's burst (0: the default).
     pub kube_api_burst: u32,
+    /// `containerLogMaxSize` (10Mi): a running container's log is rotated once it is this
+    /// large, in bytes; `None` (a negative size) turns rotation off.
+    pub container_log_max_size: Option<u64>,
+    /// `containerLogMaxFiles` (5): the most log files a container keeps, the live one included.
+    pub container_log_max_files: u32,
+    /// `containerLogMaxWorkers` (1): how many containers' logs are rotated at once.
+    pub container_log_max_workers: u32,
+    /// `containerLogMonitorInterval` (10s): how often the logs are checked for rotation.
+    pub container_log_monitor_interval: Duration,
     /// The fields set in the file that have no effect in this agent ([`Support::WithoutEffect`]),
     /// for one start-up warning.
     pub without_effect: Vec<String>,
@@ -161,6 +170,10 @@ impl Default for KubeletConfiguration {
             register_with_taints: Vec::new(),
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
+            container_log_max_size: Some(10 * 1024 * 1024),
+            container_log_max_files: 5,
+            container_log_max_workers: 1,
+            container_log_monitor_interval: Duration::from_secs(10),
             without_effect: Vec::new(),
         }
     }
@@ -214,6 +227,10 @@ struct Raw {
     register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
     node_status_update_frequency: Option<String>,
     node_status_report_frequency: Option<String>,
+    container_log_max_size: Option<String>,
+    container_log_max_files: Option<i64>,
+    container_log_max_workers: Option<i64>,
+    container_log_monitor_interval: Option<String>,
 }
 
 /// The part of upstream's `LoggingConfiguration` this agent reads.
@@ -256,6 +273,7 @@ impl KubeletConfiguration {
             None => return Err(at("kind", format!("missing: must be {KIND}"))),
         }
         let mut config = KubeletConfiguration::default();
+        config.read_log_rotation(&raw, &at)?;
         // Zero is "the default", as upstream's defaulting has it (kubeadm writes `0s` so).
         let duration = |field: &str, value: Option<String>, default: Duration| match value {
             None => Ok(default),
@@ -400,6 +418,37 @@ impl KubeletConfiguration {
             }
         }
         Ok(config)
+    }
+
+    /// The `containerLog*` fields, with upstream's validation: at least 2 files, at least one
+    /// worker, and a monitor interval of at least 3 s.
+    fn read_log_rotation(&mut self, raw: &Raw, at: &impl Fn(&str, String) -> Error) -> Result<(), Error> {
+        if let Some(text) = raw.container_log_max_size.as_deref() {
+            let bytes = Quantity(text.to_owned());
+            let size = kubelet_core::resources::units(&bytes)
+                .ok_or_else(|| at("containerLogMaxSize", format!("{text:?} is not a quantity")))?;
+            self.container_log_max_size = u64::try_from(size).ok();
+        }
+        if let Some(files) = raw.container_log_max_files {
+            if files < 2 {
+                return Err(at("containerLogMaxFiles", format!("{files} must be greater than 1")));
+            }
+            self.container_log_max_files = u32::try_from(files).unwrap_or(u32::MAX);
+        }
+        if let Some(workers) = raw.container_log_max_workers {
+            if workers < 1 {
+                return Err(at("containerLogMaxWorkers", format!("{workers} must be at least 1")));
+            }
+            self.container_log_max_workers = u32::try_from(workers).unwrap_or(u32::MAX);
+        }
+        if let Some(text) = raw.container_log_monitor_interval.as_deref() {
+            let interval = parse_duration(text).map_err(|m| at("containerLogMonitorInterval", m))?;
+            if interval < Duration::from_secs(3) {
+                return Err(at("containerLogMonitorInterval", format!("{text:?} must be at least 3s")));
+            }
+            self.container_log_monitor_interval = interval;
+        }
+        Ok(())
     }
 
     /// How many image pulls may run at once: 1 when serialized, else `maxParallelImagePulls`
@@ -688,8 +737,6 @@ volumeStatsAggPeriod: 0s
             [
                 "authentication",
                 "authorization",
-                "containerLogMaxFiles",
-                "containerLogMaxSize",
                 "cpuManagerReconcilePeriod",
                 "evictionHard",
                 "evictionPressureTransitionPeriod",
@@ -725,6 +772,32 @@ volumeStatsAggPeriod: 0s
         }
         for body in ["cgroupsPerQOS: true\n", "cpuManagerPolicy: none\n", "podPidsLimit: -1\n", "memorySwap: {}\n"] {
             parse(body).unwrap();
+        }
+    }
+
+    #[test]
+    fn log_rotation_has_upstreams_defaults_and_checks() {
+        let defaults = parse("").unwrap();
+        assert_eq!(defaults.container_log_max_size, Some(10 * 1024 * 1024));
+        assert_eq!(defaults.container_log_max_files, 5);
+        assert_eq!(defaults.container_log_max_workers, 1);
+        assert_eq!(defaults.container_log_monitor_interval, Duration::from_secs(10));
+        let set = parse(
+            "containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\ncontainerLogMaxWorkers: 2\n\
+             containerLogMonitorInterval: 3s\n",
+        )
+        .unwrap();
+        assert_eq!(set.container_log_max_size, Some(1024 * 1024));
+        assert_eq!((set.container_log_max_files, set.container_log_max_workers), (3, 2));
+        assert_eq!(set.container_log_monitor_interval, Duration::from_secs(3));
+        assert_eq!(parse("containerLogMaxSize: \"-1\"\n").unwrap().container_log_max_size, None, "off");
+        for (body, field) in [
+            ("containerLogMaxFiles: 1\n", "containerLogMaxFiles"),
+            ("containerLogMaxWorkers: 0\n", "containerLogMaxWorkers"),
+            ("containerLogMonitorInterval: 1s\n", "containerLogMonitorInterval"),
+            ("containerLogMaxSize: lots\n", "containerLogMaxSize"),
+        ] {
+            assert_eq!(parse(body).unwrap_err().field.as_deref(), Some(field), "{body}");
         }
     }
 

@@ -42,6 +42,7 @@ mod convert;
 pub mod hosts;
 mod instrument;
 pub mod labels;
+pub mod log_rotation;
 pub mod manager;
 pub mod sandbox;
 

@@ -1,6 +1,8 @@
 //! Removal: what is left of pods that are gone, single containers, and garbage collection
 //! (upstream `kuberuntime_gc.go`).
 
+use std::path::{Component, Path, PathBuf};
+
 use super::*;
 
 impl CriRuntime {
@@ -113,7 +115,70 @@ pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<
 /// How long a task killed through containerd's Tasks service may take to exit.
 const TASK_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Removes a container of a pod that stays, with its log files, rotated ones included
+/// (upstream's `removeContainerLog`).
 pub(super) async fn delete_container(rt: &CriRuntime, container_id: &str) -> Result<(), Error> {
+    let log_path = container_log_path(rt, container_id).await;
+    delete_container_keeping_logs(rt, container_id).await?;
+    if let Some(log) = log_path {
+        let pod_logs_dir = rt.config.pod_logs_dir.clone();
+        let removed = tokio::task::spawn_blocking(move || remove_log_files(&pod_logs_dir, &log)).await;
+        if let Ok(Err(err)) = removed {
+            warn!(container.id = container_id, error = %err, "cannot remove a removed container's logs");
+        }
+    }
+    Ok(())
+}
+
+/// Removes a container but not its log files: what removes the whole pod removes its log
+/// directory after.
+async fn delete_container_keeping_logs(rt: &CriRuntime, container_id: &str) -> Result<(), Error> {
+    remove_container(rt, container_id).await?;
+    // Its legacy log symlink goes with it.
+    if let Ok(mut entries) = tokio::fs::read_dir(&rt.config.container_logs_dir).await {
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            if entry.file_name().to_string_lossy().ends_with(&format!("-{container_id}.log")) {
+                let _ = tokio::fs::remove_file(entry.path()).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where the runtime says the container logs, when it still knows the container.
+async fn container_log_path(rt: &CriRuntime, container_id: &str) -> Option<PathBuf> {
+    let request = pb::ContainerStatusRequest { container_id: container_id.to_owned(), verbose: false };
+    let status = rt.client.runtime_service().container_status(request).await.ok()?.into_inner().status?;
+    (!status.log_path.is_empty()).then(|| PathBuf::from(status.log_path))
+}
+
+/// Removes log file `log` and its rotated files (`<log>.*`), when `log` is a plain path below
+/// `pod_logs_dir`. Only regular files are removed.
+fn remove_log_files(pod_logs_dir: &Path, log: &Path) -> std::io::Result<()> {
+    let plain = log.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    let (Some(dir), Some(name)) = (log.parent(), log.file_name().and_then(|n| n.to_str())) else { return Ok(()) };
+    if !plain || !log.starts_with(pod_logs_dir) {
+        return Ok(());
+    }
+    let rotated_prefix = format!("{name}.");
+    let entries = match std::fs::read_dir(dir) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        entries => entries?,
+    };
+    for entry in entries {
+        let entry = entry?;
+        let file_name = entry.file_name();
+        let file_name = file_name.to_string_lossy();
+        let belongs = *file_name == *name || file_name.starts_with(&rotated_prefix);
+        if belongs && entry.file_type()?.is_file() {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// RemoveContainer, through what a start cut short may have left in the way.
+async fn remove_container(rt: &CriRuntime, container_id: &str) -> Result<(), Error> {
     let request = pb::RemoveContainerRequest { container_id: container_id.to_owned() };
     match rt.client.runtime_service().remove_container(request.clone()).await {
         Ok(_) => {}
@@ -150,14 +215,6 @@ pub(super) async fn delete_container(rt: &CriRuntime, container_id: &str) -> Res
             }
         }
         Err(status) => return Err(Error::status("RemoveContainer", status)),
-    }
-    // Its legacy log symlink goes with it.
-    if let Ok(mut entries) = tokio::fs::read_dir(&rt.config.container_logs_dir).await {
-        while let Ok(Some(entry)) = entries.next_entry().await {
-            if entry.file_name().to_string_lossy().ends_with(&format!("-{container_id}.log")) {
-                let _ = tokio::fs::remove_file(entry.path()).await;
-            }
-        }
     }
     Ok(())
 }
@@ -259,7 +316,7 @@ impl CriRuntime {
         let running = status.to_running_pod();
         self.kill_pod(Some(pod), &running, Some(0)).await?;
         for c in &status.container_statuses {
-            self.delete_container(&c.id).await?;
+            delete_container_keeping_logs(self, &c.id).await?;
         }
         for s in &status.sandbox_statuses {
             let request = pb::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() };
@@ -302,6 +359,26 @@ mod tests {
     use kubelet_core::runtime::{Container, Pod};
 
     use super::*;
+
+    #[test]
+    fn a_removed_containers_log_files_go_and_nothing_else() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ns_web_u1/app");
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["0.log", "0.log.20261126-100000.gz", "0.log.20261126-100010", "1.log", "10.log"] {
+            std::fs::write(dir.join(name), "x").unwrap();
+        }
+        std::fs::create_dir(dir.join("0.log.dir")).unwrap();
+        remove_log_files(root.path(), &dir.join("0.log")).unwrap();
+        let mut left: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, ["0.log.dir", "1.log", "10.log"]);
+        // A path outside the pod log directory, or with `..`, is left alone.
+        remove_log_files(&root.path().join("elsewhere"), &dir.join("1.log")).unwrap();
+        remove_log_files(root.path(), &dir.join("../app/1.log")).unwrap();
+        assert!(dir.join("1.log").exists());
+    }
 
     fn at(second: i64) -> Option<Timestamp> {
         Some(Timestamp::from_second(1_000_000 + second).unwrap())
