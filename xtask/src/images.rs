@@ -1,4 +1,5 @@
-//! The test images, built here with no internet: a static `pause` and a busybox image.
+//! The test images, built here with no internet: a static `pause`, a busybox image, and a
+//! one-file image no pod runs, for the image garbage collection test to pull and remove.
 //!
 //! Each image is written as an OCI image layout by hand (one gzip layer made with reproducible
 //! `tar` and `gzip -n`, a config, a manifest and `index.json`), so the same inputs give the same
@@ -34,6 +35,8 @@ pub(crate) struct Image {
 pub(crate) const PAUSE: Image = Image { name: "pause", tag: "1.0" };
 /// The busybox image, for test containers.
 pub(crate) const BUSYBOX: Image = Image { name: "busybox", tag: "1.35" };
+/// An image of one file that no pod runs: only in the registry, for image GC to remove.
+pub(crate) const UNUSED: Image = Image { name: "unused", tag: "1.0" };
 
 impl Image {
     /// The full reference in the local registry.
@@ -54,12 +57,12 @@ fn images_dir() -> PathBuf {
     Path::new(STATE_DIR).join("images")
 }
 
-/// Whether both image archives exist.
+/// Whether every image archive exists.
 pub(crate) fn built() -> bool {
-    [PAUSE, BUSYBOX].iter().all(|i| i.archive().is_file())
+    [PAUSE, BUSYBOX, UNUSED].iter().all(|i| i.archive().is_file())
 }
 
-/// Builds both images and prints their manifest digests.
+/// Builds the images and prints their manifest digests.
 pub(crate) fn build() -> Result<()> {
     let build_dir = images_dir().join("build");
     if build_dir.exists() {
@@ -80,6 +83,12 @@ pub(crate) fn build() -> Result<()> {
     let config = json!({ "Cmd": ["sh"], "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/" });
     let digest = write_image(&BUSYBOX, &busybox_root, &build_dir, config)?;
     println!("built {} ({digest})", BUSYBOX.reference());
+
+    let unused_root = build_dir.join("unused-rootfs");
+    fs::create_dir_all(&unused_root)?;
+    fs::write(unused_root.join("unused"), "an image no pod runs\n")?;
+    let digest = write_image(&UNUSED, &unused_root, &build_dir, json!({ "Cmd": ["/unused"] }))?;
+    println!("built {} ({digest})", UNUSED.reference());
 
     fs::remove_dir_all(&build_dir)?;
     Ok(())
@@ -183,17 +192,21 @@ fn write_image(image: &Image, rootfs: &Path, scratch: &Path, config: serde_json:
     Ok(manifest_digest)
 }
 
-/// Imports both images into containerd (namespace `k8s.io`) and pushes them to the registry.
+/// Imports the pause and busybox images into containerd (namespace `k8s.io`) and pushes every
+/// image to the registry.
 pub(crate) fn load(containerd_socket: &Path) -> Result<()> {
-    for image in [PAUSE, BUSYBOX] {
-        output(
-            Command::new("ctr")
-                .arg("--address")
-                .arg(containerd_socket)
-                .args(["-n", "k8s.io", "images", "import"])
-                .arg(image.archive()),
-        )
-        .with_context(|| format!("importing {}", image.reference()))?;
+    for image in [PAUSE, BUSYBOX, UNUSED] {
+        let imported = image.name != UNUSED.name;
+        if imported {
+            output(
+                Command::new("ctr")
+                    .arg("--address")
+                    .arg(containerd_socket)
+                    .args(["-n", "k8s.io", "images", "import"])
+                    .arg(image.archive()),
+            )
+            .with_context(|| format!("importing {}", image.reference()))?;
+        }
         output(
             Command::new("skopeo")
                 .args(["copy", "--quiet", "--dest-tls-verify=false"])
@@ -201,7 +214,8 @@ pub(crate) fn load(containerd_socket: &Path) -> Result<()> {
                 .arg(format!("docker://{}", image.reference())),
         )
         .with_context(|| format!("pushing {}", image.reference()))?;
-        println!("loaded {} into containerd and the registry", image.reference());
+        let loaded = if imported { "containerd and the registry" } else { "the registry" };
+        println!("loaded {} into {loaded}", image.reference());
     }
     Ok(())
 }

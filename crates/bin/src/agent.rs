@@ -15,7 +15,13 @@ use cri_client::{
     manager,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kubelet::{Agent, admission::NodeResources, agent, server};
+use kubelet::{
+    Agent,
+    admission::NodeResources,
+    agent,
+    image_gc::{ImageGc, ImageGcPolicy},
+    server,
+};
 use kubelet_core::{
     Runtime, Source, StartupTracker,
     events::RingRecorder,
@@ -74,14 +80,15 @@ async fn run_with(
     if let Some(fake) = FakeEndpoint::parse(&file.container_runtime_endpoint)? {
         warn!(endpoint = %file.container_runtime_endpoint, "running on the in-memory fake runtime: no containers run");
         let runtime = Arc::new(fake.build());
-        return run_on(runtime, recorder, Arc::new(StartupTracker::new()), client, settings, metrics, cancel).await;
+        let parts = RunParts { recorder, startup: Arc::new(StartupTracker::new()), cgroups: None, log_rotator: None };
+        return run_on(runtime, parts, client, settings, metrics, cancel).await;
     }
     let mut cri_config = CriConfig::new(&file.container_runtime_endpoint).request_timeout(file.runtime_request_timeout);
     if let Some(endpoint) = &file.image_service_endpoint {
         cri_config = cri_config.image_endpoint(endpoint);
     }
     let cri = Client::connect(&cri_config).context("invalid containerRuntimeEndpoint")?;
-    let log_rotation = spawn_log_rotation(&cri, file, &cancel);
+    let log_rotator = log_rotator(&cri, file);
     let runtime_config = manager::Config::new(&settings.node_name)
         .pod_logs_dir(&file.pod_logs_dir)
         .container_logs_dir(&settings.container_logs_dir)
@@ -104,19 +111,26 @@ async fn run_with(
     if let Some(cluster) = &client {
         runtime = runtime.objects(cluster.objects.clone());
     }
-    let ran = run_on(Arc::new(runtime), recorder, startup, client, settings, metrics, cancel).await;
-    if let Some(task) = log_rotation {
-        let _ = task.await;
-    }
-    ran
+    let parts = RunParts { recorder, startup, cgroups: Some(pod_cgroups(&settings)), log_rotator };
+    run_on(Arc::new(runtime), parts, client, settings, metrics, cancel).await
+}
+
+/// The pods' cgroups (`cgroupsPerQOS`): `kubepods` limited to the node's allocatable with
+/// `enforceNodeAllocatable: [pods]` (the default), or to its capacity, and `podPidsLimit`.
+fn pod_cgroups(settings: &Settings) -> cm::Config {
+    let file = &settings.file;
+    let node = if file.enforce_node_allocatable.iter().any(|e| e == "pods") {
+        node_allocatable(settings)
+    } else {
+        NodeResources::of_this_node()
+    };
+    cm::Config::new(cri_client::cgroups::CGROUP_ROOT, &settings.pods_cgroup)
+        .node(node.cpu_milli, node.memory_bytes)
+        .pod_pids_limit(file.pod_pids_limit)
 }
 
 /// Container log rotation (`containerLogMaxSize` and the rest), unless the size is negative.
-fn spawn_log_rotation(
-    cri: &Client,
-    file: &config::KubeletConfiguration,
-    cancel: &CancellationToken,
-) -> Option<tokio::task::JoinHandle<()>> {
+fn log_rotator(cri: &Client, file: &config::KubeletConfiguration) -> Option<LogRotator> {
     let max_size = file.container_log_max_size?;
     let policy = LogRotationPolicy::new(
         max_size,
@@ -124,14 +138,25 @@ fn spawn_log_rotation(
         file.container_log_max_workers as usize,
         file.container_log_monitor_interval,
     );
-    let rotator = LogRotator::new(cri.clone(), &file.pod_logs_dir, policy);
-    let cancel = cancel.child_token();
-    let rotation = async move {
-        if let Err(err) = rotator.run(cancel).await {
-            warn!(error = %err, "container logs are not rotated: the log directories cannot be watched");
-        }
-    };
-    Some(tokio::spawn(rotation.instrument(info_span!("log_rotation"))))
+    Some(LogRotator::new(cri.clone(), &file.pod_logs_dir, policy))
+}
+
+/// Image garbage collection as the configuration file asks.
+fn image_gc_policy(file: &config::KubeletConfiguration) -> ImageGcPolicy {
+    ImageGcPolicy::new(
+        file.image_gc_high_threshold_percent,
+        file.image_gc_low_threshold_percent,
+        file.image_minimum_gc_age,
+        file.image_maximum_gc_age,
+    )
+}
+
+/// Rotates container logs until `cancel`; a watch that cannot be made is logged, and the
+/// agent runs on without rotation.
+async fn rotate_logs(rotator: LogRotator, cancel: CancellationToken) {
+    if let Err(err) = rotator.run(cancel).await {
+        warn!(error = %err, "container logs are not rotated: the log directories cannot be watched");
+    }
 }
 
 /// What the node offers pods: capacity minus `systemReserved` and `kubeReserved` (upstream's
@@ -216,12 +241,21 @@ fn check_manifest_path(path: Option<&std::path::Path>) -> Result<()> {
     readable.with_context(|| format!("cannot read the static pod path {}", path.display()))
 }
 
+/// What the runtime's set-up hands the agent: the events' recorder, the start-up tracker the
+/// runtime reports its pulls into, and on a real runtime the pods' cgroups and the container
+/// log rotator, set up once the runtime answers.
+struct RunParts {
+    recorder: Arc<RingRecorder>,
+    startup: Arc<StartupTracker>,
+    cgroups: Option<cm::Config>,
+    log_rotator: Option<LogRotator>,
+}
+
 /// The agent on any runtime: the library's [`Agent`] with the evented PLEG (which falls back to
 /// relisting), the pod workers, the static pod sources and the local API.
 async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     runtime: Arc<R>,
-    recorder: Arc<RingRecorder>,
-    startup: Arc<StartupTracker>,
+    parts: RunParts,
     client: Option<Cluster>,
     settings: Settings,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
@@ -259,7 +293,18 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         (client, crate::cluster::facts(&settings, version))
     });
     let (file_period, http_period, sync_period) = settings.periods();
+    let RunParts { recorder, startup, cgroups, log_rotator } = parts;
+    let cgroups = cgroups
+        .map(|config| {
+            let pods_cgroup = config.pods_cgroup.clone();
+            cm::CgroupManager::new(config).with_context(|| format!("cannot set up the pods' cgroup {pods_cgroup}"))
+        })
+        .transpose()?;
+    let image_gc = ImageGc::new(runtime.clone(), image_gc_policy(file), recorder.clone(), &settings.node_name);
     let mut builder = Agent::builder(runtime, agent::Config::new(kubelet_config, sources));
+    if let Some(cgroups) = cgroups {
+        builder = builder.pod_cgroups(cgroups);
+    }
     let mut volumes = volumes::Manager::new(settings.root_dir.join("pods")).allocatable(allocatable);
     if let Some((Cluster { client, objects }, _)) = &cluster {
         builder = builder.mirror_client(crate::cluster::ApiMirrors::new(client.clone(), &settings.node_name));
@@ -296,6 +341,10 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
 
     let (pod_config, updates) = PodConfig::new(recorder.clone());
     let tracker = TaskTracker::new();
+    tracker.spawn(image_gc.run(cancel.child_token()).instrument(info_span!("image_gc")));
+    if let Some(rotator) = log_rotator {
+        tracker.spawn(rotate_logs(rotator, cancel.child_token()).instrument(info_span!("log_rotation")));
+    }
     // Memory freed by pods that went is returned to the system once their removals settle.
     let removals = Arc::new(tokio::sync::Notify::new());
     agent.statuses().add_sink(Arc::new(crate::alloc::Removals(removals.clone())));

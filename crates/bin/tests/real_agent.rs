@@ -1141,6 +1141,106 @@ async fn real_container_logs_rotate_without_losing_lines() {
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
 }
 
+/// A static pod whose one container `app` runs `script` with `resources` (YAML flow maps,
+/// indented for the container), for the QoS tests.
+fn resources_manifest(name: &str, image: &str, script: &str, resources: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 1\n  \
+         containers:\n  - name: app\n    image: {image}\n    command: [\"sh\", \"-c\", \"{script}\"]\n    \
+         resources: {resources}\n"
+    )
+}
+
+/// A cgroup v1 file under `/sys/fs/cgroup`, trimmed.
+fn cgroup_file(path: &str) -> String {
+    let full = Path::new(cgroups::CGROUP_ROOT).join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display())).trim().to_owned()
+}
+
+/// The CPU time (ns) the processes of cgroup `path` (cpuacct, children included) have used.
+fn cpu_usage(path: &str) -> u64 {
+    cgroup_file(&format!("cpuacct/{path}/cpuacct.usage")).parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn real_pods_run_in_qos_cgroups_with_their_resources() {
+    let Some(rt) = RealRuntime::from_env("real_pods_run_in_qos_cgroups_with_their_resources") else { return };
+    if Path::new(cgroups::CGROUP_ROOT).join("cgroup.controllers").exists() {
+        eprintln!("SKIPPED real_pods_run_in_qos_cgroups_with_their_resources: it reads cgroup v1 files");
+        return;
+    }
+    const NAMES: [&str; 3] = ["guaranteed", "burstable", "besteffort"];
+    let (dir, node) = scratch(&rt, "agent-qos", "qos");
+    let cores = std::thread::available_parallelism().unwrap().get();
+    // As many busy loops as cores in each pod: the node's CPU is contended.
+    let busy = (0..cores).map(|_| "while true; do :; done &").collect::<String>() + " wait";
+    // The Guaranteed pod asks for what the Burstable one leaves of the node.
+    let guaranteed_milli = cores * 1000 - 100;
+    let guaranteed = format!("{{limits: {{cpu: {guaranteed_milli}m, memory: 64Mi}}}}");
+    let pods = [
+        ("guaranteed", busy.as_str(), guaranteed.as_str()),
+        ("burstable", "sleep 3600", "{requests: {cpu: 100m}}"),
+        ("besteffort", busy.as_str(), "{}"),
+    ];
+    for (name, script, resources) in pods {
+        let manifest = resources_manifest(name, &rt.busybox_image, script, resources);
+        std::fs::write(dir.join(format!("manifests/{name}.yaml")), manifest).unwrap();
+    }
+    let _agent = Agent::start(&rt, &dir, &node);
+    let runtime = test_runtime(&rt, &dir, &node);
+
+    let outcome = {
+        let runtime = test_runtime(&rt, &dir, &node);
+        let (dir, node) = (dir.clone(), node.clone());
+        async move {
+            let mut uids = std::collections::HashMap::new();
+            for name in NAMES {
+                let status = wait_for(&runtime, &format!("{name}-{node}"), name, running).await;
+                uids.insert(name, status.uid.to_string());
+            }
+            let guaranteed = format!("kubepods/pod{}", uids["guaranteed"]);
+            let burstable = format!("kubepods/burstable/pod{}", uids["burstable"]);
+            let best_effort = format!("kubepods/besteffort/pod{}", uids["besteffort"]);
+            // Upstream's values: shares from requests, a quota and memory limit from limits.
+            let cores = u64::try_from(cores).unwrap();
+            let guaranteed_milli = u64::try_from(guaranteed_milli).unwrap();
+            let shares = guaranteed_milli * 1024 / 1000;
+            assert_eq!(cgroup_file(&format!("cpu/{guaranteed}/cpu.shares")), shares.to_string());
+            assert_eq!(
+                cgroup_file(&format!("cpu/{guaranteed}/cpu.cfs_quota_us")),
+                (guaranteed_milli * 100).to_string()
+            );
+            assert_eq!(cgroup_file(&format!("memory/{guaranteed}/memory.limit_in_bytes")), "67108864");
+            assert_eq!(cgroup_file(&format!("cpu/{burstable}/cpu.shares")), "102");
+            assert_eq!(
+                cgroup_file(&format!("cpu/{burstable}/cpu.cfs_quota_us")),
+                "-1",
+                "not every container limits CPU"
+            );
+            assert_eq!(cgroup_file(&format!("cpu/{best_effort}/cpu.shares")), "2");
+            // The classes: Burstable's shares are its pods' requests, BestEffort's the fewest.
+            assert_eq!(cgroup_file("cpu/kubepods/burstable/cpu.shares"), "102");
+            assert_eq!(cgroup_file("cpu/kubepods/besteffort/cpu.shares"), "2");
+            assert_eq!(cgroup_file("cpu/kubepods/cpu.shares"), (cores * 1024).to_string(), "the node's allocatable");
+            // Under contention, the Guaranteed pod gets the CPU and the BestEffort one what is left.
+            let before = (cpu_usage(&guaranteed), cpu_usage(&best_effort));
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let used = (cpu_usage(&guaranteed) - before.0, cpu_usage(&best_effort) - before.1);
+            assert!(used.0 > 5 * used.1, "Guaranteed used {} ns, BestEffort {} ns over 3 s", used.0, used.1);
+
+            // The pod cgroups go with the pods, and the Burstable class's shares with its pod.
+            for name in NAMES {
+                std::fs::remove_file(dir.join(format!("manifests/{name}.yaml"))).unwrap();
+            }
+            for uid in uids.values() {
+                wait_until_gone(&runtime, &dir, &kubelet_core::PodUid::new(uid.as_str())).await;
+            }
+            assert_eq!(cgroup_file("cpu/kubepods/burstable/cpu.shares"), "2");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 /// A unix socket that forwards to the runtime's, so a test can make "the runtime socket" vanish
 /// and come back without touching the runtime other tests use.
 struct SocketProxy {

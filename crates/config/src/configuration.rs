@@ -116,6 +116,20 @@ pub struct KubeletConfiguration {
     pub kube_api_qps: f64,
     /// `kubeAPIBurst` (100): the API client's burst (0: the default).
     pub kube_api_burst: u32,
+    /// `imageGCHighThresholdPercent` (85): image GC starts at this image filesystem usage; 100
+    /// turns it off.
+    pub image_gc_high_threshold_percent: u32,
+    /// `imageGCLowThresholdPercent` (80): image GC brings the usage down to this.
+    pub image_gc_low_threshold_percent: u32,
+    /// `imageMinimumGCAge` (2m): an image seen for less long is never collected.
+    pub image_minimum_gc_age: Duration,
+    /// `imageMaximumGCAge` (0, off): an image unused for longer is collected.
+    pub image_maximum_gc_age: Option<Duration>,
+    /// `enforceNodeAllocatable` (`[pods]`): with `pods`, the `kubepods` cgroup is limited to
+    /// the node's allocatable; empty (or `none`), to its capacity.
+    pub enforce_node_allocatable: Vec<String>,
+    /// `podPidsLimit` (-1): the most processes in one pod; `None` is no limit.
+    pub pod_pids_limit: Option<i64>,
     /// `containerLogMaxSize` (10Mi): a running container's log is rotated once it is this
     /// large, in bytes; `None` (a negative size) turns rotation off.
     pub container_log_max_size: Option<u64>,
@@ -170,6 +184,12 @@ impl Default for KubeletConfiguration {
             register_with_taints: Vec::new(),
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
+            image_gc_high_threshold_percent: 85,
+            image_gc_low_threshold_percent: 80,
+            image_minimum_gc_age: Duration::from_secs(120),
+            image_maximum_gc_age: None,
+            enforce_node_allocatable: vec!["pods".to_owned()],
+            pod_pids_limit: None,
             container_log_max_size: Some(10 * 1024 * 1024),
             container_log_max_files: 5,
             container_log_max_workers: 1,
@@ -228,9 +248,33 @@ struct Raw {
     node_status_update_frequency: Option<String>,
     node_status_report_frequency: Option<String>,
     container_log_max_size: Option<String>,
+    enforce_node_allocatable: Option<Vec<String>>,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    image_gc_high_threshold_percent: Option<i64>,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    image_gc_low_threshold_percent: Option<i64>,
+    #[serde(rename = "imageMinimumGCAge")]
+    image_minimum_gc_age: Option<String>,
+    #[serde(rename = "imageMaximumGCAge")]
+    image_maximum_gc_age: Option<String>,
+    pod_pids_limit: Option<i64>,
     container_log_max_files: Option<i64>,
     container_log_max_workers: Option<i64>,
     container_log_monitor_interval: Option<String>,
+}
+
+/// `enforceNodeAllocatable`'s values: `pods`, or `none` alone. Enforcing `system-reserved` and
+/// `kube-reserved` on their cgroups is not built.
+fn check_enforce_node_allocatable(enforced: &[String]) -> Result<(), String> {
+    if enforced.iter().any(|e| e == "none") && enforced.len() > 1 {
+        return Err("none cannot be combined with other values".to_owned());
+    }
+    match enforced.iter().find(|e| !matches!(e.as_str(), "pods" | "none")) {
+        Some(other) => Err(format!(
+            "{other:?} is not supported: only \"pods\" (the kubepods cgroup limited to allocatable) or \"none\""
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The part of upstream's `LoggingConfiguration` this agent reads.
@@ -274,6 +318,7 @@ impl KubeletConfiguration {
         }
         let mut config = KubeletConfiguration::default();
         config.read_log_rotation(&raw, &at)?;
+        config.read_image_gc(&raw, &at)?;
         // Zero is "the default", as upstream's defaulting has it (kubeadm writes `0s` so).
         let duration = |field: &str, value: Option<String>, default: Duration| match value {
             None => Ok(default),
@@ -354,8 +399,19 @@ impl KubeletConfiguration {
         config.read_only_port = raw.read_only_port.unwrap_or(config.read_only_port);
         config.healthz_port = raw.healthz_port.unwrap_or(config.healthz_port);
         if let Some(driver) = raw.cgroup_driver.filter(|d| d != "cgroupfs") {
-            return Err(at("cgroupDriver", format!("{driver:?} is not supported: only \"cgroupfs\"")));
+            return Err(at(
+                "cgroupDriver",
+                format!(
+                    "{driver:?} is not supported: only \"cgroupfs\" (set cgroupDriver: cgroupfs here, and \
+                     SystemdCgroup = false in containerd's runc options so the runtime uses the same driver)"
+                ),
+            ));
         }
+        if let Some(enforced) = raw.enforce_node_allocatable {
+            check_enforce_node_allocatable(&enforced).map_err(|m| at("enforceNodeAllocatable", m))?;
+            config.enforce_node_allocatable = enforced.into_iter().filter(|e| e != "none").collect();
+        }
+        config.pod_pids_limit = raw.pod_pids_limit.filter(|limit| *limit > 0);
         if let Some(root) = raw.cgroup_root {
             if !root.is_empty() && !root.starts_with('/') {
                 return Err(at("cgroupRoot", format!("{root:?} must be an absolute cgroup path")));
@@ -418,6 +474,49 @@ impl KubeletConfiguration {
             }
         }
         Ok(config)
+    }
+
+    /// The image GC fields, with upstream's validation: percents from 0 to 100, the low one
+    /// below the high one, and a maximum age above the minimum.
+    fn read_image_gc(&mut self, raw: &Raw, at: &impl Fn(&str, String) -> Error) -> Result<(), Error> {
+        let percent = |field: &str, value: Option<i64>, default: u32| match value {
+            None => Ok(default),
+            Some(p) => u32::try_from(p)
+                .ok()
+                .filter(|p| *p <= 100)
+                .ok_or_else(|| at(field, format!("{p} must be between 0 and 100"))),
+        };
+        self.image_gc_high_threshold_percent = percent(
+            "imageGCHighThresholdPercent",
+            raw.image_gc_high_threshold_percent,
+            self.image_gc_high_threshold_percent,
+        )?;
+        self.image_gc_low_threshold_percent = percent(
+            "imageGCLowThresholdPercent",
+            raw.image_gc_low_threshold_percent,
+            self.image_gc_low_threshold_percent,
+        )?;
+        if self.image_gc_low_threshold_percent >= self.image_gc_high_threshold_percent {
+            let message = format!(
+                "{} must be less than imageGCHighThresholdPercent ({})",
+                self.image_gc_low_threshold_percent, self.image_gc_high_threshold_percent
+            );
+            return Err(at("imageGCLowThresholdPercent", message));
+        }
+        if let Some(text) = raw.image_minimum_gc_age.as_deref() {
+            let age = parse_duration(text).map_err(|m| at("imageMinimumGCAge", m))?;
+            if !age.is_zero() {
+                self.image_minimum_gc_age = age;
+            }
+        }
+        if let Some(text) = raw.image_maximum_gc_age.as_deref() {
+            let age = parse_duration(text).map_err(|m| at("imageMaximumGCAge", m))?;
+            if !age.is_zero() && age <= self.image_minimum_gc_age {
+                return Err(at("imageMaximumGCAge", format!("{text:?} must be greater than imageMinimumGCAge")));
+            }
+            self.image_maximum_gc_age = (!age.is_zero()).then_some(age);
+        }
+        Ok(())
     }
 
     /// The `containerLog*` fields, with upstream's validation: at least 2 files, at least one
@@ -741,8 +840,6 @@ volumeStatsAggPeriod: 0s
                 "evictionHard",
                 "evictionPressureTransitionPeriod",
                 "featureGates",
-                "imageMaximumGCAge",
-                "imageMinimumGCAge",
                 "port",
                 "rotateCertificates",
                 "serverTLSBootstrap",
@@ -759,7 +856,9 @@ volumeStatsAggPeriod: 0s
         for (body, field, words) in [
             ("cgroupsPerQOS: false\n", "cgroupsPerQOS", "QoS cgroups"),
             ("cpuManagerPolicy: static\n", "cpuManagerPolicy", "exclusive CPUs"),
-            ("podPidsLimit: 1024\n", "podPidsLimit", "PID limit"),
+            ("enforceNodeAllocatable: [pods, system-reserved]\n", "enforceNodeAllocatable", "only \"pods\""),
+            ("enforceNodeAllocatable: [none, pods]\n", "enforceNodeAllocatable", "cannot be combined"),
+            ("cgroupDriver: systemd\n", "cgroupDriver", "SystemdCgroup = false"),
             ("seccompDefault: true\n", "seccompDefault", "Unconfined"),
             ("memorySwap: {swapBehavior: LimitedSwap}\n", "memorySwap", "NoSwap"),
             ("crashLoopBackOff: {maxContainerRestartPeriod: 10s}\n", "crashLoopBackOff", "backoff"),
@@ -773,6 +872,10 @@ volumeStatsAggPeriod: 0s
         for body in ["cgroupsPerQOS: true\n", "cpuManagerPolicy: none\n", "podPidsLimit: -1\n", "memorySwap: {}\n"] {
             parse(body).unwrap();
         }
+        let config = parse("podPidsLimit: 1024\nenforceNodeAllocatable: [none]\n").unwrap();
+        assert_eq!(config.pod_pids_limit, Some(1024));
+        assert!(config.enforce_node_allocatable.is_empty(), "none enforces nothing");
+        assert_eq!(parse("").unwrap().enforce_node_allocatable, ["pods"]);
     }
 
     #[test]
@@ -796,6 +899,28 @@ volumeStatsAggPeriod: 0s
             ("containerLogMaxWorkers: 0\n", "containerLogMaxWorkers"),
             ("containerLogMonitorInterval: 1s\n", "containerLogMonitorInterval"),
             ("containerLogMaxSize: lots\n", "containerLogMaxSize"),
+        ] {
+            assert_eq!(parse(body).unwrap_err().field.as_deref(), Some(field), "{body}");
+        }
+    }
+
+    #[test]
+    fn image_gc_has_upstreams_defaults_and_checks() {
+        let defaults = parse("").unwrap();
+        assert_eq!((defaults.image_gc_high_threshold_percent, defaults.image_gc_low_threshold_percent), (85, 80));
+        assert_eq!((defaults.image_minimum_gc_age, defaults.image_maximum_gc_age), (Duration::from_secs(120), None));
+        let set = parse(
+            "imageGCHighThresholdPercent: 90\nimageGCLowThresholdPercent: 50\nimageMinimumGCAge: 1s\n\
+             imageMaximumGCAge: 1h\n",
+        )
+        .unwrap();
+        assert_eq!((set.image_gc_high_threshold_percent, set.image_gc_low_threshold_percent), (90, 50));
+        assert_eq!(set.image_minimum_gc_age, Duration::from_secs(1));
+        assert_eq!(set.image_maximum_gc_age, Some(Duration::from_secs(3600)));
+        for (body, field) in [
+            ("imageGCHighThresholdPercent: 101\n", "imageGCHighThresholdPercent"),
+            ("imageGCHighThresholdPercent: 70\n", "imageGCLowThresholdPercent"),
+            ("imageMaximumGCAge: 1m\n", "imageMaximumGCAge"),
         ] {
             assert_eq!(parse(body).unwrap_err().field.as_deref(), Some(field), "{body}");
         }

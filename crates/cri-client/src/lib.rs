@@ -102,6 +102,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The filesystem the runtime keeps its images on could not be measured.
+    #[error("cannot measure the image filesystem at {mountpoint}")]
+    ImageFs {
+        /// Where the runtime says it is mounted.
+        mountpoint: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -129,7 +138,10 @@ impl Error {
     pub fn code(&self) -> Option<Code> {
         match self {
             Error::Status { status, .. } => Some(status.code()),
-            Error::InvalidEndpoint { .. } | Error::PodStillRuns { .. } | Error::Leftover { .. } => None,
+            Error::InvalidEndpoint { .. }
+            | Error::PodStillRuns { .. }
+            | Error::Leftover { .. }
+            | Error::ImageFs { .. } => None,
         }
     }
 

@@ -13,8 +13,8 @@ use kubelet_core::{
     Backoff, HookRunner, PodUid, Runtime,
     events::{Event, EventRecorder, EventType, ObjectRef},
     runtime::{
-        self, ContainerState, ExecResult, GcPolicy, Image, PodStatus, PodSyncResult, RuntimeCondition, RuntimeStatus,
-        SandboxState, SyncAction, SyncFailure, SyncResult, Version, reasons,
+        self, ContainerState, ExecResult, FsStats, GcPolicy, Image, PodStatus, PodSyncResult, RuntimeCondition,
+        RuntimeStatus, SandboxState, SyncAction, SyncFailure, SyncResult, Version, reasons,
     },
     volume::PodVolumes,
 };
@@ -384,6 +384,10 @@ impl Runtime for CriRuntime {
 
     async fn remove_image(&self, image: &str) -> Result<(), Error> {
         images::remove_image(self, image).await
+    }
+
+    async fn image_fs_stats(&self) -> Result<Option<FsStats>, Error> {
+        images::image_fs_stats(self).await
     }
 
     async fn exec_sync(&self, container_id: &str, cmd: &[String], timeout: Duration) -> Result<ExecResult, Error> {

@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
-use kubelet_core::resources::qos_class;
 
 use crate::{labels, pb};
 
@@ -12,13 +11,7 @@ pub use kubelet_core::types::pod_log_dir;
 /// The pod's cgroup parent under the cgroupfs driver: `<root>/pod<uid>` for Guaranteed pods,
 /// `<root>/burstable/pod<uid>` and `<root>/besteffort/pod<uid>` for the others.
 pub fn cgroup_parent(cgroup_root: &str, pod: &Pod) -> String {
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let root = cgroup_root.trim_end_matches('/');
-    match qos_class(pod) {
-        "Guaranteed" => format!("{root}/pod{uid}"),
-        "Burstable" => format!("{root}/burstable/pod{uid}"),
-        _ => format!("{root}/besteffort/pod{uid}"),
-    }
+    kubelet_core::cgroups::pod_cgroup_name(cgroup_root, pod)
 }
 
 /// The DNS settings of a `resolv.conf`.

@@ -400,8 +400,25 @@ async fn a_container_with_a_task_left_is_stopped_then_removed() {
     f.fake.fail("remove_container", Status::failed_precondition("cannot delete running task c1: failed precondition"));
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
     let runtime = CriRuntime::new(client, manager_config(f.dir.path()), Arc::new(RingRecorder::default()));
+    // Its log files, rotated ones included, go with it; another instance's stay.
+    let logs = f.dir.path().join("pods/ns_p_u/app");
+    std::fs::create_dir_all(&logs).unwrap();
+    for name in ["0.log", "0.log.20261126-100000.gz", "0.log.20261126-100010", "1.log"] {
+        std::fs::write(logs.join(name), "x").unwrap();
+    }
+    *f.fake.container_status.lock().unwrap() = Some(pb::ContainerStatus {
+        id: "c1".into(),
+        log_path: logs.join("0.log").display().to_string(),
+        ..Default::default()
+    });
     runtime.delete_container("c1").await.unwrap();
-    assert_eq!(*f.fake.calls.lock().unwrap(), ["remove_container", "stop_container", "remove_container"]);
+    assert_eq!(
+        *f.fake.calls.lock().unwrap(),
+        ["container_status", "remove_container", "stop_container", "remove_container"]
+    );
+    let left: Vec<String> =
+        std::fs::read_dir(&logs).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(left, ["1.log"]);
     f.server.abort();
 }
 

@@ -22,7 +22,7 @@ use crate::{
     backoff::Backoff,
     runtime::{
         ChangeHint, Container, ContainerEvent, ContainerEventKind, ContainerState, ContainerStatus, EventStreamError,
-        ExecResult, GcPolicy, Image, NETWORK_READY, Pod, PodStatus, PodSyncResult, RUNTIME_READY, Runtime,
+        ExecResult, FsStats, GcPolicy, Image, NETWORK_READY, Pod, PodStatus, PodSyncResult, RUNTIME_READY, Runtime,
         RuntimeCondition, RuntimeEvents, RuntimeStatus, Sandbox, SandboxState, SandboxStatus, SyncAction, SyncFailure,
         SyncResult, Version, container_hash, reasons,
     },
@@ -133,6 +133,7 @@ struct FakePod {
 struct State {
     pods: BTreeMap<PodUid, FakePod>,
     images: BTreeMap<String, Image>,
+    image_fs: Option<FsStats>,
     next_id: u64,
     latencies: HashMap<Method, Duration>,
     errors: HashMap<Method, VecDeque<FakeError>>,
@@ -308,6 +309,21 @@ impl FakeRuntime {
                 ..Image::default()
             },
         );
+    }
+
+    /// Sets how full the image filesystem is (none by default: no image filesystem).
+    pub fn set_image_fs(&self, stats: FsStats) {
+        lock(&self.state).image_fs = Some(stats);
+    }
+
+    /// Sets the size of image `reference` (added first when missing).
+    pub fn set_image_size(&self, reference: &str, size: u64) {
+        if !lock(&self.state).images.contains_key(reference) {
+            self.add_image(reference);
+        }
+        if let Some(image) = lock(&self.state).images.get_mut(reference) {
+            image.size = size;
+        }
     }
 
     /// Stops a running container behind the kubelet's back.
@@ -765,8 +781,13 @@ impl Runtime for FakeRuntime {
 
     async fn remove_image(&self, image: &str) -> Result<(), FakeError> {
         self.enter(Method::RemoveImage, image).await?;
-        lock(&self.state).images.remove(image);
+        // By reference or by ID, as a CRI runtime takes either.
+        lock(&self.state).images.retain(|reference, i| reference != image && i.id != image);
         Ok(())
+    }
+
+    async fn image_fs_stats(&self) -> Result<Option<FsStats>, FakeError> {
+        Ok(lock(&self.state).image_fs)
     }
 
     async fn exec_sync(

@@ -101,6 +101,7 @@
 
 mod backoff;
 mod cache;
+pub mod cgroups;
 pub mod clock;
 mod error;
 pub mod events;

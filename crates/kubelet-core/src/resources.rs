@@ -144,6 +144,102 @@ pub fn container_resource<'a>(container: &'a Container, resource: &str, limit: b
     map?.get(resource)
 }
 
+/// A pod's requests of `resource` (upstream's `PodRequests`): its containers' sum, raised to
+/// any init container's (plus the sidecars started before it), with the sidecars' requests
+/// added, and the pod's `overhead` on top. `scaled` reads one quantity (millicores for CPU,
+/// units otherwise).
+pub fn pod_request(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> i64 {
+    let Some(spec) = pod.spec.as_ref() else { return 0 };
+    let request = |c: &k8s_openapi::api::core::v1::Container| {
+        container_resource(c, resource, false).and_then(scaled).unwrap_or(0)
+    };
+    let mut total: i64 = spec.containers.iter().map(request).sum();
+    let (mut sidecars, mut init_peak) = (0i64, 0i64);
+    for init in spec.init_containers.iter().flatten() {
+        if init.restart_policy.as_deref() == Some("Always") {
+            total += request(init);
+            sidecars += request(init);
+            init_peak = init_peak.max(sidecars);
+        } else {
+            init_peak = init_peak.max(request(init) + sidecars);
+        }
+    }
+    let overhead = spec.overhead.as_ref().and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0);
+    total.max(init_peak) + overhead
+}
+
+/// A pod's effective CPU (millicores) and memory (bytes) requests (upstream's `PodRequests`:
+/// init containers, sidecars and the pod overhead counted as upstream counts them).
+pub fn pod_requests(pod: &Pod) -> (i64, i64) {
+    (pod_request(pod, "cpu", milli), pod_request(pod, "memory", units))
+}
+
+/// A pod's limits (upstream's `PodLimits`): its containers' and sidecars' sum, raised to any
+/// init container's (plus the sidecars started before it), with the pod's `overhead` added to
+/// each resource that has a limit, in millicores for `cpu` and bytes for `memory`; `None` for a
+/// resource no container limits. Also whether every container (each init container counted
+/// with the sidecars before it) limits CPU, and memory: upstream's `cpuLimitsDeclared` and
+/// `memoryLimitsDeclared`, which decide whether a Burstable pod's cgroup is capped.
+pub fn pod_limits(pod: &Pod) -> PodLimits {
+    let mut limits = PodLimits { cpu_milli: None, memory_bytes: None, cpu_declared: true, memory_declared: true };
+    let Some(spec) = pod.spec.as_ref() else { return limits };
+    let limit = |c: &Container, resource: &str, scaled: fn(&Quantity) -> Option<i64>| {
+        container_resource(c, resource, true).and_then(scaled)
+    };
+    let both = |c: &Container| (limit(c, "cpu", milli), limit(c, "memory", units));
+    let add = |a: Option<i64>, b: Option<i64>| match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    };
+    let mut declared = |cpu: Option<i64>, memory: Option<i64>| {
+        limits.cpu_declared &= cpu.is_some_and(|v| v != 0);
+        limits.memory_declared &= memory.is_some_and(|v| v != 0);
+    };
+    let (mut cpu, mut memory) = (None, None);
+    for container in &spec.containers {
+        let (c, m) = both(container);
+        declared(c, m);
+        (cpu, memory) = (add(cpu, c), add(memory, m));
+    }
+    let (mut sidecar_cpu, mut sidecar_memory) = (None, None);
+    let (mut init_cpu, mut init_memory) = (None::<i64>, None::<i64>);
+    for init in spec.init_containers.iter().flatten() {
+        let (c, m) = both(init);
+        let (c, m) = if init.restart_policy.as_deref() == Some("Always") {
+            (cpu, memory) = (add(cpu, c), add(memory, m));
+            (sidecar_cpu, sidecar_memory) = (add(sidecar_cpu, c), add(sidecar_memory, m));
+            (sidecar_cpu, sidecar_memory)
+        } else {
+            (add(c, sidecar_cpu), add(m, sidecar_memory))
+        };
+        declared(c, m);
+        init_cpu = init_cpu.max(c);
+        init_memory = init_memory.max(m);
+    }
+    cpu = cpu.max(init_cpu);
+    memory = memory.max(init_memory);
+    let overhead = |resource: &str, scaled: fn(&Quantity) -> Option<i64>| {
+        spec.overhead.as_ref().and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0)
+    };
+    limits.cpu_milli = cpu.map(|v| v + overhead("cpu", milli));
+    limits.memory_bytes = memory.map(|v| v + overhead("memory", units));
+    limits
+}
+
+/// A pod's CPU and memory limits, from [`pod_limits`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PodLimits {
+    /// The CPU limit in millicores, when any container has one.
+    pub cpu_milli: Option<i64>,
+    /// The memory limit in bytes, when any container has one.
+    pub memory_bytes: Option<i64>,
+    /// Every container limits CPU (upstream's `cpuLimitsDeclared`).
+    pub cpu_declared: bool,
+    /// Every container limits memory (upstream's `memoryLimitsDeclared`).
+    pub memory_declared: bool,
+}
+
 /// A pod's QoS class (upstream `GetPodQOS`): `Guaranteed`, `Burstable` or `BestEffort`.
 pub fn qos_class(pod: &Pod) -> &'static str {
     let Some(spec) = pod.spec.as_ref() else { return "BestEffort" };
@@ -297,5 +393,35 @@ mod tests {
         assert_eq!(qos_class(&pod(vec![(None, Some(("1", "1Gi")))])), "Guaranteed", "requests default to limits");
         assert_eq!(qos_class(&pod(vec![(Some(("100m", "1Gi")), Some(("1", "1Gi")))])), "Burstable");
         assert_eq!(qos_class(&pod(vec![(Some(("1", "1Gi")), Some(("1", "1Gi"))), (None, None)])), "Burstable");
+    }
+
+    #[test]
+    fn pod_limits_as_upstreams_pod_limits() {
+        let both = pod(vec![(None, Some(("500m", "64Mi"))), (None, Some(("250m", "32Mi")))]);
+        let limits = pod_limits(&both);
+        assert_eq!((limits.cpu_milli, limits.memory_bytes), (Some(750), Some(96 << 20)));
+        assert!(limits.cpu_declared && limits.memory_declared);
+        let one_open = pod(vec![(None, Some(("500m", "64Mi"))), (None, None)]);
+        let limits = pod_limits(&one_open);
+        assert_eq!(limits.cpu_milli, Some(500));
+        assert!(!limits.cpu_declared && !limits.memory_declared);
+        let none = pod_limits(&pod(vec![(None, None)]));
+        assert_eq!((none.cpu_milli, none.memory_bytes), (None, None));
+
+        // An init container's limit raises the pod's when larger; a sidecar's adds to it; the
+        // overhead is added where there is a limit.
+        let mut with_init = pod(vec![(None, Some(("500m", "64Mi")))]);
+        let spec = with_init.spec.as_mut().unwrap();
+        let mut init = spec.containers[0].clone();
+        init.name = "init".into();
+        init.resources.as_mut().unwrap().limits.as_mut().unwrap().insert("cpu".into(), Quantity("2".into()));
+        let mut sidecar = spec.containers[0].clone();
+        sidecar.name = "sidecar".into();
+        sidecar.restart_policy = Some("Always".into());
+        spec.init_containers = Some(vec![sidecar, init]);
+        spec.overhead = Some(BTreeMap::from([("cpu".to_owned(), Quantity("100m".into()))]));
+        let limits = pod_limits(&with_init);
+        assert_eq!(limits.cpu_milli, Some(2600), "the init container (2) with the sidecar before it, plus overhead");
+        assert_eq!(limits.memory_bytes, Some(128 << 20), "the container and the sidecar");
     }
 }

@@ -525,6 +525,23 @@ pub struct Image {
     pub pinned: bool,
 }
 
+/// How full a filesystem is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FsStats {
+    /// Its size in bytes.
+    pub capacity_bytes: u64,
+    /// The bytes an unprivileged writer may still use.
+    pub available_bytes: u64,
+}
+
+impl FsStats {
+    /// A filesystem of `capacity_bytes` with `available_bytes` free.
+    pub fn new(capacity_bytes: u64, available_bytes: u64) -> Self {
+        FsStats { capacity_bytes, available_bytes }
+    }
+}
+
 /// The result of running a command in a container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -727,6 +744,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// Removes an image (by default there is nothing to remove).
     fn remove_image(&self, _image: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
         std::future::ready(Ok(()))
+    }
+
+    /// The filesystem holding the images, for image garbage collection; `None` (the default)
+    /// for a runtime without an image store.
+    fn image_fs_stats(&self) -> impl Future<Output = Result<Option<FsStats>, Self::Error>> + Send {
+        std::future::ready(Ok(None))
     }
 
     /// Runs a command in a container and waits for it, at most `timeout`.

@@ -56,6 +56,13 @@ impl RealRuntime {
         }
     }
 
+    /// An image in the same registry repository as busybox that no pod runs (`cargo xtask`
+    /// pushes `unused:1.0` there and never imports it), for a test to pull and remove.
+    pub fn unused_image(&self) -> String {
+        let repository = self.busybox_image.rsplit_once('/').map_or("", |(repository, _)| repository);
+        format!("{repository}/unused:1.0")
+    }
+
     /// A pod with one busybox container `app` that sleeps for an hour, named `name` in
     /// `namespace`, with a UID no other run of the test shares.
     pub fn sleeping_pod(&self, name: &str, namespace: &str) -> Pod {

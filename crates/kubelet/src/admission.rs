@@ -7,9 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::api::resource::Quantity};
-
-use kubelet_core::resources::{container_resource, milli, units};
+use k8s_openapi::api::core::v1::Pod;
 
 mod affinity;
 mod sysctls;
@@ -81,35 +79,7 @@ impl Rejection {
     }
 }
 
-/// A pod's requests of `resource` (upstream's `PodRequests`): its containers' sum, raised to
-/// any init container's (plus the sidecars started before it), with the sidecars' requests
-/// added, and the pod's `overhead` on top. `scaled` reads one quantity (millicores for CPU,
-/// units otherwise).
-fn pod_request(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> i64 {
-    let Some(spec) = pod.spec.as_ref() else { return 0 };
-    let request = |c: &k8s_openapi::api::core::v1::Container| {
-        container_resource(c, resource, false).and_then(scaled).unwrap_or(0)
-    };
-    let mut total: i64 = spec.containers.iter().map(request).sum();
-    let (mut sidecars, mut init_peak) = (0i64, 0i64);
-    for init in spec.init_containers.iter().flatten() {
-        if init.restart_policy.as_deref() == Some("Always") {
-            total += request(init);
-            sidecars += request(init);
-            init_peak = init_peak.max(sidecars);
-        } else {
-            init_peak = init_peak.max(request(init) + sidecars);
-        }
-    }
-    let overhead = spec.overhead.as_ref().and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0);
-    total.max(init_peak) + overhead
-}
-
-/// A pod's effective CPU (millicores) and memory (bytes) requests (upstream's `PodRequests`:
-/// init containers, sidecars and the pod overhead counted as upstream counts them).
-pub fn pod_requests(pod: &Pod) -> (i64, i64) {
-    (pod_request(pod, "cpu", milli), pod_request(pod, "memory", units))
-}
+pub use kubelet_core::resources::pod_requests;
 
 /// A host port a pod asks for: protocol, host IP (`0.0.0.0` when unset) and port.
 type HostPort = (String, String, i32);

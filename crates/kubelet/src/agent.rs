@@ -12,6 +12,7 @@ use std::{sync::Arc, time::Duration};
 use kubelet_core::{
     Cache, LoopHealth, Pleg, PodLifecycleEvent, PodManager, PodUpdate, PodWorkers, ProbeManager, ProbeResult,
     ProbeResults, Runtime, RuntimeState, Source, SourcesReady, StartupTracker, VolumeManager, WorkQueue,
+    cgroups::PodCgroups,
     events::{EventRecorder, RingRecorder},
     sync_loop::{self, Inputs, Shared},
 };
@@ -108,6 +109,7 @@ pub struct Builder<R> {
     prober: Option<ProberFactory<R>>,
     volumes: Option<Arc<dyn VolumeManager>>,
     mirrors: Option<Arc<dyn MirrorClient>>,
+    cgroups: Option<Arc<dyn PodCgroups>>,
 }
 
 impl<R> std::fmt::Debug for Builder<R> {
@@ -155,6 +157,14 @@ impl<R: Runtime> Builder<R> {
         self
     }
 
+    /// Makes each pod's cgroup with `cgroups` (`kubelet-cm`'s `CgroupManager`, say) before
+    /// its sandbox starts; without one, the runtime makes the cgroups it needs, unset.
+    #[must_use]
+    pub fn pod_cgroups<C: PodCgroups>(mut self, cgroups: C) -> Self {
+        self.cgroups = Some(Arc::new(cgroups));
+        self
+    }
+
     /// The token that stops the agent (default: a new one, cancelled by nobody).
     #[must_use]
     pub fn cancel(mut self, cancel: CancellationToken) -> Self {
@@ -173,7 +183,7 @@ impl<R: Runtime> Builder<R> {
         P: Pleg,
         W: PodWorkers,
     {
-        let Builder { runtime, config, recorder, startup, cancel, prober, volumes, mirrors } = self;
+        let Builder { runtime, config, recorder, startup, cancel, prober, volumes, mirrors, cgroups } = self;
         let cache = Arc::new(Cache::new());
         let probe_results = Arc::new(ProbeResults::new());
         let (probe_tx, probes) = mpsc::channel(64);
@@ -217,6 +227,9 @@ impl<R: Runtime> Builder<R> {
         }
         if let Some(mirrors) = mirrors {
             syncer = syncer.mirror_client(mirrors);
+        }
+        if let Some(cgroups) = cgroups {
+            syncer = syncer.pod_cgroups(cgroups);
         }
         let syncer = Arc::new(syncer);
         let workers = Arc::new(workers(WorkerParts {
@@ -281,6 +294,7 @@ impl<R: Runtime> Agent<R, (), ()> {
             prober: None,
             volumes: None,
             mirrors: None,
+            cgroups: None,
         }
     }
 }

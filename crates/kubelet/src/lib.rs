@@ -57,6 +57,7 @@ pub mod admission;
 pub mod agent;
 pub mod cleanup;
 mod handler;
+pub mod image_gc;
 pub mod mirror;
 mod pod_sync;
 #[cfg(feature = "server")]

@@ -16,6 +16,7 @@ use k8s_openapi::{
 use kubelet_core::{
     Backoff, PodStatusFn, PodSyncer, PodUid, ProbeManager, ProbeResults, RuntimeState, StartupTracker, SyncPodType,
     WorkQueue,
+    cgroups::PodCgroups,
     clock::wall_now,
     events::{Event, EventRecorder, EventType, ObjectRef},
     runtime::{self, ContainerState, PodStatus, Runtime, SyncAction},
@@ -115,6 +116,9 @@ pub enum Error {
     /// A volume could not be set up or torn down.
     #[error(transparent)]
     Volume(kubelet_core::volume::VolumeError),
+    /// The pod's cgroup could not be made or set.
+    #[error("failed to ensure that the pod cgroups exist and are correctly applied")]
+    PodCgroup(#[source] kubelet_core::cgroups::PodCgroupError),
     /// A pod directory could not be made.
     #[error("cannot make pod directories")]
     Io(#[from] std::io::Error),
@@ -150,6 +154,7 @@ pub struct PodSync<R> {
     pub(crate) volumes: Option<Arc<dyn VolumeManager>>,
     /// Where static pods' mirror pods go, in cluster mode.
     pub(crate) mirrors: Option<Arc<dyn MirrorClient>>,
+    cgroups: Option<Arc<dyn PodCgroups>>,
     /// The verdicts it writes (empty without one): the runtime acts on liveness and startup
     /// failures, the status shows readiness and start.
     probe_results: Arc<ProbeResults>,
@@ -189,6 +194,7 @@ impl<R: Runtime> PodSync<R> {
             work_queue: None,
             startup: Arc::new(StartupTracker::new()),
             dirs_made: Mutex::new(HashSet::new()),
+            cgroups: None,
             prober: None,
             volumes: None,
             mirrors: None,
@@ -210,6 +216,14 @@ impl<R: Runtime> PodSync<R> {
     #[must_use]
     pub fn volumes(mut self, volumes: Arc<dyn VolumeManager>) -> Self {
         self.volumes = Some(volumes);
+        self
+    }
+
+    /// Makes each pod's cgroup with `cgroups` before its sandbox starts (upstream's
+    /// `cgroupsPerQOS`); without one, the runtime makes the cgroups it needs, unset.
+    #[must_use]
+    pub fn pod_cgroups(mut self, cgroups: Arc<dyn PodCgroups>) -> Self {
+        self.cgroups = Some(cgroups);
         self
     }
 
@@ -372,6 +386,9 @@ impl<R: Runtime> PodSync<R> {
     pub fn forget(&self, uid: &PodUid) {
         lock(&self.failures).retain(|(u, _), _| u != uid);
         lock(&self.dirs_made).remove(uid);
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.forget(uid);
+        }
         self.statuses.remove(uid);
         self.startup.forget(uid);
     }
@@ -456,6 +473,18 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         let network = self.runtime_state.network_errors();
         if !host_network && !network.is_empty() {
             return Err(Error::NetworkNotReady(network.join("; ")));
+        }
+        if let Some(cgroups) = &self.cgroups
+            && let Err(err) = cgroups.ensure(pod)
+        {
+            let message = format!("unable to ensure pod container exists: {err}");
+            self.recorder.record(Event::new(
+                EventType::Warning,
+                "FailedCreatePodContainer",
+                message,
+                ObjectRef::pod(pod),
+            ));
+            return Err(Error::PodCgroup(err));
         }
         if !lock(&self.dirs_made).contains(&uid) {
             if let Err(err) = self.make_pod_dirs(&uid).await {
@@ -583,6 +612,10 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         self.statuses.terminated(pod);
         // Its directories may go with its content; a pod that comes back with this UID makes them again.
         lock(&self.dirs_made).remove(&PodUid::of(pod));
+        // Its CPU requests leave its QoS class's cgroup; its own cgroup goes with its content.
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.forget(&PodUid::of(pod));
+        }
         // Dead containers stay for GC, so their logs remain readable.
         Ok(())
     }

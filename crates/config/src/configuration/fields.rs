@@ -59,10 +59,10 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("nodeStatusUpdateFrequency", Honoured),
     ("nodeStatusReportFrequency", Honoured),
     ("nodeLeaseDurationSeconds", Honoured),
-    ("imageMinimumGCAge", WithoutEffect),
-    ("imageMaximumGCAge", WithoutEffect),
-    ("imageGCHighThresholdPercent", WithoutEffect),
-    ("imageGCLowThresholdPercent", WithoutEffect),
+    ("imageMinimumGCAge", Honoured),
+    ("imageMaximumGCAge", Honoured),
+    ("imageGCHighThresholdPercent", Honoured),
+    ("imageGCLowThresholdPercent", Honoured),
     ("volumeStatsAggPeriod", WithoutEffect),
     ("kubeletCgroups", WithoutEffect),
     ("systemCgroups", WithoutEffect),
@@ -83,7 +83,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("hairpinMode", WithoutEffect),
     ("maxPods", Honoured),
     ("podCIDR", WithoutEffect),
-    ("podPidsLimit", DefaultOnly),
+    ("podPidsLimit", Honoured),
     ("resolvConf", Honoured),
     ("runOnce", DefaultOnly),
     ("cpuCFSQuota", DefaultOnly),
@@ -122,7 +122,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("showHiddenMetricsForVersion", WithoutEffect),
     ("systemReservedCgroup", WithoutEffect),
     ("kubeReservedCgroup", WithoutEffect),
-    ("enforceNodeAllocatable", WithoutEffect),
+    ("enforceNodeAllocatable", Honoured),
     ("allowedUnsafeSysctls", Honoured),
     ("volumePluginDir", WithoutEffect),
     ("providerID", WithoutEffect),
@@ -173,7 +173,6 @@ pub(crate) fn check_default(field: &str, value: &Value) -> Result<(), String> {
         "cpuManagerPolicy" | "topologyManagerPolicy" | "memoryManagerPolicy" => {
             matches!(text.as_deref(), Some("" | "none"))
         }
-        "podPidsLimit" => value.as_i64().is_some_and(|n| n <= 0),
         "runOnce" | "protectKernelDefaults" | "seccompDefault" => value.as_bool() == Some(false),
         "cpuCFSQuota" => value.as_bool() == Some(true),
         "cpuCFSQuotaPeriod" => {
@@ -201,7 +200,6 @@ fn required(field: &str) -> &'static str {
         "cpuManagerPolicy" => "the none CPU manager policy (no exclusive CPUs)",
         "topologyManagerPolicy" => "the none topology manager policy (no NUMA alignment)",
         "memoryManagerPolicy" => "the None memory manager policy (no NUMA memory pinning)",
-        "podPidsLimit" => "no pod PID limit (-1)",
         "runOnce" => "runOnce: false",
         "protectKernelDefaults" => "protectKernelDefaults: false (kernel flags are not checked)",
         "seccompDefault" => "seccompDefault: false (pods without a seccomp profile run Unconfined)",

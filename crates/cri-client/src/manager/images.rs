@@ -167,7 +167,10 @@ pub(super) async fn image_ref(rt: &CriRuntime, image: &str) -> Result<Option<Str
     Ok(image_status(rt, image).await?.map(|i| i.id))
 }
 
+/// The runtime's images, with the sandbox image its configuration names marked pinned: a
+/// runtime that does not pin it itself (containerd 1.6) would have it removed by image GC.
 pub(super) async fn list_images(rt: &CriRuntime) -> Result<Vec<Image>, Error> {
+    let sandbox_image = sandbox_image_id(rt).await;
     let response = rt
         .client
         .image_service()
@@ -184,10 +187,46 @@ pub(super) async fn list_images(rt: &CriRuntime) -> Result<Vec<Image>, Error> {
             image.repo_tags = i.repo_tags;
             image.repo_digests = i.repo_digests;
             image.size = i.size;
-            image.pinned = i.pinned;
+            image.pinned = i.pinned || sandbox_image.as_deref() == Some(image.id.as_str());
             image
         })
         .collect())
+}
+
+/// The ID of the sandbox image named in the runtime's configuration (containerd's
+/// `sandboxImage` in the verbose `Status`), when the runtime says and has it.
+async fn sandbox_image_id(rt: &CriRuntime) -> Option<String> {
+    let request = pb::StatusRequest { verbose: true };
+    let info = rt.client.runtime_service().status(request).await.ok()?.into_inner().info;
+    let config: serde_json::Value = serde_json::from_str(info.get("config")?).ok()?;
+    let image = config.get("sandboxImage")?.as_str()?;
+    image_ref(rt, image).await.ok().flatten()
+}
+
+/// How full the filesystem holding the runtime's images is: CRI `ImageFsInfo` names its mount
+/// point, and `statvfs` says its size and what is free.
+pub(super) async fn image_fs_stats(rt: &CriRuntime) -> Result<Option<FsStats>, Error> {
+    let response = rt
+        .client
+        .image_service()
+        .image_fs_info(pb::ImageFsInfoRequest {})
+        .await
+        .map_err(|s| Error::status("ImageFsInfo", s))?;
+    let filesystems = response.into_inner().image_filesystems;
+    let Some(mountpoint) = filesystems.into_iter().find_map(|f| f.fs_id.map(|id| id.mountpoint)) else {
+        return Ok(None);
+    };
+    let measured = {
+        let mountpoint = mountpoint.clone();
+        tokio::task::spawn_blocking(move || {
+            nix::sys::statvfs::statvfs(mountpoint.as_str()).map_err(std::io::Error::from)
+        })
+        .await
+        .unwrap_or_else(|joined| Err(std::io::Error::other(joined)))
+    };
+    let stats = measured.map_err(|source| Error::ImageFs { mountpoint, source })?;
+    let block = stats.fragment_size();
+    Ok(Some(FsStats::new(stats.blocks() * block, stats.blocks_available() * block)))
 }
 
 pub(super) async fn remove_image(rt: &CriRuntime, image: &str) -> Result<(), Error> {

@@ -1,0 +1,233 @@
+//! Writing a [`ResourceConfig`] into a cgroup on the cgroupfs driver, cgroup v1 or v2.
+
+use std::{
+    io::{self, Write},
+    path::{Component, Path, PathBuf},
+};
+
+use kubelet_core::cgroups::PodCgroupError;
+
+use crate::resource_config::{ResourceConfig, shares_to_weight};
+
+/// Which cgroup version the mount holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Version {
+    /// One hierarchy per controller (`cpu/`, `memory/`, `pids/` below the mount).
+    V1,
+    /// The unified hierarchy at the mount itself.
+    V2,
+}
+
+/// The v1 controllers this crate writes to, and so makes its cgroups in.
+const V1_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
+/// What a v2 parent must hand down for its children to have the files this crate writes.
+const V2_SUBTREE_CONTROL: &str = "+cpu +memory +pids";
+
+/// Cgroups below a cgroup mount (`/sys/fs/cgroup`), on the cgroupfs driver.
+#[derive(Clone, Debug)]
+pub struct Cgroupfs {
+    mount: PathBuf,
+    version: Version,
+}
+
+impl Cgroupfs {
+    /// The cgroups below `mount`, whose version is read from it: v2 when it has
+    /// `cgroup.controllers`.
+    pub fn detect(mount: impl Into<PathBuf>) -> Self {
+        let mount = mount.into();
+        let version = if mount.join("cgroup.controllers").exists() { Version::V2 } else { Version::V1 };
+        Cgroupfs { mount, version }
+    }
+
+    /// The cgroups below `mount`, of `version`.
+    pub fn new(mount: impl Into<PathBuf>, version: Version) -> Self {
+        Cgroupfs { mount: mount.into(), version }
+    }
+
+    /// The version of the mount.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Whether cgroup `name` (`/kubepods/burstable/pod<uid>`) exists (under the cpu controller
+    /// on v1).
+    pub fn exists(&self, name: &str) -> bool {
+        relative(name).is_ok_and(|r| self.dirs(r).first().is_some_and(|d| d.is_dir()))
+    }
+
+    /// Makes cgroup `name` where missing, in every controller this crate writes, and writes
+    /// `config` into it.
+    pub fn apply(&self, name: &str, config: &ResourceConfig) -> Result<(), PodCgroupError> {
+        let relative = relative(name).map_err(|e| PodCgroupError::new("naming", name, e))?;
+        match self.version {
+            Version::V1 => {
+                for dir in self.dirs(relative) {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| PodCgroupError::new("making", dir.display().to_string(), e))?;
+                }
+            }
+            Version::V2 => self.make_handing_down_controllers(relative)?,
+        }
+        for (file, value) in self.files(config) {
+            let path = match self.version {
+                Version::V1 => self.mount.join(file.split('.').next().unwrap_or_default()).join(relative).join(file),
+                Version::V2 => self.mount.join(relative).join(file),
+            };
+            write(&path, &value).map_err(|e| PodCgroupError::new("writing", path.display().to_string(), e))?;
+        }
+        Ok(())
+    }
+
+    /// The cgroup's directory in each hierarchy written to: the cpu controller's first on v1.
+    fn dirs(&self, relative: &Path) -> Vec<PathBuf> {
+        match self.version {
+            Version::V1 => V1_CONTROLLERS.iter().map(|c| self.mount.join(c).join(relative)).collect(),
+            Version::V2 => vec![self.mount.join(relative)],
+        }
+    }
+
+    /// On v2, makes `relative` level by level, each parent enabling the cpu, memory and pids
+    /// controllers for its children. A controller the kernel refuses (not available, or
+    /// processes in the parent) is left: the write of its file then says what is missing.
+    fn make_handing_down_controllers(&self, relative: &Path) -> Result<(), PodCgroupError> {
+        let mut dir = self.mount.clone();
+        for component in relative.components() {
+            let _ = write(&dir.join("cgroup.subtree_control"), V2_SUBTREE_CONTROL);
+            dir.push(component);
+            match std::fs::create_dir(&dir) {
+                Err(err) if err.kind() != io::ErrorKind::AlreadyExists => {
+                    return Err(PodCgroupError::new("making", dir.display().to_string(), err));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The files and values `config` sets, in the order they are written (the period before
+    /// the quota, as runc does).
+    fn files(&self, config: &ResourceConfig) -> Vec<(&'static str, String)> {
+        let mut files = Vec::new();
+        match self.version {
+            Version::V1 => {
+                if let Some(shares) = config.cpu_shares {
+                    files.push(("cpu.shares", shares.to_string()));
+                }
+                if let Some(period) = config.cpu_period {
+                    files.push(("cpu.cfs_period_us", period.to_string()));
+                }
+                if let Some(quota) = config.cpu_quota.filter(|q| *q != 0) {
+                    files.push(("cpu.cfs_quota_us", quota.to_string()));
+                }
+                if let Some(limit) = config.memory_limit.filter(|l| *l > 0) {
+                    files.push(("memory.limit_in_bytes", limit.to_string()));
+                }
+            }
+            Version::V2 => {
+                if let Some(shares) = config.cpu_shares {
+                    files.push(("cpu.weight", shares_to_weight(shares).to_string()));
+                }
+                if let Some(quota) = config.cpu_quota.filter(|q| *q != 0) {
+                    let quota = if quota < 0 { "max".to_owned() } else { quota.to_string() };
+                    let period = config.cpu_period.unwrap_or(crate::resource_config::DEFAULT_CPU_PERIOD);
+                    files.push(("cpu.max", format!("{quota} {period}")));
+                }
+                if let Some(limit) = config.memory_limit.filter(|l| *l > 0) {
+                    files.push(("memory.max", limit.to_string()));
+                }
+            }
+        }
+        if let Some(pids) = config.pids_limit {
+            files.push(("pids.max", pids.to_string()));
+        }
+        files
+    }
+}
+
+/// `name` below a hierarchy's root, when it is an absolute path of plain names.
+fn relative(name: &str) -> io::Result<&Path> {
+    let path = Path::new(name);
+    let plain = path.is_absolute()
+        && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && path.components().count() > 1;
+    if !plain {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("invalid cgroup name {name:?}")));
+    }
+    Ok(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Writes `value` to an existing cgroup file (created only outside a cgroupfs, as in tests).
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(path)?;
+    file.write_all(value.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(path: PathBuf) -> String {
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn guaranteed() -> ResourceConfig {
+        ResourceConfig {
+            cpu_shares: Some(512),
+            cpu_quota: Some(50_000),
+            cpu_period: Some(100_000),
+            memory_limit: Some(64 << 20),
+            pids_limit: Some(100),
+        }
+    }
+
+    #[test]
+    fn v1_writes_each_controllers_files() {
+        let mount = tempfile::tempdir().unwrap();
+        let fs = Cgroupfs::new(mount.path(), Version::V1);
+        assert!(!fs.exists("/kubepods/podu1"));
+        fs.apply("/kubepods/podu1", &guaranteed()).unwrap();
+        assert!(fs.exists("/kubepods/podu1"));
+        let dir = |c: &str| mount.path().join(c).join("kubepods/podu1");
+        assert_eq!(read(dir("cpu").join("cpu.shares")), "512");
+        assert_eq!(read(dir("cpu").join("cpu.cfs_period_us")), "100000");
+        assert_eq!(read(dir("cpu").join("cpu.cfs_quota_us")), "50000");
+        assert_eq!(read(dir("memory").join("memory.limit_in_bytes")), "67108864");
+        assert_eq!(read(dir("pids").join("pids.max")), "100");
+        // A BestEffort pod: only its shares.
+        fs.apply("/kubepods/besteffort/podu2", &ResourceConfig::for_best_effort()).unwrap();
+        let best_effort = mount.path().join("cpu/kubepods/besteffort/podu2");
+        assert_eq!(read(best_effort.join("cpu.shares")), "2");
+        assert!(!best_effort.join("cpu.cfs_quota_us").exists());
+        assert!(!mount.path().join("memory/kubepods/besteffort/podu2/memory.limit_in_bytes").exists());
+    }
+
+    #[test]
+    fn v2_writes_weight_max_and_hands_controllers_down() {
+        let mount = tempfile::tempdir().unwrap();
+        let fs = Cgroupfs::new(mount.path(), Version::V2);
+        fs.apply("/kubepods/burstable/podu1", &guaranteed()).unwrap();
+        let dir = mount.path().join("kubepods/burstable/podu1");
+        assert_eq!(read(dir.join("cpu.weight")), "20");
+        assert_eq!(read(dir.join("cpu.max")), "50000 100000");
+        assert_eq!(read(dir.join("memory.max")), "67108864");
+        assert_eq!(read(dir.join("pids.max")), "100");
+        for parent in ["", "kubepods", "kubepods/burstable"] {
+            assert_eq!(read(mount.path().join(parent).join("cgroup.subtree_control")), "+cpu +memory +pids");
+        }
+        assert!(!dir.join("cgroup.subtree_control").exists(), "the pod's own children are the runtime's");
+        let unlimited = ResourceConfig { cpu_quota: Some(-1), cpu_period: Some(100_000), ..ResourceConfig::default() };
+        fs.apply("/kubepods/podu2", &unlimited).unwrap();
+        assert_eq!(read(mount.path().join("kubepods/podu2/cpu.max")), "max 100000");
+    }
+
+    #[test]
+    fn names_that_leave_the_hierarchy_are_refused() {
+        let mount = tempfile::tempdir().unwrap();
+        let fs = Cgroupfs::new(mount.path(), Version::V1);
+        for bad in ["kubepods/pod1", "/kubepods/../../etc", "/", ""] {
+            assert!(fs.apply(bad, &guaranteed()).is_err(), "{bad}");
+            assert!(!fs.exists(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The seam to pods' cgroups (upstream's pod and QoS container managers, `pkg/kubelet/cm`):
+//! each pod's cgroup is made and given its resources before its sandbox starts, and its QoS
+//! class's cgroup follows the pods it holds.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::{resources::qos_class, types::PodUid};
+
+/// The cgroup of `pod` below `pods_cgroup` (`/kubepods`), named by QoS class as upstream's
+/// cgroupfs driver names it: `<pods>/pod<uid>` (Guaranteed), `<pods>/burstable/pod<uid>`,
+/// `<pods>/besteffort/pod<uid>`.
+pub fn pod_cgroup_name(pods_cgroup: &str, pod: &Pod) -> String {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let root = pods_cgroup.trim_end_matches('/');
+    match qos_class(pod) {
+        "Guaranteed" => format!("{root}/pod{uid}"),
+        "Burstable" => format!("{root}/burstable/pod{uid}"),
+        _ => format!("{root}/besteffort/pod{uid}"),
+    }
+}
+
+/// A pod's cgroup could not be made or set.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} {path}")]
+#[non_exhaustive]
+pub struct PodCgroupError {
+    /// What failed (`writing`, `making`).
+    pub what: &'static str,
+    /// The file or directory.
+    pub path: String,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl PodCgroupError {
+    /// `what` failed on `path` with `source`.
+    pub fn new(what: &'static str, path: impl Into<String>, source: std::io::Error) -> Self {
+        PodCgroupError { what, path: path.into(), source }
+    }
+}
+
+/// Pods' cgroups: made before a pod's sandbox starts, with the resources its spec asks for.
+pub trait PodCgroups: Send + Sync + 'static {
+    /// Makes `pod`'s cgroup with the CPU shares, quota, memory and PID limits its spec asks
+    /// for, after updating its QoS class's cgroup for the pods it now holds. A pod whose cgroup
+    /// is in place already is left as it is.
+    fn ensure(&self, pod: &Pod) -> Result<(), PodCgroupError>;
+
+    /// Pod `uid` no longer runs: its share leaves its QoS class's cgroup. Its own cgroup goes
+    /// with the pod's other leftovers.
+    fn forget(&self, uid: &PodUid);
+}
