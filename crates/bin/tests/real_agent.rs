@@ -890,8 +890,8 @@ async fn real_upstream_invocation_with_a_kubeadm_configuration() {
             let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
             assert!(
                 log.contains(
-                    "set but without effect in kubelet-rs: authentication, authorization, containerLogMaxFiles, \
-                     containerLogMaxSize, evictionHard, featureGates, port, rotateCertificates, serverTLSBootstrap"
+                    "set but without effect in kubelet-rs: authentication, authorization, evictionHard, featureGates, \
+                     port, rotateCertificates, serverTLSBootstrap"
                 ),
                 "one warning names what the file sets without effect: {log}"
             );
