@@ -2,10 +2,10 @@
 
 use std::{
     io::{self, Write},
-    path::{Component, Path, PathBuf},
+    path::{Path, PathBuf},
 };
 
-use kubelet_core::cgroups::PodCgroupError;
+use kubelet_core::cgroups::{PodCgroupError, relative_cgroup_path};
 
 use crate::resource_config::{ResourceConfig, shares_to_weight};
 
@@ -53,13 +53,13 @@ impl Cgroupfs {
     /// Whether cgroup `name` (`/kubepods/burstable/pod<uid>`) exists (under the cpu controller
     /// on v1).
     pub fn exists(&self, name: &str) -> bool {
-        relative(name).is_ok_and(|r| self.dirs(r).first().is_some_and(|d| d.is_dir()))
+        relative_cgroup_path(name).is_ok_and(|r| self.dirs(r).first().is_some_and(|d| d.is_dir()))
     }
 
     /// Makes cgroup `name` where missing, in every controller this crate writes, and writes
     /// `config` into it.
     pub fn apply(&self, name: &str, config: &ResourceConfig) -> Result<(), PodCgroupError> {
-        let relative = relative(name).map_err(|e| PodCgroupError::new("naming", name, e))?;
+        let relative = relative_cgroup_path(name).map_err(|e| PodCgroupError::new("naming", name, e))?;
         match self.version {
             Version::V1 => {
                 for dir in self.dirs(relative) {
@@ -143,18 +143,6 @@ impl Cgroupfs {
         }
         files
     }
-}
-
-/// `name` below a hierarchy's root, when it is an absolute path of plain names.
-fn relative(name: &str) -> io::Result<&Path> {
-    let path = Path::new(name);
-    let plain = path.is_absolute()
-        && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
-        && path.components().count() > 1;
-    if !plain {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("invalid cgroup name {name:?}")));
-    }
-    Ok(path.strip_prefix("/").unwrap_or(path))
 }
 
 /// Writes `value` to an existing cgroup file (created only outside a cgroupfs, as in tests).

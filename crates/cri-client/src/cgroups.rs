@@ -4,7 +4,7 @@
 
 use std::{
     io,
-    path::{Component, Path, PathBuf},
+    path::{Path, PathBuf},
 };
 
 /// Where cgroup hierarchies are mounted.
@@ -21,7 +21,7 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// It fails when `parent` is not an absolute path without `..`, or when a directory still holds
 /// processes (just killed ones, until their parent reaps them: try again a moment later).
 pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
-    let relative = relative_parent(parent)?;
+    let relative = kubelet_core::cgroups::relative_cgroup_path(parent)?;
     let killed = kill_processes(root, relative)?;
     if killed > 0 {
         tracing::warn!(parent, killed, "killed processes left in a gone pod's cgroup");
@@ -36,19 +36,6 @@ pub fn remove_pod_cgroup(root: &Path, parent: &str) -> io::Result<usize> {
         }
     }
     Ok(removed)
-}
-
-/// `parent` below a hierarchy's root, when it is an absolute path of at least two names
-/// without `..`.
-fn relative_parent(parent: &str) -> io::Result<&Path> {
-    let relative = Path::new(parent);
-    let valid = relative.is_absolute()
-        && relative.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
-        && relative.components().count() > 1;
-    if !valid {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("invalid cgroup parent {parent:?}")));
-    }
-    Ok(relative.strip_prefix("/").unwrap_or(relative))
 }
 
 /// SIGKILLs every process in cgroup `relative` or below it, under any hierarchy; returns how
@@ -162,7 +149,7 @@ mod tests {
         let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
         std::fs::write(container.join("cgroup.procs"), format!("{}\n", child.id())).unwrap();
         // A regular directory keeps its files; a cgroup's go with it. Only the kill is tested here.
-        let relative = relative_parent("/kubepods/besteffort/pod1").unwrap();
+        let relative = kubelet_core::cgroups::relative_cgroup_path("/kubepods/besteffort/pod1").unwrap();
         assert_eq!(kill_processes(root.path(), relative).unwrap(), 1);
         let status = child.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "SIGKILLed");

@@ -19,6 +19,22 @@ pub fn pod_cgroup_name(pods_cgroup: &str, pod: &Pod) -> String {
     }
 }
 
+/// Cgroup `name` (`/kubepods/besteffort/pod<uid>`) below a hierarchy's root, when it is an
+/// absolute path of at least one plain name: no `..`, so nothing built from it leaves the
+/// hierarchy, and never the root itself.
+pub fn relative_cgroup_path(name: &str) -> std::io::Result<&std::path::Path> {
+    use std::path::{Component, Path};
+    let path = Path::new(name);
+    let plain = path.is_absolute()
+        && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && path.components().count() > 1;
+    if !plain {
+        let message = format!("invalid cgroup name {name:?}");
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, message));
+    }
+    Ok(path.strip_prefix("/").unwrap_or(path))
+}
+
 /// A pod's cgroup could not be made or set.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {path}")]
