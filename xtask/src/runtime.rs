@@ -32,6 +32,13 @@ const BRIDGE: &str = "kubeletrs0";
 /// The pod subnet: no route on the machine may cover it.
 const POD_SUBNET: &str = "10.85.0.0/16";
 
+/// The filesystems the runtime owns, each a tmpfs of its own size: containerd's root (the image
+/// filesystem, `imagefs`) and the tests' scratch directory (their agents' root directories,
+/// `nodefs`). Their free space is then the tests' own, not whatever the host's disk has left,
+/// so upstream's default eviction thresholds (`nodefs.available<10%`, `imagefs.available<15%`)
+/// never see pressure the tests did not make.
+const OWN_FILESYSTEMS: [(&str, &str); 2] = [("containerd", "4g"), ("test", "4g")];
+
 /// The binaries the runtime needs (from `cargo xtask setup`).
 const BINARIES: [&str; 6] = ["containerd", "containerd-shim-runc-v2", "ctr", "runc", "docker-registry", "skopeo"];
 
@@ -327,7 +334,9 @@ pub(crate) fn start() -> Result<bool> {
         bail!("cannot start the test runtime: {why}");
     }
     fs::create_dir_all(run_dir())?;
-    fs::create_dir_all(format!("{STATE_DIR}/test"))?;
+    if CONTAINERD_DAEMON.running_pid().is_none() {
+        mount_own_filesystems()?;
+    }
     let mut started = false;
 
     if let Some(pid) = REGISTRY_DAEMON.running_pid() {
@@ -445,11 +454,49 @@ pub(crate) fn stop() -> Result<()> {
     if Path::new("/sys/class/net").join(BRIDGE).exists() {
         let _ = output(Command::new("ip").args(["link", "delete", BRIDGE]));
     }
+    unmount_own_filesystems();
     let scratch = Path::new(STATE_DIR).join("test");
     if scratch.exists() {
         fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
     }
     Ok(())
+}
+
+/// Mounts [`OWN_FILESYSTEMS`] where they are not mounted yet.
+fn mount_own_filesystems() -> Result<()> {
+    for (dir, size) in OWN_FILESYSTEMS {
+        let path = Path::new(STATE_DIR).join(dir);
+        fs::create_dir_all(&path)?;
+        if is_mount_point(&path) {
+            continue;
+        }
+        crate::util::run(
+            Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"]).arg(&path),
+        )
+        .with_context(|| format!("cannot mount the runtime's own filesystem on {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Unmounts [`OWN_FILESYSTEMS`]; one still held by a process that outlived the runtime is
+/// detached now and freed when it lets go.
+fn unmount_own_filesystems() {
+    for (dir, _) in OWN_FILESYSTEMS {
+        let path = Path::new(STATE_DIR).join(dir);
+        if !is_mount_point(&path) {
+            continue;
+        }
+        if output(Command::new("umount").arg(&path)).is_err() {
+            println!("warning: {} is busy; detaching it", path.display());
+            let _ = output(Command::new("umount").arg("--lazy").arg(&path));
+        }
+    }
+}
+
+/// Whether `path` is a mount point (field 5 of `/proc/self/mountinfo`).
+fn is_mount_point(path: &Path) -> bool {
+    let table = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    table.lines().any(|line| line.split(' ').nth(4) == Some(&*path.to_string_lossy()))
 }
 
 /// Stops the runc shims of the test containerd that outlived it: containerd leaves a shim running

@@ -67,7 +67,10 @@ use k8s_openapi::{
     },
     jiff::Timestamp,
 };
-use kubelet_core::runtime::Version;
+use kubelet_core::{
+    eviction::{Pressure, Resource, Thresholds, format_amount},
+    runtime::Version,
+};
 
 /// What the agent knows of its node: identity, resources, software.
 #[derive(Clone, Debug, PartialEq)]
@@ -95,6 +98,8 @@ pub struct Facts {
     pub max_pods: u32,
     /// Reserved CPU millicores and memory bytes (`systemReserved` plus `kubeReserved`).
     pub reserved: (i64, i64),
+    /// The eviction thresholds: the hard ones hold memory and node storage back from pods.
+    pub eviction: Thresholds,
     /// The container runtime's version.
     pub runtime: Version,
     /// This agent's version, as the kubelet version (`v1.36.0-kubelet-rs.0.1.0`).
@@ -107,6 +112,8 @@ pub struct Facts {
     pub machine_id: String,
     /// `/proc/sys/kernel/random/boot_id`.
     pub boot_id: String,
+    /// `/sys/class/dmi/id/product_uuid` (the machine's SMBIOS UUID, upstream's `systemUUID`).
+    pub system_uuid: String,
 }
 
 impl Facts {
@@ -124,19 +131,21 @@ impl Facts {
             ephemeral_storage_bytes: None,
             max_pods: 110,
             reserved: (0, 0),
+            eviction: Thresholds::default(),
             runtime,
             kubelet_version: String::new(),
             kernel_version: String::new(),
             os_image: String::new(),
             machine_id: String::new(),
             boot_id: String::new(),
+            system_uuid: String::new(),
         }
     }
 }
 
 impl Facts {
     /// Fills in what this host says of itself: its kernel release, OS image, machine and boot
-    /// IDs, and the capacity of the filesystem holding `root_dir` (`ephemeral-storage`).
+    /// IDs, its system UUID, and the capacity of the filesystem holding `root_dir` (`ephemeral-storage`).
     /// What cannot be read stays empty.
     #[must_use]
     pub fn read_host(mut self, root_dir: &Path) -> Self {
@@ -144,6 +153,7 @@ impl Facts {
         self.kernel_version = read("/proc/sys/kernel/osrelease");
         self.machine_id = read("/etc/machine-id");
         self.boot_id = read("/proc/sys/kernel/random/boot_id");
+        self.system_uuid = read("/sys/class/dmi/id/product_uuid");
         self.os_image = read("/etc/os-release")
             .lines()
             .find_map(|l| l.strip_prefix("PRETTY_NAME="))
@@ -167,6 +177,31 @@ pub struct Health {
     pub runtime_errors: Vec<String>,
     /// The network's errors (`container runtime network not ready: ...`).
     pub network_errors: Vec<String>,
+    /// The pressure conditions the eviction manager reports.
+    pub pressure: Vec<Pressure>,
+}
+
+/// A pressure condition's reason, message and event (upstream's `MemoryPressureCondition`,
+/// `DiskPressureCondition` and `PIDPressureCondition` setters).
+fn pressure_condition(pressure: Pressure, under: bool) -> (&'static str, &'static str, &'static str) {
+    match (pressure, under) {
+        (Pressure::Memory, true) => {
+            ("KubeletHasInsufficientMemory", "kubelet has insufficient memory available", "NodeHasInsufficientMemory")
+        }
+        (Pressure::Disk, true) => ("KubeletHasDiskPressure", "kubelet has disk pressure", "NodeHasDiskPressure"),
+        (Pressure::Pid, true) => {
+            ("KubeletHasInsufficientPID", "kubelet has insufficient PID available", "NodeHasInsufficientPID")
+        }
+        (Pressure::Memory, false) => {
+            ("KubeletHasSufficientMemory", "kubelet has sufficient memory available", "NodeHasSufficientMemory")
+        }
+        (Pressure::Disk, false) => {
+            ("KubeletHasNoDiskPressure", "kubelet has no disk pressure", "NodeHasNoDiskPressure")
+        }
+        (Pressure::Pid, false) => {
+            ("KubeletHasSufficientPID", "kubelet has sufficient PID available", "NodeHasSufficientPID")
+        }
+    }
 }
 
 /// An event about the node the setters ask to record (upstream records them on the Node).
@@ -281,9 +316,20 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
     if let Some(bytes) = facts.ephemeral_storage_bytes {
         capacity.insert("ephemeral-storage".to_owned(), Quantity(format!("{}Ki", bytes / 1024)));
     }
+    // Allocatable: capacity less what is reserved less what the hard eviction thresholds hold back.
+    let storage = facts.ephemeral_storage_bytes.unwrap_or(0);
+    let (memory_held, storage_held) =
+        facts.eviction.hard_reservation(facts.memory_bytes.max(0).unsigned_abs(), storage.max(0).unsigned_abs());
+    let held = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
     let mut allocatable = capacity.clone();
     allocatable.insert("cpu".to_owned(), millis((facts.cpu_milli - facts.reserved.0).max(0)));
-    allocatable.insert("memory".to_owned(), Quantity(((facts.memory_bytes - facts.reserved.1).max(0)).to_string()));
+    let memory = facts.memory_bytes - facts.reserved.1 - held(memory_held);
+    allocatable.insert("memory".to_owned(), Quantity(memory.max(0).to_string()));
+    if facts.ephemeral_storage_bytes.is_some() {
+        let storage = (storage - held(storage_held)).max(0).unsigned_abs();
+        allocatable
+            .insert("ephemeral-storage".to_owned(), Quantity(format_amount(storage, Resource::EphemeralStorage)));
+    }
     status.capacity = Some(capacity);
     status.allocatable = Some(allocatable);
     // Node info; a changed boot ID is a reboot.
@@ -294,7 +340,7 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
         operating_system: std::env::consts::OS.to_owned(),
         boot_id: facts.boot_id.clone(),
         machine_id: facts.machine_id.clone(),
-        system_uuid: info.system_uuid.clone(),
+        system_uuid: facts.system_uuid.clone(),
         kernel_version: facts.kernel_version.clone(),
         os_image: facts.os_image.clone(),
         container_runtime_version: format!("{}://{}", facts.runtime.runtime_name, facts.runtime.runtime_version),
@@ -309,18 +355,18 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
         });
     }
     let conditions = status.conditions.get_or_insert_with(Vec::new);
-    // No eviction manager yet: no pressure is ever seen, as upstream reports without one.
-    for (kind, reason, message, event) in [
-        (
-            "MemoryPressure",
-            "KubeletHasSufficientMemory",
-            "kubelet has sufficient memory available",
-            "NodeHasSufficientMemory",
-        ),
-        ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure", "NodeHasNoDiskPressure"),
-        ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available", "NodeHasSufficientPID"),
-    ] {
-        if set_condition(conditions, kind, "False", reason, message, now) {
+    // The eviction manager's conditions, with upstream's reasons, messages and events.
+    for pressure in Pressure::ALL {
+        let under = health.pressure.contains(&pressure);
+        let (reason, message, event) = pressure_condition(pressure, under);
+        if set_condition(
+            conditions,
+            pressure.condition_type(),
+            if under { "True" } else { "False" },
+            reason,
+            message,
+            now,
+        ) {
             events.push(status_event(event));
         }
     }

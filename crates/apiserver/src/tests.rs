@@ -98,6 +98,7 @@ fn ready_follows_the_runtime_and_keeps_its_transition_time_while_it_holds() {
             "PLEG is not healthy: pleg was last seen active 3m0s ago".into(),
         ],
         network_errors: vec!["container runtime network not ready: NetworkReady=false".into()],
+        ..Health::default()
     };
     let events = set_status(&mut node, &facts, &down, at(20));
     assert_eq!(reasons(&events), ["NodeNotReady"]);
@@ -156,4 +157,37 @@ fn the_status_is_reported_on_change_or_every_report_period() {
     let down = Health { runtime_errors: vec!["container runtime is down".into()], ..Health::default() };
     set_status(&mut node, &facts, &down, at(20));
     assert!(should_report(&reported, node.status.as_ref().unwrap(), Duration::from_secs(20), five_minutes));
+}
+
+#[test]
+fn pressure_conditions_carry_upstreams_reasons_and_events() {
+    let facts = facts();
+    let mut node = registration(&facts);
+    set_status(&mut node, &facts, &Health::default(), at(0));
+    let pressed = Health { pressure: vec![kubelet_core::eviction::Pressure::Disk], ..Health::default() };
+    let events = set_status(&mut node, &facts, &pressed, at(10));
+    assert_eq!(reasons(&events), ["NodeHasDiskPressure"]);
+    let conditions = node.status.as_ref().unwrap().conditions.as_ref().unwrap();
+    let disk = conditions.iter().find(|c| c.type_ == "DiskPressure").unwrap();
+    assert_eq!((disk.status.as_str(), disk.reason.as_deref()), ("True", Some("KubeletHasDiskPressure")));
+    assert_eq!(disk.message.as_deref(), Some("kubelet has disk pressure"));
+    let memory = conditions.iter().find(|c| c.type_ == "MemoryPressure").unwrap();
+    assert_eq!(memory.status, "False");
+    assert_eq!(reasons(&set_status(&mut node, &facts, &Health::default(), at(20))), ["NodeHasNoDiskPressure"]);
+}
+
+#[test]
+fn hard_eviction_thresholds_come_off_allocatable() {
+    let mut facts = facts();
+    let defaults: std::collections::BTreeMap<String, String> =
+        kubelet_core::eviction::DEFAULT_EVICTION_HARD.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    let none = std::collections::BTreeMap::new();
+    facts.eviction = kubelet_core::eviction::Thresholds::parse(&defaults, &none, &none, &none, true).unwrap();
+    let mut node = registration(&facts);
+    set_status(&mut node, &facts, &Health::default(), at(0));
+    let allocatable = node.status.as_ref().unwrap().allocatable.clone().unwrap();
+    assert_eq!(allocatable["memory"], Quantity(((3_i64 << 30) - (100 << 20)).to_string()), "less memory.available");
+    // 10 % of 10Gi through a float32, as upstream's percentage: 9663676416 less rounding.
+    let storage = kubelet_core::resources::parse_quantity(&allocatable["ephemeral-storage"].0).unwrap();
+    assert!((storage - 0.9 * 10_737_418_240.0).abs() < 1024.0, "less nodefs.available: {storage}");
 }

@@ -26,6 +26,7 @@ use kubelet_core::{
     Runtime, Source, StartupTracker,
     events::RingRecorder,
     fake::{FakeRuntime, Method},
+    hook::BoxFuture,
     runtime::RuntimeEvents,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -80,7 +81,13 @@ async fn run_with(
     if let Some(fake) = FakeEndpoint::parse(&file.container_runtime_endpoint)? {
         warn!(endpoint = %file.container_runtime_endpoint, "running on the in-memory fake runtime: no containers run");
         let runtime = Arc::new(fake.build());
-        let parts = RunParts { recorder, startup: Arc::new(StartupTracker::new()), cgroups: None, log_rotator: None };
+        let parts = RunParts {
+            recorder,
+            startup: Arc::new(StartupTracker::new()),
+            cgroups: None,
+            log_rotator: None,
+            host_evictions: false,
+        };
         return run_on(runtime, parts, client, settings, metrics, cancel).await;
     }
     let mut cri_config = CriConfig::new(&file.container_runtime_endpoint).request_timeout(file.runtime_request_timeout);
@@ -111,7 +118,8 @@ async fn run_with(
     if let Some(cluster) = &client {
         runtime = runtime.objects(cluster.objects.clone());
     }
-    let parts = RunParts { recorder, startup, cgroups: Some(pod_cgroups(&settings)), log_rotator };
+    let cgroups = Some(pod_cgroups(&settings));
+    let parts = RunParts { recorder, startup, cgroups, log_rotator, host_evictions: true };
     run_on(Arc::new(runtime), parts, client, settings, metrics, cancel).await
 }
 
@@ -120,13 +128,59 @@ async fn run_with(
 fn pod_cgroups(settings: &Settings) -> cm::Config {
     let file = &settings.file;
     let node = if file.enforce_node_allocatable.iter().any(|e| e == "pods") {
-        node_allocatable(settings)
+        node_less_reserved(settings)
     } else {
         NodeResources::of_this_node()
     };
     cm::Config::new(cri_client::cgroups::CGROUP_ROOT, &settings.pods_cgroup)
         .node(node.cpu_milli, node.memory_bytes)
         .pod_pids_limit(file.pod_pids_limit)
+}
+
+/// The eviction manager's settings: the `eviction*` fields, checked when the file was read.
+fn eviction_config(file: &config::KubeletConfiguration) -> Result<eviction::Config> {
+    let thresholds = file.eviction_thresholds().context("invalid eviction thresholds")?;
+    let mut config = eviction::Config::new(thresholds.thresholds);
+    config.pressure_transition_period = file.eviction_pressure_transition_period;
+    config.max_pod_grace_period = file.eviction_max_pod_grace_period;
+    Ok(config)
+}
+
+/// Where the eviction manager reads: the root directory's filesystem (`nodefs`), the pods' logs
+/// and, with pod cgroups, the pods' cgroup and the node's allocatable memory.
+fn eviction_paths(settings: &Settings, cgroups: Option<&cm::Config>) -> eviction::HostPaths {
+    let paths = eviction::HostPaths::new(&settings.root_dir, &settings.file.pod_logs_dir);
+    match cgroups {
+        Some(cgroups) => {
+            let allocatable = node_less_reserved(settings).memory_bytes.max(0).unsigned_abs();
+            paths.pods_cgroup(&cgroups.mount, &cgroups.pods_cgroup, allocatable)
+        }
+        None => paths,
+    }
+}
+
+/// What the eviction manager reclaims before evicting pods for disk: dead containers (the
+/// runtime's garbage collection) and unused images.
+struct NodeReclaimer<R> {
+    image_gc: Arc<ImageGc<R>>,
+    runtime: Arc<R>,
+}
+
+impl<R: Runtime> eviction::NodeReclaim for NodeReclaimer<R> {
+    fn delete_unused_containers(&self) -> BoxFuture<'_, Result<(), eviction::ReclaimError>> {
+        Box::pin(async move {
+            let policy = kubelet_core::runtime::GcPolicy::default();
+            self.runtime.garbage_collect(&policy, true, true).await.map_err(|e| Box::new(e) as eviction::ReclaimError)
+        })
+    }
+
+    fn delete_unused_images(&self) -> BoxFuture<'_, Result<(), eviction::ReclaimError>> {
+        Box::pin(async move {
+            let freed = self.image_gc.delete_unused_images().await?;
+            info!(freed, "eviction manager: removed unused images");
+            Ok(())
+        })
+    }
 }
 
 /// Container log rotation (`containerLogMaxSize` and the rest), unless the size is negative.
@@ -159,10 +213,22 @@ async fn rotate_logs(rotator: LogRotator, cancel: CancellationToken) {
     }
 }
 
-/// What the node offers pods: capacity minus `systemReserved` and `kubeReserved` (upstream's
-/// node allocatable, eviction thresholds aside), `maxPods`, the labels it registers with (for
+/// What the node offers pods: capacity minus `systemReserved`, `kubeReserved` and the hard
+/// `memory.available` threshold (upstream's node allocatable), `maxPods`, the labels it registers with (for
 /// `nodeSelector` and the required node affinity) and `allowedUnsafeSysctls`.
 fn node_allocatable(settings: &Settings) -> NodeResources {
+    let mut node = node_less_reserved(settings);
+    let capacity = NodeResources::of_this_node().memory_bytes.max(0).unsigned_abs();
+    let thresholds = settings.file.eviction_thresholds().unwrap_or_default();
+    let (memory_held, _) = thresholds.hard_reservation(capacity, 0);
+    node.memory_bytes = (node.memory_bytes - i64::try_from(memory_held).unwrap_or(i64::MAX)).max(0);
+    node
+}
+
+/// The node's capacity less `systemReserved` and `kubeReserved` (upstream's
+/// `GetNodeAllocatableAbsolute`, without the eviction thresholds): what `kubepods` is limited to
+/// and what `allocatableMemory.available` is measured against.
+fn node_less_reserved(settings: &Settings) -> NodeResources {
     let file = &settings.file;
     let mut node = NodeResources::of_this_node();
     let (reserved_cpu, reserved_memory) = file.reserved();
@@ -249,6 +315,9 @@ struct RunParts {
     startup: Arc<StartupTracker>,
     cgroups: Option<cm::Config>,
     log_rotator: Option<LogRotator>,
+    /// Whether the eviction manager watches this host: not for the fake runtime, whose pods use
+    /// none of it (upstream's hollow node reads fixed stats, so it never sees pressure either).
+    host_evictions: bool,
 }
 
 /// The agent on any runtime: the library's [`Agent`] with the evented PLEG (which falls back to
@@ -293,14 +362,18 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         (client, crate::cluster::facts(&settings, version))
     });
     let (file_period, http_period, sync_period) = settings.periods();
-    let RunParts { recorder, startup, cgroups, log_rotator } = parts;
+    let RunParts { recorder, startup, cgroups, log_rotator, host_evictions } = parts;
+    let eviction_paths = eviction_paths(&settings, cgroups.as_ref());
     let cgroups = cgroups
         .map(|config| {
             let pods_cgroup = config.pods_cgroup.clone();
             cm::CgroupManager::new(config).with_context(|| format!("cannot set up the pods' cgroup {pods_cgroup}"))
         })
         .transpose()?;
-    let image_gc = ImageGc::new(runtime.clone(), image_gc_policy(file), recorder.clone(), &settings.node_name);
+    let image_gc =
+        Arc::new(ImageGc::new(runtime.clone(), image_gc_policy(file), recorder.clone(), &settings.node_name));
+    let reclaim = Arc::new(NodeReclaimer { image_gc: image_gc.clone(), runtime: runtime.clone() });
+    let stats = eviction::HostStats::new(runtime.clone(), eviction_paths);
     let mut builder = Agent::builder(runtime, agent::Config::new(kubelet_config, sources));
     if let Some(cgroups) = cgroups {
         builder = builder.pod_cgroups(cgroups);
@@ -341,7 +414,26 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
 
     let (pod_config, updates) = PodConfig::new(recorder.clone());
     let tracker = TaskTracker::new();
-    tracker.spawn(image_gc.run(cancel.child_token()).instrument(info_span!("image_gc")));
+    tracker.spawn({
+        let cancel = cancel.child_token();
+        async move { image_gc.run(cancel).await }.instrument(info_span!("image_gc"))
+    });
+    let evictions = eviction::Manager::new(
+        eviction_config(file)?,
+        stats,
+        agent.workers().clone(),
+        agent.active_pods(),
+        recorder.clone(),
+        &settings.node_name,
+        agent.pressure().clone(),
+    )
+    .node_reclaim(reclaim)
+    .pod_cleaned_up(agent.pod_resources_reclaimed());
+    if host_evictions {
+        tracker.spawn(evictions.run(cancel.child_token()).instrument(info_span!("eviction_manager")));
+    } else {
+        info!("the fake runtime's pods use nothing of this host: the eviction manager is off");
+    }
     if let Some(rotator) = log_rotator {
         tracker.spawn(rotate_logs(rotator, cancel.child_token()).instrument(info_span!("log_rotation")));
     }
@@ -384,6 +476,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
             &settings,
             agent.statuses(),
             agent.runtime_state().clone(),
+            agent.pressure().clone(),
             pod_config.source(Source::Api),
             &recorder,
             &cancel,

@@ -52,6 +52,7 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     (facts.cpu_milli, facts.memory_bytes) = (node.cpu_milli, node.memory_bytes);
     facts.max_pods = file.max_pods;
     facts.reserved = file.reserved();
+    facts.eviction = file.eviction_thresholds().unwrap_or_default();
     facts.kubelet_version = format!("v1.36.0-kubelet-rs.{}", env!("CARGO_PKG_VERSION"));
     facts
 }
@@ -131,6 +132,7 @@ pub(crate) fn spawn(
     settings: &Settings,
     statuses: &kubelet::StatusStore,
     runtime_state: Arc<RuntimeState>,
+    pressure: Arc<kubelet_core::eviction::NodePressure>,
     source: SourceSender,
     recorder: &Arc<RingRecorder>,
     cancel: &CancellationToken,
@@ -200,6 +202,7 @@ pub(crate) fn spawn(
                 let mut health = Health::default();
                 health.runtime_errors = runtime_state.runtime_errors();
                 health.network_errors = runtime_state.network_errors();
+                health.pressure = pressure.conditions();
                 health
             };
             heartbeat::run(heartbeats, node, facts, health, recorder, config, cancel).await;

@@ -319,7 +319,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(settings.file.max_pods, 70, "the last drop-in wins over the file");
-        assert_eq!(settings.without_effect, ["authentication", "evictionHard", "port", "--cert-dir"]);
+        assert_eq!(settings.without_effect, ["authentication", "port", "--cert-dir"]);
+        let hard: Vec<&String> = settings.file.eviction_hard.keys().collect();
+        assert_eq!(hard, ["memory.available", "nodefs.available"], "the drop-in's map merges into the file's");
         assert_eq!(settings.kubeconfig, Some(PathBuf::from("/etc/kubernetes/kubelet.conf")));
         assert_eq!(settings.node_labels.len(), 2);
         // A node may not give itself a role the control plane trusts (upstream refuses it too).

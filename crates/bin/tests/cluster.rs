@@ -1241,3 +1241,129 @@ async fn wait_for_heartbeats(cluster: &Cluster, node: &str, since: std::time::Sy
     }
     panic!("no lease renewal and status report within 60 s of the API server's return");
 }
+
+/// The eviction manager against upstream's kube-apiserver, as node `kubelet-rs-node-3`, on a
+/// root directory of its own (a 64 MiB tmpfs, so `nodefs` is the test's): a pod writing past its
+/// emptyDir's `sizeLimit` is evicted with upstream's message though the node has room; a
+/// BestEffort pod filling the node's filesystem past `nodefs.available<50%` makes the node
+/// report `DiskPressure` and is evicted while the Guaranteed pod beside it runs on untouched; a
+/// pod bound meanwhile is refused; and the condition clears once the space is back.
+#[tokio::test]
+async fn real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiserver() {
+    let test = "real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiserver";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let node = "kubelet-rs-node-3";
+    let Some(cluster) = kube_apiserver(test, node).await else { return };
+    let cluster = Arc::new(cluster);
+    let dir = rt.scratch_dir.join("evictions");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    std::fs::create_dir_all(dir.join("root")).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+        .arg(dir.join("root"))
+        .status();
+    assert!(mounted.unwrap().success(), "a tmpfs for the agent's root directory");
+    let body = evict_under_pressure(rt.clone(), dir.clone(), cluster.clone(), node.to_owned());
+    run_and_clean_up(&rt, &dir, &cluster, node, body).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A pod of `node` running `script` in a busybox container with an emptyDir at `/data` (of at
+/// most `size_limit`), and `resources`.
+fn writer_pod(name: &str, node: &str, image: &str, script: &str, size_limit: Option<&str>, resources: Value) -> Value {
+    let mut empty_dir = json!({});
+    if let Some(limit) = size_limit {
+        empty_dir["sizeLimit"] = json!(limit);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "restartPolicy": "Always", "terminationGracePeriodSeconds": 2,
+            "enableServiceLinks": false,
+            "volumes": [{"name": "data", "emptyDir": empty_dir}],
+            "containers": [{"name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", format!("{script}; trap 'exit 0' TERM; while true; do sleep 1; done")],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "resources": resources}],
+        },
+    })
+}
+
+/// The body of [`real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiserver`].
+async fn evict_under_pressure(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    std::fs::write(
+        dir.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 2s\n\
+         evictionHard: {nodefs.available: 50%}\nevictionPressureTransitionPeriod: 20s\n",
+    )
+    .unwrap();
+    let kubeconfig = cluster.kubeconfig(&dir);
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &[]);
+    let ns = cluster.namespace().to_owned();
+    let pod_of = |name: &str| {
+        let key = format!("{ns}/{name}");
+        move |v: &View| v.pods.get(&key).cloned()
+    };
+    let evicted = |name: &str| {
+        let pod = pod_of(name);
+        move |v: &View| pod(v).filter(|p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted")
+    };
+    let disk_pressure = |v: &View| {
+        let conditions = v.nodes.get(&node)?["status"]["conditions"].as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == "DiskPressure")
+    };
+    let image = &rt.busybox_image;
+
+    // An emptyDir past its sizeLimit: evicted though the node has room.
+    let over_limit = "dd if=/dev/zero of=/data/fill bs=1M count=2";
+    cluster.create_pod(writer_pod("over-limit", &node, image, over_limit, Some("1Mi"), json!({}))).await;
+    let pod = until(&cluster, &node, &dir, "the pod past its sizeLimit to be evicted", evicted("over-limit")).await;
+    assert_eq!(pod["status"]["message"], "Usage of EmptyDir volume \"data\" exceeds the limit \"1Mi\". ", "{pod}");
+    let no_pressure = until(&cluster, &node, &dir, "the node's DiskPressure condition", disk_pressure).await;
+    assert_eq!(no_pressure["status"], "False", "{no_pressure}");
+
+    // A Guaranteed pod, then a BestEffort one that fills the node's filesystem.
+    let both = json!({"cpu": "100m", "memory": "32Mi"});
+    let guaranteed = json!({"requests": both, "limits": both});
+    cluster.create_pod(writer_pod("guaranteed", &node, image, "true", None, guaranteed)).await;
+    let running = until(&cluster, &node, &dir, "the Guaranteed pod to run", |v| {
+        pod_of("guaranteed")(v).filter(|p| phase(p) == "Running")
+    })
+    .await;
+    let started = running["status"]["containerStatuses"][0]["containerID"].clone();
+    let fill = "dd if=/dev/zero of=/data/fill bs=1M count=40";
+    cluster.create_pod(writer_pod("filler", &node, image, fill, None, json!({}))).await;
+    let pressure =
+        until(&cluster, &node, &dir, "DiskPressure", |v| disk_pressure(v).filter(|c| c["status"] == "True")).await;
+    assert_eq!(pressure["reason"], "KubeletHasDiskPressure", "{pressure}");
+    assert_eq!(pressure["message"], "kubelet has disk pressure", "{pressure}");
+    let pod = until(&cluster, &node, &dir, "the BestEffort pod to be evicted", evicted("filler")).await;
+    let message = pod["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("The node was low on resource: ephemeral-storage. Threshold quantity: "),
+        "upstream's message: {message}"
+    );
+    let disruption =
+        pod["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "DisruptionTarget");
+    assert!(disruption.is_some_and(|c| c["reason"] == "TerminationByKubelet"), "{pod}");
+
+    // Under pressure, a new pod is refused; the Guaranteed pod was never touched.
+    cluster.create_pod(writer_pod("late", &node, image, "true", None, json!({}))).await;
+    let refused = until(&cluster, &node, &dir, "the late pod to be refused", |v| {
+        pod_of("late")(v).filter(|p| phase(p) == "Failed")
+    })
+    .await;
+    assert_eq!(refused["status"]["reason"], "Evicted", "{refused}");
+    assert_eq!(refused["status"]["message"], "Pod was rejected: The node had condition: [DiskPressure]. ", "{refused}");
+    let view = cluster.view(&node).await;
+    let guaranteed = pod_of("guaranteed")(&view).unwrap();
+    assert_eq!(phase(&guaranteed), "Running", "{guaranteed}");
+    assert_eq!(guaranteed["status"]["containerStatuses"][0]["containerID"], started, "the same container");
+    assert_eq!(guaranteed["status"]["containerStatuses"][0]["restartCount"], 0);
+
+    // The evicted pod's volume goes, and the condition clears after the transition period.
+    until(&cluster, &node, &dir, "DiskPressure to clear", |v| disk_pressure(v).filter(|c| c["status"] == "False"))
+        .await;
+}

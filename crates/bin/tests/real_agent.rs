@@ -890,8 +890,8 @@ async fn real_upstream_invocation_with_a_kubeadm_configuration() {
             let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
             assert!(
                 log.contains(
-                    "set but without effect in kubelet-rs: authentication, authorization, evictionHard, featureGates, \
-                     port, rotateCertificates, serverTLSBootstrap"
+                    "set but without effect in kubelet-rs: authentication, authorization, featureGates, port, \
+                     rotateCertificates, serverTLSBootstrap"
                 ),
                 "one warning names what the file sets without effect: {log}"
             );
@@ -1458,6 +1458,70 @@ async fn real_volumes_for_node_local_pods() {
             assert!(!mounted.contains(&pod_dir.display().to_string()), "nothing of the pod is mounted");
             assert!(!pod_dir.exists(), "the pod's directory is gone");
             assert!(host.join("from-the-pod").exists(), "the host's directory stays");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// Image filesystem pressure (`imagefs.available<99.99%` on the runtime's own 4 GiB tmpfs, so
+/// always met): the eviction manager reclaims the node's own first, removing an image no
+/// container uses once it is older than `imageMinimumGCAge` while keeping the running pod's and
+/// the sandbox image, and then, finding only a static pod (critical), evicts nothing.
+#[tokio::test]
+async fn real_image_fs_pressure_removes_unused_images_and_spares_critical_pods() {
+    let test = "real_image_fs_pressure_removes_unused_images_and_spares_critical_pods";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let (dir, node) = scratch(&rt, "agent-imagefs", "imagefs");
+    let config = dir.join("kubelet.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         evictionHard: {imagefs.available: 99.99%}\nimageMinimumGCAge: 1s\n",
+    )
+    .unwrap();
+    let runtime = test_runtime(&rt, &dir, &node);
+    let unused = rt.unused_image();
+    runtime.pull_image(&unused).await.unwrap();
+    let script = "trap 'exit 0' TERM; while true; do sleep 1; done";
+    std::fs::write(dir.join("manifests/steady.yaml"), manifest("steady", &rt.busybox_image, script)).unwrap();
+    let mut command = agent_command(&rt, &dir, &node);
+    command.args(["--healthz-port", "0"]).arg("--config").arg(&config);
+    let _agent = Agent::spawn(&mut command);
+
+    let outcome = {
+        let (dir, node) = (dir.clone(), node.clone());
+        let (busybox, pause) = (rt.busybox_image.clone(), rt.pause_image.clone());
+        let runtime = test_runtime(&rt, &dir, &node);
+        async move {
+            let pod = format!("steady-{node}");
+            let before = wait_for(&runtime, &pod, "the static pod to run", running).await;
+            let present = async |reference: &str| runtime.image_ref(reference).await.unwrap().is_some();
+            let mut removed = false;
+            for _ in 0..300 {
+                if !present(&unused).await {
+                    removed = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            assert!(removed, "the unused image was removed under image filesystem pressure:\n{log}");
+            assert!(present(&busybox).await, "the running pod's image stays");
+            assert!(present(&pause).await, "the sandbox image stays");
+            // The next rounds find only the critical static pod, and evict nothing.
+            for _ in 0..150 {
+                let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+                if log.contains("cannot evict a critical pod") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            assert!(log.contains("Attempting to reclaim ephemeral-storage"), "upstream's event:\n{log}");
+            assert!(log.contains("cannot evict a critical pod"), "the static pod is critical:\n{log}");
+            let after = wait_for(&runtime, &pod, "the static pod", running).await;
+            let id = |s: &kubelet_core::runtime::PodStatus| s.container_status("app").map(|c| c.id.clone());
+            assert_eq!(id(&after), id(&before), "the same container runs on");
         }
     };
     run_then_clean_up(outcome, &runtime, &dir, &node).await;

@@ -139,6 +139,22 @@ pub struct KubeletConfiguration {
     pub container_log_max_workers: u32,
     /// `containerLogMonitorInterval` (10s): how often the logs are checked for rotation.
     pub container_log_monitor_interval: Duration,
+    /// `evictionHard` (upstream's Linux defaults: `memory.available<100Mi`,
+    /// `nodefs.available<10%`, `nodefs.inodesFree<5%`, `imagefs.available<15%`); a map given
+    /// replaces them, unless `mergeDefaultEvictionSettings` fills in the signals it leaves out.
+    pub eviction_hard: BTreeMap<String, String>,
+    /// `evictionSoft`: thresholds that evict only once crossed for their grace period.
+    pub eviction_soft: BTreeMap<String, String>,
+    /// `evictionSoftGracePeriod`: each soft threshold's grace period.
+    pub eviction_soft_grace_period: BTreeMap<String, String>,
+    /// `evictionMinimumReclaim`: how much beyond a threshold must be free again.
+    pub eviction_minimum_reclaim: BTreeMap<String, String>,
+    /// `evictionPressureTransitionPeriod` (5m): how long a pressure condition outlasts its
+    /// threshold.
+    pub eviction_pressure_transition_period: Duration,
+    /// `evictionMaxPodGracePeriod` (0): the most grace a pod evicted for a soft threshold gets;
+    /// 0 or less gives it none beyond the minimum.
+    pub eviction_max_pod_grace_period: i64,
     /// The fields set in the file that have no effect in this agent ([`Support::WithoutEffect`]),
     /// for one start-up warning.
     pub without_effect: Vec<String>,
@@ -194,6 +210,12 @@ impl Default for KubeletConfiguration {
             container_log_max_files: 5,
             container_log_max_workers: 1,
             container_log_monitor_interval: Duration::from_secs(10),
+            eviction_hard: default_eviction_hard(),
+            eviction_soft: BTreeMap::new(),
+            eviction_soft_grace_period: BTreeMap::new(),
+            eviction_minimum_reclaim: BTreeMap::new(),
+            eviction_pressure_transition_period: Duration::from_secs(300),
+            eviction_max_pod_grace_period: 0,
             without_effect: Vec::new(),
         }
     }
@@ -261,6 +283,17 @@ struct Raw {
     container_log_max_files: Option<i64>,
     container_log_max_workers: Option<i64>,
     container_log_monitor_interval: Option<String>,
+    eviction_hard: Option<BTreeMap<String, String>>,
+    eviction_soft: Option<BTreeMap<String, String>>,
+    eviction_soft_grace_period: Option<BTreeMap<String, String>>,
+    eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
+    eviction_pressure_transition_period: Option<String>,
+    eviction_max_pod_grace_period: Option<i64>,
+    merge_default_eviction_settings: Option<bool>,
+}
+
+fn default_eviction_hard() -> BTreeMap<String, String> {
+    kubelet_core::eviction::DEFAULT_EVICTION_HARD.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
 }
 
 /// `enforceNodeAllocatable`'s values: `pods`, or `none` alone. Enforcing `system-reserved` and
@@ -319,6 +352,7 @@ impl KubeletConfiguration {
         let mut config = KubeletConfiguration::default();
         config.read_log_rotation(&raw, &at)?;
         config.read_image_gc(&raw, &at)?;
+        config.read_eviction(&raw, &at)?;
         // Zero is "the default", as upstream's defaulting has it (kubeadm writes `0s` so).
         let duration = |field: &str, value: Option<String>, default: Duration| match value {
             None => Ok(default),
@@ -519,6 +553,46 @@ impl KubeletConfiguration {
         Ok(())
     }
 
+    /// The `eviction*` fields, checked as upstream's `ParseThresholdConfig` checks them.
+    fn read_eviction(&mut self, raw: &Raw, at: &impl Fn(&str, String) -> Error) -> Result<(), Error> {
+        if let Some(hard) = raw.eviction_hard.clone() {
+            self.eviction_hard = hard;
+        }
+        if raw.merge_default_eviction_settings == Some(true) {
+            for (signal, value) in default_eviction_hard() {
+                self.eviction_hard.entry(signal).or_insert(value);
+            }
+        }
+        self.eviction_soft = raw.eviction_soft.clone().unwrap_or_default();
+        self.eviction_soft_grace_period = raw.eviction_soft_grace_period.clone().unwrap_or_default();
+        self.eviction_minimum_reclaim = raw.eviction_minimum_reclaim.clone().unwrap_or_default();
+        if let Some(text) = raw.eviction_pressure_transition_period.as_deref() {
+            let period = parse_duration(text).map_err(|m| at("evictionPressureTransitionPeriod", m))?;
+            if !period.is_zero() {
+                self.eviction_pressure_transition_period = period;
+            }
+        }
+        self.eviction_max_pod_grace_period = raw.eviction_max_pod_grace_period.unwrap_or(0);
+        let field = if raw.eviction_soft.is_some() { "evictionSoft" } else { "evictionHard" };
+        self.eviction_thresholds().map_err(|e| at(field, e.message))?;
+        Ok(())
+    }
+
+    /// The eviction thresholds of `evictionHard`, `evictionSoft`, `evictionSoftGracePeriod` and
+    /// `evictionMinimumReclaim`, with `allocatableMemory.available` copies when
+    /// `enforceNodeAllocatable` holds `pods`.
+    pub fn eviction_thresholds(
+        &self,
+    ) -> Result<kubelet_core::eviction::Thresholds, kubelet_core::eviction::ThresholdError> {
+        kubelet_core::eviction::Thresholds::parse(
+            &self.eviction_hard,
+            &self.eviction_soft,
+            &self.eviction_soft_grace_period,
+            &self.eviction_minimum_reclaim,
+            self.enforce_node_allocatable.iter().any(|e| e == "pods"),
+        )
+    }
+
     /// The `containerLog*` fields, with upstream's validation: at least 2 files, at least one
     /// worker, and a monitor interval of at least 3 s.
     fn read_log_rotation(&mut self, raw: &Raw, at: &impl Fn(&str, String) -> Error) -> Result<(), Error> {
@@ -568,37 +642,7 @@ impl KubeletConfiguration {
     }
 }
 
-/// Parses Go's duration syntax: a sequence of decimal numbers with units `ns`, `us`, `µs`,
-/// `ms`, `s`, `m`, `h` (`"1m0s"`, `"1.5h"`, `"300ms"`); `"0"` alone is zero.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {text:?}: expected a number and unit such as \"20s\" or \"1m0s\"");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if text.is_empty() || text.starts_with('-') {
-        return Err(bad());
-    }
-    let mut rest = text.strip_prefix('+').unwrap_or(text);
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
-        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
-        rest = &rest[number_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let seconds = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        total += number * seconds;
-        rest = &rest[unit_end..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| bad())
-}
+pub use kubelet_core::clock::parse_duration;
 
 /// The 1-based line where `field:` is first written as a key.
 fn line_of(text: &str, field: &str) -> Option<usize> {
@@ -821,6 +865,20 @@ volumeStatsAggPeriod: 0s
     }
 
     #[test]
+    fn eviction_settings_default_merge_and_are_checked_as_upstream() {
+        let defaults = parse("").unwrap();
+        assert_eq!(defaults.eviction_thresholds().unwrap().thresholds.len(), 5, "four and the allocatable copy");
+        let merged = parse("evictionHard: {memory.available: 1Gi}\nmergeDefaultEvictionSettings: true\n").unwrap();
+        assert_eq!(merged.eviction_hard["memory.available"], "1Gi");
+        assert_eq!(merged.eviction_hard["imagefs.available"], "15%");
+        let error = parse("evictionSoft: {memory.available: 1Gi}\n").unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("evictionSoft"));
+        assert!(error.message.contains("grace period must be specified"), "{error}");
+        let error = parse("evictionHard: {memory.free: 1Gi}\n").unwrap_err();
+        assert!(error.message.contains("unsupported eviction signal memory.free"), "{error}");
+    }
+
+    #[test]
     fn a_kubeadm_configuration_reads_and_names_what_has_no_effect() {
         let config = KubeletConfiguration::from_yaml(KUBEADM).unwrap();
         assert_eq!(config.cluster_dns, [IpAddr::from([10, 96, 0, 10])]);
@@ -831,14 +889,15 @@ volumeStatsAggPeriod: 0s
         // kubeadm writes zero durations for "the default": they are upstream's defaults here too.
         assert_eq!(config.sync_frequency, Duration::from_secs(60));
         assert_eq!(config.runtime_request_timeout, Duration::from_secs(120));
+        assert_eq!(config.eviction_pressure_transition_period, Duration::from_secs(300));
+        let hard: Vec<_> = config.eviction_hard.keys().collect();
+        assert_eq!(hard, ["memory.available", "nodefs.available"], "kubeadm's map replaces the defaults");
         assert_eq!(
             config.without_effect,
             [
                 "authentication",
                 "authorization",
                 "cpuManagerReconcilePeriod",
-                "evictionHard",
-                "evictionPressureTransitionPeriod",
                 "featureGates",
                 "port",
                 "rotateCertificates",

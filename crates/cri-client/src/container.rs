@@ -109,12 +109,9 @@ pub fn linux_resources(pod: &Pod, container: &Container, memory_capacity: i64) -
 /// critical, being static, a mirror pod, or of a priority of at least `system-cluster-critical`'s.
 /// Its containers are the last the kernel kills, as a Guaranteed pod's.
 fn is_node_critical(pod: &Pod) -> bool {
-    const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
-    let Some(spec) = pod.spec.as_ref() else { return false };
-    let critical = kubelet_core::types::is_static_pod(pod)
-        || kubelet_core::types::is_mirror_pod(pod)
-        || spec.priority.is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
-    critical && spec.priority_class_name.as_deref() == Some("system-node-critical")
+    let node_critical_class =
+        pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()) == Some("system-node-critical");
+    node_critical_class && kubelet_core::types::is_critical_pod(pod)
 }
 
 /// Where the kubelet keeps `Localhost` seccomp profiles when nobody says (`<root-dir>/seccomp`).

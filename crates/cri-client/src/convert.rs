@@ -3,7 +3,9 @@
 use k8s_openapi::jiff::Timestamp;
 use kubelet_core::{
     PodUid,
-    runtime::{Container, ContainerState, ContainerStatus, NetworkMode, Sandbox, SandboxState, SandboxStatus},
+    runtime::{
+        Container, ContainerState, ContainerStats, ContainerStatus, NetworkMode, Sandbox, SandboxState, SandboxStatus,
+    },
 };
 
 use crate::{labels, pb};
@@ -24,6 +26,20 @@ pub(crate) fn container_state(state: i32) -> ContainerState {
 
 pub(crate) fn sandbox_state(state: i32) -> SandboxState {
     if state == pb::PodSandboxState::SandboxReady as i32 { SandboxState::Ready } else { SandboxState::NotReady }
+}
+
+/// A container's stats, when it names its pod (containers of other clients do not).
+pub(crate) fn container_stats(stats: pb::ContainerStats) -> Option<ContainerStats> {
+    let attributes = stats.attributes?;
+    let uid = pod_uid(&attributes.labels)?;
+    let name = attributes.metadata.map(|m| m.name).unwrap_or_default();
+    let mut converted = ContainerStats::new(attributes.id, uid, name);
+    converted.memory_working_set_bytes = stats.memory.and_then(|m| m.working_set_bytes).map(|v| v.value);
+    if let Some(layer) = stats.writable_layer {
+        converted.writable_layer_bytes = layer.used_bytes.map(|v| v.value);
+        converted.writable_layer_inodes = layer.inodes_used.map(|v| v.value);
+    }
+    Some(converted)
 }
 
 /// The pod UID label of a listed object.

@@ -390,6 +390,17 @@ impl Runtime for CriRuntime {
         images::image_fs_stats(self).await
     }
 
+    async fn container_stats(&self) -> Result<Vec<runtime::ContainerStats>, Error> {
+        let request = pb::ListContainerStatsRequest { filter: None };
+        let response = self
+            .client
+            .runtime_service()
+            .list_container_stats(request)
+            .await
+            .map_err(|s| Error::status("ListContainerStats", s))?;
+        Ok(response.into_inner().stats.into_iter().filter_map(convert::container_stats).collect())
+    }
+
     async fn exec_sync(&self, container_id: &str, cmd: &[String], timeout: Duration) -> Result<ExecResult, Error> {
         let request = pb::ExecSyncRequest {
             container_id: container_id.to_owned(),

@@ -23,6 +23,38 @@ pub fn instant_of(at: Timestamp) -> Instant {
     now.checked_sub(ago).unwrap_or(now)
 }
 
+/// Parses Go's duration syntax: a sequence of decimal numbers with units `ns`, `us`, `µs`,
+/// `ms`, `s`, `m`, `h` (`"1m0s"`, `"1.5h"`, `"300ms"`); `"0"` alone is zero.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("invalid duration {text:?}: expected a number and unit such as \"20s\" or \"1m0s\"");
+    if text == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    if text.is_empty() || text.starts_with('-') {
+        return Err(bad());
+    }
+    let mut rest = text.strip_prefix('+').unwrap_or(text);
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
+        rest = &rest[number_end..];
+        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let seconds = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += number * seconds;
+        rest = &rest[unit_end..];
+    }
+    std::time::Duration::try_from_secs_f64(total).map_err(|_| bad())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

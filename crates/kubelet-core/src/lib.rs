@@ -105,6 +105,7 @@ pub mod cgroups;
 pub mod clock;
 mod error;
 pub mod events;
+pub mod eviction;
 mod handler;
 pub mod hook;
 pub mod metrics;

@@ -533,12 +533,58 @@ pub struct FsStats {
     pub capacity_bytes: u64,
     /// The bytes an unprivileged writer may still use.
     pub available_bytes: u64,
+    /// Its inodes, when known.
+    pub inodes: Option<u64>,
+    /// Its free inodes, when known.
+    pub inodes_free: Option<u64>,
+    /// Its ID (`statvfs`'s `f_fsid`), when known: two paths with the same ID share a filesystem.
+    pub filesystem_id: Option<u64>,
 }
 
 impl FsStats {
     /// A filesystem of `capacity_bytes` with `available_bytes` free.
     pub fn new(capacity_bytes: u64, available_bytes: u64) -> Self {
-        FsStats { capacity_bytes, available_bytes }
+        FsStats { capacity_bytes, available_bytes, inodes: None, inodes_free: None, filesystem_id: None }
+    }
+
+    /// Sets its inodes: `inodes` in all, `free` of them free.
+    #[must_use]
+    pub fn with_inodes(mut self, inodes: u64, free: u64) -> Self {
+        self.inodes = Some(inodes);
+        self.inodes_free = Some(free);
+        self
+    }
+}
+
+/// One container's use of the node, as the runtime reports it (CRI `ListContainerStats`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContainerStats {
+    /// The container's ID.
+    pub id: String,
+    /// Its pod's UID.
+    pub pod_uid: PodUid,
+    /// The container's name in its pod.
+    pub name: String,
+    /// Its memory working set in bytes.
+    pub memory_working_set_bytes: Option<u64>,
+    /// The bytes its writable layer uses.
+    pub writable_layer_bytes: Option<u64>,
+    /// The inodes its writable layer uses.
+    pub writable_layer_inodes: Option<u64>,
+}
+
+impl ContainerStats {
+    /// Stats of container `name` (`id`) of pod `pod_uid`, with nothing measured yet.
+    pub fn new(id: impl Into<String>, pod_uid: PodUid, name: impl Into<String>) -> Self {
+        ContainerStats {
+            id: id.into(),
+            pod_uid,
+            name: name.into(),
+            memory_working_set_bytes: None,
+            writable_layer_bytes: None,
+            writable_layer_inodes: None,
+        }
     }
 }
 
@@ -750,6 +796,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// for a runtime without an image store.
     fn image_fs_stats(&self) -> impl Future<Output = Result<Option<FsStats>, Self::Error>> + Send {
         std::future::ready(Ok(None))
+    }
+
+    /// The running containers' use of memory and of their writable layers, for eviction;
+    /// none (the default) for a runtime that does not measure it.
+    fn container_stats(&self) -> impl Future<Output = Result<Vec<ContainerStats>, Self::Error>> + Send {
+        std::future::ready(Ok(Vec::new()))
     }
 
     /// Runs a command in a container and waits for it, at most `timeout`.

@@ -114,6 +114,62 @@ pub fn pod(uid: &str, containers: &[&str]) -> Pod {
     }
 }
 
+/// Pod workers for tests of what feeds them: every update is recorded, and the queries answer
+/// from `known` (a pod there is known and may have running containers; nothing is terminating
+/// or terminated).
+#[derive(Default)]
+pub struct RecordingWorkers {
+    /// The updates asked for, oldest first.
+    pub updates: std::sync::Mutex<Vec<crate::UpdatePodOptions>>,
+    /// The workers `sync_known_pods` reports.
+    pub known: std::sync::Mutex<std::collections::HashMap<crate::PodUid, crate::WorkerSync>>,
+}
+
+impl RecordingWorkers {
+    /// The updates asked for since the last call, oldest first.
+    pub fn take_updates(&self) -> Vec<crate::UpdatePodOptions> {
+        std::mem::take(&mut *crate::util::lock(&self.updates))
+    }
+
+    /// Reports a worker for `uid`.
+    pub fn know(&self, uid: crate::PodUid, sync: crate::WorkerSync) {
+        crate::util::lock(&self.known).insert(uid, sync);
+    }
+}
+
+impl crate::PodWorkers for RecordingWorkers {
+    fn update_pod(&self, options: crate::UpdatePodOptions) {
+        crate::util::lock(&self.updates).push(options);
+    }
+    fn sync_known_pods(
+        &self,
+        _desired: &[std::sync::Arc<Pod>],
+    ) -> std::collections::HashMap<crate::PodUid, crate::WorkerSync> {
+        crate::util::lock(&self.known).clone()
+    }
+    fn is_pod_known(&self, uid: &crate::PodUid) -> bool {
+        crate::util::lock(&self.known).contains_key(uid)
+    }
+    fn is_pod_known_terminated(&self, _: &crate::PodUid) -> bool {
+        false
+    }
+    fn could_have_running_containers(&self, _: &crate::PodUid) -> bool {
+        true
+    }
+    fn is_pod_termination_requested(&self, _: &crate::PodUid) -> bool {
+        false
+    }
+    fn should_pod_containers_be_terminating(&self, _: &crate::PodUid) -> bool {
+        false
+    }
+    fn should_pod_runtime_be_removed(&self, _: &crate::PodUid) -> bool {
+        false
+    }
+    fn should_pod_content_be_removed(&self, _: &crate::PodUid) -> bool {
+        false
+    }
+}
+
 /// The environment variable proptest reads its seed from.
 pub const ENV_PROPTEST_SEED: &str = "PROPTEST_RNG_SEED";
 

@@ -209,6 +209,19 @@ pub fn is_static_pod(pod: &Pod) -> bool {
     annotation(pod, annotations::CONFIG_SOURCE).is_some_and(|s| s != Source::Api.as_str())
 }
 
+/// The priority from which a pod is critical (`system-cluster-critical`'s, upstream
+/// `SystemCriticalPriority`).
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// Whether the pod is critical (upstream `IsCriticalPod`): static, a mirror pod, or of a
+/// priority of at least [`SYSTEM_CRITICAL_PRIORITY`]. The eviction manager never evicts it,
+/// and admission takes it under pressure.
+pub fn is_critical_pod(pod: &Pod) -> bool {
+    is_static_pod(pod)
+        || is_mirror_pod(pod)
+        || pod.spec.as_ref().and_then(|s| s.priority).is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+}
+
 /// Whether the pod is a mirror pod (the API copy of a static pod).
 pub fn is_mirror_pod(pod: &Pod) -> bool {
     annotation(pod, annotations::CONFIG_MIRROR).is_some()

@@ -50,6 +50,18 @@ impl KillPodOptions {
         self.grace_period_override = Some(seconds);
         self
     }
+
+    /// An eviction: the pod ends with the API status `status_fn` makes of it.
+    pub fn evict(status_fn: PodStatusFn) -> Self {
+        KillPodOptions { evict: true, status_fn: Some(status_fn), ..KillPodOptions::default() }
+    }
+
+    /// Calls `on_complete` once every container of the pod has stopped.
+    #[must_use]
+    pub fn on_complete(mut self, on_complete: CompletionFn) -> Self {
+        self.on_complete = Some(on_complete);
+        self
+    }
 }
 
 /// One request to a pod worker (upstream `UpdatePodOptions`).

@@ -9,11 +9,14 @@
 
 use std::{sync::Arc, time::Duration};
 
+use k8s_openapi::api::core::v1::Pod;
+
 use kubelet_core::{
-    Cache, LoopHealth, Pleg, PodLifecycleEvent, PodManager, PodUpdate, PodWorkers, ProbeManager, ProbeResult,
+    Cache, LoopHealth, Pleg, PodLifecycleEvent, PodManager, PodUid, PodUpdate, PodWorkers, ProbeManager, ProbeResult,
     ProbeResults, Runtime, RuntimeState, Source, SourcesReady, StartupTracker, VolumeManager, WorkQueue,
     cgroups::PodCgroups,
     events::{EventRecorder, RingRecorder},
+    eviction::NodePressure,
     sync_loop::{self, Inputs, Shared},
 };
 use tokio::{sync::mpsc, time::Instant};
@@ -240,7 +243,9 @@ impl<R: Runtime> Builder<R> {
         }));
         let pods = Arc::new(PodManager::new());
         let sources = Arc::new(SourcesReady::new(config.sources.iter().copied()));
-        let kubelet = Kubelet::new(syncer, workers.clone(), pods.clone(), sources.clone(), cache);
+        let pressure = Arc::new(NodePressure::new());
+        let kubelet =
+            Kubelet::new(syncer, workers.clone(), pods.clone(), sources.clone(), cache).with_pressure(pressure.clone());
         let health = Arc::new(LoopHealth::new(config.loop_health_threshold));
         let shared = Shared::new(pods, work_queue, sources, runtime_state, health);
         Agent {
@@ -251,6 +256,7 @@ impl<R: Runtime> Builder<R> {
             kubelet,
             shared,
             statuses,
+            pressure,
             recorder,
             config,
             cancel,
@@ -269,6 +275,7 @@ pub struct Agent<R, P, W> {
     kubelet: Kubelet<R, W>,
     shared: Shared,
     statuses: Arc<StatusStore>,
+    pressure: Arc<NodePressure>,
     recorder: Arc<dyn EventRecorder>,
     config: Config,
     cancel: CancellationToken,
@@ -323,6 +330,27 @@ impl<R: Runtime, P: Pleg, W: PodWorkers> Agent<R, P, W> {
     /// The statuses the kubelet computed.
     pub fn statuses(&self) -> &Arc<StatusStore> {
         &self.statuses
+    }
+
+    /// The node's pressure conditions: an eviction manager sets them, admission refuses pods
+    /// under them, and the node's status reports them.
+    pub fn pressure(&self) -> &Arc<NodePressure> {
+        &self.pressure
+    }
+
+    /// The pods that count against the node now (upstream `GetActivePods`): admitted, not
+    /// terminal, not terminated; what an eviction manager chooses among.
+    pub fn active_pods(&self) -> Arc<dyn Fn() -> Vec<Arc<Pod>> + Send + Sync> {
+        let (pods, statuses, workers) = (self.shared.pods.clone(), self.statuses.clone(), self.workers.clone());
+        Arc::new(move || crate::handler::active_pods(&pods, &statuses, workers.as_ref(), None))
+    }
+
+    /// Whether a pod's resources are reclaimed: nothing of it runs and its volumes are gone, or
+    /// the agent forgot it (upstream `podResourcesAreReclaimed`, which the eviction manager
+    /// waits for after an eviction).
+    pub fn pod_resources_reclaimed(&self) -> Arc<dyn Fn(&PodUid) -> bool + Send + Sync> {
+        let statuses = self.statuses.clone();
+        Arc::new(move |uid| statuses.get(uid).is_none_or(|stored| stored.terminated))
     }
 
     /// The runtime's health, as the loop and `/healthz` see it.

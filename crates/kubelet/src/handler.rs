@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
 use kubelet_core::{
     Cache, KillPodOptions, PodManager, PodUid, PodWorkers, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
     events::{Event, EventType, ObjectRef},
+    eviction::NodePressure,
     runtime::Runtime,
     types::{is_mirror_pod, pod_full_name},
 };
@@ -23,7 +24,9 @@ use crate::{
     admission::admit,
     cleanup::{Cleanups, Job},
     pod_sync::{Error, PodSync},
-    status, unsupported,
+    status,
+    status_store::StatusStore,
+    unsupported,
 };
 
 /// What the sync loop calls: upstream's `SyncHandler` on top of the pod workers.
@@ -34,6 +37,7 @@ pub struct Kubelet<R, W> {
     workers: Arc<W>,
     pods: Arc<PodManager>,
     sources: Arc<SourcesReady>,
+    pressure: Arc<NodePressure>,
     housekeepings: AtomicU64,
 }
 
@@ -41,6 +45,30 @@ impl<R, W> std::fmt::Debug for Kubelet<R, W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kubelet").finish_non_exhaustive()
     }
+}
+
+/// Whether the pod's phase, as last computed or as its config says, is terminal.
+fn is_terminal(statuses: &StatusStore, pod: &Pod) -> bool {
+    let stored = statuses.get(&PodUid::of(pod)).and_then(|s| s.status.phase);
+    let phase = stored.or_else(|| pod.status.as_ref().and_then(|s| s.phase.clone()));
+    matches!(phase.as_deref(), Some(status::SUCCEEDED | status::FAILED))
+}
+
+/// The pods of `pods` that count against the node (upstream `GetActivePods`): not terminal,
+/// not known terminated by `workers`, and not `except`.
+pub(crate) fn active_pods(
+    pods: &PodManager,
+    statuses: &StatusStore,
+    workers: &impl PodWorkers,
+    except: Option<&PodUid>,
+) -> Vec<Arc<Pod>> {
+    pods.pods()
+        .into_iter()
+        .filter(|p| {
+            let uid = PodUid::of(p);
+            Some(&uid) != except && !is_terminal(statuses, p) && !workers.is_pod_known_terminated(&uid)
+        })
+        .collect()
 }
 
 /// Housekeeping runs runtime garbage collection every this many rounds (about a minute at 2 s).
@@ -57,7 +85,8 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
         cache: Arc<Cache>,
     ) -> Self {
         let cleanups = Cleanups::new(sync.clone());
-        Kubelet { sync, cache, cleanups, workers, pods, sources, housekeepings: AtomicU64::new(0) }
+        let pressure = Arc::new(NodePressure::new());
+        Kubelet { sync, cache, cleanups, workers, pods, sources, pressure, housekeepings: AtomicU64::new(0) }
     }
 
     /// The removals the kubelet queues (dead containers, what is left of pods that are gone,
@@ -81,22 +110,20 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
     }
 
     fn is_terminal(&self, pod: &Pod) -> bool {
-        let stored = self.sync.statuses.get(&PodUid::of(pod)).and_then(|s| s.status.phase);
-        let phase = stored.or_else(|| pod.status.as_ref().and_then(|s| s.phase.clone()));
-        matches!(phase.as_deref(), Some(status::SUCCEEDED | status::FAILED))
+        is_terminal(&self.sync.statuses, pod)
     }
 
     /// Pods that count against the node's capacity: known, not terminal, not terminated.
     fn active_pods(&self, except: Option<&PodUid>) -> Vec<Arc<Pod>> {
-        self.pods
-            .pods()
-            .into_iter()
-            .filter(|p| {
-                Some(&PodUid::of(p)) != except
-                    && !self.is_terminal(p)
-                    && !self.workers.is_pod_known_terminated(&PodUid::of(p))
-            })
-            .collect()
+        active_pods(&self.pods, &self.sync.statuses, self.workers.as_ref(), except)
+    }
+
+    /// Refuses new pods under node pressure as `pressure` says (upstream's eviction admit
+    /// handler); without a call, the node is never under pressure.
+    #[must_use]
+    pub fn with_pressure(mut self, pressure: Arc<NodePressure>) -> Self {
+        self.pressure = pressure;
+        self
     }
 
     /// A mirror pod came, changed or went: its static pod is synced, to keep the mirror (upstream
@@ -139,6 +166,11 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                 if !unsupported.is_empty() {
                     warn!(pod = %pod_full_name(&pod), fields = ?unsupported, "pod refused: it uses fields this agent does not implement");
                     self.reject(&pod, unsupported::REASON, &unsupported::message(&unsupported));
+                    continue;
+                }
+                if let Err(message) = kubelet_core::eviction::admit(&pod, &self.pressure) {
+                    warn!(pod = %pod_full_name(&pod), conditions = ?self.pressure.conditions(), "pod rejected under node pressure");
+                    self.reject(&pod, "Evicted", &message);
                     continue;
                 }
                 if let Err(rejection) = admit(&pod, &active, &self.sync.config.node) {

@@ -171,7 +171,7 @@ impl<R: Runtime> ImageGc<R> {
 
     /// Collects at once, then every [`IMAGE_GC_PERIOD`], until `cancel`; nothing when the
     /// policy turns collection off.
-    pub async fn run(self, cancel: CancellationToken) {
+    pub async fn run(&self, cancel: CancellationToken) {
         if !self.policy.enabled() {
             info!("imageGCHighThresholdPercent is 100: image garbage collection is off");
             return;
@@ -199,6 +199,20 @@ impl<R: Runtime> ImageGc<R> {
             self.event("ImageGCFailed", err.to_string());
         }
         result
+    }
+
+    /// Removes every image no container uses and that is older than the minimum age, whatever
+    /// the thresholds (upstream `DeleteUnusedImages`, which the eviction manager calls under
+    /// disk pressure); returns the bytes freed.
+    pub async fn delete_unused_images(&self) -> Result<u64, ImageGcError> {
+        let now = wall_now();
+        self.detect_images(now).await?;
+        let in_use = self.detect_use(now).await?;
+        let mut freed = 0;
+        for id in self.candidates(&in_use, |r| old_enough(r, now, self.policy.min_age)) {
+            freed += self.remove(&id, "space").await?;
+        }
+        Ok(freed)
     }
 
     fn event(&self, reason: &str, message: String) {

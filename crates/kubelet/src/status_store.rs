@@ -35,6 +35,8 @@ pub struct StoredStatus {
     pub version: u64,
     /// The status.
     pub status: ApiPodStatus,
+    /// Nothing of the pod runs and its volumes are gone ([`StatusStore::terminated`]).
+    pub terminated: bool,
 }
 
 /// Versioned statuses by pod UID.
@@ -108,7 +110,8 @@ impl StatusStore {
             }
             None => 1,
         };
-        statuses.insert(uid, StoredStatus { version, status: status.clone() });
+        let terminated = statuses.get(&uid).is_some_and(|old| old.terminated);
+        statuses.insert(uid, StoredStatus { version, status: status.clone(), terminated });
         drop(statuses);
         for sink in lock(&self.sinks).iter() {
             sink.status_changed(pod, &status, version);
@@ -118,6 +121,9 @@ impl StatusStore {
 
     /// Tells the sinks that `pod` has terminated ([`StatusSink::pod_terminated`]).
     pub fn terminated(&self, pod: &Pod) {
+        if let Some(stored) = lock(&self.statuses).get_mut(&PodUid::of(pod)) {
+            stored.terminated = true;
+        }
         for sink in lock(&self.sinks).iter() {
             sink.pod_terminated(pod);
         }

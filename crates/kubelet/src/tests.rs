@@ -2,7 +2,7 @@
 //! housekeeping.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -12,13 +12,13 @@ use k8s_openapi::{
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Time},
 };
 use kubelet_core::{
-    PodManager, PodStatusFn, PodSyncer, PodUid, PodWorkers, RuntimeState, Source, SourcesReady, SyncHandler,
-    SyncPodType, UpdatePodOptions, WorkQueue, WorkerSync,
+    PodManager, PodStatusFn, PodSyncer, PodUid, RuntimeState, Source, SourcesReady, SyncHandler, SyncPodType,
+    UpdatePodOptions, WorkQueue, WorkerSync,
     clock::wall_now,
     events::RingRecorder,
     fake::{self, FakeRuntime},
     runtime::{self, NETWORK_READY, PodStatus, RUNTIME_READY, Runtime, RuntimeCondition, RuntimeStatus},
-    testing,
+    testing::{self, RecordingWorkers},
 };
 use tokio::time::Instant;
 
@@ -244,47 +244,7 @@ async fn terminating_kills_with_the_grace_and_records_the_final_status() {
 }
 
 /// Pod workers that record what they are asked.
-#[derive(Default)]
-struct Recorded {
-    updates: Mutex<Vec<(SyncPodType, String)>>,
-    known: Mutex<HashMap<PodUid, WorkerSync>>,
-}
-
-impl PodWorkers for Recorded {
-    fn update_pod(&self, options: UpdatePodOptions) {
-        let uid = options
-            .pod
-            .as_deref()
-            .map(PodUid::of)
-            .or_else(|| options.running_pod.as_ref().map(|r| r.uid.clone()))
-            .unwrap();
-        lock(&self.updates).push((options.update_type, uid.to_string()));
-    }
-    fn sync_known_pods(&self, _desired: &[Arc<Pod>]) -> HashMap<PodUid, WorkerSync> {
-        lock(&self.known).clone()
-    }
-    fn is_pod_known(&self, uid: &PodUid) -> bool {
-        lock(&self.known).contains_key(uid)
-    }
-    fn is_pod_known_terminated(&self, _: &PodUid) -> bool {
-        false
-    }
-    fn could_have_running_containers(&self, _: &PodUid) -> bool {
-        true
-    }
-    fn is_pod_termination_requested(&self, _: &PodUid) -> bool {
-        false
-    }
-    fn should_pod_containers_be_terminating(&self, _: &PodUid) -> bool {
-        false
-    }
-    fn should_pod_runtime_be_removed(&self, _: &PodUid) -> bool {
-        false
-    }
-    fn should_pod_content_be_removed(&self, _: &PodUid) -> bool {
-        false
-    }
-}
+type Recorded = RecordingWorkers;
 
 fn kubelet(f: &Fixture, max_pods: usize) -> (Kubelet<FakeRuntime, Recorded>, Arc<Recorded>, Arc<SourcesReady>) {
     let workers = Arc::new(Recorded::default());
@@ -298,8 +258,13 @@ fn kubelet(f: &Fixture, max_pods: usize) -> (Kubelet<FakeRuntime, Recorded>, Arc
     (kubelet, workers, sources)
 }
 
+/// The updates asked for since the last call, as (type, pod UID).
 fn updates(w: &Recorded) -> Vec<(SyncPodType, String)> {
-    std::mem::take(&mut *lock(&w.updates))
+    let uid = |options: &UpdatePodOptions| {
+        let from_config = options.pod.as_deref().map(PodUid::of);
+        from_config.or_else(|| options.running_pod.as_ref().map(|r| r.uid.clone())).unwrap().to_string()
+    };
+    w.take_updates().iter().map(|options| (options.update_type, uid(options))).collect()
 }
 
 #[tokio::test(start_paused = true)]
@@ -495,7 +460,7 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
     let kept = pod("kept", "Always", &["c"]);
     k.handle_pod_additions(vec![kept.clone()]).await;
     f.sync(&kept).await.unwrap();
-    lock(&w.known).insert(PodUid::new("kept"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
+    w.know(PodUid::new("kept"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
     updates(&w);
     assert!(f.sync.statuses().get(&PodUid::new("ghost")).is_some());
     f.relist().await;
@@ -574,13 +539,11 @@ async fn housekeeping_restarts_a_desired_pod_its_workers_forgot() {
     let mut refused = (*pod("refused", "Always", &["c"])).clone();
     refused.spec.as_mut().unwrap().runtime_class_name = Some("gvisor".into());
     k.handle_pod_additions(vec![Arc::new(refused)]).await;
-    lock(&w.known)
-        .insert(PodUid::new("running"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
+    w.know(PodUid::new("running"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
     updates(&w);
     k.handle_pod_cleanups().await.unwrap();
     assert_eq!(updates(&w), [(SyncPodType::Create, "reused".to_owned())], "started again, once");
-    lock(&w.known)
-        .insert(PodUid::new("reused"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
+    w.know(PodUid::new("reused"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
     k.handle_pod_cleanups().await.unwrap();
     assert!(updates(&w).is_empty(), "a pod its workers know is left to them");
 }

@@ -226,7 +226,10 @@ pub(super) async fn image_fs_stats(rt: &CriRuntime) -> Result<Option<FsStats>, E
     };
     let stats = measured.map_err(|source| Error::ImageFs { mountpoint, source })?;
     let block = stats.fragment_size();
-    Ok(Some(FsStats::new(stats.blocks() * block, stats.blocks_available() * block)))
+    let mut fs = FsStats::new(stats.blocks() * block, stats.blocks_available() * block)
+        .with_inodes(stats.files(), stats.files_free());
+    fs.filesystem_id = Some(stats.filesystem_id());
+    Ok(Some(fs))
 }
 
 pub(super) async fn remove_image(rt: &CriRuntime, image: &str) -> Result<(), Error> {
