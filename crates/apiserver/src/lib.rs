@@ -60,7 +60,7 @@ pub mod testing;
 use std::{collections::BTreeMap, net::IpAddr, path::Path};
 
 use k8s_openapi::{
-    api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint},
+    api::core::v1::{ContainerImage, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint},
     apimachinery::pkg::{
         api::resource::Quantity,
         apis::meta::v1::{ObjectMeta, Time},
@@ -69,7 +69,7 @@ use k8s_openapi::{
 };
 use kubelet_core::{
     eviction::{Pressure, Resource, Thresholds, format_amount},
-    runtime::Version,
+    runtime::{Image, Version},
 };
 
 /// What the agent knows of its node: identity, resources, software.
@@ -96,6 +96,9 @@ pub struct Facts {
     pub ephemeral_storage_bytes: Option<i64>,
     /// `maxPods`.
     pub max_pods: u32,
+    /// `nodeStatusMaxImages` (50): the most images the status lists, largest first; `None`
+    /// lists them all.
+    pub max_images: Option<usize>,
     /// Reserved CPU millicores and memory bytes (`systemReserved` plus `kubeReserved`).
     pub reserved: (i64, i64),
     /// The eviction thresholds: the hard ones hold memory and node storage back from pods.
@@ -130,6 +133,7 @@ impl Facts {
             memory_bytes: 0,
             ephemeral_storage_bytes: None,
             max_pods: 110,
+            max_images: Some(50),
             reserved: (0, 0),
             eviction: Thresholds::default(),
             runtime,
@@ -179,6 +183,30 @@ pub struct Health {
     pub network_errors: Vec<String>,
     /// The pressure conditions the eviction manager reports.
     pub pressure: Vec<Pressure>,
+    /// The runtime's images as last listed, for the status's `images`.
+    pub images: Vec<Image>,
+}
+
+/// The most names the status gives one image (upstream `MaxNamesPerImageInNodeStatus`).
+pub const MAX_NAMES_PER_IMAGE: usize = 5;
+
+/// Upstream's `Images` setter: the largest images first, at most `max`, each with at most
+/// [`MAX_NAMES_PER_IMAGE`] names (its digests, then its tags); none when nothing is listed.
+fn node_images(images: &[Image], max: Option<usize>) -> Option<Vec<ContainerImage>> {
+    if images.is_empty() {
+        return None;
+    }
+    let mut largest_first: Vec<&Image> = images.iter().collect();
+    largest_first.sort_by_key(|image| std::cmp::Reverse(image.size));
+    let listed = largest_first
+        .into_iter()
+        .take(max.unwrap_or(usize::MAX))
+        .map(|image| {
+            let names = image.repo_digests.iter().chain(&image.repo_tags).take(MAX_NAMES_PER_IMAGE).cloned().collect();
+            ContainerImage { names: Some(names), size_bytes: i64::try_from(image.size).ok() }
+        })
+        .collect();
+    Some(listed)
 }
 
 /// A pressure condition's reason, message and event (upstream's `MemoryPressureCondition`,
@@ -347,6 +375,7 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
         kubelet_version: facts.kubelet_version.clone(),
         ..NodeSystemInfo::default()
     };
+    status.images = node_images(&health.images, facts.max_images);
     if rebooted {
         events.push(NodeEvent {
             kind: "Warning",

@@ -191,3 +191,29 @@ fn hard_eviction_thresholds_come_off_allocatable() {
     let storage = kubelet_core::resources::parse_quantity(&allocatable["ephemeral-storage"].0).unwrap();
     assert!((storage - 0.9 * 10_737_418_240.0).abs() < 1024.0, "less nodefs.available: {storage}");
 }
+
+#[test]
+fn the_largest_images_are_listed_with_at_most_five_names() {
+    let mut facts = facts();
+    facts.max_images = Some(2);
+    let image = |id: &str, size: u64, tags: usize| {
+        let mut image = kubelet_core::runtime::Image::default();
+        image.id = id.to_owned();
+        image.size = size;
+        image.repo_digests = vec![format!("registry/{id}@sha256:0")];
+        image.repo_tags = (0..tags).map(|n| format!("registry/{id}:{n}")).collect();
+        image
+    };
+    let health =
+        Health { images: vec![image("small", 10, 1), image("big", 300, 9), image("mid", 200, 0)], ..Health::default() };
+    let mut node = registration(&facts);
+    set_status(&mut node, &facts, &health, at(0));
+    let images = node.status.as_ref().unwrap().images.clone().unwrap();
+    let sizes: Vec<Option<i64>> = images.iter().map(|i| i.size_bytes).collect();
+    assert_eq!(sizes, [Some(300), Some(200)], "the two largest");
+    let names = images[0].names.clone().unwrap();
+    assert_eq!(names.len(), 5, "at most five names");
+    assert_eq!(names[0], "registry/big@sha256:0", "digests first");
+    set_status(&mut node, &facts, &Health::default(), at(10));
+    assert!(node.status.as_ref().unwrap().images.is_none(), "nothing listed, nothing reported");
+}

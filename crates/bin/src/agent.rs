@@ -469,14 +469,21 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     }
     if let Some((Cluster { client, .. }, facts)) = cluster {
         info!(node = %settings.node_name, "joining the cluster of --kubeconfig");
+        let images = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lister = crate::cluster::list_images(agent.runtime().clone(), images.clone(), cancel.child_token());
+        tracker.spawn(lister.instrument(info_span!("image_list")));
+        let node_state = crate::cluster::NodeState {
+            runtime_state: agent.runtime_state().clone(),
+            pressure: agent.pressure().clone(),
+            images,
+        };
         crate::cluster::spawn(
             &tracker,
             client,
             facts,
             &settings,
             agent.statuses(),
-            agent.runtime_state().clone(),
-            agent.pressure().clone(),
+            node_state,
             pod_config.source(Source::Api),
             &recorder,
             &cancel,

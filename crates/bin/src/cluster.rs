@@ -4,7 +4,11 @@
 //! as config source "api", sends pod statuses (static pods' to their mirror pods) and ends
 //! graceful deletions through the status sink, and keeps a mirror pod for each static pod.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{
+    path::Path,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use apiserver::{
@@ -16,10 +20,11 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::Client;
 use kubelet::{MirrorClient, StatusSink, admission::NodeResources};
 use kubelet_core::{
-    PodUid, RuntimeState,
+    ErrorChain, PodUid, Runtime, RuntimeState,
     events::{Event, EventRecorder, RingRecorder},
+    eviction::NodePressure,
     hook::BoxFuture,
-    runtime::Version,
+    runtime::{Image, Version},
     types::{is_static_pod, pod_full_name},
 };
 use tokio::sync::mpsc;
@@ -30,6 +35,33 @@ use crate::settings::Settings;
 
 /// How often statuses the API server does not have yet are sent again (upstream's 10 s).
 const STATUS_RESYNC: Duration = Duration::from_secs(10);
+
+/// How often the runtime's images are listed for the Node's status (upstream's image cache).
+const IMAGE_LIST_PERIOD: Duration = Duration::from_secs(30);
+
+/// What the Node's status reads of the agent: the runtime's health, the node's pressure
+/// conditions and the runtime's images.
+pub(crate) struct NodeState {
+    pub(crate) runtime_state: Arc<RuntimeState>,
+    pub(crate) pressure: Arc<NodePressure>,
+    pub(crate) images: Arc<Mutex<Vec<Image>>>,
+}
+
+/// Lists the runtime's images into `images` every [`IMAGE_LIST_PERIOD`] until `cancel`.
+pub(crate) async fn list_images<R: Runtime>(
+    runtime: Arc<R>,
+    images: Arc<Mutex<Vec<Image>>>,
+    cancel: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(IMAGE_LIST_PERIOD);
+    while cancel.run_until_cancelled(ticks.tick()).await.is_some() {
+        match runtime.list_images().await {
+            // The list is replaced whole: a poisoned lock's list is whole too.
+            Ok(listed) => *images.lock().unwrap_or_else(PoisonError::into_inner) = listed,
+            Err(err) => warn!(error = %ErrorChain(&err), "cannot list the runtime's images for the node's status"),
+        }
+    }
+}
 
 /// A client for the cluster of `--kubeconfig`.
 pub(crate) async fn connect(path: &Path, qps: f64, burst: u32) -> Result<Client> {
@@ -51,6 +83,7 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     let node = NodeResources::of_this_node();
     (facts.cpu_milli, facts.memory_bytes) = (node.cpu_milli, node.memory_bytes);
     facts.max_pods = file.max_pods;
+    facts.max_images = file.node_status_max_images;
     facts.reserved = file.reserved();
     facts.eviction = file.eviction_thresholds().unwrap_or_default();
     facts.kubelet_version = format!("v1.36.0-kubelet-rs.{}", env!("CARGO_PKG_VERSION"));
@@ -131,8 +164,7 @@ pub(crate) fn spawn(
     facts: Facts,
     settings: &Settings,
     statuses: &kubelet::StatusStore,
-    runtime_state: Arc<RuntimeState>,
-    pressure: Arc<kubelet_core::eviction::NodePressure>,
+    node_state: NodeState,
     source: SourceSender,
     recorder: &Arc<RingRecorder>,
     cancel: &CancellationToken,
@@ -200,9 +232,10 @@ pub(crate) fn spawn(
             };
             let health = move || {
                 let mut health = Health::default();
-                health.runtime_errors = runtime_state.runtime_errors();
-                health.network_errors = runtime_state.network_errors();
-                health.pressure = pressure.conditions();
+                health.runtime_errors = node_state.runtime_state.runtime_errors();
+                health.network_errors = node_state.runtime_state.network_errors();
+                health.pressure = node_state.pressure.conditions();
+                health.images = node_state.images.lock().unwrap_or_else(PoisonError::into_inner).clone();
                 health
             };
             heartbeat::run(heartbeats, node, facts, health, recorder, config, cancel).await;

@@ -1245,7 +1245,8 @@ async fn wait_for_heartbeats(cluster: &Cluster, node: &str, since: std::time::Sy
 /// The eviction manager against upstream's kube-apiserver, as node `kubelet-rs-node-3`, on a
 /// root directory of its own (a 64 MiB tmpfs, so `nodefs` is the test's): a pod writing past its
 /// emptyDir's `sizeLimit` is evicted with upstream's message though the node has room; a
-/// BestEffort pod filling the node's filesystem past `nodefs.available<50%` makes the node
+/// BestEffort pod filling the node's filesystem past `nodefs.available<50%` (the node's status
+/// listing the runtime's images meanwhile) makes the node
 /// report `DiskPressure` and is evicted while the Guaranteed pod beside it runs on untouched; a
 /// pod bound meanwhile is refused; and the condition clears once the space is back.
 #[tokio::test]
@@ -1323,6 +1324,17 @@ async fn evict_under_pressure(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluste
     assert_eq!(pod["status"]["message"], "Usage of EmptyDir volume \"data\" exceeds the limit \"1Mi\". ", "{pod}");
     let no_pressure = until(&cluster, &node, &dir, "the node's DiskPressure condition", disk_pressure).await;
     assert_eq!(no_pressure["status"], "False", "{no_pressure}");
+    // The status lists the runtime's images, largest first, with their sizes.
+    let images = until(&cluster, &node, &dir, "the node's images", |v| {
+        let images = v.nodes.get(&node)?["status"]["images"].as_array()?.clone();
+        let named = |i: &Value, part: &str| {
+            i["names"].as_array().is_some_and(|n| n.iter().any(|n| n.as_str().is_some_and(|n| n.contains(part))))
+        };
+        images.iter().any(|i| named(i, "busybox")).then_some(images)
+    })
+    .await;
+    let sizes: Vec<i64> = images.iter().map(|i| i["sizeBytes"].as_i64().unwrap_or(0)).collect();
+    assert!(sizes.iter().all(|s| *s > 0) && sizes.windows(2).all(|w| w[0] >= w[1]), "largest first: {sizes:?}");
 
     // A Guaranteed pod, then a BestEffort one that fills the node's filesystem.
     let both = json!({"cpu": "100m", "memory": "32Mi"});

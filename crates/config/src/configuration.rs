@@ -139,6 +139,9 @@ pub struct KubeletConfiguration {
     pub container_log_max_workers: u32,
     /// `containerLogMonitorInterval` (10s): how often the logs are checked for rotation.
     pub container_log_monitor_interval: Duration,
+    /// `nodeStatusMaxImages` (50): the most images the Node's status lists; `None` (-1) lists
+    /// them all.
+    pub node_status_max_images: Option<usize>,
     /// `evictionHard` (upstream's Linux defaults: `memory.available<100Mi`,
     /// `nodefs.available<10%`, `nodefs.inodesFree<5%`, `imagefs.available<15%`); a map given
     /// replaces them, unless `mergeDefaultEvictionSettings` fills in the signals it leaves out.
@@ -210,6 +213,7 @@ impl Default for KubeletConfiguration {
             container_log_max_files: 5,
             container_log_max_workers: 1,
             container_log_monitor_interval: Duration::from_secs(10),
+            node_status_max_images: Some(50),
             eviction_hard: default_eviction_hard(),
             eviction_soft: BTreeMap::new(),
             eviction_soft_grace_period: BTreeMap::new(),
@@ -283,6 +287,7 @@ struct Raw {
     container_log_max_files: Option<i64>,
     container_log_max_workers: Option<i64>,
     container_log_monitor_interval: Option<String>,
+    node_status_max_images: Option<i64>,
     eviction_hard: Option<BTreeMap<String, String>>,
     eviction_soft: Option<BTreeMap<String, String>>,
     eviction_soft_grace_period: Option<BTreeMap<String, String>>,
@@ -379,6 +384,15 @@ impl KubeletConfiguration {
             config.node_status_report_frequency,
         )?;
         config.register_node = raw.register_node.unwrap_or(true);
+        match raw.node_status_max_images {
+            Some(-1) => config.node_status_max_images = None,
+            Some(max) => {
+                let max =
+                    usize::try_from(max).map_err(|_| at("nodeStatusMaxImages", format!("{max} must be >= -1")))?;
+                config.node_status_max_images = Some(max);
+            }
+            None => {}
+        }
         match raw.node_lease_duration_seconds {
             Some(seconds) if seconds < 0 => {
                 return Err(at("nodeLeaseDurationSeconds", format!("{seconds} is negative")));
@@ -862,6 +876,14 @@ volumeStatsAggPeriod: 0s
         assert_eq!(support("authentication"), Some(Support::WithoutEffect));
         assert_eq!(support("cgroupsPerQOS"), Some(Support::DefaultOnly));
         assert_eq!(support("cgroupPerQOS"), None);
+    }
+
+    #[test]
+    fn node_status_max_images_is_50_all_or_a_count() {
+        assert_eq!(parse("").unwrap().node_status_max_images, Some(50));
+        assert_eq!(parse("nodeStatusMaxImages: -1\n").unwrap().node_status_max_images, None);
+        assert_eq!(parse("nodeStatusMaxImages: 0\n").unwrap().node_status_max_images, Some(0));
+        assert!(parse("nodeStatusMaxImages: -2\n").unwrap_err().message.contains("must be >= -1"));
     }
 
     #[test]

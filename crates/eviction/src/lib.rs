@@ -5,7 +5,7 @@
 //!
 //! - [`state`]: the rules over time (thresholds met, grace periods, minimum reclaim, the
 //!   transition period), pure.
-//! - [`rank`]: the pods' use, the eviction order and messages, pure.
+//! - [`mod@rank`]: the pods' use, the eviction order and messages, pure.
 //! - [`stats`]: where the signals and the pods' use come from ([`StatsProvider`],
 //!   [`HostStats`]).
 //! - [`Manager`]: the loop, every 10 s as upstream's.

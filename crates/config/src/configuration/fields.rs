@@ -88,7 +88,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("runOnce", DefaultOnly),
     ("cpuCFSQuota", DefaultOnly),
     ("cpuCFSQuotaPeriod", DefaultOnly),
-    ("nodeStatusMaxImages", WithoutEffect),
+    ("nodeStatusMaxImages", Honoured),
     ("maxOpenFiles", WithoutEffect),
     ("contentType", WithoutEffect),
     ("kubeAPIQPS", Honoured),
