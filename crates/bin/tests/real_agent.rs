@@ -1036,14 +1036,15 @@ fn log_files(container_dir: &Path) -> Vec<String> {
     names
 }
 
-/// The numbers of the `line-N-...` lines in a container's log files, oldest file first (the
-/// rotated ones in name order, decompressed, then the live one).
-fn logged_numbers(container_dir: &Path) -> Vec<u64> {
+/// The messages in a container's log files, oldest file first (the rotated ones in name order,
+/// decompressed, then the live one), each with the name of the file it was read from; lines split
+/// between two files are joined again (see [`join_split_lines`]).
+fn logged_messages(container_dir: &Path) -> Vec<(String, String)> {
     let mut names = log_files(container_dir);
     // The live file sorts first by name ("0.log" < "0.log.<stamp>"), but was written last.
     let live_first = names.first().is_some_and(|n| n == "0.log");
     names.rotate_left(usize::from(live_first));
-    let mut numbers = Vec::new();
+    let mut messages = Vec::new();
     for name in names {
         let path = container_dir.join(&name);
         let mut text = String::new();
@@ -1053,10 +1054,56 @@ fn logged_numbers(container_dir: &Path) -> Vec<u64> {
         } else {
             std::io::Read::read_to_string(&mut std::io::BufReader::new(file), &mut text).unwrap();
         }
-        let found = text.lines().filter_map(|l| l.split(" line-").nth(1)?.split('-').next()?.parse::<u64>().ok());
-        numbers.extend(found);
+        // A CRI log line is "<time> <stream> <tag> <message>".
+        let found = text.lines().filter_map(|l| l.splitn(4, ' ').nth(3));
+        messages.extend(found.map(|m| (name.clone(), m.to_owned())));
     }
-    numbers
+    join_split_lines(messages)
+}
+
+/// `messages` (each with where it was read) with every piece that is not a whole line joined to
+/// the one after it.
+///
+/// containerd hands a container's output to the log file in the chunks it reads, so a log reopen
+/// during a burst can end one file with the start of a line and begin the next with its rest, each
+/// written as a line of its own, which the CRI format cannot mark (upstream's rotation is the same).
+fn join_split_lines(messages: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut joined: Vec<(String, String)> = Vec::with_capacity(messages.len());
+    for (origin, message) in messages {
+        match joined.pop() {
+            Some((start_origin, start)) if !is_whole_line(&start) => {
+                eprintln!("joined a line split between {start_origin} and {origin}: {start:?} + {message:?}");
+                joined.push((origin, start + &message));
+            }
+            last => {
+                joined.extend(last);
+                joined.push((origin, message));
+            }
+        }
+    }
+    joined
+}
+
+/// Whether `message` is one whole line of the chatty container: `line-N-` and 80 x, or `last-N`.
+fn is_whole_line(message: &str) -> bool {
+    let numbered = line_number(message).is_some() && message.ends_with(&"x".repeat(80));
+    numbered || message.starts_with("last-")
+}
+
+/// The number N of a `line-N-...` message.
+fn line_number(message: &str) -> Option<u64> {
+    message.strip_prefix("line-")?.split('-').next()?.parse().ok()
+}
+
+/// Where `messages` first break the run of consecutive line numbers, with the messages around it.
+fn first_gap(messages: &[(String, String)]) -> String {
+    let numbered: Vec<(usize, u64)> =
+        messages.iter().enumerate().filter_map(|(i, (_, m))| Some((i, line_number(m)?))).collect();
+    let Some(gap) = numbered.windows(2).find(|w| w[1].1 != w[0].1 + 1) else {
+        return "no gap".to_owned();
+    };
+    let around = &messages[gap[0].0.saturating_sub(2)..(gap[1].0 + 3).min(messages.len())];
+    format!("after line {} comes {}: {around:?}", gap[0].1, gap[1].1)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1118,21 +1165,23 @@ async fn real_container_logs_rotate_without_losing_lines() {
             let files = log_files(&container_dir);
             assert!(most <= 3, "at most 3 files at any time, saw {most}");
             assert!(files.iter().any(|f| f.ends_with(".gz")), "older files are compressed: {files:?}");
-            let numbers = logged_numbers(&container_dir);
+            let messages = logged_messages(&container_dir);
+            let numbers: Vec<u64> = messages.iter().filter_map(|(_, m)| line_number(m)).collect();
             let first = *numbers.first().expect("numbered lines kept");
             assert!(first > 0, "the oldest lines were rotated away");
             let expected: Vec<u64> = (first..200_000).collect();
             assert!(
                 numbers == expected,
-                "kept lines {first}.. are consecutive up to the last: {} lines",
-                numbers.len()
+                "kept lines {first}.. are consecutive up to the last: {} lines; {}",
+                numbers.len(),
+                first_gap(&messages)
             );
 
             // `kubelet-rs logs` reads across the uncompressed rotated file and the live one.
             let (ok, logs, err) = kubelet_rs(&["logs", &pod, "--root-dir", &root]);
             assert!(ok, "logs: {err}");
-            let shown: Vec<u64> =
-                logs.lines().filter_map(|l| l.strip_prefix("line-")?.split('-').next()?.parse().ok()).collect();
+            let shown_lines = logs.lines().map(|l| ("logs".to_owned(), l.to_owned())).collect();
+            let shown: Vec<u64> = join_split_lines(shown_lines).iter().filter_map(|(_, l)| line_number(l)).collect();
             assert!(!shown.is_empty() && shown.windows(2).all(|w| w[1] == w[0] + 1), "logs are consecutive");
             assert_eq!(shown.last(), Some(&199_999));
             assert!(logs.ends_with("last-200000\n"), "the last line is shown");
