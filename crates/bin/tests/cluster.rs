@@ -33,7 +33,11 @@ use kube::{
     Api,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use kubelet_core::{runtime::Runtime as _, testing::RealRuntime};
+use kubelet_core::{
+    eviction::{Resource, format_amount},
+    runtime::Runtime as _,
+    testing::RealRuntime,
+};
 use serde_json::{Value, json};
 
 struct Agent(Child);
@@ -1268,6 +1272,100 @@ async fn real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiser
     let body = evict_under_pressure(rt.clone(), dir.clone(), cluster.clone(), node.to_owned());
     run_and_clean_up(&rt, &dir, &cluster, node, body).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Upstream's memory eviction against kube-apiserver: with `memory.available` set 500 MiB below
+/// what the node has, a BestEffort pod holding 1000 MiB in a memory-backed emptyDir makes the
+/// node report `MemoryPressure` and is evicted with upstream's message, while the Guaranteed pod
+/// beside it (under its request) runs on untouched; the condition clears once the memory is back.
+#[tokio::test]
+async fn real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserver() {
+    let test = "real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserver";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let node = "kubelet-rs-node-3";
+    let Some(cluster) = kube_apiserver(test, node).await else { return };
+    let cluster = Arc::new(cluster);
+    let dir = rt.scratch_dir.join("memory-evictions");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    let body = evict_under_memory_pressure(rt.clone(), dir.clone(), cluster.clone(), node.to_owned());
+    run_and_clean_up(&rt, &dir, &cluster, node, body).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The node's `memory.available` in MiB, computed as the agent computes it.
+fn memory_available_mib() -> u64 {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap();
+    let meminfo = read("/proc/meminfo");
+    let root = "/sys/fs/cgroup/memory";
+    let root_cgroup = std::fs::read_to_string(format!("{root}/memory.usage_in_bytes"))
+        .ok()
+        .map(|usage| (usage, read(&format!("{root}/memory.stat"))));
+    let root_cgroup = root_cgroup.as_ref().map(|(usage, stat)| (usage.as_str(), stat.as_str()));
+    let observed = eviction::stats::memory_observation(&meminfo, root_cgroup).expect("memory.available");
+    observed.available / (1024 * 1024)
+}
+
+/// The body of [`real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserver`].
+async fn evict_under_memory_pressure(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    let threshold = memory_available_mib().saturating_sub(500);
+    std::fs::write(
+        dir.join("config.yaml"),
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 2s\n\
+             evictionHard: {{memory.available: {threshold}Mi}}\nevictionPressureTransitionPeriod: 5s\n"
+        ),
+    )
+    .unwrap();
+    let kubeconfig = cluster.kubeconfig(&dir);
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &[]);
+    let ns = cluster.namespace().to_owned();
+    let pod_of = |name: &str| {
+        let key = format!("{ns}/{name}");
+        move |v: &View| v.pods.get(&key).cloned()
+    };
+    let memory_pressure = |v: &View| {
+        let conditions = v.nodes.get(&node)?["status"]["conditions"].as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == "MemoryPressure")
+    };
+    let image = &rt.busybox_image;
+
+    let both = json!({"cpu": "100m", "memory": "32Mi"});
+    let guaranteed = json!({"requests": both, "limits": both});
+    cluster.create_pod(writer_pod("guaranteed", &node, image, "true", None, guaranteed)).await;
+    let running = until(&cluster, &node, &dir, "the Guaranteed pod to run", |v| {
+        pod_of("guaranteed")(v).filter(|p| phase(p) == "Running")
+    })
+    .await;
+    let started = running["status"]["containerStatuses"][0]["containerID"].clone();
+    let no_pressure = until(&cluster, &node, &dir, "the node's MemoryPressure condition", memory_pressure).await;
+    assert_eq!(no_pressure["status"], "False", "{no_pressure}");
+
+    let mut hog = writer_pod("hog", &node, image, "dd if=/dev/zero of=/data/fill bs=1M count=1000", None, json!({}));
+    hog["spec"]["volumes"][0]["emptyDir"]["medium"] = json!("Memory");
+    cluster.create_pod(hog).await;
+    let pressure =
+        until(&cluster, &node, &dir, "MemoryPressure", |v| memory_pressure(v).filter(|c| c["status"] == "True")).await;
+    assert_eq!(pressure["reason"], "KubeletHasInsufficientMemory", "{pressure}");
+    assert_eq!(pressure["message"], "kubelet has insufficient memory available", "{pressure}");
+    let pod = until(&cluster, &node, &dir, "the pod over its request to be evicted", |v| {
+        pod_of("hog")(v).filter(|p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted")
+    })
+    .await;
+    let message = pod["status"]["message"].as_str().unwrap_or_default();
+    let quantity = format_amount(threshold * 1024 * 1024, Resource::Memory);
+    let expected = format!("The node was low on resource: memory. Threshold quantity: {quantity}, available: ");
+    assert!(message.starts_with(&expected), "upstream's message: {message}");
+    assert!(message.contains("Container app was using "), "the container's usage: {message}");
+
+    // The memory comes back with the evicted pod's volume, and the condition clears.
+    until(&cluster, &node, &dir, "MemoryPressure to clear", |v| memory_pressure(v).filter(|c| c["status"] == "False"))
+        .await;
+    let view = cluster.view(&node).await;
+    let guaranteed = pod_of("guaranteed")(&view).unwrap();
+    assert_eq!(phase(&guaranteed), "Running", "{guaranteed}");
+    assert_eq!(guaranteed["status"]["containerStatuses"][0]["containerID"], started, "the same container");
+    assert_eq!(guaranteed["status"]["containerStatuses"][0]["restartCount"], 0);
 }
 
 /// A pod of `node` running `script` in a busybox container with an emptyDir at `/data` (of at
