@@ -137,6 +137,27 @@ fn pod_cgroups(settings: &Settings) -> cm::Config {
         .pod_pids_limit(file.pod_pids_limit)
 }
 
+/// The daemons' cgroups `enforceNodeAllocatable` limits to their reservations.
+fn reserved_cgroups(file: &config::KubeletConfiguration) -> Vec<cm::ReservedCgroup> {
+    let enforced = |key: &str| file.enforce_node_allocatable.iter().any(|e| e == key);
+    let reservation = |whose, cgroup: &str, reserved: &BTreeMap<String, String>| {
+        let amount = |resource: &str, scaled: fn(&Quantity) -> Option<i64>| {
+            reserved.get(resource).and_then(|q| scaled(&Quantity(q.clone())))
+        };
+        let cpu = amount("cpu", kubelet_core::resources::milli);
+        let memory = amount("memory", kubelet_core::resources::units);
+        cm::ReservedCgroup::new(whose, cgroup, cpu, memory)
+    };
+    let mut reserved = Vec::new();
+    if enforced("system-reserved") {
+        reserved.push(reservation("System Reserved", &file.system_reserved_cgroup, &file.system_reserved));
+    }
+    if enforced("kube-reserved") {
+        reserved.push(reservation("Kube Reserved", &file.kube_reserved_cgroup, &file.kube_reserved));
+    }
+    reserved
+}
+
 /// The eviction manager's settings: the `eviction*` fields, checked when the file was read.
 fn eviction_config(file: &config::KubeletConfiguration) -> Result<eviction::Config> {
     let thresholds = file.eviction_thresholds().context("invalid eviction thresholds")?;
@@ -370,10 +391,15 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
             cm::CgroupManager::new(config).with_context(|| format!("cannot set up the pods' cgroup {pods_cgroup}"))
         })
         .transpose()?;
+    if cgroups.is_some() {
+        for reserved in reserved_cgroups(file) {
+            reserved.enforce(cri_client::cgroups::CGROUP_ROOT)?;
+            info!(cgroup = %reserved.cgroup, "Updated limits on {} cgroup", reserved.whose.to_lowercase());
+        }
+    }
     let image_gc =
         Arc::new(ImageGc::new(runtime.clone(), image_gc_policy(file), recorder.clone(), &settings.node_name));
-    let reclaim = Arc::new(NodeReclaimer { image_gc: image_gc.clone(), runtime: runtime.clone() });
-    let stats = eviction::HostStats::new(runtime.clone(), eviction_paths);
+    let eviction_runtime = host_evictions.then(|| runtime.clone());
     let mut builder = Agent::builder(runtime, agent::Config::new(kubelet_config, sources));
     if let Some(cgroups) = cgroups {
         builder = builder.pod_cgroups(cgroups);
@@ -415,21 +441,24 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     let (pod_config, updates) = PodConfig::new(recorder.clone());
     let tracker = TaskTracker::new();
     tracker.spawn({
+        let image_gc = image_gc.clone();
         let cancel = cancel.child_token();
         async move { image_gc.run(cancel).await }.instrument(info_span!("image_gc"))
     });
-    let evictions = eviction::Manager::new(
-        eviction_config(file)?,
-        stats,
-        agent.workers().clone(),
-        agent.active_pods(),
-        recorder.clone(),
-        &settings.node_name,
-        agent.pressure().clone(),
-    )
-    .node_reclaim(reclaim)
-    .pod_cleaned_up(agent.pod_resources_reclaimed());
-    if host_evictions {
+    if let Some(runtime) = eviction_runtime {
+        let stats = eviction::HostStats::new(runtime.clone(), eviction_paths);
+        let reclaim = Arc::new(NodeReclaimer { image_gc, runtime });
+        let evictions = eviction::Manager::new(
+            eviction_config(file)?,
+            stats,
+            agent.workers().clone(),
+            agent.active_pods(),
+            recorder.clone(),
+            &settings.node_name,
+            agent.pressure().clone(),
+        )
+        .node_reclaim(reclaim)
+        .pod_cleaned_up(agent.pod_resources_reclaimed());
         tracker.spawn(evictions.run(cancel.child_token()).instrument(info_span!("eviction_manager")));
     } else {
         info!("the fake runtime's pods use nothing of this host: the eviction manager is off");

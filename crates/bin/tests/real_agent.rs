@@ -1190,6 +1190,84 @@ async fn real_container_logs_rotate_without_losing_lines() {
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
 }
 
+/// `enforceNodeAllocatable: [pods, system-reserved]` limits the existing `systemReservedCgroup`
+/// to `systemReserved` (shares for the CPU, a memory limit) as upstream does, and the agent
+/// refuses to start when an enforced reserved cgroup does not exist, naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn real_reserved_cgroups_are_limited_to_their_reservations() {
+    let test = "real_reserved_cgroups_are_limited_to_their_reservations";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    if Path::new(cgroups::CGROUP_ROOT).join("cgroup.controllers").exists() {
+        eprintln!("SKIPPED {test}: it reads cgroup v1 files");
+        return;
+    }
+    let (dir, node) = scratch(&rt, "agent-reserved", "reserved");
+    let system = format!("/kubelet-rs-test-system-reserved-{}", std::process::id());
+    let missing = format!("/kubelet-rs-test-missing-{}", std::process::id());
+    let controller_dir =
+        |controller: &str, cgroup: &str| Path::new(cgroups::CGROUP_ROOT).join(controller).join(&cgroup[1..]);
+    // Upstream's check wants the cgroup in each of these controllers that is mounted.
+    let controllers: Vec<&str> = ["cpu", "cpuacct", "cpuset", "memory", "pids", "hugetlb"]
+        .into_iter()
+        .filter(|c| Path::new(cgroups::CGROUP_ROOT).join(c).is_dir())
+        .collect();
+    for controller in &controllers {
+        std::fs::create_dir_all(controller_dir(controller, &system)).unwrap();
+    }
+    let config = dir.join("kubelet.yaml");
+    let write_config = |enforced: &str, kube_reserved_cgroup: &str| {
+        let body = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             enforceNodeAllocatable: [{enforced}]\nsystemReservedCgroup: {system}\n\
+             kubeReservedCgroup: {kube_reserved_cgroup}\nsystemReserved: {{cpu: 500m, memory: 100Mi}}\n"
+        );
+        std::fs::write(&config, body).unwrap();
+    };
+
+    // Not enforced: a kubeReservedCgroup that does not exist is never looked at.
+    write_config("pods, system-reserved", &missing);
+    let script = "trap 'exit 0' TERM; while true; do sleep 1; done";
+    std::fs::write(dir.join("manifests/steady.yaml"), manifest("steady", &rt.busybox_image, script)).unwrap();
+    let agent = Agent::start_with(&rt, &dir, &node, &["--config", config.to_str().unwrap()]);
+    let runtime = test_runtime(&rt, &dir, &node);
+    let outcome = {
+        let mut agent = agent;
+        let runtime = test_runtime(&rt, &dir, &node);
+        let (dir, node, system) = (dir.clone(), node.clone(), system.clone());
+        async move {
+            let steady = wait_for(&runtime, &format!("steady-{node}"), "the static pod to run", running).await;
+            let file = |controller: &str, name: &str| cgroup_file(&format!("{controller}{system}/{name}"));
+            assert_eq!(file("cpu", "cpu.shares"), "512", "500m of CPU as shares");
+            assert_eq!(file("memory", "memory.limit_in_bytes"), "104857600", "100Mi of memory");
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            assert!(log.contains("Updated limits on system reserved cgroup"), "{log}");
+            // The agent stops with its pod, before the second start.
+            std::fs::remove_file(dir.join("manifests/steady.yaml")).unwrap();
+            wait_until_gone(&runtime, &dir, &steady.uid).await;
+            agent.signal(Signal::SIGTERM);
+            assert!(agent.exited_within(Duration::from_secs(30)).await, "the agent stops");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+
+    // Enforced on a cgroup that does not exist: the agent stops at start-up and says why.
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    write_config("pods, kube-reserved", &missing);
+    let mut refused = Agent::start_with(&rt, &dir, &node, &["--config", config.to_str().unwrap()]);
+    let exited = refused.exited_within(Duration::from_secs(30)).await;
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    for controller in &controllers {
+        let _ = std::fs::remove_dir(controller_dir(controller, &system));
+    }
+    assert!(exited, "the agent refuses to run:\n{log}");
+    assert!(!refused.child.try_wait().unwrap().unwrap().success(), "with a failure");
+    // The log quotes the error, so its own quotes are escaped.
+    let expected = format!("Failed to enforce Kube Reserved Cgroup Limits on \\\"{missing}\\\"");
+    assert!(log.contains(&expected), "the error names the cgroup:\n{log}");
+    assert!(log.contains("has some missing paths"), "upstream's reason:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A static pod whose one container `app` runs `script` with `resources` (YAML flow maps,
 /// indented for the container), for the QoS tests.
 fn resources_manifest(name: &str, image: &str, script: &str, resources: &str) -> String {

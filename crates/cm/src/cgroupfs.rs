@@ -21,6 +21,10 @@ pub enum Version {
 
 /// The v1 controllers this crate writes to, and so makes its cgroups in.
 const V1_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
+/// The v1 controllers in which upstream's `Validate` looks for an existing cgroup.
+const V1_VALIDATED_CONTROLLERS: [&str; 6] = ["cpu", "cpuacct", "cpuset", "memory", "pids", "hugetlb"];
+/// The v2 controllers upstream's `Validate` wants enabled in an existing cgroup.
+const V2_VALIDATED_CONTROLLERS: [&str; 5] = ["cpu", "cpuset", "hugetlb", "memory", "pids"];
 /// What a v2 parent must hand down for its children to have the files this crate writes.
 const V2_SUBTREE_CONTROL: &str = "+cpu +memory +pids";
 
@@ -69,14 +73,70 @@ impl Cgroupfs {
             }
             Version::V2 => self.make_handing_down_controllers(relative)?,
         }
+        self.write_files(relative, config)
+    }
+
+    /// Writes `config` into cgroup `name`, which must exist already (upstream's
+    /// `enforceExistingCgroup`, for the system and Kubernetes daemons' cgroups), as upstream's
+    /// `Validate` checks: in every v1 controller it looks at that is mounted here, or, on v2,
+    /// with the controllers it looks at that the root has.
+    pub fn update_existing(&self, name: &str, config: &ResourceConfig) -> Result<(), PodCgroupError> {
+        let relative = relative_cgroup_path(name).map_err(|e| PodCgroupError::new("naming", name, e))?;
+        let missing = match self.version {
+            Version::V1 => self.missing_v1_paths(relative).map(|paths| format!("some missing paths: {paths}")),
+            Version::V2 => self.missing_v2_controllers(relative).map(|c| format!("some missing controllers: {c}")),
+        };
+        if let Some(missing) = missing {
+            let err = io::Error::new(io::ErrorKind::NotFound, format!("cgroup {name:?} has {missing}"));
+            return Err(PodCgroupError::new("validating", name, err));
+        }
+        self.write_files(relative, config)
+    }
+
+    /// The directories of `relative` missing in the v1 controllers upstream validates.
+    fn missing_v1_paths(&self, relative: &Path) -> Option<String> {
+        let missing: Vec<String> = V1_VALIDATED_CONTROLLERS
+            .iter()
+            .map(|controller| self.mount.join(controller))
+            .filter(|hierarchy| hierarchy.is_dir())
+            .map(|hierarchy| hierarchy.join(relative))
+            .filter(|dir| !dir.is_dir())
+            .map(|dir| dir.display().to_string())
+            .collect();
+        (!missing.is_empty()).then(|| missing.join(", "))
+    }
+
+    /// The controllers upstream validates that the root has and `relative` lacks (all of them
+    /// when it does not exist).
+    fn missing_v2_controllers(&self, relative: &Path) -> Option<String> {
+        let controllers = |dir: &Path| {
+            let listed = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+            listed.split_whitespace().map(str::to_owned).collect::<Vec<_>>()
+        };
+        let root = controllers(&self.mount);
+        let enabled = controllers(&self.mount.join(relative));
+        let missing: Vec<&str> = V2_VALIDATED_CONTROLLERS
+            .into_iter()
+            .filter(|c| root.iter().any(|r| r == c) && !enabled.iter().any(|e| e == c))
+            .collect();
+        (!missing.is_empty()).then(|| missing.join(", "))
+    }
+
+    /// Writes the files `config` sets into the existing cgroup at `relative`.
+    fn write_files(&self, relative: &Path, config: &ResourceConfig) -> Result<(), PodCgroupError> {
         for (file, value) in self.files(config) {
             let path = match self.version {
-                Version::V1 => self.mount.join(file.split('.').next().unwrap_or_default()).join(relative).join(file),
+                Version::V1 => self.v1_file(relative, file),
                 Version::V2 => self.mount.join(relative).join(file),
             };
             write(&path, &value).map_err(|e| PodCgroupError::new("writing", path.display().to_string(), e))?;
         }
         Ok(())
+    }
+
+    /// A v1 cgroup file, in the hierarchy of the controller its name starts with.
+    fn v1_file(&self, relative: &Path, file: &str) -> PathBuf {
+        self.mount.join(file.split('.').next().unwrap_or_default()).join(relative).join(file)
     }
 
     /// The cgroup's directory in each hierarchy written to: the cpu controller's first on v1.
@@ -167,6 +227,53 @@ mod tests {
             memory_limit: Some(64 << 20),
             pids_limit: Some(100),
         }
+    }
+
+    #[test]
+    fn a_reserved_cgroup_must_exist_in_every_mounted_controller_and_gets_only_its_reservation() {
+        let mount = tempfile::tempdir().unwrap();
+        let fs = Cgroupfs::new(mount.path(), Version::V1);
+        for controller in ["cpu", "memory", "pids"] {
+            std::fs::create_dir(mount.path().join(controller)).unwrap();
+        }
+        let reservation = ResourceConfig::for_reservation(Some(500), Some(100 << 20));
+        std::fs::create_dir_all(mount.path().join("cpu/system.slice")).unwrap();
+        let err = fs.update_existing("/system.slice", &reservation).unwrap_err();
+        let missing = format!(
+            "cgroup \"/system.slice\" has some missing paths: {}, {}",
+            mount.path().join("memory/system.slice").display(),
+            mount.path().join("pids/system.slice").display()
+        );
+        assert_eq!(err.source.to_string(), missing);
+        assert!(!mount.path().join("memory/system.slice").exists(), "nothing is made");
+        for controller in ["memory", "pids"] {
+            std::fs::create_dir(mount.path().join(controller).join("system.slice")).unwrap();
+        }
+        fs.update_existing("/system.slice", &reservation).unwrap();
+        assert_eq!(read(mount.path().join("cpu/system.slice/cpu.shares")), "512");
+        assert_eq!(read(mount.path().join("memory/system.slice/memory.limit_in_bytes")), "104857600");
+        assert!(!mount.path().join("cpu/system.slice/cpu.cfs_quota_us").exists());
+        assert!(!mount.path().join("pids/system.slice/pids.max").exists());
+        // Nothing reserved: the cgroup must exist all the same.
+        let err = fs.update_existing("/kube.slice", &ResourceConfig::default()).unwrap_err();
+        assert!(err.source.to_string().contains("missing paths"), "{err}");
+    }
+
+    #[test]
+    fn a_v2_reserved_cgroup_needs_the_roots_controllers() {
+        let mount = tempfile::tempdir().unwrap();
+        std::fs::write(mount.path().join("cgroup.controllers"), "cpuset cpu io memory pids").unwrap();
+        let fs = Cgroupfs::new(mount.path(), Version::V2);
+        let reservation = ResourceConfig::for_reservation(Some(1000), None);
+        let err = fs.update_existing("/system.slice", &reservation).unwrap_err();
+        assert!(err.source.to_string().ends_with("some missing controllers: cpu, cpuset, memory, pids"), "{err}");
+        std::fs::create_dir(mount.path().join("system.slice")).unwrap();
+        std::fs::write(mount.path().join("system.slice/cgroup.controllers"), "cpu memory pids").unwrap();
+        let err = fs.update_existing("/system.slice", &reservation).unwrap_err();
+        assert!(err.source.to_string().ends_with("some missing controllers: cpuset"), "{err}");
+        std::fs::write(mount.path().join("system.slice/cgroup.controllers"), "cpuset cpu memory pids").unwrap();
+        fs.update_existing("/system.slice", &reservation).unwrap();
+        assert_eq!(read(mount.path().join("system.slice/cpu.weight")), "39");
     }
 
     #[test]

@@ -64,6 +64,63 @@ pub struct Config {
     pub pod_pids_limit: Option<i64>,
 }
 
+/// An existing cgroup limited to a reservation (`enforceNodeAllocatable` with `system-reserved`
+/// or `kube-reserved`): `systemReservedCgroup` to `systemReserved`, or `kubeReservedCgroup` to
+/// `kubeReserved`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReservedCgroup {
+    /// Whose reservation it holds: `System Reserved`, `Kube Reserved`.
+    pub whose: &'static str,
+    /// The cgroup (`/system.slice`).
+    pub cgroup: String,
+    /// Its values: shares for the reserved CPU, a limit for the reserved memory.
+    pub config: ResourceConfig,
+}
+
+impl ReservedCgroup {
+    /// `cgroup`, holding `whose` reservation of `cpu_milli` millicores and `memory_bytes`.
+    pub fn new(
+        whose: &'static str,
+        cgroup: impl Into<String>,
+        cpu_milli: Option<i64>,
+        memory_bytes: Option<i64>,
+    ) -> Self {
+        ReservedCgroup {
+            whose,
+            cgroup: cgroup.into(),
+            config: ResourceConfig::for_reservation(cpu_milli, memory_bytes),
+        }
+    }
+
+    /// Writes the reservation into the cgroup below `mount`, which must exist (upstream's
+    /// `enforceExistingCgroup`).
+    pub fn enforce(&self, mount: impl Into<PathBuf>) -> Result<(), ReservedCgroupError> {
+        let fs = Cgroupfs::detect(mount);
+        fs.update_existing(&self.cgroup, &self.config).map_err(|source| ReservedCgroupError {
+            whose: self.whose,
+            cgroup: self.cgroup.clone(),
+            source,
+        })?;
+        debug!(cgroup = %self.cgroup, config = ?self.config, "{} cgroup limited", self.whose);
+        Ok(())
+    }
+}
+
+/// Why a reserved cgroup could not be limited (upstream's `FailedNodeAllocatableEnforcement`).
+#[derive(Debug, thiserror::Error)]
+#[error("Failed to enforce {whose} Cgroup Limits on {cgroup:?}")]
+#[non_exhaustive]
+pub struct ReservedCgroupError {
+    /// Whose reservation: `System Reserved`, `Kube Reserved`.
+    pub whose: &'static str,
+    /// The cgroup.
+    pub cgroup: String,
+    /// Why.
+    #[source]
+    pub source: PodCgroupError,
+}
+
 impl Config {
     /// Pods' cgroups below `pods_cgroup` (`/kubepods`) in the hierarchies at `mount`, with
     /// upstream's defaults and `kubepods` left as it is.

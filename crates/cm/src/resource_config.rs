@@ -104,6 +104,16 @@ impl ResourceConfig {
         }
     }
 
+    /// The values of a daemons' cgroup for its reservation (upstream's `getCgroupConfig`): shares
+    /// for the CPU and a limit for the memory, each only when reserved.
+    pub fn for_reservation(cpu_milli: Option<i64>, memory_bytes: Option<i64>) -> ResourceConfig {
+        ResourceConfig {
+            cpu_shares: cpu_milli.map(milli_cpu_to_shares),
+            memory_limit: memory_bytes,
+            ..ResourceConfig::default()
+        }
+    }
+
     /// The Burstable class's values: shares for the sum of its pods' CPU requests.
     pub fn for_burstable(cpu_requests_milli: i64) -> ResourceConfig {
         ResourceConfig { cpu_shares: Some(milli_cpu_to_shares(cpu_requests_milli)), ..ResourceConfig::default() }

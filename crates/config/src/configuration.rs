@@ -126,8 +126,16 @@ pub struct KubeletConfiguration {
     /// `imageMaximumGCAge` (0, off): an image unused for longer is collected.
     pub image_maximum_gc_age: Option<Duration>,
     /// `enforceNodeAllocatable` (`[pods]`): with `pods`, the `kubepods` cgroup is limited to
-    /// the node's allocatable; empty (or `none`), to its capacity.
+    /// the node's allocatable; empty (or `none`), to its capacity. With `system-reserved` and
+    /// `kube-reserved`, the cgroups `systemReservedCgroup` and `kubeReservedCgroup` are limited
+    /// to `systemReserved` and `kubeReserved`.
     pub enforce_node_allocatable: Vec<String>,
+    /// `systemReservedCgroup`: the existing cgroup of the system daemons, limited to
+    /// `systemReserved` when `enforceNodeAllocatable` holds `system-reserved`.
+    pub system_reserved_cgroup: String,
+    /// `kubeReservedCgroup`: the existing cgroup of the Kubernetes daemons, limited to
+    /// `kubeReserved` when `enforceNodeAllocatable` holds `kube-reserved`.
+    pub kube_reserved_cgroup: String,
     /// `podPidsLimit` (-1): the most processes in one pod; `None` is no limit.
     pub pod_pids_limit: Option<i64>,
     /// `containerLogMaxSize` (10Mi): a running container's log is rotated once it is this
@@ -208,6 +216,8 @@ impl Default for KubeletConfiguration {
             image_minimum_gc_age: Duration::from_secs(120),
             image_maximum_gc_age: None,
             enforce_node_allocatable: vec!["pods".to_owned()],
+            system_reserved_cgroup: String::new(),
+            kube_reserved_cgroup: String::new(),
             pod_pids_limit: None,
             container_log_max_size: Some(10 * 1024 * 1024),
             container_log_max_files: 5,
@@ -275,6 +285,8 @@ struct Raw {
     node_status_report_frequency: Option<String>,
     container_log_max_size: Option<String>,
     enforce_node_allocatable: Option<Vec<String>>,
+    system_reserved_cgroup: Option<String>,
+    kube_reserved_cgroup: Option<String>,
     #[serde(rename = "imageGCHighThresholdPercent")]
     image_gc_high_threshold_percent: Option<i64>,
     #[serde(rename = "imageGCLowThresholdPercent")]
@@ -301,17 +313,26 @@ fn default_eviction_hard() -> BTreeMap<String, String> {
     kubelet_core::eviction::DEFAULT_EVICTION_HARD.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
 }
 
-/// `enforceNodeAllocatable`'s values: `pods`, or `none` alone. Enforcing `system-reserved` and
-/// `kube-reserved` on their cgroups is not built.
+/// `enforceNodeAllocatable`'s values (upstream's validation): `pods`, `system-reserved` and
+/// `kube-reserved`, or `none` alone.
 fn check_enforce_node_allocatable(enforced: &[String]) -> Result<(), String> {
     if enforced.iter().any(|e| e == "none") && enforced.len() > 1 {
         return Err("none cannot be combined with other values".to_owned());
     }
-    match enforced.iter().find(|e| !matches!(e.as_str(), "pods" | "none")) {
+    match enforced.iter().find(|e| !matches!(e.as_str(), "pods" | "system-reserved" | "kube-reserved" | "none")) {
         Some(other) => Err(format!(
-            "{other:?} is not supported: only \"pods\" (the kubepods cgroup limited to allocatable) or \"none\""
+            "{other:?} is not supported: only \"pods\", \"system-reserved\", \"kube-reserved\" or \"none\""
         )),
         None => Ok(()),
+    }
+}
+
+/// A cgroup name from the configuration: empty (none) or an absolute cgroup path.
+fn check_cgroup_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.starts_with('/') {
+        Ok(())
+    } else {
+        Err(format!("{name:?} must be an absolute cgroup path"))
     }
 }
 
@@ -458,6 +479,22 @@ impl KubeletConfiguration {
         if let Some(enforced) = raw.enforce_node_allocatable {
             check_enforce_node_allocatable(&enforced).map_err(|m| at("enforceNodeAllocatable", m))?;
             config.enforce_node_allocatable = enforced.into_iter().filter(|e| e != "none").collect();
+        }
+        config.system_reserved_cgroup = raw.system_reserved_cgroup.unwrap_or_default();
+        config.kube_reserved_cgroup = raw.kube_reserved_cgroup.unwrap_or_default();
+        let reserved_cgroups = [
+            ("systemReservedCgroup", "--system-reserved-cgroup", "system-reserved", &config.system_reserved_cgroup),
+            ("kubeReservedCgroup", "--kube-reserved-cgroup", "kube-reserved", &config.kube_reserved_cgroup),
+        ];
+        for (field, flag, enforcement, cgroup) in reserved_cgroups {
+            check_cgroup_name(cgroup).map_err(|m| at(field, m))?;
+            if cgroup.is_empty() && config.enforce_node_allocatable.iter().any(|e| e == enforcement) {
+                let message = format!(
+                    "{field} ({flag}) must be specified when {enforcement:?} contained in enforceNodeAllocatable \
+                     (--enforce-node-allocatable)"
+                );
+                return Err(at("enforceNodeAllocatable", message));
+            }
         }
         config.pod_pids_limit = raw.pod_pids_limit.filter(|limit| *limit > 0);
         if let Some(root) = raw.cgroup_root {
@@ -937,7 +974,10 @@ volumeStatsAggPeriod: 0s
         for (body, field, words) in [
             ("cgroupsPerQOS: false\n", "cgroupsPerQOS", "QoS cgroups"),
             ("cpuManagerPolicy: static\n", "cpuManagerPolicy", "exclusive CPUs"),
-            ("enforceNodeAllocatable: [pods, system-reserved]\n", "enforceNodeAllocatable", "only \"pods\""),
+            ("enforceNodeAllocatable: [pods, system]\n", "enforceNodeAllocatable", "only \"pods\""),
+            ("enforceNodeAllocatable: [pods, system-reserved]\n", "enforceNodeAllocatable", "systemReservedCgroup"),
+            ("enforceNodeAllocatable: [kube-reserved]\n", "enforceNodeAllocatable", "kubeReservedCgroup (--kube"),
+            ("systemReservedCgroup: system.slice\n", "systemReservedCgroup", "absolute cgroup path"),
             ("enforceNodeAllocatable: [none, pods]\n", "enforceNodeAllocatable", "cannot be combined"),
             ("cgroupDriver: systemd\n", "cgroupDriver", "SystemdCgroup = false"),
             ("seccompDefault: true\n", "seccompDefault", "Unconfined"),

@@ -26,6 +26,7 @@ use kubelet_core::{
     events::{Event, EventRecorder, EventType, ObjectRef},
     eviction::{NodePressure, Resource, Signal, Threshold},
     hook::BoxFuture,
+    resources,
     types::{is_critical_pod, pod_full_name},
 };
 use tokio::time::Instant;
@@ -34,7 +35,7 @@ use tracing::{error, info, warn};
 
 pub use crate::stats::{HostPaths, HostStats, Need, StatsProvider};
 use crate::{
-    rank::{DiskParts, PodStats, container_amount, eviction_message, pod_resource_limit, rank},
+    rank::{DiskParts, PodStats, bytes, container_amount, eviction_message, rank},
     state::{Observations, State, thresholds_met},
 };
 
@@ -307,11 +308,16 @@ pub fn mark_evicted(status: &mut ApiPodStatus, message: &str) {
     });
 }
 
+/// A pod's `ephemeral-storage` limit in bytes (upstream's `PodLimits`), when a container has one.
+fn pod_ephemeral_storage_limit(pod: &Pod) -> Option<u64> {
+    resources::pod_limit(pod, Resource::EphemeralStorage.name(), resources::units).map(bytes)
+}
+
 fn has_local_storage_limit(pod: &Pod) -> bool {
     let Some(spec) = pod.spec.as_ref() else { return false };
     let size_limit =
         spec.volumes.iter().flatten().any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()));
-    size_limit || pod_resource_limit(pod, "ephemeral-storage").is_some()
+    size_limit || pod_ephemeral_storage_limit(pod).is_some()
 }
 
 /// The first local storage limit `pod` exceeds, with upstream's message and metric signal:
@@ -324,16 +330,14 @@ pub fn local_storage_violation(
     let spec = pod.spec.as_ref()?;
     for volume in spec.volumes.iter().flatten() {
         let Some(limit) = volume.empty_dir.as_ref().and_then(|e| e.size_limit.as_ref()) else { continue };
-        let limit_bytes = kubelet_core::resources::parse_quantity(&limit.0).unwrap_or(0.0);
-        // Reason: a byte count compared with a quantity; precision far beyond what matters.
-        #[allow(clippy::cast_precision_loss)]
-        let over = stats.volume(&volume.name).is_some_and(|used| limit_bytes > 0.0 && used as f64 > limit_bytes);
+        let limit_bytes = resources::units(limit).map_or(0, bytes);
+        let over = stats.volume(&volume.name).is_some_and(|used| limit_bytes > 0 && used > limit_bytes);
         if over {
             let message = format!("Usage of EmptyDir volume {:?} exceeds the limit {:?}. ", volume.name, limit.0);
             return Some((message, "emptydirfs.limit"));
         }
     }
-    if let Some(limit) = pod_resource_limit(pod, "ephemeral-storage")
+    if let Some(limit) = pod_ephemeral_storage_limit(pod)
         && stats.disk(DiskParts::ALL, Resource::EphemeralStorage) > limit
     {
         let limit = kubelet_core::eviction::format_amount(limit, Resource::EphemeralStorage);
@@ -342,7 +346,9 @@ pub fn local_storage_violation(
     }
     for usage in &stats.containers {
         let Some(container) = spec.containers.iter().find(|c| c.name == usage.name) else { continue };
-        let Some(limit) = container_amount(container, "ephemeral-storage", true).filter(|l| *l > 0) else { continue };
+        let Some(limit) = container_amount(container, Resource::EphemeralStorage, true).filter(|l| *l > 0) else {
+            continue;
+        };
         let mut used = usage.logs.map_or(0, |l| l.bytes);
         if !dedicated_image_fs {
             used += usage.rootfs.map_or(0, |r| r.bytes);

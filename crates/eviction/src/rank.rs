@@ -3,11 +3,11 @@
 
 use std::{cmp::Ordering, collections::HashMap, sync::Arc};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use kubelet_core::{
     PodUid,
     eviction::{Resource, Signal, Threshold, format_amount},
-    resources::{parse_quantity, pod_requests},
+    resources,
 };
 
 use crate::state::Observations;
@@ -124,43 +124,19 @@ fn priority(pod: &Pod) -> i32 {
     pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
-/// A pod's request of a resource its containers name, in base units (upstream
-/// `GetResourceRequestQuantity` for resources other than CPU and memory: the containers' sum,
-/// raised to any init container's).
-pub fn pod_resource_request(pod: &Pod, resource: &str) -> u64 {
-    container_sum(pod, resource, false)
+/// A pod's request of `resource` in base units (upstream's `PodRequests`).
+fn pod_request(pod: &Pod, resource: Resource) -> u64 {
+    bytes(resources::pod_request(pod, resource.name(), resources::units))
 }
 
-/// A pod's limit of `resource` (the containers' sum, raised to any init container's), when a
-/// container has one.
-pub fn pod_resource_limit(pod: &Pod, resource: &str) -> Option<u64> {
-    let any = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
-        .any(|c| container_amount(c, resource, true).is_some());
-    any.then(|| container_sum(pod, resource, true))
+/// A container's request (or, with `limit`, limit) of `resource` in base units, if set.
+pub fn container_amount(container: &Container, resource: Resource, limit: bool) -> Option<u64> {
+    resources::container_resource(container, resource.name(), limit).and_then(resources::units).map(bytes)
 }
 
-fn container_sum(pod: &Pod, resource: &str, limits: bool) -> u64 {
-    let Some(spec) = pod.spec.as_ref() else { return 0 };
-    let sum: u64 = spec.containers.iter().filter_map(|c| container_amount(c, resource, limits)).sum();
-    let init = spec.init_containers.iter().flatten().filter_map(|c| container_amount(c, resource, limits)).max();
-    sum.max(init.unwrap_or(0))
-}
-
-/// A container's request (or limit) of `resource`, in base units.
-pub fn container_amount(container: &k8s_openapi::api::core::v1::Container, resource: &str, limit: bool) -> Option<u64> {
-    let resources = container.resources.as_ref()?;
-    let quantities = if limit { resources.limits.as_ref() } else { resources.requests.as_ref() };
-    let value = parse_quantity(&quantities?.get(resource)?.0)?;
-    // Reason: quantities are whole bytes here; a fraction rounds up as upstream's `Value()`.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Some(value.max(0.0).ceil() as u64)
-}
-
-fn memory_request(pod: &Pod) -> u64 {
-    pod_requests(pod).1.max(0).unsigned_abs()
+/// A whole amount as the unsigned count the observations use (a negative quantity is none).
+pub(crate) fn bytes(amount: i64) -> u64 {
+    amount.max(0).unsigned_abs()
 }
 
 /// `true` after `false`: the pod for which `key` holds goes first.
@@ -179,12 +155,14 @@ pub fn rank(pods: &mut [Arc<Pod>], signal: Signal, stats: &PodStatsMap, dedicate
         Resource::Memory => pods.sort_by(|a, b| {
             measured_first(a, b)
                 .then_with(|| {
-                    let exceeds = |p: &Pod| of(p).is_some_and(|s| s.memory() > memory_request(p));
+                    let exceeds = |p: &Pod| of(p).is_some_and(|s| s.memory() > pod_request(p, Resource::Memory));
                     first_if(exceeds(a), exceeds(b))
                 })
                 .then_with(|| priority(a).cmp(&priority(b)))
                 .then_with(|| {
-                    let above = |p: &Pod| i128::from(of(p).map_or(0, PodStats::memory)) - i128::from(memory_request(p));
+                    let above = |p: &Pod| {
+                        i128::from(of(p).map_or(0, PodStats::memory)) - i128::from(pod_request(p, Resource::Memory))
+                    };
                     above(b).cmp(&above(a))
                 })
         }),
@@ -197,7 +175,7 @@ pub fn rank(pods: &mut [Arc<Pod>], signal: Signal, stats: &PodStatsMap, dedicate
         resource => {
             let parts = DiskParts::for_signal(signal, dedicated_image_fs);
             let used = |p: &Pod| of(p).map_or(0, |s| s.disk(parts, resource));
-            let request = |p: &Pod| pod_resource_request(p, resource.name());
+            let request = |p: &Pod| pod_request(p, resource);
             pods.sort_by(|a, b| {
                 measured_first(a, b)
                     .then_with(|| first_if(used(a) > request(a), used(b) > request(b)))
@@ -205,7 +183,7 @@ pub fn rank(pods: &mut [Arc<Pod>], signal: Signal, stats: &PodStatsMap, dedicate
                     .then_with(|| {
                         // Upstream subtracts the ephemeral-storage request for inodes as well.
                         let above =
-                            |p: &Pod| i128::from(used(p)) - i128::from(pod_resource_request(p, "ephemeral-storage"));
+                            |p: &Pod| i128::from(used(p)) - i128::from(pod_request(p, Resource::EphemeralStorage));
                         above(b).cmp(&above(a))
                     })
             });
@@ -242,7 +220,7 @@ pub fn eviction_message(
             Resource::EphemeralStorage => usage.rootfs.zip(usage.logs).map(|(root, logs)| root.bytes + logs.bytes),
             _ => None,
         };
-        let request = container_amount(container, resource.name(), false).unwrap_or(0);
+        let request = container_amount(container, resource, false).unwrap_or(0);
         if let Some(used) = used.filter(|used| *used > request) {
             message.push_str(&format!(
                 "Container {} was using {}, request is {}, has larger consumption of {resource}. ",

@@ -174,56 +174,64 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
     (pod_request(pod, "cpu", milli), pod_request(pod, "memory", units))
 }
 
-/// A pod's limits (upstream's `PodLimits`): its containers' and sidecars' sum, raised to any
-/// init container's (plus the sidecars started before it), with the pod's `overhead` added to
-/// each resource that has a limit, in millicores for `cpu` and bytes for `memory`; `None` for a
-/// resource no container limits. Also whether every container (each init container counted
-/// with the sidecars before it) limits CPU, and memory: upstream's `cpuLimitsDeclared` and
-/// `memoryLimitsDeclared`, which decide whether a Burstable pod's cgroup is capped.
-pub fn pod_limits(pod: &Pod) -> PodLimits {
-    let mut limits = PodLimits { cpu_milli: None, memory_bytes: None, cpu_declared: true, memory_declared: true };
-    let Some(spec) = pod.spec.as_ref() else { return limits };
-    let limit = |c: &Container, resource: &str, scaled: fn(&Quantity) -> Option<i64>| {
-        container_resource(c, resource, true).and_then(scaled)
-    };
-    let both = |c: &Container| (limit(c, "cpu", milli), limit(c, "memory", units));
-    let add = |a: Option<i64>, b: Option<i64>| match (a, b) {
-        (None, None) => None,
-        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-    };
-    let mut declared = |cpu: Option<i64>, memory: Option<i64>| {
-        limits.cpu_declared &= cpu.is_some_and(|v| v != 0);
-        limits.memory_declared &= memory.is_some_and(|v| v != 0);
-    };
-    let (mut cpu, mut memory) = (None, None);
-    for container in &spec.containers {
-        let (c, m) = both(container);
-        declared(c, m);
-        (cpu, memory) = (add(cpu, c), add(memory, m));
-    }
-    let (mut sidecar_cpu, mut sidecar_memory) = (None, None);
-    let (mut init_cpu, mut init_memory) = (None::<i64>, None::<i64>);
+/// A pod's limit of `resource` (upstream's `PodLimits`), when any container limits it: its
+/// containers' and sidecars' sum, raised to any init container's (plus the sidecars started
+/// before it), with the pod's `overhead` added. `scaled` reads one quantity (millicores for CPU,
+/// units otherwise).
+pub fn pod_limit(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> Option<i64> {
+    let spec = pod.spec.as_ref()?;
+    let limit = |c: &Container| container_resource(c, resource, true).and_then(scaled);
+    let mut total = sum_set(spec.containers.iter().map(limit));
+    let mut sidecars = None;
+    let mut init_peak = None;
     for init in spec.init_containers.iter().flatten() {
-        let (c, m) = both(init);
-        let (c, m) = if init.restart_policy.as_deref() == Some("Always") {
-            (cpu, memory) = (add(cpu, c), add(memory, m));
-            (sidecar_cpu, sidecar_memory) = (add(sidecar_cpu, c), add(sidecar_memory, m));
-            (sidecar_cpu, sidecar_memory)
+        if init.restart_policy.as_deref() == Some("Always") {
+            total = sum_set([total, limit(init)]);
+            sidecars = sum_set([sidecars, limit(init)]);
+            init_peak = init_peak.max(sidecars);
         } else {
-            (add(c, sidecar_cpu), add(m, sidecar_memory))
-        };
-        declared(c, m);
-        init_cpu = init_cpu.max(c);
-        init_memory = init_memory.max(m);
+            init_peak = init_peak.max(sum_set([limit(init), sidecars]));
+        }
     }
-    cpu = cpu.max(init_cpu);
-    memory = memory.max(init_memory);
-    let overhead = |resource: &str, scaled: fn(&Quantity) -> Option<i64>| {
-        spec.overhead.as_ref().and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0)
-    };
-    limits.cpu_milli = cpu.map(|v| v + overhead("cpu", milli));
-    limits.memory_bytes = memory.map(|v| v + overhead("memory", units));
-    limits
+    let overhead = spec.overhead.as_ref().and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0);
+    total.max(init_peak).map(|limit| limit + overhead)
+}
+
+/// The sum of the amounts that are set, or `None` when none is.
+fn sum_set(amounts: impl IntoIterator<Item = Option<i64>>) -> Option<i64> {
+    amounts.into_iter().flatten().reduce(|a, b| a + b)
+}
+
+/// A pod's CPU and memory limits (upstream's `PodLimits`, see [`pod_limit`]), in millicores and
+/// bytes, and whether every container (each init container counted with the sidecars before it)
+/// limits CPU, and memory: upstream's `cpuLimitsDeclared` and `memoryLimitsDeclared`, which decide
+/// whether a Burstable pod's cgroup is capped.
+pub fn pod_limits(pod: &Pod) -> PodLimits {
+    PodLimits {
+        cpu_milli: pod_limit(pod, "cpu", milli),
+        memory_bytes: pod_limit(pod, "memory", units),
+        cpu_declared: limits_declared(pod, "cpu", milli),
+        memory_declared: limits_declared(pod, "memory", units),
+    }
+}
+
+/// Whether every container limits `resource` to more than zero, an init container counting the
+/// limits of the sidecars started before it.
+fn limits_declared(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> bool {
+    let Some(spec) = pod.spec.as_ref() else { return true };
+    let limit = |c: &Container| container_resource(c, resource, true).and_then(scaled);
+    let declared = |amount: Option<i64>| amount.is_some_and(|v| v != 0);
+    let mut all = spec.containers.iter().all(|c| declared(limit(c)));
+    let mut sidecars = None;
+    for init in spec.init_containers.iter().flatten() {
+        if init.restart_policy.as_deref() == Some("Always") {
+            sidecars = sum_set([sidecars, limit(init)]);
+            all &= declared(sidecars);
+        } else {
+            all &= declared(sum_set([limit(init), sidecars]));
+        }
+    }
+    all
 }
 
 /// A pod's CPU and memory limits, from [`pod_limits`].

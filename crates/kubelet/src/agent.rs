@@ -341,7 +341,9 @@ impl<R: Runtime, P: Pleg, W: PodWorkers> Agent<R, P, W> {
     /// The pods that count against the node now (upstream `GetActivePods`): admitted, not
     /// terminal, not terminated; what an eviction manager chooses among.
     pub fn active_pods(&self) -> Arc<dyn Fn() -> Vec<Arc<Pod>> + Send + Sync> {
-        let (pods, statuses, workers) = (self.shared.pods.clone(), self.statuses.clone(), self.workers.clone());
+        let pods = self.shared.pods.clone();
+        let statuses = self.statuses.clone();
+        let workers = self.workers.clone();
         Arc::new(move || crate::handler::active_pods(&pods, &statuses, workers.as_ref(), None))
     }
 
