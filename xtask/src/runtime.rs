@@ -336,6 +336,7 @@ pub(crate) fn start() -> Result<bool> {
     fs::create_dir_all(run_dir())?;
     if CONTAINERD_DAEMON.running_pid().is_none() {
         mount_own_filesystems()?;
+        mount_hugetlb_hierarchy()?;
     }
     let mut started = false;
 
@@ -455,6 +456,7 @@ pub(crate) fn stop() -> Result<()> {
         let _ = output(Command::new("ip").args(["link", "delete", BRIDGE]));
     }
     unmount_own_filesystems();
+    unmount_hugetlb_hierarchy();
     let scratch = Path::new(STATE_DIR).join("test");
     if scratch.exists() {
         fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
@@ -491,6 +493,56 @@ fn unmount_own_filesystems() {
             let _ = output(Command::new("umount").arg("--lazy").arg(&path));
         }
     }
+}
+
+/// Where the hugetlb controller's cgroup v1 hierarchy goes when the host has not mounted it.
+const HUGETLB_HIERARCHY: &str = "/sys/fs/cgroup/hugetlb";
+
+/// The file saying that [`HUGETLB_HIERARCHY`] was mounted here, and so is unmounted at stop.
+fn hugetlb_marker() -> PathBuf {
+    run_dir().join("hugetlb-mounted")
+}
+
+/// On a cgroup v1 host whose kernel has the hugetlb controller unmounted (a host without systemd
+/// mounts only what its init asked for), mounts its hierarchy before containerd starts: containerd
+/// checks once, at start, whether it can apply huge page limits, and the agent writes pods'
+/// huge page limits only where the hierarchy is.
+fn mount_hugetlb_hierarchy() -> Result<()> {
+    let unified = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let cgroups = fs::read_to_string("/proc/cgroups").unwrap_or_default();
+    // `/proc/cgroups` rows: name, hierarchy ID, cgroups, enabled.
+    let enabled = cgroups.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.first() == Some(&"hugetlb") && fields.get(3) == Some(&"1")
+    });
+    // A v1 hierarchy's mount options (the last field of its mountinfo line) name its controllers.
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mounted = mounts.lines().any(|line| {
+        let options = line.rsplit(' ').next().unwrap_or_default();
+        line.contains(" - cgroup ") && options.split(',').any(|option| option == "hugetlb")
+    });
+    if unified || !enabled || mounted {
+        return Ok(());
+    }
+    fs::create_dir_all(HUGETLB_HIERARCHY)?;
+    crate::util::run(Command::new("mount").args(["-t", "cgroup", "-o", "hugetlb", "cgroup", HUGETLB_HIERARCHY]))
+        .context("cannot mount the hugetlb cgroup hierarchy")?;
+    fs::write(hugetlb_marker(), "")?;
+    println!("mounted the hugetlb cgroup hierarchy on {HUGETLB_HIERARCHY}");
+    Ok(())
+}
+
+/// Unmounts the hugetlb hierarchy [`mount_hugetlb_hierarchy`] mounted.
+fn unmount_hugetlb_hierarchy() {
+    if !hugetlb_marker().exists() {
+        return;
+    }
+    if is_mount_point(Path::new(HUGETLB_HIERARCHY)) && output(Command::new("umount").arg(HUGETLB_HIERARCHY)).is_err() {
+        println!("warning: {HUGETLB_HIERARCHY} is busy; detaching it");
+        let _ = output(Command::new("umount").arg("--lazy").arg(HUGETLB_HIERARCHY));
+    }
+    let _ = fs::remove_dir(HUGETLB_HIERARCHY);
+    let _ = fs::remove_file(hugetlb_marker());
 }
 
 /// Whether `path` is a mount point (field 5 of `/proc/self/mountinfo`).

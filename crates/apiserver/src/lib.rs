@@ -69,6 +69,7 @@ use k8s_openapi::{
 };
 use kubelet_core::{
     eviction::{Pressure, Resource, Thresholds, format_amount},
+    resources::hugepage_resource,
     runtime::{Image, Version},
 };
 
@@ -94,6 +95,9 @@ pub struct Facts {
     pub memory_bytes: i64,
     /// Root filesystem capacity in bytes (`ephemeral-storage`), when known.
     pub ephemeral_storage_bytes: Option<i64>,
+    /// Pre-allocated huge pages in bytes by page size in bytes (`hugepages-2Mi`, ...), each
+    /// held back from allocatable memory.
+    pub hugepages: BTreeMap<u64, u64>,
     /// `maxPods`.
     pub max_pods: u32,
     /// `nodeStatusMaxImages` (50): the most images the status lists, largest first; `None`
@@ -132,6 +136,7 @@ impl Facts {
             cpu_milli: 0,
             memory_bytes: 0,
             ephemeral_storage_bytes: None,
+            hugepages: BTreeMap::new(),
             max_pods: 110,
             max_images: Some(50),
             reserved: (0, 0),
@@ -344,6 +349,9 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
     if let Some(bytes) = facts.ephemeral_storage_bytes {
         capacity.insert("ephemeral-storage".to_owned(), Quantity(format!("{}Ki", bytes / 1024)));
     }
+    for (page_size, bytes) in &facts.hugepages {
+        capacity.insert(hugepage_resource(*page_size), Quantity(format_amount(*bytes, Resource::Memory)));
+    }
     // Allocatable: capacity less what is reserved less what the hard eviction thresholds hold back.
     let storage = facts.ephemeral_storage_bytes.unwrap_or(0);
     let (memory_held, storage_held) =
@@ -351,7 +359,9 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
     let held = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
     let mut allocatable = capacity.clone();
     allocatable.insert("cpu".to_owned(), millis((facts.cpu_milli - facts.reserved.0).max(0)));
-    let memory = facts.memory_bytes - facts.reserved.1 - held(memory_held);
+    // Memory in huge pages is no memory pods can use as such.
+    let hugepages: u64 = facts.hugepages.values().sum();
+    let memory = facts.memory_bytes - facts.reserved.1 - held(memory_held) - held(hugepages);
     allocatable.insert("memory".to_owned(), Quantity(memory.max(0).to_string()));
     if facts.ephemeral_storage_bytes.is_some() {
         let storage = (storage - held(storage_held)).max(0).unsigned_abs();

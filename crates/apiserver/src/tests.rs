@@ -79,6 +79,22 @@ fn the_first_status_is_ready_with_capacity_allocatable_and_info() {
 }
 
 #[test]
+fn huge_pages_are_capacity_of_their_own_and_leave_allocatable_memory() {
+    let mut facts = facts();
+    facts.hugepages = BTreeMap::from([(2 << 20, 64 << 20), (1 << 30, 0)]);
+    let mut node = registration(&facts);
+    set_status(&mut node, &facts, &Health::default(), at(0));
+    let status = node.status.as_ref().unwrap();
+    let capacity = status.capacity.as_ref().unwrap();
+    assert_eq!(capacity["hugepages-2Mi"], Quantity("64Mi".into()));
+    assert_eq!(capacity["hugepages-1Gi"], Quantity("0".into()));
+    assert_eq!(capacity["memory"], Quantity("4194304Ki".into()), "capacity keeps all the memory");
+    let allocatable = status.allocatable.as_ref().unwrap();
+    assert_eq!(allocatable["hugepages-2Mi"], Quantity("64Mi".into()));
+    assert_eq!(allocatable["memory"], Quantity(((3_i64 << 30) - (64 << 20)).to_string()));
+}
+
+#[test]
 fn ready_follows_the_runtime_and_keeps_its_transition_time_while_it_holds() {
     let facts = facts();
     let mut node = registration(&facts);

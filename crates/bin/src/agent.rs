@@ -96,6 +96,7 @@ async fn run_with(
     }
     let cri = Client::connect(&cri_config).context("invalid containerRuntimeEndpoint")?;
     let log_rotator = log_rotator(&cri, file);
+    let node = node_allocatable(&settings);
     let runtime_config = manager::Config::new(&settings.node_name)
         .pod_logs_dir(&file.pod_logs_dir)
         .container_logs_dir(&settings.container_logs_dir)
@@ -104,7 +105,8 @@ async fn run_with(
         .cgroup_root(&settings.pods_cgroup)
         .node_ip(&settings.node_ip)
         .image_pull_limit(file.image_pull_limit())
-        .allocatable(allocatable_quantities(&node_allocatable(&settings)))
+        .allocatable(allocatable_quantities(&node))
+        .hugepage_sizes(node.hugepages.keys().copied().collect())
         .dns(
             file.resolv_conf.clone(),
             file.cluster_dns.iter().map(ToString::to_string).collect(),
@@ -134,6 +136,7 @@ fn pod_cgroups(settings: &Settings) -> cm::Config {
     };
     cm::Config::new(cri_client::cgroups::CGROUP_ROOT, &settings.pods_cgroup)
         .node(node.cpu_milli, node.memory_bytes)
+        .hugepages(node.hugepages)
         .pod_pids_limit(file.pod_pids_limit)
 }
 
@@ -234,15 +237,17 @@ async fn rotate_logs(rotator: LogRotator, cancel: CancellationToken) {
     }
 }
 
-/// What the node offers pods: capacity minus `systemReserved`, `kubeReserved` and the hard
-/// `memory.available` threshold (upstream's node allocatable), `maxPods`, the labels it registers with (for
+/// What the node offers pods: capacity minus `systemReserved`, `kubeReserved`, the hard
+/// `memory.available` threshold and the huge pages (upstream's node allocatable), `maxPods`, the labels it registers with (for
 /// `nodeSelector` and the required node affinity) and `allowedUnsafeSysctls`.
 fn node_allocatable(settings: &Settings) -> NodeResources {
     let mut node = node_less_reserved(settings);
     let capacity = NodeResources::of_this_node().memory_bytes.max(0).unsigned_abs();
     let thresholds = settings.file.eviction_thresholds().unwrap_or_default();
     let (memory_held, _) = thresholds.hard_reservation(capacity, 0);
-    node.memory_bytes = (node.memory_bytes - i64::try_from(memory_held).unwrap_or(i64::MAX)).max(0);
+    let hugepages: u64 = node.hugepages.values().sum();
+    let held = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
+    node.memory_bytes = (node.memory_bytes - held(memory_held) - held(hugepages)).max(0);
     node
 }
 

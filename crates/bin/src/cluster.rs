@@ -81,7 +81,9 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     facts.labels.clone_from(&settings.node_labels);
     facts.taints.clone_from(&file.register_with_taints);
     let node = NodeResources::of_this_node();
-    (facts.cpu_milli, facts.memory_bytes) = (node.cpu_milli, node.memory_bytes);
+    facts.cpu_milli = node.cpu_milli;
+    facts.memory_bytes = node.memory_bytes;
+    facts.hugepages = node.hugepages;
     facts.max_pods = file.max_pods;
     facts.max_images = file.node_status_max_images;
     facts.reserved = file.reserved();

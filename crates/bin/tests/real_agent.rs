@@ -1124,7 +1124,7 @@ async fn real_container_logs_rotate_without_losing_lines() {
     std::fs::write(dir.join("manifests/chatty.yaml"), manifest("chatty", &rt.busybox_image, script)).unwrap();
     let mut command = agent_command(&rt, &dir, &node);
     command.arg("--config").arg(&config);
-    let _agent = Agent::spawn(&mut command);
+    let agent = Agent::spawn(&mut command);
     let root = dir.join("root").to_string_lossy().into_owned();
     let runtime = test_runtime(&rt, &dir, &node);
 
@@ -1133,6 +1133,8 @@ async fn real_container_logs_rotate_without_losing_lines() {
         let node = node.clone();
         let runtime = test_runtime(&rt, &dir, &node);
         async move {
+            // The agent stops before the clean-up, so it starts nothing the clean-up misses.
+            let _agent = agent;
             let pod = format!("chatty-{node}");
             let status = wait_for(&runtime, &pod, "the chatty pod to run", running).await;
             let pod_dir = std::fs::read_dir(dir.join("pods"))
@@ -1268,6 +1270,95 @@ async fn real_reserved_cgroups_are_limited_to_their_reservations() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The node's 2 MiB huge pages, as a count of pages.
+const HUGEPAGES_2MI: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+
+/// Huge pages as upstream handles them, with four 2 MiB pages allocated for the test: a pod
+/// asking for 4Mi of them runs with that hugetlb limit on its pod cgroup (and zero of the 1 GiB
+/// size), a pod asking for more than is left is refused with
+/// `OutOfhugepages-2Mi`, a pod asking for none gets a limit of zero, and `kubepods` holds them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn real_huge_pages_are_admitted_and_limited_as_upstream() {
+    let test = "real_huge_pages_are_admitted_and_limited_as_upstream";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let hugetlb = Path::new(cgroups::CGROUP_ROOT).join("hugetlb");
+    if !hugetlb.is_dir() || !Path::new(HUGEPAGES_2MI).exists() {
+        eprintln!("SKIPPED {test}: no cgroup v1 hugetlb controller or no 2 MiB huge pages");
+        return;
+    }
+    let pages = HugePages::allocate(4);
+    let (dir, node) = scratch(&rt, "agent-hugepages", "hugepages");
+    let outcome = huge_pages_outcome(rt.clone(), dir.clone(), node.clone(), pages.allocated == 4);
+    let runtime = test_runtime(&rt, &dir, &node);
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// 2 MiB huge pages allocated for a test, given back when dropped.
+struct HugePages {
+    before: String,
+    allocated: u64,
+}
+
+impl HugePages {
+    fn allocate(pages: u64) -> HugePages {
+        let before = std::fs::read_to_string(HUGEPAGES_2MI).unwrap().trim().to_owned();
+        std::fs::write(HUGEPAGES_2MI, pages.to_string()).unwrap();
+        let allocated = std::fs::read_to_string(HUGEPAGES_2MI).unwrap().trim().parse().unwrap_or(0);
+        HugePages { before, allocated }
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(HUGEPAGES_2MI, &self.before);
+    }
+}
+
+/// The body of [`real_huge_pages_are_admitted_and_limited_as_upstream`]; `allocated` says whether
+/// the kernel gave the four pages asked for.
+async fn huge_pages_outcome(rt: RealRuntime, dir: std::path::PathBuf, node: String, allocated: bool) {
+    let sleep = "trap 'exit 0' TERM; while true; do sleep 1; done";
+    let huge = |amount: &str| {
+        format!(
+            "{{requests: {{cpu: 100m, memory: 16Mi, hugepages-2Mi: {amount}}}, limits: {{cpu: 100m, memory: 16Mi, hugepages-2Mi: {amount}}}}}"
+        )
+    };
+    let write_pod = |name: &str, resources: &str| {
+        let manifest = resources_manifest(name, &rt.busybox_image, sleep, resources);
+        std::fs::write(dir.join(format!("manifests/{name}.yaml")), manifest).unwrap();
+    };
+    write_pod("huge", &huge("4Mi"));
+    write_pod("plain", "{}");
+    let port = free_port();
+    let _agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+    let runtime = test_runtime(&rt, &dir, &node);
+    let hugetlb_file =
+        |cgroup: &str, size: &str| cgroup_file(&format!("hugetlb/{cgroup}/hugetlb.{size}.limit_in_bytes"));
+    let plain = wait_for(&runtime, &format!("plain-{node}"), "the plain pod to run", running).await;
+    assert_eq!(hugetlb_file(&format!("kubepods/besteffort/pod{}", plain.uid), "2MB"), "0", "none asked for");
+    assert_eq!(hugetlb_file(&format!("kubepods/besteffort/pod{}", plain.uid), "1GB"), "0");
+    if !allocated {
+        eprintln!("the kernel did not allocate four 2 MiB pages: admission of huge pages not tested");
+        return;
+    }
+    assert_eq!(hugetlb_file("kubepods", "2MB"), (8 << 20).to_string(), "kubepods holds the node's huge pages");
+    let huge_pod = wait_for(&runtime, &format!("huge-{node}"), "the huge page pod to run", running).await;
+    let pod_cgroup = format!("kubepods/pod{}", huge_pod.uid);
+    assert_eq!(hugetlb_file(&pod_cgroup, "2MB"), (4 << 20).to_string());
+    assert_eq!(hugetlb_file(&pod_cgroup, "1GB"), "0");
+    // The container's own limit is the runtime's to apply: containerd's default
+    // (`disable_hugetlb_controller`) leaves it to the pod cgroup, which bounds the container.
+    // Admitted after the huge pod: 6Mi asked, 4Mi of 8Mi left.
+    write_pod("greedy", &huge("6Mi"));
+    let greedy =
+        pod_status(port, &format!("greedy-{node}"), "the greedy pod refused", |s| s["phase"] == "Failed").await;
+    assert_eq!(greedy["reason"], "OutOfhugepages-2Mi", "{greedy}");
+    let message = greedy["message"].as_str().unwrap_or_default();
+    let expected =
+        "Node didn't have enough resource: hugepages-2Mi, requested: 6291456, used: 4194304, capacity: 8388608";
+    assert!(message.contains(expected), "{message}");
+}
+
 /// A static pod whose one container `app` runs `script` with `resources` (YAML flow maps,
 /// indented for the container), for the QoS tests.
 fn resources_manifest(name: &str, image: &str, script: &str, resources: &str) -> String {
@@ -1313,13 +1404,15 @@ async fn real_pods_run_in_qos_cgroups_with_their_resources() {
         let manifest = resources_manifest(name, &rt.busybox_image, script, resources);
         std::fs::write(dir.join(format!("manifests/{name}.yaml")), manifest).unwrap();
     }
-    let _agent = Agent::start(&rt, &dir, &node);
+    let agent = Agent::start(&rt, &dir, &node);
     let runtime = test_runtime(&rt, &dir, &node);
 
     let outcome = {
         let runtime = test_runtime(&rt, &dir, &node);
         let (dir, node) = (dir.clone(), node.clone());
         async move {
+            // The agent stops before the clean-up, so it starts nothing the clean-up misses.
+            let _agent = agent;
             let mut uids = std::collections::HashMap::new();
             for name in NAMES {
                 let status = wait_for(&runtime, &format!("{name}-{node}"), name, running).await;
@@ -1613,13 +1706,15 @@ async fn real_image_fs_pressure_removes_unused_images_and_spares_critical_pods()
     std::fs::write(dir.join("manifests/steady.yaml"), manifest("steady", &rt.busybox_image, script)).unwrap();
     let mut command = agent_command(&rt, &dir, &node);
     command.args(["--healthz-port", "0"]).arg("--config").arg(&config);
-    let _agent = Agent::spawn(&mut command);
+    let agent = Agent::spawn(&mut command);
 
     let outcome = {
         let (dir, node) = (dir.clone(), node.clone());
         let (busybox, pause) = (rt.busybox_image.clone(), rt.pause_image.clone());
         let runtime = test_runtime(&rt, &dir, &node);
         async move {
+            // The agent stops before the clean-up, so it starts nothing the clean-up misses.
+            let _agent = agent;
             let pod = format!("steady-{node}");
             let before = wait_for(&runtime, &pod, "the static pod to run", running).await;
             let present = async |reference: &str| runtime.image_ref(reference).await.unwrap().is_some();

@@ -19,8 +19,9 @@ pub enum Version {
     V2,
 }
 
-/// The v1 controllers this crate writes to, and so makes its cgroups in.
-const V1_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
+/// The v1 controllers this crate writes to, and so makes its cgroups in (hugetlb where the
+/// kernel has it).
+const V1_CONTROLLERS: [&str; 4] = ["cpu", "memory", "pids", "hugetlb"];
 /// The v1 controllers in which upstream's `Validate` looks for an existing cgroup.
 const V1_VALIDATED_CONTROLLERS: [&str; 6] = ["cpu", "cpuacct", "cpuset", "memory", "pids", "hugetlb"];
 /// The v2 controllers upstream's `Validate` wants enabled in an existing cgroup.
@@ -126,8 +127,8 @@ impl Cgroupfs {
     fn write_files(&self, relative: &Path, config: &ResourceConfig) -> Result<(), PodCgroupError> {
         for (file, value) in self.files(config) {
             let path = match self.version {
-                Version::V1 => self.v1_file(relative, file),
-                Version::V2 => self.mount.join(relative).join(file),
+                Version::V1 => self.v1_file(relative, &file),
+                Version::V2 => self.mount.join(relative).join(&file),
             };
             write(&path, &value).map_err(|e| PodCgroupError::new("writing", path.display().to_string(), e))?;
         }
@@ -142,7 +143,11 @@ impl Cgroupfs {
     /// The cgroup's directory in each hierarchy written to: the cpu controller's first on v1.
     fn dirs(&self, relative: &Path) -> Vec<PathBuf> {
         match self.version {
-            Version::V1 => V1_CONTROLLERS.iter().map(|c| self.mount.join(c).join(relative)).collect(),
+            Version::V1 => V1_CONTROLLERS
+                .iter()
+                .filter(|c| **c != "hugetlb" || self.has_hugetlb())
+                .map(|c| self.mount.join(c).join(relative))
+                .collect(),
             Version::V2 => vec![self.mount.join(relative)],
         }
     }
@@ -154,6 +159,9 @@ impl Cgroupfs {
         let mut dir = self.mount.clone();
         for component in relative.components() {
             let _ = write(&dir.join("cgroup.subtree_control"), V2_SUBTREE_CONTROL);
+            if self.has_hugetlb() {
+                let _ = write(&dir.join("cgroup.subtree_control"), "+hugetlb");
+            }
             dir.push(component);
             match std::fs::create_dir(&dir) {
                 Err(err) if err.kind() != io::ErrorKind::AlreadyExists => {
@@ -167,41 +175,60 @@ impl Cgroupfs {
 
     /// The files and values `config` sets, in the order they are written (the period before
     /// the quota, as runc does).
-    fn files(&self, config: &ResourceConfig) -> Vec<(&'static str, String)> {
+    fn files(&self, config: &ResourceConfig) -> Vec<(String, String)> {
         let mut files = Vec::new();
         match self.version {
             Version::V1 => {
                 if let Some(shares) = config.cpu_shares {
-                    files.push(("cpu.shares", shares.to_string()));
+                    files.push(("cpu.shares".to_owned(), shares.to_string()));
                 }
                 if let Some(period) = config.cpu_period {
-                    files.push(("cpu.cfs_period_us", period.to_string()));
+                    files.push(("cpu.cfs_period_us".to_owned(), period.to_string()));
                 }
                 if let Some(quota) = config.cpu_quota.filter(|q| *q != 0) {
-                    files.push(("cpu.cfs_quota_us", quota.to_string()));
+                    files.push(("cpu.cfs_quota_us".to_owned(), quota.to_string()));
                 }
                 if let Some(limit) = config.memory_limit.filter(|l| *l > 0) {
-                    files.push(("memory.limit_in_bytes", limit.to_string()));
+                    files.push(("memory.limit_in_bytes".to_owned(), limit.to_string()));
                 }
             }
             Version::V2 => {
                 if let Some(shares) = config.cpu_shares {
-                    files.push(("cpu.weight", shares_to_weight(shares).to_string()));
+                    files.push(("cpu.weight".to_owned(), shares_to_weight(shares).to_string()));
                 }
                 if let Some(quota) = config.cpu_quota.filter(|q| *q != 0) {
                     let quota = if quota < 0 { "max".to_owned() } else { quota.to_string() };
                     let period = config.cpu_period.unwrap_or(crate::resource_config::DEFAULT_CPU_PERIOD);
-                    files.push(("cpu.max", format!("{quota} {period}")));
+                    files.push(("cpu.max".to_owned(), format!("{quota} {period}")));
                 }
                 if let Some(limit) = config.memory_limit.filter(|l| *l > 0) {
-                    files.push(("memory.max", limit.to_string()));
+                    files.push(("memory.max".to_owned(), limit.to_string()));
                 }
             }
         }
         if let Some(pids) = config.pids_limit {
-            files.push(("pids.max", pids.to_string()));
+            files.push(("pids.max".to_owned(), pids.to_string()));
+        }
+        if self.has_hugetlb() {
+            let suffix = match self.version {
+                Version::V1 => "limit_in_bytes",
+                Version::V2 => "max",
+            };
+            for (size, limit) in &config.hugepage_limits {
+                files.push((format!("hugetlb.{size}.{suffix}"), limit.to_string()));
+            }
         }
         files
+    }
+
+    /// Whether the kernel has the hugetlb controller here (upstream writes huge page limits
+    /// only then).
+    fn has_hugetlb(&self) -> bool {
+        match self.version {
+            Version::V1 => self.mount.join("hugetlb").is_dir(),
+            Version::V2 => std::fs::read_to_string(self.mount.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|c| c == "hugetlb")),
+        }
     }
 }
 
@@ -226,6 +253,7 @@ mod tests {
             cpu_period: Some(100_000),
             memory_limit: Some(64 << 20),
             pids_limit: Some(100),
+            hugepage_limits: vec![("2MB".to_owned(), 4 << 20), ("1GB".to_owned(), 0)],
         }
     }
 
@@ -289,6 +317,12 @@ mod tests {
         assert_eq!(read(dir("cpu").join("cpu.cfs_quota_us")), "50000");
         assert_eq!(read(dir("memory").join("memory.limit_in_bytes")), "67108864");
         assert_eq!(read(dir("pids").join("pids.max")), "100");
+        assert!(!dir("hugetlb").exists(), "no hugetlb controller, no huge page limits");
+        // With the hugetlb controller: a limit for each size.
+        std::fs::create_dir(mount.path().join("hugetlb")).unwrap();
+        fs.apply("/kubepods/podu1", &guaranteed()).unwrap();
+        assert_eq!(read(dir("hugetlb").join("hugetlb.2MB.limit_in_bytes")), "4194304");
+        assert_eq!(read(dir("hugetlb").join("hugetlb.1GB.limit_in_bytes")), "0");
         // A BestEffort pod: only its shares.
         fs.apply("/kubepods/besteffort/podu2", &ResourceConfig::for_best_effort()).unwrap();
         let best_effort = mount.path().join("cpu/kubepods/besteffort/podu2");
@@ -311,6 +345,12 @@ mod tests {
             assert_eq!(read(mount.path().join(parent).join("cgroup.subtree_control")), "+cpu +memory +pids");
         }
         assert!(!dir.join("cgroup.subtree_control").exists(), "the pod's own children are the runtime's");
+        assert!(!dir.join("hugetlb.2MB.max").exists(), "the root has no hugetlb controller");
+        std::fs::write(mount.path().join("cgroup.controllers"), "cpu memory pids hugetlb").unwrap();
+        fs.apply("/kubepods/burstable/podu1", &guaranteed()).unwrap();
+        assert_eq!(read(dir.join("hugetlb.2MB.max")), "4194304");
+        assert_eq!(read(dir.join("hugetlb.1GB.max")), "0");
+        assert_eq!(read(mount.path().join("kubepods/cgroup.subtree_control")), "+hugetlb", "handed down too");
         let unlimited = ResourceConfig { cpu_quota: Some(-1), cpu_period: Some(100_000), ..ResourceConfig::default() };
         fs.apply("/kubepods/podu2", &unlimited).unwrap();
         assert_eq!(read(mount.path().join("kubepods/podu2/cpu.max")), "max 100000");

@@ -21,7 +21,7 @@
 //! ```
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
     sync::{Mutex, MutexGuard, PoisonError},
 };
@@ -29,7 +29,7 @@ use std::{
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::{
     cgroups::{PodCgroupError, PodCgroups, pod_cgroup_name},
-    resources::{pod_requests, qos_class},
+    resources::{hugepage_limits, hugepage_unit_size, pod_hugepage_requests, pod_requests, qos_class},
     types::PodUid,
 };
 use tracing::{debug, warn};
@@ -62,6 +62,9 @@ pub struct Config {
     pub cpu_period: u64,
     /// `podPidsLimit`: the most processes in one pod (none: no limit).
     pub pod_pids_limit: Option<i64>,
+    /// The node's huge pages: bytes by page size in bytes. `kubepods` is limited to them, and
+    /// each pod to what it requests of each size (zero of a size it does not ask for).
+    pub hugepages: BTreeMap<u64, u64>,
 }
 
 /// An existing cgroup limited to a reservation (`enforceNodeAllocatable` with `system-reserved`
@@ -132,6 +135,7 @@ impl Config {
             cfs_quota: true,
             cpu_period: resource_config::DEFAULT_CPU_PERIOD,
             pod_pids_limit: None,
+            hugepages: BTreeMap::new(),
         }
     }
 
@@ -140,6 +144,18 @@ impl Config {
     pub fn node(mut self, cpu_milli: i64, memory_bytes: i64) -> Self {
         self.node = Some((cpu_milli, memory_bytes));
         self
+    }
+
+    /// Sets the node's huge pages (bytes by page size in bytes).
+    #[must_use]
+    pub fn hugepages(mut self, hugepages: BTreeMap<u64, u64>) -> Self {
+        self.hugepages = hugepages;
+        self
+    }
+
+    /// The sizes of the node's huge pages, in bytes.
+    fn hugepage_sizes(&self) -> Vec<u64> {
+        self.hugepages.keys().copied().collect()
     }
 
     /// Sets `podPidsLimit` (a value below 1 is no limit).
@@ -176,8 +192,11 @@ impl CgroupManager {
     pub fn new(config: Config) -> Result<Self, PodCgroupError> {
         let fs = Cgroupfs::detect(&config.mount);
         let pods = config.pods_cgroup.trim_end_matches('/').to_owned();
-        let node =
+        let mut node =
             config.node.map_or_else(ResourceConfig::default, |(cpu, memory)| ResourceConfig::for_node(cpu, memory));
+        // `kubepods` holds the node's huge pages, all of them.
+        let unit_sizes = config.hugepages.iter().filter_map(|(size, bytes)| Some((hugepage_unit_size(*size)?, *bytes)));
+        node.hugepage_limits = unit_sizes.collect();
         fs.apply(&pods, &node)?;
         fs.apply(&format!("{pods}/besteffort"), &ResourceConfig::for_best_effort())?;
         let manager = CgroupManager { fs, config, state: Mutex::new(State::default()) };
@@ -220,8 +239,9 @@ impl PodCgroups for CgroupManager {
         if state.ensured.contains(&uid) && self.fs.exists(&name) {
             return Ok(());
         }
-        let config =
+        let mut config =
             ResourceConfig::for_pod(pod, self.config.cfs_quota, self.config.cpu_period, self.config.pod_pids_limit);
+        config.hugepage_limits = hugepage_limits(&self.config.hugepage_sizes(), &pod_hugepage_requests(pod));
         self.fs.apply(&name, &config)?;
         debug!(pod.uid = %uid, cgroup = %name, ?config, "pod cgroup set");
         state.ensured.insert(uid);

@@ -16,7 +16,7 @@ const MIN_QUOTA_PERIOD: i64 = 1000;
 pub const DEFAULT_CPU_PERIOD: u64 = 100_000;
 
 /// The values written to one cgroup; `None` leaves a value as the kernel has it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ResourceConfig {
     /// `cpu.shares` (v1), turned into `cpu.weight` on v2.
@@ -29,6 +29,9 @@ pub struct ResourceConfig {
     pub memory_limit: Option<i64>,
     /// The most processes (`pids.max`).
     pub pids_limit: Option<i64>,
+    /// Huge page limits in bytes by runc's size name (`hugetlb.2MB.limit_in_bytes`;
+    /// `hugetlb.2MB.max` on v2), written where the hugetlb controller is.
+    pub hugepage_limits: Vec<(String, u64)>,
 }
 
 /// CPU shares for `milli` millicores: 2 for none, at most [`MAX_SHARES`].
@@ -159,6 +162,7 @@ mod tests {
                 cpu_period: Some(100_000),
                 memory_limit: Some(64 << 20),
                 pids_limit: Some(100),
+                hugepage_limits: Vec::new(),
             }
         );
         // Burstable, every container with a CPU limit but not a memory one.

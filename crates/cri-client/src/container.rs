@@ -9,7 +9,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kubelet_core::{
-    resources::{container_resource, milli, qos_class, units},
+    resources::{container_resource, hugepage_limits, milli, qos_class, units},
     volume::PodVolumes,
 };
 
@@ -78,8 +78,14 @@ pub fn cpu_shares(milli_cpu: i64) -> i64 {
 }
 
 /// The container's Linux resources: shares from the CPU request, quota from the CPU limit, the
-/// memory limit, and the OOM score adjustment of its QoS class.
-pub fn linux_resources(pod: &Pod, container: &Container, memory_capacity: i64) -> pb::LinuxContainerResources {
+/// memory limit, a huge page limit for each of the node's `hugepage_sizes` (zero for a size it
+/// does not ask for), and the OOM score adjustment of its QoS class.
+pub fn linux_resources(
+    pod: &Pod,
+    container: &Container,
+    memory_capacity: i64,
+    hugepage_sizes: &[u64],
+) -> pb::LinuxContainerResources {
     let cpu_request = container_resource(container, "cpu", false).and_then(milli).unwrap_or(0);
     let cpu_limit = container_resource(container, "cpu", true).and_then(milli);
     let memory_limit = container_resource(container, "memory", true).and_then(units).unwrap_or(0);
@@ -89,6 +95,11 @@ pub fn linux_resources(pod: &Pod, container: &Container, memory_capacity: i64) -
         memory_limit_in_bytes: memory_limit,
         ..Default::default()
     };
+    let limits = container.resources.as_ref().and_then(|r| r.limits.clone()).unwrap_or_default();
+    resources.hugepage_limits = hugepage_limits(hugepage_sizes, &limits)
+        .into_iter()
+        .map(|(page_size, limit)| pb::HugepageLimit { page_size, limit })
+        .collect();
     if let Some(limit) = cpu_limit.filter(|l| *l > 0) {
         resources.cpu_period = 100_000;
         resources.cpu_quota = (limit * 100_000 / 1000).max(1000);
@@ -272,6 +283,8 @@ pub struct ConfigInput<'a> {
     pub env: &'a [(String, String)],
     /// The node's memory capacity in bytes, for the OOM score of Burstable pods.
     pub memory_capacity: i64,
+    /// The huge page sizes (bytes) the kernel offers, each limited for the container.
+    pub hugepage_sizes: &'a [u64],
     /// The host paths of the pod's volumes, for the container's `volumeMounts`.
     pub volumes: &'a PodVolumes,
     /// The host paths prepared for the container's `subPath` mounts.
@@ -307,7 +320,7 @@ pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, 
         stdin_once: container.stdin_once.unwrap_or(false),
         tty: container.tty.unwrap_or(false),
         linux: Some(pb::LinuxContainerConfig {
-            resources: Some(linux_resources(pod, container, input.memory_capacity)),
+            resources: Some(linux_resources(pod, container, input.memory_capacity, input.hugepage_sizes)),
             security_context: Some(security_context(pod, container, input.image_user, input.seccomp_profiles)?),
         }),
         ..pb::ContainerConfig::default()

@@ -71,6 +71,9 @@ pub struct Config {
     /// The node's allocatable resources, which a `resourceFieldRef` to a CPU or memory limit
     /// the container does not set reads (upstream `defaultPodLimitsForDownwardAPI`).
     pub allocatable: std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    /// The huge page sizes (bytes) the kernel offers: each container gets a limit for every one,
+    /// zero for those it does not ask for (upstream `GetHugepageLimitsFromResources`).
+    pub hugepage_sizes: Vec<u64>,
 }
 
 impl Config {
@@ -90,6 +93,7 @@ impl Config {
             pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
             image_pull_limit: Some(1),
             allocatable: std::collections::BTreeMap::new(),
+            hugepage_sizes: Vec::new(),
             seccomp_dir: PathBuf::from(crate::container::DEFAULT_SECCOMP_DIR),
         }
     }
@@ -108,6 +112,13 @@ impl Config {
         allocatable: std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
     ) -> Self {
         self.allocatable = allocatable;
+        self
+    }
+
+    /// Sets the huge page sizes (bytes) the kernel offers.
+    #[must_use]
+    pub fn hugepage_sizes(mut self, sizes: Vec<u64>) -> Self {
+        self.hugepage_sizes = sizes;
         self
     }
 

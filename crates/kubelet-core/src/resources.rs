@@ -248,6 +248,57 @@ pub struct PodLimits {
     pub memory_declared: bool,
 }
 
+/// The resource name of huge pages of `page_size` bytes (upstream's `HugePageResourceName`):
+/// `hugepages-2Mi` for 2 MiB pages.
+pub fn hugepage_resource(page_size: u64) -> String {
+    format!("hugepages-{}", crate::eviction::format_amount(page_size, crate::eviction::Resource::Memory))
+}
+
+/// The page size in bytes of a `hugepages-<size>` resource, when `resource` is one.
+pub fn hugepage_page_size(resource: &str) -> Option<u64> {
+    let size = resource.strip_prefix("hugepages-")?;
+    units(&Quantity(size.to_owned())).and_then(|bytes| u64::try_from(bytes).ok()).filter(|bytes| *bytes > 0)
+}
+
+/// runc's and the CRI's name of a page size (upstream's `HugePageUnitSizeFromByteSize`): `2MB`
+/// for 2 MiB, `1GB` for 1 GiB; `None` for a size that has none.
+pub fn hugepage_unit_size(page_size: u64) -> Option<String> {
+    const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let mut size = page_size;
+    let mut unit = 0;
+    while size >= 1024 && unit + 1 < UNITS.len() {
+        size /= 1024;
+        unit += 1;
+    }
+    (size <= 1024).then(|| format!("{size}{}", UNITS[unit]))
+}
+
+/// Huge page limits for each of the node's `page_sizes` (runc's size names and bytes): what
+/// `limited` gives a `hugepages-<size>` resource, and zero for every size it does not name, as
+/// upstream's `GetHugepageLimitsFromResources` and `maybeSetHugetlb` do.
+pub fn hugepage_limits(page_sizes: &[u64], limited: &BTreeMap<String, Quantity>) -> Vec<(String, u64)> {
+    let limit_of = |page_size: u64| {
+        limited
+            .iter()
+            .filter(|(name, _)| hugepage_page_size(name) == Some(page_size))
+            .find_map(|(_, quantity)| units(quantity))
+            .map_or(0, |bytes| bytes.max(0).unsigned_abs())
+    };
+    page_sizes.iter().filter_map(|size| Some((hugepage_unit_size(*size)?, limit_of(*size)))).collect()
+}
+
+/// The `hugepages-<size>` resources `pod` requests (upstream's `PodRequests` of each), in bytes.
+pub fn pod_hugepage_requests(pod: &Pod) -> BTreeMap<String, Quantity> {
+    let Some(spec) = pod.spec.as_ref() else { return BTreeMap::new() };
+    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    let names: std::collections::BTreeSet<&String> = containers
+        .filter_map(|c| c.resources.as_ref()?.requests.as_ref())
+        .flat_map(BTreeMap::keys)
+        .filter(|name| hugepage_page_size(name).is_some())
+        .collect();
+    names.into_iter().map(|name| (name.clone(), Quantity(pod_request(pod, name, units).to_string()))).collect()
+}
+
 /// A pod's QoS class (upstream `GetPodQOS`): `Guaranteed`, `Burstable` or `BestEffort`.
 pub fn qos_class(pod: &Pod) -> &'static str {
     let Some(spec) = pod.spec.as_ref() else { return "BestEffort" };
@@ -280,6 +331,41 @@ mod tests {
     use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
 
     use super::*;
+
+    #[test]
+    fn huge_page_names_and_limits_are_upstreams() {
+        const MI2: u64 = 2 << 20;
+        const GI1: u64 = 1 << 30;
+        assert_eq!(hugepage_resource(MI2), "hugepages-2Mi");
+        assert_eq!(hugepage_resource(GI1), "hugepages-1Gi");
+        assert_eq!(hugepage_page_size("hugepages-2Mi"), Some(MI2));
+        assert_eq!(hugepage_page_size("hugepages-1Gi"), Some(GI1));
+        assert_eq!(hugepage_page_size("memory"), None);
+        assert_eq!(hugepage_unit_size(MI2).as_deref(), Some("2MB"));
+        assert_eq!(hugepage_unit_size(GI1).as_deref(), Some("1GB"));
+        assert_eq!(hugepage_unit_size(64 << 10).as_deref(), Some("64KB"));
+        // Every size the node has gets a limit: zero unless the resources name it.
+        let limited = BTreeMap::from([("hugepages-2Mi".to_owned(), Quantity("4Mi".into()))]);
+        assert_eq!(hugepage_limits(&[MI2, GI1], &limited), [("2MB".to_owned(), 4 << 20), ("1GB".to_owned(), 0)]);
+        assert_eq!(hugepage_limits(&[], &limited), []);
+        // A pod's requests: its containers' sum, raised to an init container's.
+        let container = |name: &str, amount: &str| Container {
+            name: name.to_owned(),
+            resources: Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([("hugepages-2Mi".to_owned(), Quantity(amount.into()))])),
+                ..Default::default()
+            }),
+            ..Container::default()
+        };
+        let spec = PodSpec {
+            containers: vec![container("a", "2Mi"), container("b", "4Mi")],
+            init_containers: Some(vec![container("init", "8Mi")]),
+            ..PodSpec::default()
+        };
+        let pod = Pod { spec: Some(spec), ..Pod::default() };
+        let requests = pod_hugepage_requests(&pod);
+        assert_eq!(requests, BTreeMap::from([("hugepages-2Mi".to_owned(), Quantity((8u64 << 20).to_string()))]));
+    }
 
     #[test]
     fn quantities_are_exact() {

@@ -5,9 +5,10 @@
 //! Extended resources the node does not have (`nvidia.com/gpu` here) are left out of the
 //! requests, as upstream leaves them (`removeMissingExtendedResources`); the node has none.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::Path};
 
 use k8s_openapi::api::core::v1::Pod;
+use kubelet_core::resources::{hugepage_page_size, pod_hugepage_requests, pod_request, units};
 
 mod affinity;
 mod sysctls;
@@ -30,6 +31,9 @@ pub struct NodeResources {
     /// The unsafe sysctls (names, or prefixes ending in `*`) pods may set beside the safe ones
     /// (`allowedUnsafeSysctls`).
     pub allowed_unsafe_sysctls: Vec<String>,
+    /// The huge pages the node has: bytes of pre-allocated pages, by page size in bytes (every
+    /// size the kernel offers, with zero when none are allocated).
+    pub hugepages: BTreeMap<u64, u64>,
 }
 
 impl NodeResources {
@@ -41,10 +45,11 @@ impl NodeResources {
             max_pods: 110,
             labels: BTreeMap::from([(OS_LABEL.to_owned(), "linux".to_owned())]),
             allowed_unsafe_sysctls: Vec::new(),
+            hugepages: BTreeMap::new(),
         }
     }
 
-    /// This machine's CPUs and memory, with nothing reserved.
+    /// This machine's CPUs, memory and huge pages, with nothing reserved.
     pub fn of_this_node() -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
@@ -53,8 +58,27 @@ impl NodeResources {
             .find_map(|l| l.strip_prefix("MemTotal:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
             .map_or(0, |kib| kib * 1024);
-        NodeResources::new(i64::try_from(cpus).unwrap_or(1) * 1000, memory)
+        let mut node = NodeResources::new(i64::try_from(cpus).unwrap_or(1) * 1000, memory);
+        node.hugepages = hugepages_of(Path::new(HUGEPAGES_DIR));
+        node
     }
+}
+
+/// Where the kernel lists its huge page sizes (`hugepages-2048kB/nr_hugepages`).
+const HUGEPAGES_DIR: &str = "/sys/kernel/mm/hugepages";
+
+/// The huge pages under `dir` (as cAdvisor reads them): bytes allocated by page size.
+fn hugepages_of(dir: &Path) -> BTreeMap<u64, u64> {
+    let mut hugepages = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let kib = name.to_str().and_then(|n| n.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse::<u64>().ok());
+        let Some(page_size) = kib.map(|kib| kib * 1024) else { continue };
+        let pages = std::fs::read_to_string(entry.path().join("nr_hugepages"));
+        let pages: u64 = pages.ok().and_then(|p| p.trim().parse().ok()).unwrap_or(0);
+        hugepages.insert(page_size, page_size.saturating_mul(pages));
+    }
+    hugepages
 }
 
 /// Why a pod was rejected: upstream's reason and message.
@@ -153,6 +177,17 @@ fn fits(pod: &Pod, active: &[&Pod], node: &NodeResources) -> Result<(), Rejectio
     {
         if requested > 0 && requested > capacity - used {
             return Err(short(resource, requested, used, capacity));
+        }
+    }
+    // Huge pages are native resources: a size the node lacks has none to give.
+    for name in pod_hugepage_requests(pod).keys() {
+        let request = |p: &Pod| pod_request(p, name, units);
+        let requested = request(pod);
+        let used: i64 = active.iter().map(|p| request(p)).sum();
+        let page_size = hugepage_page_size(name).unwrap_or(0);
+        let capacity = node.hugepages.get(&page_size).map_or(0, |b| i64::try_from(*b).unwrap_or(i64::MAX));
+        if requested > 0 && requested > capacity - used {
+            return Err(short(name, requested, used, capacity));
         }
     }
     Ok(())

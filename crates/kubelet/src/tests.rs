@@ -303,6 +303,34 @@ async fn pods_using_unimplemented_fields_are_refused_never_run_without_them() {
     assert!(event.message.contains("spec.containers[0].readinessProbe"), "{}", event.message);
 }
 
+#[test]
+fn admission_counts_huge_pages_of_each_size() {
+    let mut node = NodeResources::new(1000, 1 << 30);
+    node.hugepages = BTreeMap::from([(2 << 20, 8 << 20), (1 << 30, 0)]);
+    let with = |resource: &str, amount: &str| {
+        let mut p = (*pod("x", "Always", &["c"])).clone();
+        let both = BTreeMap::from([
+            ("memory".to_owned(), Quantity("1Mi".into())),
+            (resource.to_owned(), Quantity(amount.into())),
+        ]);
+        p.spec.as_mut().unwrap().containers[0].resources =
+            Some(ResourceRequirements { requests: Some(both.clone()), limits: Some(both), ..Default::default() });
+        p
+    };
+    let running = with("hugepages-2Mi", "6Mi");
+    assert!(admit(&with("hugepages-2Mi", "2Mi"), &[&running], &node).is_ok());
+    let rejection = admit(&with("hugepages-2Mi", "4Mi"), &[&running], &node).unwrap_err();
+    assert_eq!(rejection.reason, "OutOfhugepages-2Mi");
+    assert_eq!(
+        rejection.message,
+        "Node didn't have enough resource: hugepages-2Mi, requested: 4194304, used: 6291456, capacity: 8388608"
+    );
+    let no_gigantic = admit(&with("hugepages-1Gi", "1Gi"), &[], &node).unwrap_err();
+    assert_eq!(no_gigantic.reason, "OutOfhugepages-1Gi", "a size with nothing allocated");
+    let unknown = admit(&with("hugepages-64Ki", "64Ki"), &[], &node).unwrap_err();
+    assert_eq!(unknown.reason, "OutOfhugepages-64Ki", "a size the kernel lacks");
+}
+
 #[tokio::test(start_paused = true)]
 async fn admission_checks_cpu_memory_selector_and_host_ports() {
     let node = NodeResources::new(1000, 1 << 30);

@@ -251,11 +251,18 @@ fn resources_become_shares_quota_limit_and_oom_score() {
         ..Default::default()
     });
     let pod = pod_with(c.clone());
-    let r = linux_resources(&pod, &c, 1 << 30);
+    let r = linux_resources(&pod, &c, 1 << 30, &[]);
     assert_eq!((r.cpu_shares, r.cpu_period, r.cpu_quota, r.memory_limit_in_bytes), (256, 100_000, 50_000, 128 << 20));
     assert_eq!(r.oom_score_adj, 1000 - 1000 * (64 << 20) / (1 << 30), "burstable");
+    // A huge page limit for each of the node's sizes: what the container asks, else zero.
+    let mut huge = c.clone();
+    let limits = huge.resources.as_mut().unwrap().limits.as_mut().unwrap();
+    limits.insert("hugepages-2Mi".into(), Quantity("4Mi".into()));
+    let r = linux_resources(&pod_with(huge.clone()), &huge, 1 << 30, &[2 << 20, 1 << 30]);
+    let hugepages: Vec<(&str, u64)> = r.hugepage_limits.iter().map(|h| (h.page_size.as_str(), h.limit)).collect();
+    assert_eq!(hugepages, [("2MB", 4 << 20), ("1GB", 0)]);
     let best_effort = Container { name: "c".into(), ..Container::default() };
-    let r = linux_resources(&pod_with(best_effort.clone()), &best_effort, 1 << 30);
+    let r = linux_resources(&pod_with(best_effort.clone()), &best_effort, 1 << 30, &[]);
     assert_eq!((r.cpu_shares, r.cpu_quota, r.oom_score_adj), (2, 0, 1000));
     // The quota of 102m is 10200, not a float's 10300.
     let mut small = Container { name: "c".into(), ..Container::default() };
@@ -263,15 +270,15 @@ fn resources_become_shares_quota_limit_and_oom_score() {
         limits: Some(BTreeMap::from([("cpu".into(), Quantity("102m".into()))])),
         ..Default::default()
     });
-    assert_eq!(linux_resources(&pod_with(small.clone()), &small, 1 << 30).cpu_quota, 10_200);
+    assert_eq!(linux_resources(&pod_with(small.clone()), &small, 1 << 30, &[]).cpu_quota, 10_200);
 
     // A node-critical pod (system-node-critical and static, mirror or of critical priority)
     // is the last to go, whatever its QoS.
     let mut critical = pod_with(best_effort.clone());
     critical.spec.as_mut().unwrap().priority_class_name = Some("system-node-critical".into());
-    assert_eq!(linux_resources(&critical, &best_effort, 1 << 30).oom_score_adj, 1000, "not critical yet");
+    assert_eq!(linux_resources(&critical, &best_effort, 1 << 30, &[]).oom_score_adj, 1000, "not critical yet");
     critical.spec.as_mut().unwrap().priority = Some(2_000_001_000);
-    assert_eq!(linux_resources(&critical, &best_effort, 1 << 30).oom_score_adj, -997);
+    assert_eq!(linux_resources(&critical, &best_effort, 1 << 30, &[]).oom_score_adj, -997);
 }
 
 #[test]
@@ -338,11 +345,15 @@ fn container_config_has_log_path_attempt_labels_and_expanded_command() {
         image_user: &user,
         env: &[("GREETING".to_owned(), "hello".to_owned())],
         memory_capacity: 1 << 30,
+        hugepage_sizes: &[2 << 20, 1 << 30],
         volumes: &PodVolumes::new(),
         sub_paths: &SubPathMounts::new(),
         seccomp_profiles: std::path::Path::new("/var/lib/kubelet/seccomp"),
     };
     let config = container_config(&input).unwrap();
+    let hugepages = &config.linux.as_ref().unwrap().resources.as_ref().unwrap().hugepage_limits;
+    let hugepages: Vec<(&str, u64)> = hugepages.iter().map(|h| (h.page_size.as_str(), h.limit)).collect();
+    assert_eq!(hugepages, [("2MB", 0), ("1GB", 0)], "no huge pages asked for: none of either size");
     assert_eq!(config.log_path, "app/3.log");
     assert_eq!(config.metadata.unwrap().attempt, 3);
     assert_eq!(config.args, ["echo hello"]);

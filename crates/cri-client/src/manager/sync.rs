@@ -117,6 +117,7 @@ impl CriRuntime {
             image_user: &image_user,
             env: &env.vars,
             memory_capacity: self.memory_capacity,
+            hugepage_sizes: &self.config.hugepage_sizes,
             volumes,
             sub_paths: &sub_paths,
             seccomp_profiles: &self.config.seccomp_dir,
