@@ -268,6 +268,11 @@ impl Cluster {
     /// Removes what the scenario left in a real cluster: its namespace and its node.
     async fn clean_up(&self, node: &str) {
         if let Cluster::Remote { client, namespace, .. } = self {
+            // No namespace controller runs here, so the namespace's pods would outlive it, still
+            // bound to a node name the next scenario reuses: they go first, at once.
+            let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+            let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+            let _ = pods.delete_collection(&now, &ListParams::default()).await;
             let _ = Api::<Namespace>::all(client.clone()).delete(namespace, &DeleteParams::default()).await;
             let _ = Api::<Node>::all(client.clone()).delete(node, &DeleteParams::default()).await;
         }
