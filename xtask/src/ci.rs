@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    chaos, cluster, demo, harness, runtime, tidy,
+    chaos, cluster, demo, harness, leaks, runtime, tidy,
     util::{have, in_ci, project_root, run},
 };
 
@@ -217,7 +217,10 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
         if repeat > 1 {
             println!("\n--> real-runtime run {round} of {repeat}");
         }
-        result = run(&mut cmd).with_context(|| format!("real-runtime run {round} of {repeat} failed"));
+        let baseline = leaks::host_objects();
+        result = run(&mut cmd)
+            .with_context(|| format!("real-runtime run {round} of {repeat} failed"))
+            .and_then(|()| nothing_leaked(&baseline));
         if result.is_err() {
             break;
         }
@@ -239,6 +242,23 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
         runtime::stop()?;
     }
     result
+}
+
+/// Fails when the real-runtime tests left on the host what pods leave (pod cgroups, network
+/// namespaces, IPAM reservations, veths, mounts, shims) beyond `baseline`, after letting it settle.
+fn nothing_leaked(baseline: &leaks::HostObjects) -> Result<()> {
+    let leaked = leaks::leaked_after(baseline, std::time::Duration::from_secs(15));
+    let leaked: Vec<String> = leaked
+        .into_iter()
+        .filter(|(_, objects)| !objects.is_empty())
+        .map(|(kind, objects)| format!("{kind}: {}", objects.join(", ")))
+        .collect();
+    if leaked.is_empty() {
+        println!("the real-runtime tests left nothing on the host");
+        Ok(())
+    } else {
+        bail!("the real-runtime tests left on the host: {}", leaked.join("; "))
+    }
 }
 
 /// `cargo xtask bench`: every benchmark, which print their own figures; the ones that need the

@@ -1061,27 +1061,43 @@ fn logged_messages(container_dir: &Path) -> Vec<(String, String)> {
     join_split_lines(messages)
 }
 
-/// `messages` (each with where it was read) with every piece that is not a whole line joined to
-/// the one after it.
+/// `messages` (each with where it was read) with each line split in two joined again: a piece
+/// that is not a whole line, followed by the piece that makes it one.
 ///
 /// containerd hands a container's output to the log file in the chunks it reads, so a log reopen
 /// during a burst can end one file with the start of a line and begin the next with its rest, each
 /// written as a line of its own, which the CRI format cannot mark (upstream's rotation is the same).
+/// A piece that completes nothing (the rest of a line whose start was rotated away) stays as it is.
 fn join_split_lines(messages: Vec<(String, String)>) -> Vec<(String, String)> {
-    let mut joined: Vec<(String, String)> = Vec::with_capacity(messages.len());
-    for (origin, message) in messages {
-        match joined.pop() {
-            Some((start_origin, start)) if !is_whole_line(&start) => {
-                eprintln!("joined a line split between {start_origin} and {origin}: {start:?} + {message:?}");
-                joined.push((origin, start + &message));
-            }
-            last => {
-                joined.extend(last);
-                joined.push((origin, message));
-            }
+    let mut joined = Vec::with_capacity(messages.len());
+    let mut messages = messages.into_iter().peekable();
+    while let Some((origin, message)) = messages.next() {
+        let rest = messages.peek().map(|(_, rest)| rest.as_str()).unwrap_or_default();
+        let whole = format!("{message}{rest}");
+        if !is_whole_line(&message) && is_whole_line(&whole) {
+            let (rest_origin, rest) = messages.next().expect("peeked above");
+            eprintln!("joined a line split between {origin} and {rest_origin}: {message:?} + {rest:?}");
+            joined.push((rest_origin, whole));
+        } else {
+            joined.push((origin, message));
         }
     }
     joined
+}
+
+#[test]
+fn split_log_lines_are_joined_and_a_rest_without_its_start_is_kept() {
+    let pad = "x".repeat(80);
+    let messages = [
+        ("a", format!("-7-{pad}")),
+        ("a", format!("line-8-{pad}")),
+        ("a", "lin".to_owned()),
+        ("b", format!("e-9-{pad}")),
+        ("b", "last-10".to_owned()),
+    ];
+    let messages = messages.into_iter().map(|(origin, m)| (origin.to_owned(), m)).collect();
+    let joined: Vec<String> = join_split_lines(messages).into_iter().map(|(_, m)| m).collect();
+    assert_eq!(joined, [format!("-7-{pad}"), format!("line-8-{pad}"), format!("line-9-{pad}"), "last-10".to_owned()]);
 }
 
 /// Whether `message` is one whole line of the chatty container: `line-N-` and 80 x, or `last-N`.
