@@ -4,7 +4,7 @@
 //! pod workers), hands them to the library's `Agent` builder, and adds the static pod sources,
 //! cluster mode (`--kubeconfig`, in [`crate::cluster`]) and the local API.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use apiserver::objects::ApiObjects;
@@ -238,17 +238,28 @@ async fn rotate_logs(rotator: LogRotator, cancel: CancellationToken) {
 }
 
 /// What the node offers pods: capacity minus `systemReserved`, `kubeReserved`, the hard
-/// `memory.available` threshold and the huge pages (upstream's node allocatable), `maxPods`, the labels it registers with (for
-/// `nodeSelector` and the required node affinity) and `allowedUnsafeSysctls`.
+/// `memory.available` threshold and the huge pages, and the root directory's filesystem minus
+/// the hard `nodefs.available` threshold (upstream's node allocatable), `maxPods`, the labels
+/// it registers with (for `nodeSelector` and the required node affinity) and
+/// `allowedUnsafeSysctls`.
 fn node_allocatable(settings: &Settings) -> NodeResources {
     let mut node = node_less_reserved(settings);
     let capacity = NodeResources::of_this_node().memory_bytes.max(0).unsigned_abs();
+    let storage = root_dir_capacity(&settings.root_dir);
     let thresholds = settings.file.eviction_thresholds().unwrap_or_default();
-    let (memory_held, _) = thresholds.hard_reservation(capacity, 0);
+    let (memory_held, storage_held) = thresholds.hard_reservation(capacity, storage.unwrap_or(0));
     let hugepages: u64 = node.hugepages.values().sum();
     let held = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
     node.memory_bytes = (node.memory_bytes - held(memory_held) - held(hugepages)).max(0);
+    node.ephemeral_storage_bytes = storage.map(|bytes| (held(bytes) - held(storage_held)).max(0));
     node
+}
+
+/// The size of the filesystem holding `root_dir` (or its nearest existing parent): the node's
+/// `ephemeral-storage` capacity.
+fn root_dir_capacity(root_dir: &Path) -> Option<u64> {
+    let fs = root_dir.ancestors().find_map(|dir| eviction::stats::fs_stats(dir).ok());
+    fs.map(|fs| fs.capacity_bytes)
 }
 
 /// The node's capacity less `systemReserved` and `kubeReserved` (upstream's

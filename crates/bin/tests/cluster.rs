@@ -1261,22 +1261,7 @@ async fn wait_for_heartbeats(cluster: &Cluster, node: &str, since: std::time::Sy
 #[tokio::test]
 async fn real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiserver() {
     let test = "real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiserver";
-    let Some(rt) = RealRuntime::from_env(test) else { return };
-    let node = "kubelet-rs-node-3";
-    let Some(cluster) = kube_apiserver(test, node).await else { return };
-    let cluster = Arc::new(cluster);
-    let dir = rt.scratch_dir.join("evictions");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    std::fs::create_dir_all(dir.join("root")).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
-        .arg(dir.join("root"))
-        .status();
-    assert!(mounted.unwrap().success(), "a tmpfs for the agent's root directory");
-    let body = evict_under_pressure(rt.clone(), dir.clone(), cluster.clone(), node.to_owned());
-    run_and_clean_up(&rt, &dir, &cluster, node, body).await;
-    let _ = std::fs::remove_dir_all(&dir);
+    on_node_3(test, "evictions", Some("64m"), evict_under_pressure).await;
 }
 
 /// Upstream's memory eviction against kube-apiserver: with `memory.available` set 500 MiB below
@@ -1286,14 +1271,36 @@ async fn real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiser
 #[tokio::test]
 async fn real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserver() {
     let test = "real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserver";
+    on_node_3(test, "memory-evictions", None, evict_under_memory_pressure).await;
+}
+
+/// Runs `scenario` as node `kubelet-rs-node-3` of kube-apiserver, in a fresh scratch directory
+/// `name` whose `root` is a tmpfs of `root_size` when given (so `nodefs` is the test's), and
+/// cleans up after it.
+async fn on_node_3<Scenario>(
+    test: &str,
+    name: &str,
+    root_size: Option<&str>,
+    scenario: impl FnOnce(RealRuntime, PathBuf, Arc<Cluster>, String) -> Scenario,
+) where
+    Scenario: Future<Output = ()> + Send + 'static,
+{
     let Some(rt) = RealRuntime::from_env(test) else { return };
     let node = "kubelet-rs-node-3";
     let Some(cluster) = kube_apiserver(test, node).await else { return };
     let cluster = Arc::new(cluster);
-    let dir = rt.scratch_dir.join("memory-evictions");
+    let dir = rt.scratch_dir.join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    let body = evict_under_memory_pressure(rt.clone(), dir.clone(), cluster.clone(), node.to_owned());
+    if let Some(size) = root_size {
+        std::fs::create_dir_all(dir.join("root")).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.join("root"))
+            .status();
+        assert!(mounted.unwrap().success(), "a tmpfs for the agent's root directory");
+    }
+    let body = scenario(rt.clone(), dir.clone(), cluster.clone(), node.to_owned());
     run_and_clean_up(&rt, &dir, &cluster, node, body).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1375,6 +1375,45 @@ async fn huge_pages_outcome(rt: RealRuntime, dir: std::path::PathBuf, node: Stri
     assert!(message.contains(expected), "{message}");
 }
 
+/// Ephemeral storage as upstream's admission counts it: a pod asking for a little of the root
+/// directory's filesystem runs, and one asking for more than is left of it is refused with
+/// `OutOfephemeral-storage`, counting what the running pod asked for.
+#[tokio::test(flavor = "multi_thread")]
+async fn real_ephemeral_storage_requests_are_admitted_against_the_root_dir_filesystem() {
+    let test = "real_ephemeral_storage_requests_are_admitted_against_the_root_dir_filesystem";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let (dir, node) = scratch(&rt, "agent-ephemeral", "ephemeral");
+    let write_pod = {
+        let (dir, image) = (dir.clone(), rt.busybox_image.clone());
+        move |name: &str, amount: &str| {
+            let sleep = "trap 'exit 0' TERM; while true; do sleep 1; done";
+            let resources = format!("{{requests: {{ephemeral-storage: {amount}}}}}");
+            let manifest = resources_manifest(name, &image, sleep, &resources);
+            std::fs::write(dir.join(format!("manifests/{name}.yaml")), manifest).unwrap();
+        }
+    };
+    write_pod("modest", "1Mi");
+    let port = free_port();
+    let agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+    let runtime = test_runtime(&rt, &dir, &node);
+    let outcome = {
+        let runtime = test_runtime(&rt, &dir, &node);
+        let node = node.clone();
+        async move {
+            let _agent = agent;
+            wait_for(&runtime, &format!("modest-{node}"), "the modest pod to run", running).await;
+            write_pod("greedy", "1Pi");
+            let refused = |s: &serde_json::Value| s["phase"] == "Failed";
+            let greedy = pod_status(port, &format!("greedy-{node}"), "the greedy pod refused", refused).await;
+            assert_eq!(greedy["reason"], "OutOfephemeral-storage", "{greedy}");
+            let message = greedy["message"].as_str().unwrap_or_default();
+            let expected = "Node didn't have enough resource: ephemeral-storage, requested: 1125899906842624, used: 1048576, capacity: ";
+            assert!(message.contains(expected), "{message}");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 /// A static pod whose one container `app` runs `script` with `resources` (YAML flow maps,
 /// indented for the container), for the QoS tests.
 fn resources_manifest(name: &str, image: &str, script: &str, resources: &str) -> String {
@@ -1475,6 +1514,68 @@ async fn real_pods_run_in_qos_cgroups_with_their_resources() {
         }
     };
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// What a crash between making a pod's cgroup and starting its sandbox leaves: the cgroup of
+/// a pod nobody knows, here with a process in it. The agent's first housekeeping kills the
+/// process and removes the cgroup (upstream's `cleanupOrphanedPodCgroups`), and leaves its own
+/// pod's cgroup alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn real_a_pod_cgroup_left_by_a_crash_is_removed_at_start() {
+    let Some(rt) = RealRuntime::from_env("real_a_pod_cgroup_left_by_a_crash_is_removed_at_start") else { return };
+    if Path::new(cgroups::CGROUP_ROOT).join("cgroup.controllers").exists() {
+        eprintln!("SKIPPED real_a_pod_cgroup_left_by_a_crash_is_removed_at_start: it makes cgroup v1 directories");
+        return;
+    }
+    let (dir, node) = scratch(&rt, "agent-orphan-cgroup", "orphan-cgroup");
+    let orphan_uid = format!("orphan-{}", std::process::id());
+    let orphan = format!("kubepods/besteffort/pod{orphan_uid}");
+    // Whatever the outcome, nothing of the made-up pod stays.
+    let _removed_at_the_end = RemovedCgroup(format!("/{orphan}"));
+    for controller in ["cpu", "memory", "pids"] {
+        std::fs::create_dir_all(Path::new(cgroups::CGROUP_ROOT).join(controller).join(&orphan)).unwrap();
+    }
+    let mut left_process =
+        Command::new("sleep").arg("600").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let procs = Path::new(cgroups::CGROUP_ROOT).join("cpu").join(&orphan).join("cgroup.procs");
+    std::fs::write(procs, left_process.id().to_string()).unwrap();
+    std::fs::write(dir.join("manifests/kept.yaml"), manifest("kept", &rt.busybox_image, "sleep 3600")).unwrap();
+    let agent = Agent::start(&rt, &dir, &node);
+    let runtime = test_runtime(&rt, &dir, &node);
+
+    let outcome = {
+        let runtime = test_runtime(&rt, &dir, &node);
+        let node = node.clone();
+        let orphan_uid = orphan_uid.clone();
+        async move {
+            let _agent = agent;
+            let kept = wait_for(&runtime, &format!("kept-{node}"), "the agent's pod", running).await;
+            let root = Path::new(cgroups::CGROUP_ROOT);
+            let mut left = Vec::new();
+            for _ in 0..200 {
+                left = cgroups::pod_cgroup_dirs(root, &orphan_uid);
+                if left.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(left.is_empty(), "the orphaned pod's cgroup stays: {left:?}");
+            let status = left_process.try_wait().unwrap();
+            assert!(status.is_some(), "the process in the orphaned cgroup was killed");
+            let kept_cgroup = format!("cpu/kubepods/besteffort/pod{}/cpu.shares", kept.uid);
+            assert_eq!(cgroup_file(&kept_cgroup), "2", "the agent's own pod keeps its cgroup");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// A pod cgroup (`/kubepods/...`) removed, with any process in it, when dropped.
+struct RemovedCgroup(String);
+
+impl Drop for RemovedCgroup {
+    fn drop(&mut self) {
+        let _ = cgroups::remove_pod_cgroup(Path::new(cgroups::CGROUP_ROOT), &self.0);
+    }
 }
 
 /// A unix socket that forwards to the runtime's, so a test can make "the runtime socket" vanish

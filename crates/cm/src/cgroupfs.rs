@@ -1,6 +1,7 @@
 //! Writing a [`ResourceConfig`] into a cgroup on the cgroupfs driver, cgroup v1 or v2.
 
 use std::{
+    collections::BTreeSet,
     io::{self, Write},
     path::{Path, PathBuf},
 };
@@ -59,6 +60,26 @@ impl Cgroupfs {
     /// on v1).
     pub fn exists(&self, name: &str) -> bool {
         relative_cgroup_path(name).is_ok_and(|r| self.dirs(r).first().is_some_and(|d| d.is_dir()))
+    }
+
+    /// The names of the child cgroups of `name` in any hierarchy written to (a child missing
+    /// from one controller is still found in the others); none when `name` does not exist.
+    pub fn children(&self, name: &str) -> Result<BTreeSet<String>, PodCgroupError> {
+        let relative = relative_cgroup_path(name).map_err(|e| PodCgroupError::new("naming", name, e))?;
+        let mut children = BTreeSet::new();
+        for dir in self.dirs(relative) {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(PodCgroupError::new("listing", dir.display().to_string(), err)),
+            };
+            for entry in entries.filter_map(Result::ok) {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    children.insert(entry.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+        Ok(children)
     }
 
     /// Makes cgroup `name` where missing, in every controller this crate writes, and writes

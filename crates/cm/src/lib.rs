@@ -257,6 +257,23 @@ impl PodCgroups for CgroupManager {
             warn!(error = %err, "cannot update the Burstable pods' cgroup");
         }
     }
+
+    fn unclaimed_pods(&self) -> Result<Vec<PodUid>, PodCgroupError> {
+        // Held while listing, so a pod is either ensured already or its cgroup is not made yet.
+        let state = self.state();
+        let pods = self.config.pods_cgroup.trim_end_matches('/');
+        let mut unclaimed = Vec::new();
+        for class in [pods.to_owned(), format!("{pods}/burstable"), format!("{pods}/besteffort")] {
+            for child in self.fs.children(&class)? {
+                let Some(uid) = child.strip_prefix("pod").filter(|uid| !uid.is_empty()) else { continue };
+                let uid = PodUid::new(uid);
+                if !state.ensured.contains(&uid) {
+                    unclaimed.push(uid);
+                }
+            }
+        }
+        Ok(unclaimed)
+    }
 }
 
 #[cfg(test)]
@@ -299,6 +316,27 @@ mod tests {
         manager.forget(&PodUid::new("g"));
         manager.forget(&PodUid::new("b2"));
         assert_eq!(read(mount.path(), "cpu/kubepods/burstable/cpu.shares"), "2");
+    }
+
+    #[test]
+    fn pods_with_a_cgroup_this_process_has_not_ensured_are_unclaimed() {
+        let mount = tempfile::tempdir().unwrap();
+        let manager = CgroupManager::new(Config::new(mount.path(), "/kubepods")).unwrap();
+        manager.ensure(&pod("kept", "", "")).unwrap();
+        manager.ensure(&pod("gone", "cpu=1,memory=64Mi", "cpu=1,memory=64Mi")).unwrap();
+        manager.forget(&PodUid::new("gone"));
+        // Left by an earlier process: one in a single controller only.
+        std::fs::create_dir_all(mount.path().join("cpu/kubepods/burstable/podcrashed")).unwrap();
+        std::fs::create_dir_all(mount.path().join("memory/kubepods/besteffort/podhalf")).unwrap();
+        // Not pods' cgroups.
+        std::fs::create_dir_all(mount.path().join("cpu/kubepods/pod")).unwrap();
+        std::fs::create_dir_all(mount.path().join("cpu/kubepods/other")).unwrap();
+        std::fs::write(mount.path().join("cpu/kubepods/besteffort/podfile"), "").unwrap();
+
+        let mut unclaimed: Vec<String> =
+            manager.unclaimed_pods().unwrap().iter().map(|uid| uid.as_str().to_owned()).collect();
+        unclaimed.sort();
+        assert_eq!(unclaimed, ["crashed", "gone", "half"]);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use kubelet_core::{
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use crate::stats::{HostPaths, HostStats, Need, StatsProvider};
 use crate::{
@@ -155,9 +155,17 @@ impl<S: StatsProvider, W: PodWorkers> Manager<S, W> {
             return;
         }
         let mut state = State::new();
-        let dedicated_image_fs = self.stats.dedicated_image_fs().await;
+        let mut dedicated_image_fs = None;
         loop {
-            let evicted = self.synchronize(&mut state, dedicated_image_fs).await;
+            // Asked until known (upstream asks each round until the runtime answers); until
+            // then the images count as sharing the node's filesystem.
+            if dedicated_image_fs.is_none() {
+                dedicated_image_fs = self.stats.dedicated_image_fs().await;
+                if let Some(dedicated) = dedicated_image_fs {
+                    debug!(dedicated, "eviction manager: whether the images have a filesystem of their own");
+                }
+            }
+            let evicted = self.synchronize(&mut state, dedicated_image_fs.unwrap_or(false)).await;
             let wait = async {
                 match (&self.cleaned_up, evicted.is_empty()) {
                     (Some(cleaned_up), false) => self.wait_for_cleanup(cleaned_up, &evicted).await,

@@ -64,8 +64,9 @@ pub trait StatsProvider: Send + Sync + 'static {
     fn observe(&self) -> impl Future<Output = Observations> + Send;
 
     /// Whether the images are on a filesystem of their own (then `nodefs` and `imagefs` are
-    /// reclaimed and ranked apart).
-    fn dedicated_image_fs(&self) -> impl Future<Output = bool> + Send;
+    /// reclaimed and ranked apart); `None` while that cannot be told (the runtime does not
+    /// answer), and the manager asks again at its next round.
+    fn dedicated_image_fs(&self) -> impl Future<Output = Option<bool>> + Send;
 
     /// The use of `pods`, as far as `need` asks; a pod that cannot be measured is left out.
     fn pod_stats(&self, pods: &[Arc<Pod>], need: Need) -> impl Future<Output = PodStatsMap> + Send;
@@ -142,13 +143,17 @@ impl<R: Runtime> StatsProvider for HostStats<R> {
         observations
     }
 
-    async fn dedicated_image_fs(&self) -> bool {
+    async fn dedicated_image_fs(&self) -> Option<bool> {
         let root = self.config.root_dir.clone();
-        let nodefs = tokio::task::spawn_blocking(move || fs_stats(&root).ok()).await.ok().flatten();
-        let imagefs = self.runtime.image_fs_stats().await.ok().flatten();
-        match (nodefs, imagefs) {
-            (Some(node), Some(image)) => node.filesystem_id != image.filesystem_id,
-            _ => false,
+        let nodefs = tokio::task::spawn_blocking(move || fs_stats(&root).ok()).await.ok().flatten()?;
+        // A runtime that reports no image filesystem keeps its images beside the node's.
+        match self.runtime.image_fs_stats().await {
+            Ok(Some(image)) => Some(nodefs.filesystem_id != image.filesystem_id),
+            Ok(None) => Some(false),
+            Err(err) => {
+                debug!(error = %err, "the runtime's image filesystem is not known yet");
+                None
+            }
         }
     }
 

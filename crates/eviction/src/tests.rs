@@ -26,14 +26,19 @@ const MI: u64 = 1024 * 1024;
 struct FakeStats {
     observations: Mutex<Observations>,
     pods: Mutex<PodStatsMap>,
+    /// The answers to `dedicated_image_fs`, the first first; `Some(false)` once they run out.
+    dedicated: Mutex<Vec<Option<bool>>>,
+    dedicated_asked: Mutex<u32>,
 }
 
 impl StatsProvider for Arc<FakeStats> {
     async fn observe(&self) -> Observations {
         self.observations.lock().unwrap().clone()
     }
-    async fn dedicated_image_fs(&self) -> bool {
-        false
+    async fn dedicated_image_fs(&self) -> Option<bool> {
+        *self.dedicated_asked.lock().unwrap() += 1;
+        let mut answers = self.dedicated.lock().unwrap();
+        if answers.is_empty() { Some(false) } else { answers.remove(0) }
     }
     async fn pod_stats(&self, pods: &[Arc<Pod>], _need: Need) -> PodStatsMap {
         let all = self.pods.lock().unwrap();
@@ -209,4 +214,18 @@ async fn an_empty_dir_past_its_size_limit_is_evicted_without_node_pressure() {
         killed[0].2.message.as_deref(),
         Some("Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ")
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn whether_the_images_have_their_own_filesystem_is_asked_until_known() {
+    let (f, manager) = fixture(vec![disk_threshold()]);
+    *f.stats.observations.lock().unwrap() = nodefs(500 * MI);
+    *f.stats.dedicated.lock().unwrap() = vec![None, None, Some(true)];
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(manager.run(cancel.clone()));
+    // Ten rounds of 10 s: asked at the first three, until it is known.
+    tokio::time::sleep(Duration::from_secs(95)).await;
+    assert_eq!(*f.stats.dedicated_asked.lock().unwrap(), 3);
+    cancel.cancel();
+    run.await.unwrap();
 }

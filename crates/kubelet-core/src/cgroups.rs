@@ -66,4 +66,10 @@ pub trait PodCgroups: Send + Sync + 'static {
     /// Pod `uid` no longer runs: its share leaves its QoS class's cgroup. Its own cgroup goes
     /// with the pod's other leftovers.
     fn forget(&self, uid: &PodUid);
+
+    /// The pods that have a cgroup here which this process has not ensured (or has forgotten
+    /// since): candidates for upstream's orphaned pod cgroup cleanup, such as what a crash
+    /// between making a pod's cgroup and starting its sandbox leaves. A pod being ensured
+    /// meanwhile is never among them.
+    fn unclaimed_pods(&self) -> Result<Vec<PodUid>, PodCgroupError>;
 }

@@ -34,6 +34,10 @@ pub struct NodeResources {
     /// The huge pages the node has: bytes of pre-allocated pages, by page size in bytes (every
     /// size the kernel offers, with zero when none are allocated).
     pub hugepages: BTreeMap<u64, u64>,
+    /// Allocatable ephemeral storage in bytes: the root directory's filesystem less the hard
+    /// `nodefs.available` threshold. `None` when unknown, and then pods' requests for it are
+    /// not checked.
+    pub ephemeral_storage_bytes: Option<i64>,
 }
 
 impl NodeResources {
@@ -46,6 +50,7 @@ impl NodeResources {
             labels: BTreeMap::from([(OS_LABEL.to_owned(), "linux".to_owned())]),
             allowed_unsafe_sysctls: Vec::new(),
             hugepages: BTreeMap::new(),
+            ephemeral_storage_bytes: None,
         }
     }
 
@@ -154,7 +159,11 @@ pub fn admit(pod: &Pod, active: &[&Pod], node: &NodeResources) -> Result<(), Rej
         .map_err(|error| Rejection::new("SysctlForbidden", format!("forbidden sysctl: {error}")))
 }
 
-/// Upstream's `noderesources.Fits`: room for one more pod, and for its CPU and memory requests.
+/// The resource name of local ephemeral storage.
+const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+
+/// Upstream's `noderesources.Fits`: room for one more pod, and for its CPU, memory, ephemeral
+/// storage and huge page requests.
 fn fits(pod: &Pod, active: &[&Pod], node: &NodeResources) -> Result<(), Rejection> {
     let short = |resource: &str, requested: i64, used: i64, capacity: i64| {
         Rejection::new(
@@ -177,6 +186,14 @@ fn fits(pod: &Pod, active: &[&Pod], node: &NodeResources) -> Result<(), Rejectio
     {
         if requested > 0 && requested > capacity - used {
             return Err(short(resource, requested, used, capacity));
+        }
+    }
+    if let Some(capacity) = node.ephemeral_storage_bytes {
+        let request = |p: &Pod| pod_request(p, EPHEMERAL_STORAGE, units);
+        let requested = request(pod);
+        let used: i64 = active.iter().map(|p| request(p)).sum();
+        if requested > 0 && requested > capacity - used {
+            return Err(short(EPHEMERAL_STORAGE, requested, used, capacity));
         }
     }
     // Huge pages are native resources: a size the node lacks has none to give.

@@ -33,6 +33,8 @@ pub(crate) enum Job {
     RemovePodContent(PodUid),
     /// Pod directories of pods other than these go, unless something is mounted below them.
     RemoveOrphanedPodDirs { keep: HashSet<PodUid> },
+    /// Pod cgroups of pods other than these, which the pod cgroups' manager has not set up, go.
+    RemoveOrphanedPodCgroups { keep: HashSet<PodUid> },
     /// Container garbage collection.
     CollectGarbage { all_sources_ready: bool },
     /// A mirror pod whose static pod is gone: it goes from the API server.
@@ -78,11 +80,12 @@ impl<R: Runtime> Cleanups<R> {
         Cleanups { sync, queue: Arc::default(), retries: Arc::new(Backoff::new(RETRY_INITIAL, RETRY_MAX)) }
     }
 
-    /// Queues `job` unless the same one is already queued; a newer orphaned-directory sweep or
-    /// garbage collection replaces a queued one.
+    /// Queues `job` unless the same one is already queued; a newer orphaned-directory or
+    /// orphaned-cgroup sweep or garbage collection replaces a queued one.
     pub(crate) fn push(&self, job: Job) {
         let mut jobs = lock(&self.queue.jobs);
-        if matches!(job, Job::RemoveOrphanedPodDirs { .. } | Job::CollectGarbage { .. }) {
+        let sweep = matches!(job, Job::RemoveOrphanedPodDirs { .. } | Job::RemoveOrphanedPodCgroups { .. });
+        if sweep || matches!(job, Job::CollectGarbage { .. }) {
             jobs.retain(|queued| discriminant(queued) != discriminant(&job));
         }
         if !jobs.contains(&job) {
@@ -121,23 +124,9 @@ impl<R: Runtime> Cleanups<R> {
             // Keep the newest dead instance of each container; older ones go.
             Job::ContainerDied(uid) => self.remove_dead_containers(&uid, true).await,
             Job::RemoveDeadContainers(uid) => self.remove_dead_containers(&uid, false).await,
-            Job::RemovePodContent(uid) => {
-                let now = Instant::now();
-                self.retries.gc(now);
-                if self.retries.is_in_backoff_since_update(uid.as_str(), now) {
-                    debug!(pod.uid = %uid, "removal of a pod that is gone failed before; waiting to try again");
-                    return;
-                }
-                match runtime.remove_pod_content(&uid).await {
-                    Ok(()) => self.retries.reset(uid.as_str()),
-                    Err(err) => {
-                        self.retries.next(uid.as_str(), now);
-                        let retry_in = self.retries.get(uid.as_str());
-                        warn!(pod.uid = %uid, error = %ErrorChain(&err), ?retry_in, "cannot remove a pod that is gone");
-                    }
-                }
-            }
+            Job::RemovePodContent(uid) => self.remove_pod_content(&uid).await,
             Job::RemoveOrphanedPodDirs { keep } => self.remove_orphaned_pod_dirs(&keep).await,
+            Job::RemoveOrphanedPodCgroups { keep } => self.remove_orphaned_pod_cgroups(&keep).await,
             Job::DeleteMirrorPod { namespace, name } => {
                 let Some(mirrors) = &self.sync.mirrors else { return };
                 match mirrors.delete_mirror_pod(&namespace, &name, None).await {
@@ -154,6 +143,50 @@ impl<R: Runtime> Cleanups<R> {
                     warn!(error = %ErrorChain(&err), "container garbage collection failed");
                 }
             }
+        }
+    }
+
+    /// Removes what is left of pod `uid`, which is gone: once, then again only when its backoff
+    /// since the last failure allows.
+    async fn remove_pod_content(&self, uid: &PodUid) {
+        let now = Instant::now();
+        self.retries.gc(now);
+        if self.retries.is_in_backoff_since_update(uid.as_str(), now) {
+            debug!(pod.uid = %uid, "removal of a pod that is gone failed before; waiting to try again");
+            return;
+        }
+        match self.sync.runtime.remove_pod_content(uid).await {
+            Ok(()) => self.retries.reset(uid.as_str()),
+            Err(err) => {
+                self.retries.next(uid.as_str(), now);
+                let retry_in = self.retries.get(uid.as_str());
+                warn!(pod.uid = %uid, error = %ErrorChain(&err), ?retry_in, "cannot remove a pod that is gone");
+            }
+        }
+    }
+
+    /// Upstream's orphaned pod cgroup cleanup: the cgroup of a pod that is not in `keep` and
+    /// that the pod cgroups' manager has not set up in this process goes, with what else is
+    /// left of the pod. A pod whose directory is still there (a volume still mounted) keeps
+    /// its cgroup, so a memory-backed volume's charge stays with it; the directory sweep,
+    /// queued first, removes the cgroup with the directory.
+    async fn remove_orphaned_pod_cgroups(&self, keep: &HashSet<PodUid>) {
+        let Some(cgroups) = &self.sync.cgroups else { return };
+        let unclaimed = match cgroups.unclaimed_pods() {
+            Ok(unclaimed) => unclaimed,
+            Err(err) => {
+                warn!(error = %ErrorChain(&err), "cannot list the pods' cgroups");
+                return;
+            }
+        };
+        let pods_dir = self.sync.config.root_dir.join("pods");
+        for uid in unclaimed.into_iter().filter(|uid| !keep.contains(uid)) {
+            if pods_dir.join(uid.as_str()).exists() {
+                debug!(pod.uid = %uid, "orphaned pod found, but its directory is not removed yet; leaving its cgroup");
+                continue;
+            }
+            info!(pod.uid = %uid, "orphaned pod found; removing its cgroup");
+            self.remove_pod_content(&uid).await;
         }
     }
 

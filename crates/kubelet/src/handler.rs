@@ -269,9 +269,11 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             }
         }
         // What is kept about pods that are gone.
+        let mut forgot_any = false;
         for uid in self.sync.statuses.uids() {
             if !desired_uids.contains(&uid) && !workers.contains_key(&uid) {
                 self.sync.forget(&uid);
+                forgot_any = true;
                 // A pod whose start was cut short may have left files beside the runtime (its
                 // cgroup, its log directory) without anything in the runtime for the loop above
                 // to find.
@@ -293,8 +295,16 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                 }
             }
         }
-        let keep = desired_uids.into_iter().chain(workers.into_keys()).collect();
+        let keep: HashSet<PodUid> = desired_uids.into_iter().chain(workers.into_keys()).collect();
+        // Pod cgroups nobody claims: those a crash left, looked for at the first housekeeping,
+        // and those of pods that went since, not every round (idle costs nothing per pod).
+        let first = self.housekeepings.load(Ordering::Relaxed) == 0;
+        let sweep_cgroups = self.sync.cgroups.is_some() && (first || forgot_any);
+        let keep_cgroups = sweep_cgroups.then(|| keep.iter().chain(&in_runtime).cloned().collect());
         self.cleanups.push(Job::RemoveOrphanedPodDirs { keep });
+        if let Some(keep) = keep_cgroups {
+            self.cleanups.push(Job::RemoveOrphanedPodCgroups { keep });
+        }
         self.sync.backoff.gc(Instant::now());
         if self.housekeepings.fetch_add(1, Ordering::Relaxed).is_multiple_of(GC_EVERY) {
             self.cleanups.push(Job::CollectGarbage { all_sources_ready: self.sources.all_ready() });

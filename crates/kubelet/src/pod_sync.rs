@@ -154,7 +154,7 @@ pub struct PodSync<R> {
     pub(crate) volumes: Option<Arc<dyn VolumeManager>>,
     /// Where static pods' mirror pods go, in cluster mode.
     pub(crate) mirrors: Option<Arc<dyn MirrorClient>>,
-    cgroups: Option<Arc<dyn PodCgroups>>,
+    pub(crate) cgroups: Option<Arc<dyn PodCgroups>>,
     /// The verdicts it writes (empty without one): the runtime acts on liveness and startup
     /// failures, the status shows readiness and start.
     probe_results: Arc<ProbeResults>,

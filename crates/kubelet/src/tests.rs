@@ -14,6 +14,7 @@ use k8s_openapi::{
 use kubelet_core::{
     PodManager, PodStatusFn, PodSyncer, PodUid, RuntimeState, Source, SourcesReady, SyncHandler, SyncPodType,
     UpdatePodOptions, WorkQueue, WorkerSync,
+    cgroups::{PodCgroupError, PodCgroups},
     clock::wall_now,
     events::RingRecorder,
     fake::{self, FakeRuntime},
@@ -246,14 +247,25 @@ async fn terminating_kills_with_the_grace_and_records_the_final_status() {
 /// Pod workers that record what they are asked.
 type Recorded = RecordingWorkers;
 
-fn kubelet(f: &Fixture, max_pods: usize) -> (Kubelet<FakeRuntime, Recorded>, Arc<Recorded>, Arc<SourcesReady>) {
+type TestKubelet = (Kubelet<FakeRuntime, Recorded>, Arc<Recorded>, Arc<SourcesReady>);
+
+fn kubelet(f: &Fixture, max_pods: usize) -> TestKubelet {
+    kubelet_with(f, max_pods, None)
+}
+
+/// A kubelet over the fixture's runtime, making pods' cgroups with `cgroups` when given.
+fn kubelet_with(f: &Fixture, max_pods: usize, cgroups: Option<Arc<dyn PodCgroups>>) -> TestKubelet {
     let workers = Arc::new(Recorded::default());
     let sources = Arc::new(SourcesReady::new([Source::File]));
     let mut node = NodeResources::new(1000, 1 << 30);
     node.max_pods = max_pods;
     let config = Config::new("node-1").root_dir(f.root.path()).node(node);
-    let sync =
-        Arc::new(PodSync::new(f.runtime.clone(), f.state.clone(), f.sync.statuses().clone(), f.events.clone(), config));
+    let mut sync =
+        PodSync::new(f.runtime.clone(), f.state.clone(), f.sync.statuses().clone(), f.events.clone(), config);
+    if let Some(cgroups) = cgroups {
+        sync = sync.pod_cgroups(cgroups);
+    }
+    let sync = Arc::new(sync);
     let kubelet = Kubelet::new(sync, workers.clone(), Arc::new(PodManager::new()), sources.clone(), f.cache.clone());
     (kubelet, workers, sources)
 }
@@ -329,6 +341,29 @@ fn admission_counts_huge_pages_of_each_size() {
     assert_eq!(no_gigantic.reason, "OutOfhugepages-1Gi", "a size with nothing allocated");
     let unknown = admit(&with("hugepages-64Ki", "64Ki"), &[], &node).unwrap_err();
     assert_eq!(unknown.reason, "OutOfhugepages-64Ki", "a size the kernel lacks");
+}
+
+#[test]
+fn admission_counts_ephemeral_storage_requests_when_the_node_knows_its_storage() {
+    let with = |amount: &str| {
+        let mut p = (*pod("x", "Always", &["c"])).clone();
+        let requests = BTreeMap::from([("ephemeral-storage".to_owned(), Quantity(amount.into()))]);
+        p.spec.as_mut().unwrap().containers[0].resources =
+            Some(ResourceRequirements { requests: Some(requests), ..Default::default() });
+        p
+    };
+    let running = with("6Gi");
+    let mut node = NodeResources::new(1000, 1 << 30);
+    assert!(admit(&with("6Gi"), &[&running], &node).is_ok(), "unknown storage is not checked");
+    node.ephemeral_storage_bytes = Some(10 << 30);
+    assert!(admit(&with("4Gi"), &[&running], &node).is_ok());
+    let rejection = admit(&with("5Gi"), &[&running], &node).unwrap_err();
+    assert_eq!(rejection.reason, "OutOfephemeral-storage");
+    assert_eq!(
+        rejection.message,
+        "Node didn't have enough resource: ephemeral-storage, requested: 5368709120, used: 6442450944, capacity: 10737418240"
+    );
+    assert!(admit(&(*pod("y", "Always", &["c"])).clone(), &[&running, &with("4Gi")], &node).is_ok(), "no request");
 }
 
 #[tokio::test(start_paused = true)]
@@ -530,6 +565,68 @@ async fn a_pod_gone_before_the_runtime_held_anything_of_it_has_its_leftovers_rem
     let removals: Vec<String> =
         f.runtime.calls_of(kubelet_core::fake::Method::RemovePodContent).into_iter().map(|c| c.target).collect();
     assert_eq!(removals, ["brief"], "what it left beside the runtime is removed");
+}
+
+/// Pod cgroups that were there before the test: none of them claimed.
+#[derive(Default)]
+struct LeftCgroups {
+    unclaimed: Vec<PodUid>,
+    listings: Mutex<usize>,
+}
+
+impl PodCgroups for LeftCgroups {
+    fn ensure(&self, _pod: &Pod) -> Result<(), PodCgroupError> {
+        Ok(())
+    }
+
+    fn forget(&self, _uid: &PodUid) {}
+
+    fn unclaimed_pods(&self) -> Result<Vec<PodUid>, PodCgroupError> {
+        *lock(&self.listings) += 1;
+        Ok(self.unclaimed.clone())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn housekeeping_removes_pod_cgroups_nobody_claims_at_start_and_when_a_pod_goes() {
+    let f = fixture();
+    let unclaimed = ["crashed", "kept", "in-runtime"].map(PodUid::new).to_vec();
+    let cgroups = Arc::new(LeftCgroups { unclaimed, ..LeftCgroups::default() });
+    let (k, w, sources) = kubelet_with(&f, 110, Some(cgroups.clone()));
+    sources.add_source(Source::File);
+    let kept = pod("kept", "Always", &["c"]);
+    k.handle_pod_additions(vec![kept]).await;
+    // Running in the runtime, unknown to config: killed as an orphan, its cgroup left to it.
+    let in_runtime = pod("in-runtime", "Always", &["c"]);
+    f.sync(&in_runtime).await.unwrap();
+    // Without a directory, which the directory sweep would ask the runtime about.
+    std::fs::remove_dir_all(f.root.path().join("pods/in-runtime")).unwrap();
+    updates(&w);
+    f.relist().await;
+    let removals = || -> Vec<String> {
+        let calls = f.runtime.calls_of(kubelet_core::fake::Method::RemovePodContent);
+        calls.into_iter().map(|c| c.target).collect()
+    };
+
+    // The first housekeeping looks for what a crash left.
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    assert_eq!(*lock(&cgroups.listings), 1);
+    assert!(removals().contains(&"crashed".to_owned()), "{:?}", removals());
+    assert!(!removals().contains(&"kept".to_owned()), "a desired pod keeps its cgroup: {:?}", removals());
+    assert!(!removals().contains(&"in-runtime".to_owned()), "a pod the runtime holds keeps it: {:?}", removals());
+
+    // Nothing changed: the cgroups are not listed again.
+    f.runtime.clear_calls();
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    assert_eq!(*lock(&cgroups.listings), 1, "an idle housekeeping lists no cgroups");
+
+    // A pod went: they are.
+    f.sync.statuses().set(&pod("brief", "Always", &["c"]), ApiPodStatus::default());
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    assert_eq!(*lock(&cgroups.listings), 2);
 }
 
 #[tokio::test(start_paused = true)]
