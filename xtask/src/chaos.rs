@@ -97,7 +97,7 @@ fn parse(args: &[&str]) -> Result<(Options, Option<String>)> {
 struct Outcome {
     name: &'static str,
     /// Named counts; any count under `failures` fails the scenario when non-zero.
-    counts: BTreeMap<&'static str, String>,
+    counts: BTreeMap<String, String>,
     failures: Vec<String>,
 }
 
@@ -106,13 +106,14 @@ impl Outcome {
         Outcome { name, ..Outcome::default() }
     }
 
-    fn count(&mut self, key: &'static str, value: impl ToString) {
-        self.counts.insert(key, value.to_string());
+    fn count(&mut self, key: impl Into<String>, value: impl ToString) {
+        self.counts.insert(key.into(), value.to_string());
     }
 
     /// Records a count that must be zero.
-    fn zero(&mut self, key: &'static str, value: usize, detail: impl FnOnce() -> String) {
-        self.count(key, value);
+    fn zero(&mut self, key: impl Into<String>, value: usize, detail: impl FnOnce() -> String) {
+        let key = key.into();
+        self.count(key.clone(), value);
         if value > 0 {
             self.failures.push(format!("{key} = {value}: {}", detail()));
         }
@@ -510,6 +511,15 @@ fn restart_counts(agent: &Agent) -> Result<BTreeMap<String, u64>> {
     Ok(counts)
 }
 
+/// The pods `/pods` shows Running, by manifest name.
+fn running_pods(agent: &Agent) -> Result<BTreeSet<String>> {
+    let (_, body) = harness::get(&agent.socket(), "/pods")?;
+    let list: serde_json::Value = serde_json::from_str(&body).context("decoding /pods")?;
+    let pods = list["items"].as_array().into_iter().flatten();
+    let running = pods.filter(|p| p["metadata"]["namespace"] == NAMESPACE && p["status"]["phase"] == "Running");
+    Ok(running.map(|p| harness::manifest_name(p["metadata"]["name"].as_str().unwrap_or_default()).to_owned()).collect())
+}
+
 /// The pods that run through a whole scenario, each with an emptyDir and a downwardAPI volume:
 /// written first, their identity and a file planted in their emptyDir checked after every fault.
 struct SteadyPods {
@@ -755,19 +765,15 @@ impl SmallFilesystems {
 
     /// Fills every one up with a file named `.chaos-filler`.
     fn fill(&self) -> Result<()> {
-        use std::io::Write as _;
-        let chunk = vec![0u8; 1 << 20];
         for path in &self.0 {
-            let mut filler = fs::File::create(path.join(".chaos-filler"))?;
-            while filler.write_all(&chunk).is_ok() {}
-            let _ = filler.sync_all();
+            fill_up(&path.join(FILLER))?;
         }
         Ok(())
     }
 
     fn empty(&self) {
         for path in &self.0 {
-            let _ = fs::remove_file(path.join(".chaos-filler"));
+            let _ = fs::remove_file(path.join(FILLER));
         }
     }
 }
@@ -779,6 +785,70 @@ impl Drop for SmallFilesystems {
             let _ = crate::util::output(Command::new("umount").arg("-l").arg(path));
         }
     }
+}
+
+/// The file that fills a filesystem up.
+const FILLER: &str = ".chaos-filler";
+
+/// Writes `file` until its filesystem has no room left.
+fn fill_up(file: &Path) -> Result<()> {
+    use std::io::Write as _;
+    let chunk = vec![0u8; 1 << 20];
+    let mut filler = fs::File::create(file).with_context(|| format!("cannot create {}", file.display()))?;
+    while filler.write_all(&chunk).is_ok() {}
+    let _ = filler.sync_all();
+    Ok(())
+}
+
+/// The runtime's image filesystem, full: shrunk to what it holds plus a few MiB, which a filler
+/// then takes, so that pulls and new containers' layers find no room (without taking 4 GiB of
+/// the machine's memory to fill it). Emptied and given its size back when dropped.
+struct FullImageFs(PathBuf);
+
+impl FullImageFs {
+    fn fill() -> Result<FullImageFs> {
+        let (path, _) = runtime::image_fs();
+        let used = crate::util::output(Command::new("df").args(["--block-size=1M", "--output=used"]).arg(&path))?;
+        let used_mib: u64 = used.lines().last().unwrap_or_default().trim().parse().context("df's used MiB")?;
+        let full = FullImageFs(path);
+        remount_size(&full.0, &format!("{}m", used_mib + 8))?;
+        fill_up(&full.0.join(FILLER))?;
+        Ok(full)
+    }
+}
+
+impl Drop for FullImageFs {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(self.0.join(FILLER));
+        let (_, size) = runtime::image_fs();
+        if let Err(err) = remount_size(&self.0, size) {
+            eprintln!("chaos: cannot give {} its size back: {err:#}", self.0.display());
+        }
+    }
+}
+
+fn remount_size(path: &Path, size: &str) -> Result<()> {
+    crate::util::output(Command::new("mount").args(["-o", &format!("remount,size={size}")]).arg(path))?;
+    Ok(())
+}
+
+/// Waits for the agent's log to show upstream's `EvictionThresholdMet` event, which the
+/// eviction manager records each round a threshold is met: the pressure reported.
+fn wait_for_pressure(agent: &Agent, since: usize, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let log = fs::read_to_string(agent.dir.join("agent.log")).unwrap_or_default();
+        if log.get(since..).is_some_and(|new| new.contains("EvictionThresholdMet")) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    false
+}
+
+/// How long the agent's log is now, so a later search reads only what comes after.
+fn log_length(agent: &Agent) -> usize {
+    fs::metadata(agent.dir.join("agent.log")).map_or(0, |m| usize::try_from(m.len()).unwrap_or(0))
 }
 
 /// What a written volume directory holds beyond one `..data` link, one `..<timestamp>` set and
@@ -798,10 +868,11 @@ fn half_written(volume: &Path) -> Vec<String> {
     found
 }
 
-/// The root directory and the log directories on small filesystems, filled up, and then the
-/// root directory made read-only, while pods run and new ones are written; the agent must stay up, say why the new
-/// pods cannot start, keep what runs, leave no half-written volume, and start them by itself
-/// once space returns.
+/// The root directory and the log directories on small filesystems, filled up, then the root
+/// directory made read-only, then the runtime's image filesystem filled up, while pods run and
+/// new ones are written; the agent must stay up, say why the new pods cannot start, report the
+/// pressure of a full filesystem, keep what runs, leave no half-written volume, and start them
+/// by itself once space returns.
 fn disk_full(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
     let mut outcome = Outcome::new("disk-full");
     let tool = CriTool::new(binaries.cri_tool.clone());
@@ -811,16 +882,31 @@ fn disk_full(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outco
     let steady = SteadyPods::start(options.steady_pods, &mut agent, &tool, &mut outcome)?;
     let manifests = dir.join("manifests");
     let mut waiting = BTreeSet::new();
-    for (phase, read_only) in [("full", false), ("read-only", true)] {
-        if read_only {
-            small.empty();
-            small.set_read_only(true)?;
-        } else {
-            small.fill()?;
+    // The waiting pods with a downwardAPI volume, whose writes a full disk may cut short.
+    let mut with_volumes = BTreeSet::new();
+    let mut full_image_fs = None;
+    for phase in ["full", "read-only", "image-fs-full"] {
+        let log_before = log_length(&agent);
+        match phase {
+            "full" => small.fill()?,
+            "read-only" => {
+                small.empty();
+                small.set_read_only(true)?;
+            }
+            _ => {
+                small.set_read_only(false)?;
+                small.empty();
+                full_image_fs = Some(FullImageFs::fill()?);
+            }
         }
         let new = names(&format!("{phase}-pod"), options.crash_pods.min(3));
-        for name in &new {
-            write_manifest(&manifests, name, &Step::Volumes.manifest(name))?;
+        for (i, name) in new.iter().enumerate() {
+            // A full image filesystem stops pulls and new containers' layers, not volumes.
+            let step = if phase == "image-fs-full" { [Step::Start, Step::Pull][i % 2] } else { Step::Volumes };
+            if matches!(step, Step::Volumes) {
+                with_volumes.insert(name.clone());
+            }
+            write_manifest(&manifests, name, &step.manifest(name))?;
         }
         waiting.extend(new.iter().cloned());
         // Long enough for several syncs and retries of the pods that cannot start.
@@ -829,27 +915,35 @@ fn disk_full(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outco
             outcome.fail(format!("the agent exited with its disks {phase}"));
             return Ok(outcome);
         }
-        let explained =
-            new.iter().filter(|name| wait_for_any_warning(&agent, name, Duration::from_secs(5)).is_some()).count();
-        outcome.count(
-            if read_only { "pods explained, read-only" } else { "pods explained, full" },
-            format!("{explained}/{}", new.len()),
-        );
-        if explained < new.len() {
+        // Every pod that could not start says why. (With the image filesystem full, containerd
+        // may still start a container from an image it has: a layer's directories take no space.)
+        let running = running_pods(&agent)?;
+        let stuck: Vec<&String> = new.iter().filter(|name| !running.contains(*name)).collect();
+        let warnings: Vec<String> =
+            stuck.iter().filter_map(|name| wait_for_failure_warning(&agent, name, Duration::from_secs(5))).collect();
+        let explained = warnings.len();
+        outcome.count(format!("pods explained, {phase}"), format!("{explained}/{}", stuck.len()));
+        let reasons: BTreeSet<&str> = warnings.iter().filter_map(|w| w.split(':').next()).collect();
+        outcome.count(format!("warnings, {phase}"), reasons.into_iter().collect::<Vec<_>>().join("/"));
+        if explained < stuck.len() {
             outcome.fail(format!(
                 "{} pod(s) that could not start while the disks were {phase} had no Warning event",
-                new.len() - explained
+                stuck.len() - explained
             ));
         }
+        // A full filesystem is pressure (a read-only one has its space): the eviction manager's
+        // round, every 10 s, says so.
+        if phase != "read-only" {
+            let reported = wait_for_pressure(&agent, log_before, Duration::from_secs(25));
+            outcome.count(format!("pressure reported, {phase}"), if reported { "yes" } else { "no" });
+            if !reported {
+                outcome.fail(format!("no EvictionThresholdMet event while the disks were {phase}"));
+            }
+        }
         let changed = steady.check(&agent, &tool)?;
-        outcome.zero(
-            if read_only { "steady pods changed, read-only" } else { "steady pods changed, full" },
-            changed.len(),
-            || changed.join("; "),
-        );
+        outcome.zero(format!("steady pods changed, {phase}"), changed.len(), || changed.join("; "));
     }
-    small.set_read_only(false)?;
-    small.empty();
+    drop(full_image_fs);
     let back = Instant::now();
     let expected: BTreeSet<String> = steady.names.union(&waiting).cloned().collect();
     let judgement = converge(&mut agent, &tool, &expected, Duration::from_secs(120))?;
@@ -858,7 +952,7 @@ fn disk_full(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outco
     let changed = steady.check(&agent, &tool)?;
     outcome.zero("steady pods changed", changed.len(), || changed.join("; "));
     let mut half = Vec::new();
-    for (uid, _, _) in identities(&tool.state()?, &waiting).values() {
+    for (uid, _, _) in identities(&tool.state()?, &with_volumes).values() {
         half.extend(half_written(&dir.join("root/pods").join(uid).join("volumes/kubernetes.io~downward-api/info")));
     }
     outcome.zero("half-written volumes", half.len(), || half.join("; "));
@@ -870,14 +964,16 @@ fn disk_full(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outco
     Ok(outcome)
 }
 
-/// Waits for any Warning event about pod `name`; returns its reason and message.
-fn wait_for_any_warning(agent: &Agent, name: &str, timeout: Duration) -> Option<String> {
+/// Waits for a Warning event about pod `name` that says why it cannot run; returns its reason
+/// and message.
+fn wait_for_failure_warning(agent: &Agent, name: &str, timeout: Duration) -> Option<String> {
+    // Every pod of the scenario gets this one (no `clusterDNS` is set): it explains nothing.
+    let explains = |e: &serde_json::Value| e["type"] == "Warning" && e["reason"] != "MissingClusterDNS";
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if let Ok((200, body)) = harness::get(&agent.socket(), &format!("/events/{NAMESPACE}/{name}-{NODE}"))
             && let Ok(list) = serde_json::from_str::<serde_json::Value>(&body)
-            && let Some(event) =
-                list["items"].as_array().and_then(|items| items.iter().find(|e| e["type"] == "Warning"))
+            && let Some(event) = list["items"].as_array().and_then(|items| items.iter().find(|e| explains(e)))
         {
             let message: String = event["message"].as_str().unwrap_or_default().chars().take(120).collect();
             return Some(format!("{}: {message}", event["reason"].as_str().unwrap_or_default()));

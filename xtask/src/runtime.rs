@@ -37,7 +37,15 @@ const POD_SUBNET: &str = "10.85.0.0/16";
 /// `nodefs`). Their free space is then the tests' own, not whatever the host's disk has left,
 /// so upstream's default eviction thresholds (`nodefs.available<10%`, `imagefs.available<15%`)
 /// never see pressure the tests did not make.
-const OWN_FILESYSTEMS: [(&str, &str); 2] = [("containerd", "4g"), ("test", "4g")];
+const OWN_FILESYSTEMS: [(&str, &str); 2] = [(IMAGE_FS.0, IMAGE_FS.1), ("test", "4g")];
+/// containerd's root below [`STATE_DIR`], the image filesystem, and its size.
+const IMAGE_FS: (&str, &str) = ("containerd", "4g");
+
+/// The runtime's image filesystem (containerd's root, a tmpfs of its own) and its size as
+/// mounted.
+pub(crate) fn image_fs() -> (PathBuf, &'static str) {
+    (Path::new(STATE_DIR).join(IMAGE_FS.0), IMAGE_FS.1)
+}
 
 /// The binaries the runtime needs (from `cargo xtask setup`).
 const BINARIES: [&str; 6] = ["containerd", "containerd-shim-runc-v2", "ctr", "runc", "docker-registry", "skopeo"];
