@@ -1569,6 +1569,43 @@ async fn real_a_pod_cgroup_left_by_a_crash_is_removed_at_start() {
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
 }
 
+/// A runtime killed while it wrote a sandbox's CNI result leaves that file empty, and then
+/// fails every StopPodSandbox of the sandbox ("failed to get network ... cached result"), so
+/// the pod could never go: the agent removes the unreadable result and stops the sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn real_a_pod_whose_cached_cni_result_is_empty_still_goes() {
+    let Some(rt) = RealRuntime::from_env("real_a_pod_whose_cached_cni_result_is_empty_still_goes") else { return };
+    let (dir, node) = scratch(&rt, "agent-cni-cache", "cni-cache");
+    std::fs::write(dir.join("manifests/web.yaml"), manifest("web", &rt.busybox_image, "sleep 3600")).unwrap();
+    let agent = Agent::start(&rt, &dir, &node);
+    let runtime = test_runtime(&rt, &dir, &node);
+    let outcome = {
+        let runtime = test_runtime(&rt, &dir, &node);
+        let (dir, node) = (dir.clone(), node.clone());
+        async move {
+            let _agent = agent;
+            let status = wait_for(&runtime, &format!("web-{node}"), "the pod to run", running).await;
+            let pods = runtime.get_pods(true).await.unwrap();
+            let pod = pods.iter().find(|p| p.uid == status.uid).unwrap();
+            let sandbox = &pod.sandboxes[0].id;
+            let results = Path::new(cri_client::manager::DEFAULT_CNI_CACHE_DIR).join("results");
+            let cached: Vec<_> = std::fs::read_dir(&results)
+                .unwrap()
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.to_string_lossy().contains(&format!("-{sandbox}-")))
+                .collect();
+            assert!(!cached.is_empty(), "the runtime caches the sandbox's CNI results in {}", results.display());
+            for file in &cached {
+                std::fs::write(file, "").unwrap();
+            }
+            std::fs::remove_file(dir.join("manifests/web.yaml")).unwrap();
+            wait_until_gone(&runtime, &dir, &status.uid).await;
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 /// A pod cgroup (`/kubepods/...`) removed, with any process in it, when dropped.
 struct RemovedCgroup(String);
 

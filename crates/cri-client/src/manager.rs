@@ -35,6 +35,9 @@ use crate::{
     sandbox::{self, Dns},
 };
 
+/// libcni's default cache directory, where containerd's CNI calls keep their results.
+pub const DEFAULT_CNI_CACHE_DIR: &str = "/var/lib/cni";
+
 /// How the runtime manager lays things out on the node; defaults are upstream's.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -74,6 +77,10 @@ pub struct Config {
     /// The huge page sizes (bytes) the kernel offers: each container gets a limit for every one,
     /// zero for those it does not ask for (upstream `GetHugepageLimitsFromResources`).
     pub hugepage_sizes: Vec<u64>,
+    /// The runtime's CNI cache (`/var/lib/cni`, libcni's default, which containerd uses): a
+    /// sandbox's network result there that the runtime cannot read is removed so the sandbox
+    /// can be stopped.
+    pub cni_cache_dir: PathBuf,
 }
 
 impl Config {
@@ -95,6 +102,7 @@ impl Config {
             allocatable: std::collections::BTreeMap::new(),
             hugepage_sizes: Vec::new(),
             seccomp_dir: PathBuf::from(crate::container::DEFAULT_SECCOMP_DIR),
+            cni_cache_dir: PathBuf::from(DEFAULT_CNI_CACHE_DIR),
         }
     }
 
@@ -112,6 +120,13 @@ impl Config {
         allocatable: std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
     ) -> Self {
         self.allocatable = allocatable;
+        self
+    }
+
+    /// Sets where the runtime's CNI cache is.
+    #[must_use]
+    pub fn cni_cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cni_cache_dir = dir.into();
         self
     }
 

@@ -148,14 +148,67 @@ pub(super) async fn kill_pod(
         }
     }
     for sandbox in &running.sandboxes {
-        let request = pb::StopPodSandboxRequest { pod_sandbox_id: sandbox.id.clone() };
-        match rt.client.runtime_service().stop_pod_sandbox(request).await {
-            Ok(_) => {}
-            Err(status) if status.code() == tonic::Code::NotFound => {}
-            Err(status) => return Err(Error::status("StopPodSandbox", status)),
-        }
+        stop_pod_sandbox(rt, &sandbox.id).await?;
     }
     Ok(())
+}
+
+/// StopPodSandbox; when the runtime cannot read the sandbox's cached CNI result (a runtime
+/// killed while it wrote it leaves it empty, and then fails every stop, for good), that file
+/// is removed and the stop tried once more, now without the cached result, as for a sandbox
+/// whose network was never cached.
+async fn stop_pod_sandbox(rt: &CriRuntime, id: &str) -> Result<(), Error> {
+    let stop = || async {
+        let request = pb::StopPodSandboxRequest { pod_sandbox_id: id.to_owned() };
+        rt.client.runtime_service().stop_pod_sandbox(request).await
+    };
+    let status = match stop().await {
+        Ok(_) => return Ok(()),
+        Err(status) if status.code() == tonic::Code::NotFound => return Ok(()),
+        Err(status) => status,
+    };
+    if !status.message().contains(UNREADABLE_CNI_RESULT) {
+        return Err(Error::status("StopPodSandbox", status));
+    }
+    let results = rt.config.cni_cache_dir.join("results");
+    let removed = remove_unreadable_cni_results(&results, id);
+    if removed.is_empty() {
+        return Err(Error::status("StopPodSandbox", status));
+    }
+    warn!(sandbox.id = id, files = ?removed, "removed the sandbox's cached CNI results the runtime could not read");
+    match stop().await {
+        Ok(_) => Ok(()),
+        Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+        Err(status) => Err(Error::status("StopPodSandbox", status)),
+    }
+}
+
+/// What libcni says when a cached result cannot be read (`failed to get network "x" cached
+/// result: ...`).
+const UNREADABLE_CNI_RESULT: &str = "cached result: decoding version from network config";
+
+/// Removes the cached CNI results of sandbox `id` in `results` (libcni names them
+/// `<network>-<id>-<interface>`) that are not JSON; returns their names. Only regular files
+/// go (never a link), and an `id` that is not a plain hex ID matches nothing.
+fn remove_unreadable_cni_results(results: &std::path::Path, id: &str) -> Vec<String> {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Vec::new();
+    }
+    let Ok(entries) = std::fs::read_dir(results) else { return Vec::new() };
+    let mut removed = Vec::new();
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if !is_file || !name.contains(&format!("-{id}-")) {
+            continue;
+        }
+        let readable =
+            std::fs::read(entry.path()).is_ok_and(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).is_ok());
+        if !readable && std::fs::remove_file(entry.path()).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
 }
 
 /// The pod's own grace period: the deletion's, else the spec's.
@@ -164,4 +217,24 @@ fn pod_grace(pod: Option<&ApiPod>) -> Option<i64> {
     pod.metadata
         .deletion_grace_period_seconds
         .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remove_unreadable_cni_results;
+
+    #[test]
+    fn only_the_sandboxs_unreadable_cni_results_are_removed() {
+        let results = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| std::fs::write(results.path().join(name), text).unwrap();
+        write("net-abc123-eth0", "");
+        write("net-abc123-lo", "{\"cniVersion\": \"1.0.0\"}");
+        write("net-def456-eth0", "");
+        std::os::unix::fs::symlink("/etc/hostname", results.path().join("net-abc123-eth1")).unwrap();
+        assert_eq!(remove_unreadable_cni_results(results.path(), "abc123"), ["net-abc123-eth0"]);
+        assert!(results.path().join("net-abc123-lo").exists(), "a readable result stays");
+        assert!(results.path().join("net-def456-eth0").exists(), "another sandbox's stays");
+        assert!(results.path().join("net-abc123-eth1").exists(), "a link is never removed");
+        assert!(remove_unreadable_cni_results(results.path(), "../x").is_empty());
+    }
 }
