@@ -60,7 +60,10 @@ pub mod testing;
 use std::{collections::BTreeMap, net::IpAddr, path::Path};
 
 use k8s_openapi::{
-    api::core::v1::{ContainerImage, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint},
+    api::core::v1::{
+        ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+        NodeSystemInfo, Taint,
+    },
     apimachinery::pkg::{
         api::resource::Quantity,
         apis::meta::v1::{ObjectMeta, Time},
@@ -121,6 +124,9 @@ pub struct Facts {
     pub boot_id: String,
     /// `/sys/class/dmi/id/product_uuid` (the machine's SMBIOS UUID, upstream's `systemUUID`).
     pub system_uuid: String,
+    /// The port the kubelet API is served on, reported as `daemonEndpoints.kubeletEndpoint`
+    /// (where the API server calls for logs, exec and stats); none while it is not served.
+    pub kubelet_port: Option<u16>,
 }
 
 impl Facts {
@@ -148,6 +154,7 @@ impl Facts {
             machine_id: String::new(),
             boot_id: String::new(),
             system_uuid: String::new(),
+            kubelet_port: None,
         }
     }
 }
@@ -386,6 +393,9 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
         ..NodeSystemInfo::default()
     };
     status.images = node_images(&health.images, facts.max_images);
+    status.daemon_endpoints = facts
+        .kubelet_port
+        .map(|port| NodeDaemonEndpoints { kubelet_endpoint: Some(DaemonEndpoint { port: i32::from(port) }) });
     if rebooted {
         events.push(NodeEvent {
             kind: "Warning",

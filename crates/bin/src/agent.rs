@@ -394,6 +394,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     if file.static_pod_url.is_some() {
         sources.push(Source::Http);
     }
+    let api_client = client.as_ref().map(|cluster| cluster.client.clone());
     let cluster = client.map(|client| {
         sources.push(Source::Api);
         (client, crate::cluster::facts(&settings, version))
@@ -548,6 +549,8 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         )
         .await?,
     ];
+    let kubelet_api = server::local_router(api_state.clone());
+    servers.extend(crate::kubelet_api::serve(&settings, api_client, kubelet_api, cancel.child_token()).await?);
     if let Some(addr) = settings.read_only {
         servers.push(server::serve(addr, server::router(api_state.clone()), cancel.child_token()).await?);
     }

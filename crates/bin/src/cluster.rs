@@ -89,6 +89,7 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     facts.reserved = file.reserved();
     facts.eviction = file.eviction_thresholds().unwrap_or_default();
     facts.kubelet_version = format!("v1.36.0-kubelet-rs.{}", env!("CARGO_PKG_VERSION"));
+    facts.kubelet_port = settings.kubelet_api.map(|address| address.port());
     facts
 }
 

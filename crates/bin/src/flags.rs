@@ -57,7 +57,6 @@ const NO_EFFECT: &str = "This flag has no effect and will be removed in a future
 pub(crate) const FLAGS: &[(&str, Kind, Effect)] = &[
     // KubeletFlags.
     ("bootstrap-kubeconfig", Text, Missing),
-    ("cert-dir", Text, Missing),
     ("cloud-provider", Text, Missing),
     ("seccomp-default", Bool, Field("seccompDefault")),
     ("lock-file", Text, Missing),
@@ -97,13 +96,13 @@ pub(crate) const FLAGS: &[(&str, Kind, Effect)] = &[
     ("read-only-port", Int, Field("readOnlyPort")),
     ("container-runtime-endpoint", Text, Field("containerRuntimeEndpoint")),
     ("image-service-endpoint", Text, Field("imageServiceEndpoint")),
-    ("anonymous-auth", Bool, Field("authentication")),
-    ("authentication-token-webhook", Bool, Field("authentication")),
-    ("authentication-token-webhook-cache-ttl", Text, Field("authentication")),
-    ("client-ca-file", Text, Field("authentication")),
-    ("authorization-mode", Text, Field("authorization")),
-    ("authorization-webhook-cache-authorized-ttl", Text, Field("authorization")),
-    ("authorization-webhook-cache-unauthorized-ttl", Text, Field("authorization")),
+    ("anonymous-auth", Bool, Field("authentication.anonymous.enabled")),
+    ("authentication-token-webhook", Bool, Field("authentication.webhook.enabled")),
+    ("authentication-token-webhook-cache-ttl", Text, Field("authentication.webhook.cacheTTL")),
+    ("client-ca-file", Text, Field("authentication.x509.clientCAFile")),
+    ("authorization-mode", Text, Field("authorization.mode")),
+    ("authorization-webhook-cache-authorized-ttl", Text, Field("authorization.webhook.cacheAuthorizedTTL")),
+    ("authorization-webhook-cache-unauthorized-ttl", Text, Field("authorization.webhook.cacheUnauthorizedTTL")),
     ("tls-cert-file", Text, Field("tlsCertFile")),
     ("tls-private-key-file", Text, Field("tlsPrivateKeyFile")),
     ("rotate-server-certificates", Bool, Field("serverTLSBootstrap")),
@@ -231,7 +230,7 @@ pub(crate) struct Given {
     pub(crate) fields: Map<String, Value>,
     /// The flag behind each field in `fields`.
     pub(crate) flag_of: Vec<(String, String)>,
-    /// Flags without effect here (`--cert-dir`), for the start-up warning.
+    /// Flags without effect here (`--lock-file`), for the start-up warning.
     pub(crate) missing: Vec<String>,
     /// Upstream's deprecation lines for the deprecated flags given.
     pub(crate) deprecations: Vec<String>,
@@ -249,7 +248,7 @@ pub(crate) fn given(matches: &ArgMatches) -> Result<Given, String> {
             Field(field) => {
                 let value = parse(kind, &values).map_err(|e| format!("invalid argument for --{name}: {e}"))?;
                 merge(&mut given.fields, field, value);
-                given.flag_of.push((field.to_owned(), format!("--{name}")));
+                given.flag_of.push((top_level(field).to_owned(), format!("--{name}")));
             }
             Missing => given.missing.push(format!("--{name}")),
             Deprecated(message) => given.deprecations.push(format!("Flag --{name} has been deprecated, {message}")),
@@ -258,16 +257,35 @@ pub(crate) fn given(matches: &ArgMatches) -> Result<Given, String> {
     Ok(given)
 }
 
-/// Sets `field` to `value`; several flags of one object field (`--anonymous-auth` and
-/// `--client-ca-file` both set `authentication`) leave it an object with a key each.
+/// Sets `field` (a top-level field, or a dotted path into one: `authentication.x509.clientCAFile`)
+/// to `value`; list flags given twice extend the list, and the flags of one object field
+/// (`--anonymous-auth` and `--client-ca-file` both set `authentication`) leave a key each.
 fn merge(fields: &mut Map<String, Value>, field: &str, value: Value) {
-    match fields.get_mut(field) {
+    let (parents, leaf) = match field.rsplit_once('.') {
+        Some((parents, leaf)) => (parents.split('.').collect::<Vec<_>>(), leaf),
+        None => (Vec::new(), field),
+    };
+    let mut object = fields;
+    for parent in parents {
+        let slot = object.entry(parent.to_owned()).or_insert_with(|| Value::Object(Map::new()));
+        if !slot.is_object() {
+            *slot = Value::Object(Map::new());
+        }
+        let Value::Object(inner) = slot else { return };
+        object = inner;
+    }
+    match object.get_mut(leaf) {
         Some(Value::Array(old)) if value.is_array() => old.extend(value.as_array().into_iter().flatten().cloned()),
         Some(Value::Object(old)) if value.is_object() => {
             old.extend(value.as_object().into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())));
         }
-        _ => _ = fields.insert(field.to_owned(), value),
+        _ => _ = object.insert(leaf.to_owned(), value),
     }
+}
+
+/// The top-level configuration field a flag's (possibly dotted) field is in.
+fn top_level(field: &str) -> &str {
+    field.split('.').next().unwrap_or(field)
 }
 
 /// The configuration value of a flag given `values` (once per occurrence).
@@ -333,7 +351,10 @@ mod tests {
         assert_eq!(names.len(), FLAGS.len());
         for (name, _, effect) in FLAGS {
             if let Field(field) = effect {
-                assert!(config::configuration::support(field).is_some(), "--{name}: {field} is not upstream's");
+                assert!(
+                    config::configuration::support(top_level(field)).is_some(),
+                    "--{name}: {field} is not upstream's"
+                );
             }
         }
     }
@@ -400,8 +421,6 @@ mod tests {
             "/ca.crt",
             "--register-with-taints",
             "dedicated=infra:NoSchedule,gpu:NoExecute",
-            "--cert-dir",
-            "/var/lib/kubelet/pki",
             "--pod-infra-container-image",
             "registry.k8s.io/pause:3.10",
         ])
@@ -414,8 +433,12 @@ mod tests {
         assert_eq!(fields["evictionHard"]["memory.available"], "100Mi");
         assert_eq!(fields["featureGates"], serde_json::json!({"A": true, "B": false}));
         assert_eq!(fields["staticPodURLHeader"], serde_json::json!({"a": ["x", "z"], "b": ["y"]}));
-        assert!(fields.get("authentication").is_some(), "two flags of one field without effect");
-        assert_eq!(given.missing, ["--cert-dir"]);
+        assert_eq!(
+            fields["authentication"],
+            serde_json::json!({"anonymous": {"enabled": false}, "x509": {"clientCAFile": "/ca.crt"}}),
+            "two flags of one object field"
+        );
+        assert!(given.missing.is_empty());
         assert_eq!(
             fields["registerWithTaints"],
             serde_json::json!([{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}, {"key": "gpu", "effect": "NoExecute"}])

@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod cnitool;
 mod flags;
+mod kubelet_api;
 mod node_ip;
 mod settings;
 

@@ -29,6 +29,10 @@ pub(crate) struct RunArgs {
     /// The node's IP.
     #[arg(long, default_value = "")]
     node_ip: String,
+    /// Where the kubelet API's self-signed certificate and key go (`kubelet.crt`, `kubelet.key`)
+    /// when `tlsCertFile` and `tlsPrivateKeyFile` are not set.
+    #[arg(long, default_value = "/var/lib/kubelet/pki")]
+    cert_dir: PathBuf,
     /// Where pod log directories go (kubelet-rs's own flag) [file: podLogsDir].
     #[arg(long)]
     pod_logs_dir: Option<PathBuf>,
@@ -70,6 +74,10 @@ pub(crate) struct Settings {
     /// The cgroup parent of pod cgroups: `<cgroupRoot>/kubepods`.
     pub(crate) pods_cgroup: String,
     pub(crate) read_only: Option<std::net::SocketAddr>,
+    /// The kubelet API's address: `address:port` unless `enableServer` is false or `port` 0.
+    pub(crate) kubelet_api: Option<std::net::SocketAddr>,
+    /// `--cert-dir`.
+    pub(crate) cert_dir: PathBuf,
     pub(crate) healthz: Option<std::net::SocketAddr>,
     pub(crate) verbosity: u8,
     pub(crate) log_format: LogFormat,
@@ -139,8 +147,8 @@ impl Settings {
                 layered = true;
             }
         }
-        for (field, value) in given.fields {
-            fields.insert(field, value);
+        if !given.fields.is_empty() {
+            deep_merge(&mut fields, given.fields);
             layered = true;
         }
         // Every layer was valid alone: what fails now is a flag's value, or a drop-in's
@@ -186,6 +194,8 @@ impl Settings {
         }
         Ok(Settings {
             read_only: socket(file.address, file.read_only_port),
+            kubelet_api: socket(file.address, file.server.port).filter(|_| file.server.enable_server),
+            cert_dir: args.cert_dir,
             healthz: socket(file.healthz_bind_address, file.healthz_port),
             pods_cgroup: format!("{}/kubepods", file.cgroup_root.trim_end_matches('/')),
             verbosity: args.verbosity.or(file.verbosity).unwrap_or(0),
@@ -319,7 +329,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(settings.file.max_pods, 70, "the last drop-in wins over the file");
-        assert_eq!(settings.without_effect, ["authentication", "port", "--cert-dir"]);
+        assert!(settings.without_effect.is_empty(), "{:?}", settings.without_effect);
+        assert_eq!(settings.cert_dir, PathBuf::from("/pki"));
+        assert_eq!(settings.kubelet_api, Some(std::net::SocketAddr::from(([0, 0, 0, 0], 10250))));
+        assert!(!settings.file.server.authentication.anonymous_enabled);
         let hard: Vec<&String> = settings.file.eviction_hard.keys().collect();
         assert_eq!(hard, ["memory.available", "nodefs.available"], "the drop-in's map merges into the file's");
         assert_eq!(settings.kubeconfig, Some(PathBuf::from("/etc/kubernetes/kubelet.conf")));

@@ -51,10 +51,12 @@ impl Drop for Agent {
 
 impl Agent {
     /// Starts the agent as node `node` of the cluster `kubeconfig` names, with its configuration
-    /// file at `dir/config.yaml` and `extra` flags, its health port off.
+    /// file at `dir/config.yaml` and `extra` flags, its health port off and its kubelet API on a
+    /// free port (which the Node reports).
     fn join(endpoint: &str, dir: &Path, node: &str, kubeconfig: &Path, extra: &[&str]) -> Agent {
         let child = common::agent_command(endpoint, dir, node)
             .args(["--healthz-port", "0"])
+            .args(["--port", &common::free_port().to_string()])
             .args(extra)
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -1488,4 +1490,150 @@ async fn evict_under_pressure(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluste
     // The evicted pod's volume goes, and the condition clears after the transition period.
     until(&cluster, &node, &dir, "DiskPressure to clear", |v| disk_pressure(v).filter(|c| c["status"] == "False"))
         .await;
+}
+
+/// The kubelet API as kube-apiserver and other callers meet it: `kubectl logs` (the API server
+/// calls the agent with its kubelet client certificate, which `clientCAFile` authenticates and
+/// a SubjectAccessReview allows), and direct callers refused with upstream's 401 and 403 until
+/// RBAC allows them (a service account's token through a TokenReview, another node's
+/// certificate, nobody at all).
+#[tokio::test]
+async fn real_the_kubelet_api_serves_kubectl_logs_and_refuses_whom_rbac_does_not_allow() {
+    let test = "real_the_kubelet_api_serves_kubectl_logs_and_refuses_whom_rbac_does_not_allow";
+    on_node_3(test, "kubelet-api", None, serve_the_kubelet_api).await;
+}
+
+/// The directory of `cargo xtask cluster up`'s certificates (the admin kubeconfig's CA's).
+fn cluster_pki() -> PathBuf {
+    let admin = std::env::var("KUBELET_RS_TEST_KUBECONFIG").unwrap();
+    let kubeconfig = std::fs::read_to_string(admin).unwrap();
+    let ca = kubeconfig.lines().find_map(|l| l.trim().strip_prefix("certificate-authority: ")).unwrap();
+    Path::new(ca.trim()).parent().unwrap().to_owned()
+}
+
+/// `curl` of `path` on the kubelet API at `port` with `credentials` (curl's options): the
+/// status and the body.
+fn call_kubelet(port: u64, path: &str, credentials: &[&str]) -> (u16, String) {
+    let output = std::process::Command::new("curl")
+        .args(["-sk", "--max-time", "20", "-w", "\n%{http_code}"])
+        .args(credentials)
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), body.to_owned())
+}
+
+/// The body of [`real_the_kubelet_api_serves_kubectl_logs_and_refuses_whom_rbac_does_not_allow`].
+async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    use k8s_openapi::api::{
+        authentication::v1::TokenRequest,
+        core::v1::ServiceAccount,
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    };
+    let pki = cluster_pki();
+    std::fs::write(
+        dir.join("config.yaml"),
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             authentication: {{x509: {{clientCAFile: {}}}}}\n\
+             authorization: {{mode: Webhook, webhook: {{cacheUnauthorizedTTL: 1s}}}}\n",
+            pki.join("ca.crt").display()
+        ),
+    )
+    .unwrap();
+    let kubeconfig = cluster.kubeconfig(&dir);
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &[]);
+    let port = until(&cluster, &node, &dir, "the node's kubelet endpoint", |v| {
+        v.nodes.get(&node)?["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64()
+    })
+    .await;
+    let Cluster::Remote { client, namespace, .. } = &*cluster else { panic!("kube-apiserver only") };
+    let script = "echo hello through the kubelet API; sleep 3; echo and once more";
+    cluster.create_pod(writer_pod("talker", &node, &rt.busybox_image, script, None, json!({}))).await;
+    let key = format!("{namespace}/talker");
+    until(&cluster, &node, &dir, "the pod to run", |v| v.pods.get(&key).filter(|p| phase(p) == "Running").cloned())
+        .await;
+
+    // kubectl logs: pods/log, which kube-apiserver fetches from the agent's /containerLogs.
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    let mut log = String::new();
+    for _ in 0..50 {
+        log = pods.logs("talker", &kube::api::LogParams::default()).await.unwrap_or_else(|e| e.to_string());
+        if log.contains("hello") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(log.starts_with("hello through the kubelet API\n"), "{log:?}");
+    let first = kube::api::LogParams { tail_lines: Some(1), timestamps: true, ..Default::default() };
+    let log = pods.logs("talker", &first).await.unwrap();
+    let (timestamp, line) = log.split_once(' ').unwrap();
+    assert!(timestamp.starts_with("20") && timestamp.ends_with('Z'), "{log:?}");
+    assert!(matches!(line, "hello through the kubelet API\n" | "and once more\n"), "one line: {log:?}");
+    // kubectl logs -f: the stream goes on with what the container writes next.
+    let follow = kube::api::LogParams { follow: true, ..Default::default() };
+    let mut lines = futures::AsyncBufReadExt::lines(pods.log_stream("talker", &follow).await.unwrap());
+    let followed = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut seen = Vec::new();
+        while let Some(line) = futures::StreamExt::next(&mut lines).await {
+            seen.push(line.unwrap());
+            if seen.last().is_some_and(|l| l == "and once more") {
+                break;
+            }
+        }
+        seen
+    })
+    .await
+    .expect("the followed log's second line");
+    assert_eq!(followed, ["hello through the kubelet API", "and once more"]);
+
+    // Nobody: 401. Another node: its certificate authenticates, the Node authorizer refuses.
+    assert_eq!(call_kubelet(port, "/pods", &[]), (401, "Unauthorized".to_owned()));
+    let (other_cert, other_key) = (pki.join("kubelet-rs-node-0.crt"), pki.join("kubelet-rs-node-0.key"));
+    let other_node = ["--cert", other_cert.to_str().unwrap(), "--key", other_key.to_str().unwrap()];
+    let forbidden = |user: &str, subresource: &str| {
+        format!("Forbidden (user={user}, verb=get, resource=nodes, subresource={subresource})")
+    };
+    assert_eq!(call_kubelet(port, "/pods", &other_node), (403, forbidden("system:node:kubelet-rs-node-0", "proxy")));
+
+    // A service account's token: a TokenReview names it, RBAC refuses it until a role allows it.
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {"audiences": []}})).unwrap();
+    let token = accounts.create_token_request("default", &PostParams::default(), &request).await.unwrap();
+    let token = token.status.unwrap().token.unwrap();
+    let bearer = format!("Authorization: Bearer {token}");
+    let with_token = ["-H", bearer.as_str()];
+    let account = format!("system:serviceaccount:{namespace}:default");
+    assert_eq!(call_kubelet(port, "/pods", &with_token), (403, forbidden(&account, "proxy")));
+    assert_eq!(call_kubelet(port, "/stats/summary", &with_token), (403, forbidden(&account, "stats")));
+    assert_eq!(call_kubelet(port, "/pods", &["-H", "Authorization: Bearer not-a-token"]).0, 401);
+    let name = format!("{namespace}-nodes-proxy");
+    let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}]}))
+    .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}]}))
+    .unwrap();
+    let roles = Api::<ClusterRole>::all(client.clone());
+    let bindings = Api::<ClusterRoleBinding>::all(client.clone());
+    roles.create(&PostParams::default(), &role).await.unwrap();
+    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    // The denial is cached for cacheUnauthorizedTTL (1 s here), and RBAC takes a moment to see the binding.
+    let mut answer = (0, String::new());
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        answer = call_kubelet(port, "/pods", &with_token);
+        if answer.0 == 200 {
+            break;
+        }
+    }
+    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+    let _ = roles.delete(&name, &DeleteParams::default()).await;
+    assert_eq!(answer.0, 200, "{answer:?}");
+    let list: Value = serde_json::from_str(&answer.1).unwrap();
+    assert!(list["items"].as_array().unwrap().iter().any(|p| p["metadata"]["name"] == "talker"), "{list}");
+    assert_eq!(call_kubelet(port, "/stats/summary", &with_token).0, 403, "nodes/proxy is not nodes/stats");
 }

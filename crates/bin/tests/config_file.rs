@@ -146,8 +146,8 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
         &[
             "--node-labels",
             "role=edge",
-            "--cert-dir",
-            "/var/lib/kubelet/pki",
+            "--lock-file",
+            "/run/kubelet.lock",
             "--pod-infra-container-image",
             "registry.k8s.io/pause:3.10",
             "--anonymous-auth=false",
@@ -162,7 +162,7 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
         ),
         "{stderr}"
     );
-    assert!(stderr.contains("set but without effect in kubelet-rs: authentication, --cert-dir"), "{stderr}");
+    assert!(stderr.contains("set but without effect in kubelet-rs: --lock-file"), "{stderr}");
     assert!(stderr.contains("cannot reach the container runtime"), "{stderr}");
 
     // A flag's value that asks for what the agent lacks stops it with code 2, naming the flag.

@@ -16,8 +16,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kubelet_core::resources::parse_quantity;
 
 mod fields;
+mod server;
 
 pub use fields::{FIELDS, Support, support};
+pub use server::{Authentication, Authorization, AuthorizationMode, ServerConfiguration};
 
 /// The only `apiVersion` accepted.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -63,8 +65,11 @@ pub struct KubeletConfiguration {
     pub pod_logs_dir: PathBuf,
     /// `maxPods` (110).
     pub max_pods: u32,
-    /// `address`: the read-only API's address (127.0.0.1 here; upstream's is 0.0.0.0).
+    /// `address` (0.0.0.0): where the kubelet API and the read-only API listen.
     pub address: IpAddr,
+    /// The kubelet API on `port`: `enableServer`, `port`, `tls*`, `authentication`,
+    /// `authorization`.
+    pub server: ServerConfiguration,
     /// `readOnlyPort` (0: disabled).
     pub read_only_port: u16,
     /// `healthzBindAddress` (127.0.0.1).
@@ -185,7 +190,8 @@ impl Default for KubeletConfiguration {
             runtime_request_timeout: Duration::from_secs(120),
             pod_logs_dir: PathBuf::from("/var/log/pods"),
             max_pods: 110,
-            address: IpAddr::from([127, 0, 0, 1]),
+            address: IpAddr::from([0, 0, 0, 0]),
+            server: ServerConfiguration::default(),
             read_only_port: 0,
             healthz_bind_address: IpAddr::from([127, 0, 0, 1]),
             healthz_port: 10248,
@@ -379,6 +385,8 @@ impl KubeletConfiguration {
         config.read_log_rotation(&raw, &at)?;
         config.read_image_gc(&raw, &at)?;
         config.read_eviction(&raw, &at)?;
+        let server: server::RawServer = serde_saphyr::from_str(text).map_err(|e| decode_error(text, &e.to_string()))?;
+        config.server = server.read(&at)?;
         // Zero is "the default", as upstream's defaulting has it (kubeadm writes `0s` so).
         let duration = |field: &str, value: Option<String>, default: Duration| match value {
             None => Ok(default),
@@ -910,7 +918,8 @@ volumeStatsAggPeriod: 0s
         for field in ["staticPodPath", "clusterDNS", "resolvConf", "failSwapOn", "oomScoreAdj", "logging"] {
             assert_eq!(support(field), Some(Support::Honoured), "{field}");
         }
-        assert_eq!(support("authentication"), Some(Support::WithoutEffect));
+        assert_eq!(support("authentication"), Some(Support::Honoured));
+        assert_eq!(support("rotateCertificates"), Some(Support::WithoutEffect));
         assert_eq!(support("cgroupsPerQOS"), Some(Support::DefaultOnly));
         assert_eq!(support("cgroupPerQOS"), None);
     }
@@ -951,14 +960,15 @@ volumeStatsAggPeriod: 0s
         assert_eq!(config.eviction_pressure_transition_period, Duration::from_secs(300));
         let hard: Vec<_> = config.eviction_hard.keys().collect();
         assert_eq!(hard, ["memory.available", "nodefs.available"], "kubeadm's map replaces the defaults");
+        let authentication = &config.server.authentication;
+        assert_eq!(authentication.client_ca_file, Some(PathBuf::from("/etc/kubernetes/pki/ca.crt")));
+        assert_eq!(authentication.webhook_cache_ttl, Duration::from_secs(120), "kubeadm's 0s is the default");
+        assert_eq!(config.server.authorization.webhook_cache_unauthorized_ttl, Duration::from_secs(30));
         assert_eq!(
             config.without_effect,
             [
-                "authentication",
-                "authorization",
                 "cpuManagerReconcilePeriod",
                 "featureGates",
-                "port",
                 "rotateCertificates",
                 "serverTLSBootstrap",
                 "shutdownGracePeriod",

@@ -1,0 +1,193 @@
+//! The kubelet API of kubelet-rs, as upstream's `pkg/kubelet/server` serves it on the kubelet
+//! port (10250): HTTPS, every request authenticated ([`authn`]: client certificate, bearer token
+//! through a TokenReview, or anonymous) and authorized ([`authz`]: the Node subresource its
+//! path falls under, allowed always or by a SubjectAccessReview) before the handlers see it.
+//!
+//! The handlers are any axum `Router`: the binary serves `kubelet_node::server`'s API
+//! (`/containerLogs`, `/pods`, `/healthz`, ...). [`tls`] makes the server's TLS configuration,
+//! [`review`] asks the API server, and [`serve`] runs it all until cancelled.
+//!
+//! A refusal is upstream's: 401 `Unauthorized`, 403 `Forbidden (user=..., verb=...,
+//! resource=nodes, subresource=...)`, 500 `Authorization error (...)` when the review fails.
+
+pub mod authn;
+pub mod authz;
+mod cache;
+pub mod review;
+pub mod tls;
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+
+use axum::{Router, body::Body};
+use http::{Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::CertificateDer;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tower::ServiceExt;
+use tracing::{debug, info, warn};
+
+pub use authn::{Authenticator, User};
+pub use authz::{Attributes, Authorizer, Decision};
+
+/// The kubelet API could not be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The address could not be bound.
+    #[error("cannot listen on {address}")]
+    Listen {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How long a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What guards the handlers: TLS, who is calling, and what they may do on which node.
+pub struct Guard {
+    tls: Arc<rustls::ServerConfig>,
+    authenticator: Authenticator,
+    authorizer: Authorizer,
+    node_name: String,
+}
+
+impl Guard {
+    /// Requests to node `node_name` over `tls`, checked by `authenticator` and `authorizer`.
+    pub fn new(
+        tls: Arc<rustls::ServerConfig>,
+        authenticator: Authenticator,
+        authorizer: Authorizer,
+        node_name: impl Into<String>,
+    ) -> Self {
+        Guard { tls, authenticator, authorizer, node_name: node_name.into() }
+    }
+
+    /// The router's answer to `request` from the holder of `client_certificate`, or upstream's
+    /// refusal.
+    pub async fn handle(
+        &self,
+        request: Request<Body>,
+        client_certificate: Option<&CertificateDer<'_>>,
+        router: Router,
+    ) -> Response<Body> {
+        let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let user = match self.authenticator.authenticate(client_certificate, authorization).await {
+            Ok(Some(user)) => user,
+            Ok(None) => return text(StatusCode::UNAUTHORIZED, "Unauthorized".to_owned()),
+            Err(error) => {
+                warn!(error = %error_chain(&error), "Unable to authenticate the request due to an error");
+                return text(StatusCode::UNAUTHORIZED, "Unauthorized".to_owned());
+            }
+        };
+        let attributes = Attributes::of(user, request.method(), request.uri().path(), &self.node_name);
+        match self.authorizer.authorize(&attributes).await {
+            Ok(Decision::Allow) => {}
+            Ok(Decision::Deny) => {
+                debug!(user = %attributes.user.name, verb = %attributes.verb, subresource = attributes.subresource, "Forbidden");
+                return text(StatusCode::FORBIDDEN, attributes.describe("Forbidden"));
+            }
+            Err(error) => {
+                warn!(%error, user = %attributes.user.name, verb = %attributes.verb, subresource = attributes.subresource, "Authorization error");
+                return text(StatusCode::INTERNAL_SERVER_ERROR, attributes.describe("Authorization error"));
+            }
+        }
+        match router.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Body> {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Binds `address` (failing clearly when it is taken) and serves `router` behind `guard` until
+/// `cancel`; the returned task ends once every connection has.
+pub async fn serve(
+    address: SocketAddr,
+    guard: Guard,
+    router: Router,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let listener = tokio::net::TcpListener::bind(address).await.map_err(|source| Error::Listen { address, source })?;
+    info!(%address, "serving the kubelet API");
+    let guard = Arc::new(guard);
+    Ok(tokio::spawn(async move {
+        let connections = TaskTracker::new();
+        loop {
+            let accepted = tokio::select! {
+                () = cancel.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let connection = connection(stream, guard.clone(), router.clone(), cancel.clone());
+                    connections.spawn(async move {
+                        if let Err(error) = connection.await {
+                            debug!(%peer, %error, "kubelet API connection ended");
+                        }
+                    });
+                }
+                Err(error) => {
+                    warn!(%error, "cannot accept a kubelet API connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        connections.close();
+        connections.wait().await;
+    }))
+}
+
+/// One connection: the TLS handshake, then HTTP/1.1 (with upgrades) until the client or
+/// `cancel` ends it.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    guard: Arc<Guard>,
+    router: Router,
+    cancel: CancellationToken,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(guard.tls.clone()).accept(stream)).await??;
+    let client_certificate: Option<CertificateDer<'static>> =
+        tls.get_ref().1.peer_certificates().and_then(|chain| chain.first()).map(|c| c.clone().into_owned());
+    let client_certificate = Arc::new(client_certificate);
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let (guard, router, client_certificate) = (guard.clone(), router.clone(), client_certificate.clone());
+        async move {
+            let response = guard.handle(request.map(Body::new), client_certificate.as_ref().as_ref(), router).await;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let serving =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).with_upgrades();
+    tokio::pin!(serving);
+    tokio::select! {
+        result = serving.as_mut() => result?,
+        () = cancel.cancelled() => {
+            serving.as_mut().graceful_shutdown();
+            serving.await?;
+        }
+    }
+    Ok(())
+}
