@@ -1550,7 +1550,7 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     })
     .await;
     let Cluster::Remote { client, namespace, .. } = &*cluster else { panic!("kube-apiserver only") };
-    let script = "echo hello through the kubelet API; sleep 3; echo and once more";
+    let script = "echo hello through the kubelet API; sleep 3; echo and once more; while sleep 1; do echo tick; done";
     cluster.create_pod(writer_pod("talker", &node, &rt.busybox_image, script, None, json!({}))).await;
     let key = format!("{namespace}/talker");
     until(&cluster, &node, &dir, "the pod to run", |v| v.pods.get(&key).filter(|p| phase(p) == "Running").cloned())
@@ -1571,7 +1571,7 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     let log = pods.logs("talker", &first).await.unwrap();
     let (timestamp, line) = log.split_once(' ').unwrap();
     assert!(timestamp.starts_with("20") && timestamp.ends_with('Z'), "{log:?}");
-    assert!(matches!(line, "hello through the kubelet API\n" | "and once more\n"), "one line: {log:?}");
+    assert!(matches!(line, "hello through the kubelet API\n" | "and once more\n" | "tick\n"), "one line: {log:?}");
     // kubectl logs -f: the stream goes on with what the container writes next.
     let follow = kube::api::LogParams { follow: true, ..Default::default() };
     let mut lines = futures::AsyncBufReadExt::lines(pods.log_stream("talker", &follow).await.unwrap());
@@ -1588,6 +1588,8 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     .await
     .expect("the followed log's second line");
     assert_eq!(followed, ["hello through the kubelet API", "and once more"]);
+    exec_attach_and_port_forward(&pods).await;
+    exec_and_port_forward_over_spdy(namespace).await;
 
     // Nobody: 401. Another node: its certificate authenticates, the Node authorizer refuses.
     assert_eq!(call_kubelet(port, "/pods", &[]), (401, "Unauthorized".to_owned()));
@@ -1597,6 +1599,14 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
         format!("Forbidden (user={user}, verb=get, resource=nodes, subresource={subresource})")
     };
     assert_eq!(call_kubelet(port, "/pods", &other_node), (403, forbidden("system:node:kubelet-rs-node-0", "proxy")));
+    // kube-apiserver's own certificate may do anything: /run runs a command to its end.
+    let (master_cert, master_key) =
+        (pki.join("apiserver-kubelet-client.crt"), pki.join("apiserver-kubelet-client.key"));
+    let master = ["--cert", master_cert.to_str().unwrap(), "--key", master_key.to_str().unwrap(), "-X", "POST"];
+    let run = format!("/run/{namespace}/talker/app?cmd=echo%20ran%20here");
+    assert_eq!(call_kubelet(port, &run, &master), (200, "ran here\n".to_owned()));
+    let missing = format!("/run/{namespace}/talker/nothing?cmd=true");
+    assert_eq!(call_kubelet(port, &missing, &master), (404, "container not found (\"nothing\")".to_owned()));
 
     // A service account's token: a TokenReview names it, RBAC refuses it until a role allows it.
     let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
@@ -1636,4 +1646,116 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     let list: Value = serde_json::from_str(&answer.1).unwrap();
     assert!(list["items"].as_array().unwrap().iter().any(|p| p["metadata"]["name"] == "talker"), "{list}");
     assert_eq!(call_kubelet(port, "/stats/summary", &with_token).0, 403, "nodes/proxy is not nodes/stats");
+}
+
+/// `kubectl exec`, `attach` and `port-forward` over WebSocket through kube-apiserver to the
+/// pod `talker`: stdin in, stdout and stderr apart, the exit code, a terminal's size, and a
+/// forwarded port.
+async fn exec_attach_and_port_forward(pods: &Api<Pod>) {
+    use kube::api::{AttachParams, TerminalSize};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read_all = async |stream: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>| {
+        let mut text = String::new();
+        stream.unwrap().read_to_string(&mut text).await.unwrap();
+        text
+    };
+    let streams = AttachParams::default().container("app").stdin(true).stdout(true).stderr(true);
+    let script = "read line; echo \"out:$line\"; echo err >&2; exit 3";
+    let mut process = pods.exec("talker", ["sh", "-c", script], &streams).await.unwrap();
+    let mut stdin = process.stdin().unwrap();
+    stdin.write_all(b"ping\n").await.unwrap();
+    let stdout = process.stdout().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+    let stderr = process.stderr().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+    let status = process.take_status().unwrap();
+    let (out, err) = tokio::join!(read_all(stdout), read_all(stderr));
+    assert_eq!((out.as_str(), err.as_str()), ("out:ping\n", "err\n"));
+    let status = status.await.unwrap();
+    let causes = status.details.and_then(|d| d.causes).unwrap_or_default();
+    assert!(
+        causes.iter().any(|c| c.reason.as_deref() == Some("ExitCode") && c.message.as_deref() == Some("3")),
+        "{causes:?}"
+    );
+
+    // A terminal, resized before the command reads its size.
+    let terminal = AttachParams::interactive_tty().container("app");
+    let mut process = pods.exec("talker", ["sh", "-c", "sleep 1; stty size"], &terminal).await.unwrap();
+    let mut resize = process.terminal_size().unwrap();
+    futures::SinkExt::send(&mut resize, TerminalSize { width: 123, height: 45 }).await.unwrap();
+    let stdout = process.stdout().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+    let text = tokio::time::timeout(Duration::from_secs(20), read_all(stdout)).await.unwrap();
+    assert_eq!(text.trim(), "45 123");
+
+    // kubectl attach: the container's own output, from now on.
+    let mut attached = pods.attach("talker", &AttachParams::default().container("app").stderr(false)).await.unwrap();
+    let mut output = attached.stdout().unwrap();
+    let mut chunk = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(20), output.read(&mut chunk)).await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&chunk[..read]).starts_with("tick\n"), "{:?}", &chunk[..read]);
+    attached.abort();
+
+    // Port-forward to a web server the pod starts.
+    let serve = AttachParams::default().container("app").stdout(true).stderr(true);
+    let start = "echo forwarded > /tmp/index.html && httpd -p 8080 -h /tmp";
+    pods.exec("talker", ["sh", "-c", start], &serve).await.unwrap().join().await.unwrap();
+    let mut forwarder = pods.portforward("talker", &[8080]).await.unwrap();
+    let mut connection = forwarder.take_stream(8080).unwrap();
+    connection.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    connection.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.") && answer.ends_with("forwarded\n"), "{answer}");
+}
+
+/// `kubectl exec` and `kubectl port-forward` over SPDY (kubectl's protocol before WebSocket)
+/// to the pod `talker` in `namespace`, when kubectl is installed.
+async fn exec_and_port_forward_over_spdy(namespace: &str) {
+    use std::io::{BufRead, Write};
+    let admin = std::env::var("KUBELET_RS_TEST_KUBECONFIG").unwrap();
+    let kubectl = || {
+        let mut command = std::process::Command::new("kubectl");
+        command.args(["--kubeconfig", &admin, "-n", namespace]);
+        command.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false").env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false");
+        command
+    };
+    if std::process::Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+        eprintln!("SKIPPED the SPDY half of the kubelet API test: no kubectl on PATH");
+        return;
+    }
+    let script = "read line; echo \"spdy:$line\"; echo oops >&2; exit 4";
+    let mut exec = kubectl()
+        .args(["exec", "-i", "talker", "-c", "app", "--", "sh", "-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    exec.stdin.take().unwrap().write_all(b"pong\n").unwrap();
+    let output = exec.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout, "spdy:pong\n", "{stderr}");
+    assert!(stderr.starts_with("oops\n"), "{stderr}");
+    assert_eq!(output.status.code(), Some(4), "kubectl exits with the command's code");
+
+    let mut forward = kubectl()
+        .args(["port-forward", "pod/talker", "0:8080"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    // Kept open: kubectl writes a line per connection, and a closed pipe would end it.
+    let mut said = std::io::BufReader::new(forward.stdout.take().unwrap());
+    said.read_line(&mut first).unwrap();
+    let port = first.split("127.0.0.1:").nth(1).and_then(|r| r.split(' ').next()).map(str::to_owned);
+    let answer = port.map(|port| {
+        std::process::Command::new("curl")
+            .args(["-s", "--max-time", "20"])
+            .arg(format!("http://127.0.0.1:{port}/index.html"))
+            .output()
+            .unwrap()
+    });
+    let _ = forward.kill();
+    let _ = forward.wait();
+    drop(said);
+    let answer = answer.map(|a| String::from_utf8_lossy(&a.stdout).into_owned());
+    assert_eq!(answer.as_deref(), Some("forwarded\n"), "kubectl port-forward said {first:?}");
 }

@@ -447,6 +447,38 @@ impl Runtime for CriRuntime {
         Ok(result)
     }
 
+    async fn stream_url(&self, request: runtime::StreamRequest) -> Result<Option<String>, Error> {
+        let mut service = self.client.runtime_service();
+        let url = match request {
+            runtime::StreamRequest::Exec { container_id, command, io } => {
+                let request = pb::ExecRequest {
+                    container_id,
+                    cmd: command,
+                    tty: io.tty,
+                    stdin: io.stdin,
+                    stdout: io.stdout,
+                    stderr: io.stderr,
+                };
+                service.exec(request).await.map_err(|s| Error::status("Exec", s))?.into_inner().url
+            }
+            runtime::StreamRequest::Attach { container_id, io } => {
+                let request = pb::AttachRequest {
+                    container_id,
+                    stdin: io.stdin,
+                    tty: io.tty,
+                    stdout: io.stdout,
+                    stderr: io.stderr,
+                };
+                service.attach(request).await.map_err(|s| Error::status("Attach", s))?.into_inner().url
+            }
+            runtime::StreamRequest::PortForward { sandbox_id, ports } => {
+                let request = pb::PortForwardRequest { pod_sandbox_id: sandbox_id, port: ports };
+                service.port_forward(request).await.map_err(|s| Error::status("PortForward", s))?.into_inner().url
+            }
+        };
+        Ok(Some(url))
+    }
+
     async fn remove_pod_content(&self, uid: &PodUid) -> Result<(), Error> {
         gc::remove_pod_content(self, uid).await
     }

@@ -600,6 +600,58 @@ pub struct ExecResult {
     pub exit_code: i32,
 }
 
+/// Which standard streams a stream carries, as the kubelet API's `stdin`, `stdout`, `stderr`
+/// and `tty` parameters ask.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StreamIo {
+    /// The caller writes to the process's standard input.
+    pub stdin: bool,
+    /// The caller reads its standard output.
+    pub stdout: bool,
+    /// The caller reads its standard error (never with a TTY, which merges it into stdout).
+    pub stderr: bool,
+    /// The process gets a terminal.
+    pub tty: bool,
+}
+
+impl StreamIo {
+    /// The streams asked for; a TTY carries no separate stderr (upstream's rule).
+    pub fn new(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> Self {
+        StreamIo { stdin, stdout, stderr: stderr && !tty, tty }
+    }
+}
+
+/// A stream to or from a pod that the runtime serves (upstream's CRI `Exec`, `Attach` and
+/// `PortForward`): the runtime answers with the URL of its streaming server, which the kubelet
+/// API proxies. These are CRI's three streaming calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamRequest {
+    /// A new process in a running container.
+    Exec {
+        /// The container's ID.
+        container_id: String,
+        /// The command and its arguments.
+        command: Vec<String>,
+        /// The streams.
+        io: StreamIo,
+    },
+    /// The streams of a running container's main process.
+    Attach {
+        /// The container's ID.
+        container_id: String,
+        /// The streams.
+        io: StreamIo,
+    },
+    /// TCP connections to ports in the pod's network namespace.
+    PortForward {
+        /// The pod sandbox's ID.
+        sandbox_id: String,
+        /// The ports (none: the caller names them per stream).
+        ports: Vec<i32>,
+    },
+}
+
 /// Container garbage-collection policy (upstream `GCPolicy`; defaults are upstream's flag defaults).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -816,6 +868,12 @@ pub trait Runtime: Send + Sync + 'static {
     ) -> impl Future<Output = Result<ExecResult, Self::Error>> + Send {
         let stderr = b"this runtime cannot run commands in containers".to_vec();
         std::future::ready(Ok(ExecResult { stdout: Vec::new(), stderr, exit_code: 126 }))
+    }
+
+    /// The URL where the runtime's streaming server serves `request`; `None` (the default) for
+    /// a runtime that cannot stream.
+    fn stream_url(&self, _request: StreamRequest) -> impl Future<Output = Result<Option<String>, Self::Error>> + Send {
+        std::future::ready(Ok(None))
     }
 
     /// Removes a dead container.

@@ -1,12 +1,14 @@
 //! The agent's local API (feature `server`), as upstream's read-only port serves it: `/healthz`,
 //! `/pods`, `/runningpods/` and `/metrics` (Prometheus text); and on the unix socket under the
-//! root directory also upstream's `/containerLogs/{namespace}/{pod}/{container}` and
-//! `/events/{namespace}/{pod}`, which `kubelet-rs get`, `describe` and `logs` use.
+//! root directory (and as the kubelet API, behind its authentication) also upstream's
+//! `/containerLogs/{namespace}/{pod}/{container}`, `/exec`, `/attach`, `/portForward` and
+//! `/run`, and `/events/{namespace}/{pod}`, which `kubelet-rs get`, `describe` and `logs` use.
 //!
 //! [`ApiState::of`] reads an [`Agent`]; [`local_router`], [`router`] and
 //! [`healthz_router`] are the three APIs; [`serve_unix`] and [`serve`] run one until cancelled.
 
 mod logs;
+mod stream;
 
 use std::{
     net::SocketAddr,
@@ -21,7 +23,7 @@ use axum::{
     extract::{Path as UrlPath, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, post},
 };
 use k8s_openapi::{
     api::core::v1::{Container, Pod, PodSpec},
@@ -375,6 +377,19 @@ pub fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
     let extra = Router::new()
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs::<R>))
         .route("/events/{namespace}/{pod}", get(pod_events::<R>))
+        .route("/exec/{namespace}/{pod}/{container}", get(stream::exec::<R>).post(stream::exec::<R>))
+        .route("/exec/{namespace}/{pod}/{uid}/{container}", get(stream::exec_uid::<R>).post(stream::exec_uid::<R>))
+        .route("/attach/{namespace}/{pod}/{container}", get(stream::attach::<R>).post(stream::attach::<R>))
+        .route(
+            "/attach/{namespace}/{pod}/{uid}/{container}",
+            get(stream::attach_uid::<R>).post(stream::attach_uid::<R>),
+        )
+        .route("/portForward/{namespace}/{pod}", get(stream::port_forward::<R>).post(stream::port_forward::<R>))
+        .route(
+            "/portForward/{namespace}/{pod}/{uid}",
+            get(stream::port_forward_uid::<R>).post(stream::port_forward_uid::<R>),
+        )
+        .route("/run/{namespace}/{pod}/{container}", post(stream::run::<R>))
         .with_state(state.clone());
     router(state).merge(extra)
 }

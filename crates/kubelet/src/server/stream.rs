@@ -1,0 +1,313 @@
+//! `/exec`, `/attach`, `/portForward` and `/run`, as upstream's kubelet serves them: the runtime
+//! is asked for a stream (CRI `Exec`, `Attach`, `PortForward`), and the caller's request, an
+//! HTTP upgrade to SPDY or WebSocket, is proxied to the URL of the runtime's streaming server;
+//! once both sides have switched protocols the bytes are copied both ways until either closes.
+
+use std::sync::Arc;
+
+use axum::{
+    body::Body,
+    extract::{Path as UrlPath, Query, Request, State},
+    http::{HeaderMap, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+};
+use hyper_util::rt::TokioIo;
+use kubelet_core::{
+    Runtime,
+    runtime::{ContainerState, SandboxState, StreamIo, StreamRequest},
+};
+use tracing::debug;
+
+use super::ApiState;
+
+/// The query of a streaming request: repeated keys (`command`, `port`) in order.
+type Params = Vec<(String, String)>;
+
+/// A pod named by the path: namespace, name, and the UID when the path gives one.
+struct PodRef {
+    namespace: String,
+    name: String,
+    uid: Option<String>,
+}
+
+/// Why a stream cannot be served: the status and the text answered.
+#[derive(Debug)]
+pub(super) struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.0, self.1).into_response()
+    }
+}
+
+fn refuse(status: StatusCode, message: impl Into<String>) -> Refusal {
+    Refusal(status, message.into())
+}
+
+/// What a streaming handler answers.
+pub(super) type Answer = Result<Response, Refusal>;
+
+/// A parameter set to true (`1`, as kube-apiserver sends it, or `true`).
+fn flag(params: &Params, name: &str) -> bool {
+    params.iter().any(|(key, value)| key == name && (value == "1" || value == "true"))
+}
+
+/// The values of a repeated parameter, in order.
+fn values<'a>(params: &'a Params, name: &'a str) -> impl Iterator<Item = &'a str> {
+    params.iter().filter(move |(key, _)| key == name).map(|(_, value)| value.as_str())
+}
+
+/// The streams a request asks for (upstream's `NewOptions`, with its parameter names `input`,
+/// `output`, `error` and `tty`): at least one.
+fn stream_io(params: &Params) -> Result<StreamIo, Refusal> {
+    let io = StreamIo::new(flag(params, "input"), flag(params, "output"), flag(params, "error"), flag(params, "tty"));
+    if !io.stdin && !io.stdout && !io.stderr {
+        return Err(refuse(StatusCode::BAD_REQUEST, "you must specify at least 1 of stdin, stdout, stderr"));
+    }
+    Ok(io)
+}
+
+/// The runtime's view of the pod: its running container `container`'s ID, or its ready
+/// sandbox's when `container` is `None`.
+async fn runtime_id<R: Runtime>(state: &ApiState<R>, pod: &PodRef, container: Option<&str>) -> Result<String, Refusal> {
+    let Some(desired) = state.pods.pod_by_name(&pod.namespace, &pod.name) else {
+        return Err(refuse(StatusCode::NOT_FOUND, "pod does not exist"));
+    };
+    let uid = desired.metadata.uid.clone().unwrap_or_default();
+    if pod.uid.as_ref().is_some_and(|wanted| *wanted != uid) {
+        return Err(refuse(StatusCode::NOT_FOUND, "pod does not exist"));
+    }
+    let running = state
+        .runtime
+        .get_pods(false)
+        .await
+        .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot list the runtime's pods: {e}")))?;
+    let in_runtime = running.into_iter().find(|p| p.uid.as_str() == uid);
+    let found = match container {
+        Some(name) => in_runtime.and_then(|p| {
+            p.containers.into_iter().find(|c| c.name == name && c.state == ContainerState::Running).map(|c| c.id)
+        }),
+        None => in_runtime.and_then(|p| p.sandboxes.into_iter().find(|s| s.state == SandboxState::Ready).map(|s| s.id)),
+    };
+    found.ok_or_else(|| match container {
+        Some(name) => refuse(StatusCode::NOT_FOUND, format!("container not found (\"{name}\")")),
+        None => refuse(StatusCode::NOT_FOUND, "pod has no running sandbox"),
+    })
+}
+
+/// Asks the runtime for `request`'s stream and proxies `caller` to it.
+async fn stream<R: Runtime>(state: &ApiState<R>, request: StreamRequest, caller: Request) -> Answer {
+    match state.runtime.stream_url(request).await {
+        Ok(Some(url)) => proxy(&url, caller).await,
+        Ok(None) => Err(refuse(StatusCode::NOT_IMPLEMENTED, "the container runtime cannot stream")),
+        Err(e) => Err(refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    }
+}
+
+/// `/exec/{namespace}/{pod}/{container}`.
+pub(super) async fn exec<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name, container)): UrlPath<(String, String, String)>,
+    Query(params): Query<Params>,
+    caller: Request,
+) -> Answer {
+    exec_in(&state, PodRef { namespace, name, uid: None }, &container, &params, caller).await
+}
+
+/// `/exec/{namespace}/{pod}/{uid}/{container}`.
+pub(super) async fn exec_uid<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name, uid, container)): UrlPath<(String, String, String, String)>,
+    Query(params): Query<Params>,
+    caller: Request,
+) -> Answer {
+    exec_in(&state, PodRef { namespace, name, uid: Some(uid) }, &container, &params, caller).await
+}
+
+async fn exec_in<R: Runtime>(
+    state: &ApiState<R>,
+    pod: PodRef,
+    container: &str,
+    params: &Params,
+    caller: Request,
+) -> Answer {
+    let io = stream_io(params)?;
+    let command: Vec<String> = values(params, "command").map(str::to_owned).collect();
+    let container_id = runtime_id(state, &pod, Some(container)).await?;
+    stream(state, StreamRequest::Exec { container_id, command, io }, caller).await
+}
+
+/// `/attach/{namespace}/{pod}/{container}`.
+pub(super) async fn attach<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name, container)): UrlPath<(String, String, String)>,
+    Query(params): Query<Params>,
+    caller: Request,
+) -> Answer {
+    attach_to(&state, PodRef { namespace, name, uid: None }, &container, &params, caller).await
+}
+
+/// `/attach/{namespace}/{pod}/{uid}/{container}`.
+pub(super) async fn attach_uid<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name, uid, container)): UrlPath<(String, String, String, String)>,
+    Query(params): Query<Params>,
+    caller: Request,
+) -> Answer {
+    attach_to(&state, PodRef { namespace, name, uid: Some(uid) }, &container, &params, caller).await
+}
+
+async fn attach_to<R: Runtime>(
+    state: &ApiState<R>,
+    pod: PodRef,
+    container: &str,
+    params: &Params,
+    caller: Request,
+) -> Answer {
+    let io = stream_io(params)?;
+    let container_id = runtime_id(state, &pod, Some(container)).await?;
+    stream(state, StreamRequest::Attach { container_id, io }, caller).await
+}
+
+/// `/portForward/{namespace}/{pod}`.
+pub(super) async fn port_forward<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name)): UrlPath<(String, String)>,
+    Query(params): Query<Params>,
+    caller: Request,
+) -> Answer {
+    forward_to(&state, PodRef { namespace, name, uid: None }, &params, caller).await
+}
+
+/// `/portForward/{namespace}/{pod}/{uid}`.
+pub(super) async fn port_forward_uid<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name, uid)): UrlPath<(String, String, String)>,
+    Query(params): Query<Params>,
+    caller: Request,
+) -> Answer {
+    forward_to(&state, PodRef { namespace, name, uid: Some(uid) }, &params, caller).await
+}
+
+async fn forward_to<R: Runtime>(state: &ApiState<R>, pod: PodRef, params: &Params, caller: Request) -> Answer {
+    let mut ports = Vec::new();
+    for port in values(params, "port") {
+        match port.parse::<u16>() {
+            Ok(port) if port > 0 => ports.push(i32::from(port)),
+            _ => {
+                let message = format!("unable to parse \"{port}\" as a port: must be 1-65535");
+                return Err(refuse(StatusCode::BAD_REQUEST, message));
+            }
+        }
+    }
+    let sandbox_id = runtime_id(state, &pod, None).await?;
+    stream(state, StreamRequest::PortForward { sandbox_id, ports }, caller).await
+}
+
+/// `POST /run/{namespace}/{pod}/{container}?cmd=...`: runs `cmd` (split at spaces, as
+/// upstream's) to its end and answers its stdout and then its stderr.
+pub(super) async fn run<R: Runtime>(
+    State(state): State<Arc<ApiState<R>>>,
+    UrlPath((namespace, name, container)): UrlPath<(String, String, String)>,
+    Query(params): Query<Params>,
+) -> Answer {
+    let command: Vec<String> =
+        values(&params, "cmd").next().unwrap_or_default().split(' ').map(str::to_owned).collect();
+    let pod = PodRef { namespace, name, uid: None };
+    let container_id = runtime_id(&state, &pod, Some(&container)).await?;
+    let result = state
+        .runtime
+        .exec_sync(&container_id, &command, std::time::Duration::ZERO)
+        .await
+        .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let mut output = result.stdout;
+    output.extend_from_slice(&result.stderr);
+    Ok(([(header::CONTENT_TYPE, "application/json")], output).into_response())
+}
+
+/// Whether a request asks to switch protocols (`Connection: Upgrade` with an `Upgrade`).
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade && headers.contains_key(header::UPGRADE)
+}
+
+/// Sends `caller`'s request to the runtime's streaming server at `url` and answers with its
+/// response; a switch of protocols joins the two connections.
+async fn proxy(url: &str, mut caller: Request) -> Answer {
+    let bad_gateway = |what: String| refuse(StatusCode::BAD_GATEWAY, what);
+    let target =
+        url.parse::<Uri>().map_err(|_| bad_gateway(format!("the runtime's stream URL {url:?} is not a URL")))?;
+    let (Some("http"), Some(authority)) = (target.scheme_str(), target.authority().cloned()) else {
+        return Err(bad_gateway(format!("the runtime's stream URL {url:?} is not http://host:port/...")));
+    };
+    let unreachable =
+        |e: &dyn std::fmt::Display| bad_gateway(format!("the runtime's streaming server at {authority}: {e}"));
+    let connection = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| unreachable(&e))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(connection)).await.map_err(|e| unreachable(&e))?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.with_upgrades().await {
+            debug!(%error, "the runtime's streaming connection ended");
+        }
+    });
+    let upgrading = is_upgrade(caller.headers()).then(|| hyper::upgrade::on(&mut caller));
+    let (parts, body) = caller.into_parts();
+    let path = target.path_and_query().map_or("/", |p| p.as_str());
+    let mut forwarded = axum::http::Request::builder().method(parts.method).uri(path);
+    for (name, value) in &parts.headers {
+        // The caller's credentials are the kubelet API's business, not the runtime's.
+        if name != header::HOST && name != header::AUTHORIZATION {
+            forwarded = forwarded.header(name, value);
+        }
+    }
+    forwarded = forwarded.header(header::HOST, authority.as_str());
+    let body = if upgrading.is_some() { Body::empty() } else { body };
+    let forwarded = forwarded.body(body).map_err(|e| unreachable(&e))?;
+    let mut response = sender.send_request(forwarded).await.map_err(|e| unreachable(&e))?;
+    if let (StatusCode::SWITCHING_PROTOCOLS, Some(caller_side)) = (response.status(), upgrading) {
+        let runtime_side = hyper::upgrade::on(&mut response);
+        tokio::spawn(async move {
+            let (Ok(caller_side), Ok(runtime_side)) = tokio::join!(caller_side, runtime_side) else { return };
+            let copied =
+                tokio::io::copy_bidirectional(&mut TokioIo::new(caller_side), &mut TokioIo::new(runtime_side)).await;
+            debug!(?copied, "stream ended");
+        });
+    }
+    Ok(response.map(Body::new).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> Params {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn stream_options_are_read_as_upstream_reads_them() {
+        let io = stream_io(&params(&[("input", "1"), ("output", "1"), ("error", "1"), ("tty", "1")])).unwrap();
+        assert_eq!(io, StreamIo::new(true, true, false, true), "a TTY merges stderr into stdout");
+        let io = stream_io(&params(&[("output", "1"), ("error", "true")])).unwrap();
+        assert!(io.stdout && io.stderr && !io.stdin && !io.tty);
+        assert!(stream_io(&params(&[("tty", "1"), ("output", "0"), ("stdout", "1")])).is_err(), "no stream at all");
+        let command = params(&[("command", "sh"), ("output", "1"), ("command", "-c"), ("command", "echo hi")]);
+        assert_eq!(values(&command, "command").collect::<Vec<_>>(), ["sh", "-c", "echo hi"]);
+    }
+
+    #[test]
+    fn upgrades_are_told_from_plain_requests() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, "keep-alive, Upgrade".parse().unwrap());
+        assert!(!is_upgrade(&headers), "no Upgrade header");
+        headers.insert(header::UPGRADE, "SPDY/3.1".parse().unwrap());
+        assert!(is_upgrade(&headers));
+        headers.insert(header::CONNECTION, "close".parse().unwrap());
+        assert!(!is_upgrade(&headers));
+    }
+}
