@@ -417,6 +417,8 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     let image_gc =
         Arc::new(ImageGc::new(runtime.clone(), image_gc_policy(file), recorder.clone(), &settings.node_name));
     let eviction_runtime = host_evictions.then(|| runtime.clone());
+    let summary =
+        eviction::summary::SummaryProvider::new(eviction::HostStats::new(runtime.clone(), eviction_paths.clone()));
     let mut builder = Agent::builder(runtime, agent::Config::new(kubelet_config, sources));
     if let Some(cgroups) = cgroups {
         builder = builder.pod_cgroups(cgroups);
@@ -549,7 +551,8 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         )
         .await?,
     ];
-    let kubelet_api = server::local_router(api_state.clone());
+    let stats = crate::stats::Stats::new(summary, agent.pods().clone(), agent.statuses().clone(), &settings.node_name);
+    let kubelet_api = server::local_router(api_state.clone()).merge(crate::stats::router(stats));
     servers.extend(crate::kubelet_api::serve(&settings, api_client, kubelet_api, cancel.child_token()).await?);
     if let Some(addr) = settings.read_only {
         servers.push(server::serve(addr, server::router(api_state.clone()), cancel.child_token()).await?);

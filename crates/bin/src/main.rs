@@ -14,6 +14,7 @@ mod flags;
 mod kubelet_api;
 mod node_ip;
 mod settings;
+mod stats;
 
 use std::{process::ExitCode, time::Duration};
 

@@ -1589,6 +1589,7 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     .expect("the followed log's second line");
     assert_eq!(followed, ["hello through the kubelet API", "and once more"]);
     exec_attach_and_port_forward(&pods).await;
+    stats_through_the_api_server(client, &node, namespace).await;
     exec_and_port_forward_over_spdy(namespace).await;
 
     // Nobody: 401. Another node: its certificate authenticates, the Node authorizer refuses.
@@ -1758,4 +1759,42 @@ async fn exec_and_port_forward_over_spdy(namespace: &str) {
     drop(said);
     let answer = answer.map(|a| String::from_utf8_lossy(&a.stdout).into_owned());
     assert_eq!(answer.as_deref(), Some("forwarded\n"), "kubectl port-forward said {first:?}");
+}
+
+/// `nodes/NODE/proxy/stats/summary` and `nodes/NODE/proxy/metrics/resource` through
+/// kube-apiserver, as metrics-server reads them: the node's and the running pod `talker`'s CPU
+/// and memory, in upstream's shapes.
+async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespace: &str) {
+    let get = |path: String| {
+        let request = axum::http::Request::get(path).body(Vec::new()).unwrap();
+        let client = client.clone();
+        async move { client.request_text(request).await.unwrap() }
+    };
+    let summary: Value = serde_json::from_str(&get(format!("/api/v1/nodes/{node}/proxy/stats/summary")).await).unwrap();
+    assert_eq!(summary["node"]["nodeName"], node);
+    for path in [["cpu", "usageCoreNanoSeconds"], ["memory", "workingSetBytes"], ["fs", "capacityBytes"]] {
+        assert!(summary["node"][path[0]][path[1]].as_u64().unwrap_or(0) > 0, "node {path:?}: {}", summary["node"]);
+    }
+    let pods = summary["pods"].as_array().unwrap();
+    let talker = pods.iter().find(|p| p["podRef"]["name"] == "talker").unwrap();
+    assert_eq!(talker["podRef"]["namespace"], namespace);
+    let app = &talker["containers"][0];
+    assert_eq!(app["name"], "app");
+    assert!(app["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0, "{app}");
+    assert!(app["memory"]["workingSetBytes"].as_u64().unwrap() > 0, "{app}");
+    assert!(app["startTime"].as_str().unwrap().ends_with('Z'), "{app}");
+    assert!(talker["ephemeral-storage"]["usedBytes"].as_u64().unwrap() > 0, "the log at least: {talker}");
+
+    let metrics = get(format!("/api/v1/nodes/{node}/proxy/metrics/resource")).await;
+    let labels = format!("{{container=\"app\",namespace=\"{namespace}\",pod=\"talker\"}}");
+    for series in ["container_cpu_usage_seconds_total", "container_memory_working_set_bytes", "container_start_time_seconds"] {
+        let prefix = format!("{series}{labels} ");
+        let line = metrics.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{prefix}\nin:\n{metrics}"));
+        let fields: Vec<&str> = line[prefix.len()..].split(' ').collect();
+        assert!(fields.len() == 2 && fields[0].parse::<f64>().unwrap() > 0.0, "value and time: {line}");
+    }
+    for series in ["node_cpu_usage_seconds_total ", "node_memory_working_set_bytes ", "pod_cpu_usage_seconds_total{"] {
+        assert!(metrics.lines().any(|l| l.starts_with(series)), "{series}\nin:\n{metrics}");
+    }
+    assert!(metrics.lines().any(|l| l == "scrape_error 0"), "{metrics}");
 }

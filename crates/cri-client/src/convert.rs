@@ -35,6 +35,10 @@ pub(crate) fn container_stats(stats: pb::ContainerStats) -> Option<ContainerStat
     let name = attributes.metadata.map(|m| m.name).unwrap_or_default();
     let mut converted = ContainerStats::new(attributes.id, uid, name);
     converted.memory_working_set_bytes = stats.memory.and_then(|m| m.working_set_bytes).map(|v| v.value);
+    if let Some(cpu) = stats.cpu {
+        converted.cpu_usage_core_nanoseconds = cpu.usage_core_nano_seconds.map(|v| v.value);
+        converted.cpu_timestamp_nanos = Some(cpu.timestamp).filter(|t| *t > 0);
+    }
     if let Some(layer) = stats.writable_layer {
         converted.writable_layer_bytes = layer.used_bytes.map(|v| v.value);
         converted.writable_layer_inodes = layer.inodes_used.map(|v| v.value);

@@ -17,6 +17,7 @@
 pub mod rank;
 pub mod state;
 pub mod stats;
+pub mod summary;
 
 use std::{sync::Arc, time::Duration};
 

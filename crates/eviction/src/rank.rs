@@ -41,6 +41,9 @@ pub struct ContainerUsage {
     pub name: String,
     /// Its memory working set, when measured.
     pub memory_working_set: Option<u64>,
+    /// The CPU time it has used in nanoseconds, and when that was read (nanoseconds since the
+    /// epoch), when measured.
+    pub cpu: Option<(u64, Option<i64>)>,
     /// Its writable layer, when measured.
     pub rootfs: Option<DiskUsage>,
     /// Its log files.

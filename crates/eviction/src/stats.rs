@@ -20,7 +20,7 @@ use kubelet_core::{
     PodUid, Runtime,
     cgroups::{pod_cgroup_name, relative_cgroup_path},
     eviction::Signal,
-    runtime::FsStats,
+    runtime::{ContainerStats, FsStats},
     types::pod_log_dir,
     volume::EMPTY_DIR,
 };
@@ -129,6 +129,35 @@ impl<R: Runtime> HostStats<R> {
     }
 }
 
+impl<R: Runtime> HostStats<R> {
+    /// The node now, for the kubelet API's summary: CPU time, memory, the root directory's and
+    /// the images' filesystems, process IDs.
+    pub async fn node_sample(&self) -> crate::summary::NodeSample {
+        let paths = self.config.clone();
+        let host = tokio::task::spawn_blocking(move || (read_host(&paths), node_cpu_usage(&paths.cgroup_mount)));
+        let (observations, cpu) = host.await.unwrap_or_default();
+        let mut sample = crate::summary::NodeSample::new(kubelet_core::clock::wall_now());
+        sample.cpu_usage_core_nanoseconds = cpu;
+        sample.memory = observations.get(&Signal::MemoryAvailable).copied();
+        sample.pids = observations.get(&Signal::PidAvailable).copied();
+        sample.fs = fs_stats(&self.config.root_dir).ok();
+        sample.image_fs = self.runtime.image_fs_stats().await.ok().flatten();
+        sample
+    }
+}
+
+/// The CPU time every process of the host has used, in nanoseconds: the root cgroup's
+/// `cpuacct.usage` (v1) or `cpu.stat`'s `usage_usec` (v2).
+fn node_cpu_usage(mount: &Path) -> Option<u64> {
+    for v1 in ["cpuacct", "cpu,cpuacct", "cpu"] {
+        if let Ok(text) = std::fs::read_to_string(mount.join(v1).join("cpuacct.usage")) {
+            return text.trim().parse().ok();
+        }
+    }
+    let stat = std::fs::read_to_string(mount.join("cpu.stat")).ok()?;
+    stat_value(&stat, "usage_usec").map(|micros| micros * 1000)
+}
+
 impl<R: Runtime> StatsProvider for HostStats<R> {
     async fn observe(&self) -> Observations {
         let mut observations = Observations::new();
@@ -158,24 +187,38 @@ impl<R: Runtime> StatsProvider for HostStats<R> {
     }
 
     async fn pod_stats(&self, pods: &[Arc<Pod>], need: Need) -> PodStatsMap {
+        let containers = if need.memory || need.disk {
+            self.runtime.container_stats().await.unwrap_or_else(|err| {
+                debug!(error = %kubelet_core::ErrorChain(&err), "cannot read the containers' stats");
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
+        self.measure(pods, need, containers).await
+    }
+}
+
+impl<R: Runtime> HostStats<R> {
+    /// The runtime's stats of its containers.
+    pub(crate) async fn container_stats(&self) -> Result<Vec<ContainerStats>, R::Error> {
+        self.runtime.container_stats().await
+    }
+
+    /// The use of `pods` as far as `need` asks, their containers' from `containers`.
+    pub(crate) async fn measure(&self, pods: &[Arc<Pod>], need: Need, containers: Vec<ContainerStats>) -> PodStatsMap {
         let mut stats: PodStatsMap = pods.iter().map(|p| (PodUid::of(p), PodStats::default())).collect();
-        if need.memory || need.disk {
-            match self.runtime.container_stats().await {
-                Ok(containers) => {
-                    for container in containers {
-                        let Some(pod) = stats.get_mut(&container.pod_uid) else { continue };
-                        pod.containers.push(ContainerUsage {
-                            name: container.name,
-                            memory_working_set: container.memory_working_set_bytes,
-                            rootfs: container
-                                .writable_layer_bytes
-                                .map(|bytes| DiskUsage::new(bytes, container.writable_layer_inodes.unwrap_or(0))),
-                            logs: None,
-                        });
-                    }
-                }
-                Err(err) => debug!(error = %kubelet_core::ErrorChain(&err), "cannot read the containers' stats"),
-            }
+        for container in containers {
+            let Some(pod) = stats.get_mut(&container.pod_uid) else { continue };
+            pod.containers.push(ContainerUsage {
+                name: container.name,
+                memory_working_set: container.memory_working_set_bytes,
+                cpu: container.cpu_usage_core_nanoseconds.map(|used| (used, container.cpu_timestamp_nanos)),
+                rootfs: container
+                    .writable_layer_bytes
+                    .map(|bytes| DiskUsage::new(bytes, container.writable_layer_inodes.unwrap_or(0))),
+                logs: None,
+            });
         }
         if need.disk || need.processes {
             let pods: Vec<Arc<Pod>> = pods.to_vec();

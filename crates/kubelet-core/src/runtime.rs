@@ -568,6 +568,10 @@ pub struct ContainerStats {
     pub name: String,
     /// Its memory working set in bytes.
     pub memory_working_set_bytes: Option<u64>,
+    /// The CPU time it has used, in nanoseconds (cumulative).
+    pub cpu_usage_core_nanoseconds: Option<u64>,
+    /// When the runtime read the CPU time, in nanoseconds since the epoch.
+    pub cpu_timestamp_nanos: Option<i64>,
     /// The bytes its writable layer uses.
     pub writable_layer_bytes: Option<u64>,
     /// The inodes its writable layer uses.
@@ -582,6 +586,8 @@ impl ContainerStats {
             pod_uid,
             name: name.into(),
             memory_working_set_bytes: None,
+            cpu_usage_core_nanoseconds: None,
+            cpu_timestamp_nanos: None,
             writable_layer_bytes: None,
             writable_layer_inodes: None,
         }

@@ -1,0 +1,477 @@
+//! The node's and the pods' resource use for the kubelet API, from the same stats the eviction
+//! manager reads (upstream `pkg/kubelet/server/stats` and `metrics/collectors/resource_metrics.go`):
+//! [`summary`] is `/stats/summary` (upstream's `stats/v1alpha1` `Summary`) and
+//! [`resource_metrics`] is `/metrics/resource`, the series metrics-server reads.
+//!
+//! Both are pure functions of a [`NodeSample`] and the pods' [`PodStats`]; [`SummaryProvider`]
+//! takes the samples when asked, never in the background.
+
+use std::{fmt::Write as _, sync::Mutex};
+
+use k8s_openapi::{
+    api::core::v1::{Pod, PodStatus},
+    jiff::Timestamp,
+};
+use kubelet_core::{Runtime, runtime::FsStats};
+use serde_json::{Value, json};
+
+use crate::{
+    rank::{ContainerUsage, DiskParts, PodStats},
+    state::Observation,
+    stats::{HostStats, Need},
+};
+
+/// The node's use at one moment.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct NodeSample {
+    /// When it was read.
+    pub time: Timestamp,
+    /// The CPU time all processes used, in nanoseconds (the root cgroup's).
+    pub cpu_usage_core_nanoseconds: Option<u64>,
+    /// The CPU use since the previous sample, in nanocores.
+    pub cpu_usage_nano_cores: Option<u64>,
+    /// Memory: available and capacity (`memory.available`'s observation).
+    pub memory: Option<Observation>,
+    /// The root directory's filesystem.
+    pub fs: Option<FsStats>,
+    /// The runtime's image filesystem.
+    pub image_fs: Option<FsStats>,
+    /// Process IDs: available and `pid_max`.
+    pub pids: Option<Observation>,
+}
+
+impl NodeSample {
+    /// A sample at `time` with nothing measured.
+    pub fn new(time: Timestamp) -> Self {
+        NodeSample {
+            time,
+            cpu_usage_core_nanoseconds: None,
+            cpu_usage_nano_cores: None,
+            memory: None,
+            fs: None,
+            image_fs: None,
+            pids: None,
+        }
+    }
+
+    fn memory_working_set(&self) -> Option<u64> {
+        self.memory.map(|m| m.capacity.saturating_sub(m.available))
+    }
+}
+
+/// One pod's part of a summary: the pod, its status (start times) and its measured use.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct PodSample<'a> {
+    /// The pod.
+    pub pod: &'a Pod,
+    /// Its status as the kubelet computed it.
+    pub status: Option<&'a PodStatus>,
+    /// Its measured use.
+    pub stats: &'a PodStats,
+}
+
+impl<'a> PodSample<'a> {
+    /// `pod` with `status` and `stats`.
+    pub fn new(pod: &'a Pod, status: Option<&'a PodStatus>, stats: &'a PodStats) -> Self {
+        PodSample { pod, status, stats }
+    }
+
+    fn name(&self) -> &'a str {
+        self.pod.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn namespace(&self) -> &'a str {
+        self.pod.metadata.namespace.as_deref().unwrap_or("default")
+    }
+
+    /// The pod's CPU time: its containers'.
+    fn cpu(&self) -> Option<u64> {
+        let used: Vec<u64> = self.stats.containers.iter().filter_map(|c| c.cpu.map(|(used, _)| used)).collect();
+        (!used.is_empty()).then(|| used.iter().sum())
+    }
+
+    fn memory(&self) -> Option<u64> {
+        self.stats.containers.iter().any(|c| c.memory_working_set.is_some()).then(|| self.stats.memory())
+    }
+
+    /// When the container `name` last started, from the status.
+    fn container_start(&self, name: &str) -> Option<Timestamp> {
+        let statuses = self.status?.container_statuses.as_ref()?;
+        let running = statuses.iter().find(|s| s.name == name)?.state.as_ref()?.running.as_ref()?;
+        running.started_at.as_ref().map(|t| t.0)
+    }
+}
+
+/// The CPU time of a container, and when it was read (the runtime's time, else `fallback`).
+fn container_cpu(container: &ContainerUsage, fallback: Timestamp) -> Option<(u64, Timestamp)> {
+    let (used, read_at) = container.cpu?;
+    let at = read_at.and_then(|nanos| Timestamp::from_nanosecond(i128::from(nanos)).ok()).unwrap_or(fallback);
+    Some((used, at))
+}
+
+fn fs_json(fs: &FsStats, time: Timestamp) -> Value {
+    let mut value = json!({
+        "time": time.to_string(),
+        "availableBytes": fs.available_bytes,
+        "capacityBytes": fs.capacity_bytes,
+        "usedBytes": fs.capacity_bytes.saturating_sub(fs.available_bytes),
+    });
+    if let Some((inodes, free)) = fs.inodes.zip(fs.inodes_free) {
+        value["inodes"] = json!(inodes);
+        value["inodesFree"] = json!(free);
+        value["inodesUsed"] = json!(inodes.saturating_sub(free));
+    }
+    value
+}
+
+fn node_json(node_name: &str, node: &NodeSample) -> Value {
+    let time = node.time.to_string();
+    let mut value = json!({ "nodeName": node_name, "systemContainers": [] });
+    if let Some(used) = node.cpu_usage_core_nanoseconds {
+        value["cpu"] = json!({ "time": time, "usageCoreNanoSeconds": used });
+        if let Some(rate) = node.cpu_usage_nano_cores {
+            value["cpu"]["usageNanoCores"] = json!(rate);
+        }
+    }
+    if let (Some(memory), Some(working_set)) = (node.memory, node.memory_working_set()) {
+        value["memory"] = json!({ "time": time, "availableBytes": memory.available, "workingSetBytes": working_set });
+    }
+    if let Some(fs) = &node.fs {
+        value["fs"] = fs_json(fs, node.time);
+    }
+    if let Some(image_fs) = &node.image_fs {
+        value["runtime"] = json!({ "imageFs": fs_json(image_fs, node.time) });
+    }
+    if let Some(pids) = node.pids {
+        value["rlimit"] =
+            json!({ "time": time, "maxpid": pids.capacity, "curproc": pids.capacity.saturating_sub(pids.available) });
+    }
+    value
+}
+
+fn container_json(sample: &PodSample<'_>, container: &ContainerUsage, time: Timestamp) -> Value {
+    let mut value = json!({ "name": container.name });
+    if let Some(start) = sample.container_start(&container.name) {
+        value["startTime"] = json!(start.to_string());
+    }
+    if let Some((used, at)) = container_cpu(container, time) {
+        value["cpu"] = json!({ "time": at.to_string(), "usageCoreNanoSeconds": used });
+    }
+    if let Some(working_set) = container.memory_working_set {
+        value["memory"] = json!({ "time": time.to_string(), "workingSetBytes": working_set });
+    }
+    if let Some(rootfs) = container.rootfs {
+        value["rootfs"] = json!({ "time": time.to_string(), "usedBytes": rootfs.bytes, "inodesUsed": rootfs.inodes });
+    }
+    if let Some(logs) = container.logs {
+        value["logs"] = json!({ "time": time.to_string(), "usedBytes": logs.bytes, "inodesUsed": logs.inodes });
+    }
+    value
+}
+
+fn pod_json(sample: &PodSample<'_>, time: Timestamp) -> Value {
+    let uid = sample.pod.metadata.uid.as_deref().unwrap_or_default();
+    let containers: Vec<Value> = sample.stats.containers.iter().map(|c| container_json(sample, c, time)).collect();
+    let mut value = json!({
+        "podRef": { "name": sample.name(), "namespace": sample.namespace(), "uid": uid },
+        "containers": containers,
+    });
+    if let Some(start) = sample.status.and_then(|s| s.start_time.as_ref()) {
+        value["startTime"] = json!(start.0.to_string());
+    }
+    if let Some(used) = sample.cpu() {
+        value["cpu"] = json!({ "time": time.to_string(), "usageCoreNanoSeconds": used });
+    }
+    if let Some(working_set) = sample.memory() {
+        value["memory"] = json!({ "time": time.to_string(), "workingSetBytes": working_set });
+    }
+    let volumes: Vec<Value> = sample
+        .stats
+        .volumes
+        .iter()
+        .map(|(name, used)| json!({ "name": name, "time": time.to_string(), "usedBytes": used.bytes, "inodesUsed": used.inodes }))
+        .collect();
+    if !volumes.is_empty() {
+        value["volume"] = json!(volumes);
+    }
+    let all = DiskParts { rootfs: true, logs: true, local_volumes: true };
+    value["ephemeral-storage"] = json!({
+        "time": time.to_string(),
+        "usedBytes": sample.stats.disk(all, kubelet_core::eviction::Resource::EphemeralStorage),
+        "inodesUsed": sample.stats.disk(all, kubelet_core::eviction::Resource::Inodes),
+    });
+    if let Some(processes) = sample.stats.processes {
+        value["process_stats"] = json!({ "process_count": processes });
+    }
+    value
+}
+
+/// `/stats/summary`: upstream's `Summary` of node `node_name` and `pods`.
+pub fn summary(node_name: &str, node: &NodeSample, pods: &[PodSample<'_>]) -> Value {
+    let pods: Vec<Value> = pods.iter().map(|p| pod_json(p, node.time)).collect();
+    json!({ "node": node_json(node_name, node), "pods": pods })
+}
+
+/// One series of `/metrics/resource`: its name, help, type and samples (labels, value, time).
+struct Series {
+    name: &'static str,
+    help: &'static str,
+    kind: &'static str,
+    samples: Vec<(String, f64, Timestamp)>,
+}
+
+impl Series {
+    fn new(name: &'static str, kind: &'static str, help: &'static str) -> Self {
+        Series { name, help, kind, samples: Vec::new() }
+    }
+
+    fn render(&self, out: &mut String) {
+        if self.samples.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "# HELP {} [ALPHA] {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        for (labels, value, time) in &self.samples {
+            let _ = writeln!(out, "{}{labels} {value} {}", self.name, time.as_millisecond());
+        }
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let escaped: Vec<String> = pairs
+        .iter()
+        .map(|(key, value)| {
+            format!("{key}=\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
+        })
+        .collect();
+    format!("{{{}}}", escaped.join(","))
+}
+
+const NANOS_PER_SECOND: f64 = 1e9;
+
+/// `/metrics/resource`: the node's, pods' and containers' CPU time and memory working set and
+/// the containers' start times, with upstream's names, labels and sample times; `scrape_error`
+/// says whether the containers could be read.
+pub fn resource_metrics(node: &NodeSample, pods: &[PodSample<'_>], scrape_error: bool) -> String {
+    let mut node_cpu = Series::new(
+        "node_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the node in core-seconds",
+    );
+    let mut node_memory =
+        Series::new("node_memory_working_set_bytes", "gauge", "Current working set of the node in bytes");
+    let mut container_cpu_series = Series::new(
+        "container_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the container in core-seconds",
+    );
+    let mut container_memory =
+        Series::new("container_memory_working_set_bytes", "gauge", "Current working set of the container in bytes");
+    let mut container_start =
+        Series::new("container_start_time_seconds", "gauge", "Start time of the container since unix epoch in seconds");
+    let mut pod_cpu = Series::new(
+        "pod_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the pod in core-seconds",
+    );
+    let mut pod_memory =
+        Series::new("pod_memory_working_set_bytes", "gauge", "Current working set of the pod in bytes");
+    let time = node.time;
+    if let Some(used) = node.cpu_usage_core_nanoseconds {
+        node_cpu.samples.push((String::new(), used as f64 / NANOS_PER_SECOND, time));
+    }
+    if let Some(working_set) = node.memory_working_set() {
+        node_memory.samples.push((String::new(), working_set as f64, time));
+    }
+    for pod in pods {
+        let (name, namespace) = (pod.name(), pod.namespace());
+        for container in &pod.stats.containers {
+            let labels = labels(&[("container", &container.name), ("namespace", namespace), ("pod", name)]);
+            if let Some((used, at)) = container_cpu(container, time) {
+                container_cpu_series.samples.push((labels.clone(), used as f64 / NANOS_PER_SECOND, at));
+            }
+            if let Some(working_set) = container.memory_working_set {
+                container_memory.samples.push((labels.clone(), working_set as f64, time));
+            }
+            if let Some(start) = pod.container_start(&container.name).filter(|s| s.as_second() > 0) {
+                container_start.samples.push((labels, start.as_second() as f64, start));
+            }
+        }
+        let labels = labels(&[("namespace", namespace), ("pod", name)]);
+        if let Some(used) = pod.cpu() {
+            pod_cpu.samples.push((labels.clone(), used as f64 / NANOS_PER_SECOND, time));
+        }
+        if let Some(working_set) = pod.memory() {
+            pod_memory.samples.push((labels, working_set as f64, time));
+        }
+    }
+    let mut out = String::new();
+    for series in
+        [&container_cpu_series, &container_memory, &container_start, &node_cpu, &node_memory, &pod_cpu, &pod_memory]
+    {
+        series.render(&mut out);
+    }
+    // Upstream's scrape result has no sample time.
+    out.push_str("# HELP scrape_error [ALPHA] 1 if there was an error while getting container metrics, 0 otherwise\n");
+    out.push_str("# TYPE scrape_error gauge\n");
+    let _ = writeln!(out, "scrape_error {}", u8::from(scrape_error));
+    out
+}
+
+/// Takes the samples for the summary and the resource metrics when asked: the node's from this
+/// host, the pods' from the runtime and the disk; it keeps the last node CPU sample for the
+/// node's `usageNanoCores`.
+pub struct SummaryProvider<R> {
+    stats: HostStats<R>,
+    last_cpu: Mutex<Option<(Timestamp, u64)>>,
+}
+
+impl<R: Runtime> SummaryProvider<R> {
+    /// Samples through `stats`.
+    pub fn new(stats: HostStats<R>) -> Self {
+        SummaryProvider { stats, last_cpu: Mutex::new(None) }
+    }
+
+    /// The node now.
+    pub async fn node(&self) -> NodeSample {
+        let mut sample = self.stats.node_sample().await;
+        if let Some(used) = sample.cpu_usage_core_nanoseconds {
+            let mut last = self.last_cpu.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((then, before)) = *last {
+                let elapsed = sample.time.as_nanosecond() - then.as_nanosecond();
+                if elapsed > 0 && used >= before {
+                    let rate = u128::from(used - before) * 1_000_000_000 / elapsed.unsigned_abs();
+                    sample.cpu_usage_nano_cores = u64::try_from(rate).ok();
+                }
+            }
+            *last = Some((sample.time, used));
+        }
+        sample
+    }
+
+    /// The pods' use (CPU, memory, disk and processes), and whether the runtime failed to say
+    /// what its containers use (upstream's `scrape_error`).
+    pub async fn pods(&self, pods: &[std::sync::Arc<Pod>]) -> (crate::rank::PodStatsMap, bool) {
+        let need = Need { memory: true, disk: true, processes: true };
+        let (containers, failed) = match self.stats.container_stats().await {
+            Ok(containers) => (containers, false),
+            Err(err) => {
+                tracing::debug!(error = %kubelet_core::ErrorChain(&err), "cannot read the containers' stats");
+                (Vec::new(), true)
+            }
+        };
+        (self.stats.measure(pods, need, containers).await, failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, ContainerStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::rank::DiskUsage;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(seconds).unwrap()
+    }
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
+            "spec": {"containers": [{"name": "app"}, {"name": "side"}]},
+        }))
+        .unwrap()
+    }
+
+    fn status() -> PodStatus {
+        let running = ContainerState {
+            running: Some(ContainerStateRunning { started_at: Some(Time(at(1_700_000_100))) }),
+            ..ContainerState::default()
+        };
+        PodStatus {
+            start_time: Some(Time(at(1_700_000_000))),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "app".to_owned(),
+                state: Some(running),
+                ..ContainerStatus::default()
+            }]),
+            ..PodStatus::default()
+        }
+    }
+
+    fn stats() -> PodStats {
+        let app = ContainerUsage {
+            name: "app".to_owned(),
+            memory_working_set: Some(4 << 20),
+            cpu: Some((1_500_000_000, Some(1_700_000_200_000_000_000))),
+            rootfs: Some(DiskUsage::new(8192, 2)),
+            logs: Some(DiskUsage::new(4096, 1)),
+        };
+        let side = ContainerUsage {
+            name: "side".to_owned(),
+            memory_working_set: Some(1 << 20),
+            cpu: Some((500_000_000, None)),
+            ..ContainerUsage::default()
+        };
+        PodStats {
+            containers: vec![app, side],
+            volumes: vec![("cache".to_owned(), DiskUsage::new(4096, 3))],
+            processes: Some(7),
+        }
+    }
+
+    fn node() -> NodeSample {
+        let mut node = NodeSample::new(at(1_700_000_300));
+        node.cpu_usage_core_nanoseconds = Some(90_000_000_000);
+        node.memory = Some(Observation::new(6 << 30, 8 << 30));
+        node.fs = Some(FsStats::new(100 << 30, 40 << 30).with_inodes(1000, 600));
+        node
+    }
+
+    #[test]
+    fn the_summary_has_upstreams_shape() {
+        let (pod, status, stats) = (pod(), status(), stats());
+        let summary = summary("node-1", &node(), &[PodSample::new(&pod, Some(&status), &stats)]);
+        assert_eq!(summary["node"]["nodeName"], "node-1");
+        assert_eq!(summary["node"]["cpu"]["usageCoreNanoSeconds"], 90_000_000_000u64);
+        assert_eq!(summary["node"]["memory"]["workingSetBytes"], 2u64 << 30);
+        assert_eq!(summary["node"]["fs"]["usedBytes"], 60u64 << 30);
+        assert_eq!(summary["node"]["fs"]["inodesUsed"], 400);
+        let pod = &summary["pods"][0];
+        assert_eq!(pod["podRef"], json!({"name": "web", "namespace": "shop", "uid": "u1"}));
+        assert_eq!(pod["startTime"], "2023-11-14T22:13:20Z");
+        assert_eq!(pod["cpu"]["usageCoreNanoSeconds"], 2_000_000_000u64, "its containers' sum");
+        assert_eq!(pod["memory"]["workingSetBytes"], 5u64 << 20);
+        assert_eq!(pod["containers"][0]["startTime"], "2023-11-14T22:15:00Z");
+        assert_eq!(pod["containers"][0]["cpu"]["time"], "2023-11-14T22:16:40Z", "the runtime's read time");
+        assert_eq!(pod["containers"][0]["rootfs"]["usedBytes"], 8192);
+        assert_eq!(pod["volume"][0]["name"], "cache");
+        assert_eq!(pod["ephemeral-storage"]["usedBytes"], 8192 + 4096 + 4096, "rootfs, logs and emptyDir");
+        assert_eq!(pod["process_stats"]["process_count"], 7);
+    }
+
+    #[test]
+    fn resource_metrics_have_upstreams_names_labels_and_times() {
+        let (pod, status, stats) = (pod(), status(), stats());
+        let text = resource_metrics(&node(), &[PodSample::new(&pod, Some(&status), &stats)], false);
+        for line in [
+            "# HELP container_cpu_usage_seconds_total [ALPHA] Cumulative cpu time consumed by the container in core-seconds",
+            "# TYPE container_cpu_usage_seconds_total counter",
+            "container_cpu_usage_seconds_total{container=\"app\",namespace=\"shop\",pod=\"web\"} 1.5 1700000200000",
+            "container_cpu_usage_seconds_total{container=\"side\",namespace=\"shop\",pod=\"web\"} 0.5 1700000300000",
+            "container_memory_working_set_bytes{container=\"app\",namespace=\"shop\",pod=\"web\"} 4194304 1700000300000",
+            "container_start_time_seconds{container=\"app\",namespace=\"shop\",pod=\"web\"} 1700000100 1700000100000",
+            "node_cpu_usage_seconds_total 90 1700000300000",
+            "node_memory_working_set_bytes 2147483648 1700000300000",
+            "pod_cpu_usage_seconds_total{namespace=\"shop\",pod=\"web\"} 2 1700000300000",
+            "pod_memory_working_set_bytes{namespace=\"shop\",pod=\"web\"} 5242880 1700000300000",
+            "scrape_error 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\nin:\n{text}");
+        }
+        assert!(!text.contains("container_start_time_seconds{container=\"side\""), "side has no start time");
+    }
+}
