@@ -370,14 +370,7 @@ async fn container_logs(args: LogsArgs) -> Result<ExitCode> {
     let socket = kubelet::server::socket_path(&args.root_dir);
     let container = match args.container {
         Some(container) => container,
-        None => {
-            let pod = find_pod(&socket, &args.namespace, &args.pod).await?;
-            let names: Vec<&str> = pod.spec.iter().flat_map(|s| s.containers.iter()).map(|c| c.name.as_str()).collect();
-            match names[..] {
-                [one] => one.to_owned(),
-                _ => bail!("pod {} has containers {}: choose one with -c", args.pod, names.join(", ")),
-            }
-        }
+        None => only_container(&socket, &args.namespace, &args.pod).await?,
     };
     let mut path = format!(
         "/containerLogs/{}/{}/{container}?follow={}&previous={}&timestamps={}",
@@ -407,6 +400,16 @@ async fn container_logs(args: LogsArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The name of pod `namespace/name`'s only container; an error names them when it has several.
+pub(crate) async fn only_container(socket: &Path, namespace: &str, name: &str) -> Result<String> {
+    let pod = find_pod(socket, namespace, name).await?;
+    let names: Vec<&str> = pod.spec.iter().flat_map(|s| s.containers.iter()).map(|c| c.name.as_str()).collect();
+    match names[..] {
+        [one] => Ok(one.to_owned()),
+        _ => bail!("pod {name} has containers {}: choose one with -c", names.join(", ")),
+    }
+}
+
 /// A GET on the agent's socket: the status and the whole body.
 async fn request(socket: &Path, path: &str) -> Result<(u16, Vec<u8>)> {
     let response = send(socket, path).await?;
@@ -415,13 +418,18 @@ async fn request(socket: &Path, path: &str) -> Result<(u16, Vec<u8>)> {
     Ok((status, body.to_vec()))
 }
 
-async fn send(socket: &Path, path: &str) -> Result<hyper::Response<hyper::body::Incoming>> {
-    let stream = tokio::net::UnixStream::connect(socket).await.with_context(|| {
+/// A connection to the agent's socket.
+pub(crate) async fn connect(socket: &Path) -> Result<tokio::net::UnixStream> {
+    tokio::net::UnixStream::connect(socket).await.with_context(|| {
         format!(
             "cannot reach the agent at {} (is `kubelet-rs run` running with this --root-dir, and are you root?)",
             socket.display()
         )
-    })?;
+    })
+}
+
+async fn send(socket: &Path, path: &str) -> Result<hyper::Response<hyper::body::Incoming>> {
+    let stream = connect(socket).await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(connection);
     let request = hyper::Request::get(path)

@@ -10,6 +10,7 @@ mod alloc;
 mod cli;
 mod cluster;
 mod cnitool;
+mod exec;
 mod flags;
 mod kubelet_api;
 mod node_ip;
@@ -61,6 +62,8 @@ enum Command {
     Describe(cli::DescribeArgs),
     /// Print a container's logs from a running agent, through its unix socket.
     Logs(cli::LogsArgs),
+    /// Run a command in a running container of a running agent, through its unix socket.
+    Exec(exec::ExecArgs),
 }
 
 fn main() -> ExitCode {
@@ -93,6 +96,7 @@ fn run(cli: Cli, run_matches: &ArgMatches) -> Result<ExitCode> {
         Command::Get(args) => cli::get(args),
         Command::Describe(args) => cli::describe(args),
         Command::Logs(args) => cli::logs(args),
+        Command::Exec(args) => exec::exec(args),
         Command::Run(args) => Ok(run_node(*args, run_matches)),
     }
 }

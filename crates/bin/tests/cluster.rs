@@ -1697,13 +1697,21 @@ async fn exec_attach_and_port_forward(pods: &Api<Pod>) {
     // Port-forward to a web server the pod starts.
     let serve = AttachParams::default().container("app").stdout(true).stderr(true);
     let start = "echo forwarded > /tmp/index.html && httpd -p 8080 -h /tmp";
-    pods.exec("talker", ["sh", "-c", start], &serve).await.unwrap().join().await.unwrap();
+    let mut starting = pods.exec("talker", ["sh", "-c", start], &serve).await.unwrap();
+    // The final status, not `join`: on v4.channel.k8s.io (containerd's), kube-rs's `join`
+    // closes the whole WebSocket at once for want of a way to close stdin alone, which can cut
+    // the command short.
+    let status = starting.take_status().unwrap().await.unwrap();
+    assert_eq!(status.status.as_deref(), Some("Success"), "{status:?}");
+    drop(starting);
     let mut forwarder = pods.portforward("talker", &[8080]).await.unwrap();
     let mut connection = forwarder.take_stream(8080).unwrap();
     connection.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").await.unwrap();
     let mut answer = String::new();
     connection.read_to_string(&mut answer).await.unwrap();
-    assert!(answer.starts_with("HTTP/1.") && answer.ends_with("forwarded\n"), "{answer}");
+    drop(connection);
+    let ended = forwarder.join().await;
+    assert!(answer.starts_with("HTTP/1.") && answer.ends_with("forwarded\n"), "{answer:?}; the forwarder: {ended:?}");
 }
 
 /// `kubectl exec` and `kubectl port-forward` over SPDY (kubectl's protocol before WebSocket)
@@ -1787,9 +1795,12 @@ async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespa
 
     let metrics = get(format!("/api/v1/nodes/{node}/proxy/metrics/resource")).await;
     let labels = format!("{{container=\"app\",namespace=\"{namespace}\",pod=\"talker\"}}");
-    for series in ["container_cpu_usage_seconds_total", "container_memory_working_set_bytes", "container_start_time_seconds"] {
+    for series in
+        ["container_cpu_usage_seconds_total", "container_memory_working_set_bytes", "container_start_time_seconds"]
+    {
         let prefix = format!("{series}{labels} ");
-        let line = metrics.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{prefix}\nin:\n{metrics}"));
+        let line =
+            metrics.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{prefix}\nin:\n{metrics}"));
         let fields: Vec<&str> = line[prefix.len()..].split(' ').collect();
         assert!(fields.len() == 2 && fields[0].parse::<f64>().unwrap() > 0.0, "value and time: {line}");
     }

@@ -890,11 +890,13 @@ async fn real_upstream_invocation_with_a_kubeadm_configuration() {
             let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
             assert!(
                 log.contains(
-                    "set but without effect in kubelet-rs: authentication, authorization, featureGates, port, \
-                     rotateCertificates, serverTLSBootstrap"
+                    "set but without effect in kubelet-rs: featureGates, rotateCertificates, serverTLSBootstrap"
                 ),
                 "one warning names what the file sets without effect: {log}"
             );
+            // kubeadm's file asks for webhook authentication and authorization, which need the
+            // API server: standalone, the kubelet API is not served, and the warning says so.
+            assert!(log.contains("the kubelet API is not served"), "{log}");
             agent.signal(Signal::SIGTERM);
             assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
         }
@@ -1013,6 +1015,25 @@ async fn real_get_pods_and_logs_through_the_unix_socket() {
                 tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await.unwrap().unwrap().unwrap();
             assert_eq!(later, format!("line-{}", first + 1));
             follow.kill().await.unwrap();
+
+            // exec: stdin in, stdout and stderr apart, the command's exit code out.
+            let script = "read line; echo \"got $line\"; echo oops >&2; exit 3";
+            let mut exec = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+                .args(["exec", "-i", &pod, "--root-dir", &root, "--", "sh", "-c", script])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            tokio::io::AsyncWriteExt::write_all(exec.stdin.as_mut().unwrap(), b"ping\n").await.unwrap();
+            let output = tokio::time::timeout(Duration::from_secs(20), exec.wait_with_output()).await.unwrap().unwrap();
+            let (out, err) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+            assert_eq!((out.as_ref(), err.as_ref(), output.status.code()), ("got ping\n", "oops\n", Some(3)));
+            let (ok, out, err) = kubelet_rs(&["exec", &pod, "--root-dir", &root, "--", "cat", "/etc/hostname"]);
+            assert!(ok && out.trim() == pod, "{out} {err}");
+            let (ok, _, err) = kubelet_rs(&["exec", "nope", "--root-dir", &root, "--", "true"]);
+            assert!(!ok && err.contains("not found"), "{err}");
 
             agent.signal(Signal::SIGTERM);
             assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
