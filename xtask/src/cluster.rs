@@ -148,6 +148,8 @@ pub(crate) fn up() -> Result<()> {
         format!("--service-account-signing-key-file={}", file("sa.key")),
         "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
         "--authorization-mode=Node,RBAC".to_owned(),
+        // Bootstrap tokens, as kubeadm's nodes join with: the TLS bootstrap test makes one.
+        "--enable-bootstrap-token-auth".to_owned(),
         "--enable-admission-plugins=NodeRestriction".to_owned(),
         format!("--kubelet-client-certificate={}", file("apiserver-kubelet-client.crt")),
         format!("--kubelet-client-key={}", file("apiserver-kubelet-client.key")),

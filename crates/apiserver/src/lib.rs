@@ -29,7 +29,8 @@
 //! deleted with grace 0 and its UID as a precondition). [`mirror`] builds, creates and deletes
 //! static pods' mirror pods. [`ratelimit`] holds requests to `kubeAPIQPS` and `kubeAPIBurst`
 //! with a token bucket, as client-go does, and [`retry`] retries what the server asks to have
-//! retried (`Retry-After`), as client-go does.
+//! retried (`Retry-After`), as client-go does. [`bootstrap`] is TLS bootstrap: a client
+//! certificate asked for with a bootstrap kubeconfig through a CertificateSigningRequest.
 //!
 //! # Example
 //!
@@ -45,6 +46,7 @@
 //! assert!(events.iter().any(|e| e.reason == "NodeReady"));
 //! ```
 
+pub mod bootstrap;
 pub mod events;
 pub mod heartbeat;
 pub mod lease;

@@ -42,14 +42,17 @@ pub(crate) async fn run(
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     cancel: CancellationToken,
 ) -> Result<()> {
-    let file = &settings.file;
     let recorder = Arc::new(RingRecorder::default());
     // Cluster mode: the client comes first, as the runtime reads pull secrets through it; the
     // volumes and the runtime share one watch of each object.
     let watches = TaskTracker::new();
     let client = match &settings.kubeconfig {
-        Some(path) => {
-            let client = crate::cluster::connect(path, file.kube_api_qps, file.kube_api_burst).await?;
+        Some(_) => {
+            // A TLS bootstrap may wait an hour for its certificate: a signal ends the wait.
+            let Some(client) = cancel.run_until_cancelled(crate::cluster::connect(&settings)).await else {
+                return Ok(());
+            };
+            let client = client?;
             let objects = ApiObjects::new(client.clone(), watches.clone(), cancel.child_token());
             Some(Cluster { client, objects: Arc::new(objects) })
         }

@@ -5,14 +5,13 @@
 //! graceful deletions through the status sink, and keeps a mirror pod for each static pod.
 
 use std::{
-    path::Path,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
 use anyhow::{Context, Result};
 use apiserver::{
-    Facts, Health, heartbeat,
+    Facts, Health, bootstrap, heartbeat,
     status::{self, Change, Report},
 };
 use config::SourceSender;
@@ -63,11 +62,20 @@ pub(crate) async fn list_images<R: Runtime>(
     }
 }
 
-/// A client for the cluster of `--kubeconfig`.
-pub(crate) async fn connect(path: &Path, qps: f64, burst: u32) -> Result<Client> {
-    heartbeat::connect_limited(path, qps, burst).await.with_context(|| {
+/// A client for the cluster of `--kubeconfig`, whose client certificate is first asked for with
+/// `--bootstrap-kubeconfig` when given and needed ([`bootstrap::load_client_cert`]).
+pub(crate) async fn connect(settings: &Settings) -> Result<Client> {
+    let Some(path) = &settings.kubeconfig else { anyhow::bail!("cluster mode without --kubeconfig") };
+    if let Some(bootstrap) = &settings.bootstrap_kubeconfig {
+        bootstrap::load_client_cert(path, bootstrap, &settings.cert_dir, &settings.node_name)
+            .await
+            .context("TLS bootstrap with --bootstrap-kubeconfig failed")?;
+    }
+    let file = &settings.file;
+    heartbeat::connect_limited(path, file.kube_api_qps, file.kube_api_burst).await.with_context(|| {
         format!(
-            "cannot join the cluster with --kubeconfig {}: kubelet-rs has no TLS bootstrap yet, so the kubeconfig must exist and hold the node's credentials",
+            "cannot join the cluster with --kubeconfig {}: it must exist and hold the node's credentials, or \
+             --bootstrap-kubeconfig must give credentials to ask for them with",
             path.display()
         )
     })

@@ -43,6 +43,11 @@ pub(crate) struct RunArgs {
     /// (registers the Node, renews its lease, runs the pods bound to it, reports their status).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// A kubeconfig with bootstrap credentials: when the `--kubeconfig` file is missing or its
+    /// client certificate has expired, the agent asks for a client certificate with them (a
+    /// CertificateSigningRequest), stores it in `--cert-dir` and writes `--kubeconfig`.
+    #[arg(long)]
+    bootstrap_kubeconfig: Option<PathBuf>,
     /// Labels the Node registers with (`key=value,...`; repeatable).
     #[arg(long, value_name = "KEY=VALUE,...")]
     node_labels: Vec<String>,
@@ -83,6 +88,8 @@ pub(crate) struct Settings {
     pub(crate) log_format: LogFormat,
     /// `--kubeconfig`: cluster mode.
     pub(crate) kubeconfig: Option<PathBuf>,
+    /// `--bootstrap-kubeconfig`: TLS bootstrap of `kubeconfig`.
+    pub(crate) bootstrap_kubeconfig: Option<PathBuf>,
     /// `--node-labels`.
     pub(crate) node_labels: std::collections::BTreeMap<String, String>,
     /// What was set without effect: configuration fields (by file or flag) and flags, for the
@@ -192,6 +199,10 @@ impl Settings {
             let message = format!("invalid IP address {bad:?}: expected an IP address (or two, comma-separated)");
             return Err(ConfigFileError { origin: "--node-ip".to_owned(), message });
         }
+        if args.bootstrap_kubeconfig.is_some() && args.kubeconfig.is_none() {
+            let message = "needs --kubeconfig, the file the node's kubeconfig is written to".to_owned();
+            return Err(ConfigFileError { origin: "--bootstrap-kubeconfig".to_owned(), message });
+        }
         Ok(Settings {
             read_only: socket(file.address, file.read_only_port),
             kubelet_api: socket(file.address, file.server.port).filter(|_| file.server.enable_server),
@@ -201,6 +212,7 @@ impl Settings {
             verbosity: args.verbosity.or(file.verbosity).unwrap_or(0),
             log_format,
             kubeconfig: args.kubeconfig,
+            bootstrap_kubeconfig: args.bootstrap_kubeconfig,
             node_labels,
             without_effect,
             file,

@@ -1809,3 +1809,224 @@ async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespa
     }
     assert!(metrics.lines().any(|l| l == "scrape_error 0"), "{metrics}");
 }
+
+/// TLS bootstrap as kubeadm's nodes join: the agent has a bootstrap token's kubeconfig and no
+/// kubeconfig of its own. It asks for its client certificate with a CertificateSigningRequest,
+/// which the test, standing in for kube-controller-manager's approver and signer, approves and
+/// signs with the cluster's CA; the agent then writes its kubeconfig, joins as
+/// `system:node:<node>` (registers, runs a pod and reports its status through the Node
+/// authorizer and NodeRestriction). A restart uses the certificate without asking again; a
+/// denied request stops the agent, saying so.
+#[tokio::test]
+async fn real_a_node_bootstraps_its_client_certificate_through_a_csr_the_test_approves() {
+    let test = "real_a_node_bootstraps_its_client_certificate_through_a_csr_the_test_approves";
+    on_node_3(test, "tls-bootstrap", None, bootstrap_a_node).await;
+}
+
+/// A bootstrap token (`<id>.<secret>`) in `kube-system`, allowed to ask for node certificates
+/// (the ClusterRole `system:node-bootstrapper`, bound to the token's user), as kubeadm makes one.
+async fn bootstrap_token(client: &kube::Client) -> (String, String) {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let id = format!("{:06x}", std::process::id() & 0xff_ffff);
+    let secret = format!("{:016x}", nanos as u64);
+    let token_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {"token-id": id, "token-secret": secret, "usage-bootstrap-authentication": "true"},
+    }))
+    .unwrap();
+    let secrets = Api::<Secret>::namespaced(client.clone(), "kube-system");
+    secrets.create(&PostParams::default(), &token_secret).await.unwrap();
+    let user = format!("system:bootstrap:{id}");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("kubelet-rs-test-bootstrap-{id}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-bootstrapper"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.unwrap();
+    (format!("{id}.{secret}"), user)
+}
+
+/// Removes what [`bootstrap_token`] made and the requests of its user.
+async fn remove_bootstrap_token(client: &kube::Client, token: &str, user: &str) {
+    use k8s_openapi::api::{certificates::v1::CertificateSigningRequest, rbac::v1::ClusterRoleBinding};
+    let id = token.split('.').next().unwrap();
+    let _ = Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .delete(&format!("bootstrap-token-{id}"), &DeleteParams::default())
+        .await;
+    let bindings = Api::<ClusterRoleBinding>::all(client.clone());
+    let _ = bindings.delete(&format!("kubelet-rs-test-bootstrap-{id}"), &DeleteParams::default()).await;
+    let requests = Api::<CertificateSigningRequest>::all(client.clone());
+    for request in requests.list(&ListParams::default()).await.unwrap() {
+        if request.spec.username.as_deref() == Some(user) {
+            let _ = requests.delete(&request.metadata.name.unwrap(), &DeleteParams::default()).await;
+        }
+    }
+}
+
+/// The names of the certificate signing requests `user` made, oldest first.
+async fn requests_of(
+    client: &kube::Client,
+    user: &str,
+) -> Vec<k8s_openapi::api::certificates::v1::CertificateSigningRequest> {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let requests = Api::<CertificateSigningRequest>::all(client.clone()).list(&ListParams::default()).await.unwrap();
+    let mut mine: Vec<_> = requests.into_iter().filter(|r| r.spec.username.as_deref() == Some(user)).collect();
+    mine.sort_by_key(|r| r.metadata.creation_timestamp.clone().map(|t| t.0));
+    mine
+}
+
+/// Waits (60 s at most) for the `count`th request of `user`.
+async fn wait_for_request(
+    client: &kube::Client,
+    user: &str,
+    count: usize,
+    dir: &Path,
+) -> k8s_openapi::api::certificates::v1::CertificateSigningRequest {
+    for _ in 0..600 {
+        if let Some(request) = requests_of(client, user).await.into_iter().nth(count - 1) {
+            return request;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    panic!("no certificate signing request #{count} of {user}; agent log:\n{log}");
+}
+
+/// A client certificate for the request `pem`, signed with the cluster's CA for a day, as
+/// kube-controller-manager's signer issues it.
+fn sign_with_the_cluster_ca(pem: &str) -> String {
+    let pki = cluster_pki();
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap()).unwrap();
+    let ca = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca, ca_key).unwrap();
+    let mut request = rcgen::CertificateSigningRequestParams::from_pem(pem).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    request.params.not_before = now - time::Duration::minutes(1);
+    request.params.not_after = now + time::Duration::days(1);
+    request.params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    request.params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    request.signed_by(&issuer).unwrap().pem()
+}
+
+/// Sets the `Approved` or `Denied` condition on request `name`.
+async fn decide(client: &kube::Client, name: &str, decision: &str) {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let condition = json!({"type": decision, "status": "True", "reason": "KubeletRsTest", "message": "by the test"});
+    let patch = Patch::Merge(json!({"status": {"conditions": [condition]}}));
+    let requests = Api::<CertificateSigningRequest>::all(client.clone());
+    requests.patch_approval(name, &PatchParams::default(), &patch).await.unwrap();
+}
+
+/// The body of [`real_a_node_bootstraps_its_client_certificate_through_a_csr_the_test_approves`].
+async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    use base64::Engine as _;
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let Cluster::Remote { client, namespace, .. } = &*cluster else { panic!("kube-apiserver only") };
+    let (token, user) = bootstrap_token(client).await;
+    let pki = cluster_pki();
+    let admin = std::fs::read_to_string(std::env::var("KUBELET_RS_TEST_KUBECONFIG").unwrap()).unwrap();
+    let server = admin.lines().find_map(|l| l.trim().strip_prefix("server: ")).unwrap().trim().to_owned();
+    let bootstrap = dir.join("bootstrap-kubelet.conf");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: '{server}', \
+             certificate-authority: {}}}\nusers:\n- name: b\n  user: {{token: {token}}}\ncontexts:\n- name: x\n  \
+             context: {{cluster: c, user: b}}\ncurrent-context: x\n",
+            pki.join("ca.crt").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+        .unwrap();
+    let kubeconfig = dir.join("kubelet.conf");
+    let bootstrap_flag = ["--bootstrap-kubeconfig", bootstrap.to_str().unwrap()];
+    let requests = Api::<CertificateSigningRequest>::all(client.clone());
+
+    // The request: the node's name in system:nodes, for a client certificate of the kubelet signer.
+    let agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &bootstrap_flag);
+    let request = wait_for_request(client, &user, 1, &dir).await;
+    let name = request.metadata.name.clone().unwrap();
+    assert!(name.starts_with("node-csr-"), "{name}");
+    assert_eq!(request.spec.signer_name, "kubernetes.io/kube-apiserver-client-kubelet");
+    assert_eq!(request.spec.usages.as_deref(), Some(&["digital signature".to_owned(), "client auth".to_owned()][..]));
+    let pem = String::from_utf8(request.spec.request.0.clone()).unwrap();
+    let asked = rcgen::CertificateSigningRequestParams::from_pem(&pem).unwrap();
+    let subject = |kind| match asked.params.distinguished_name.get(&kind) {
+        Some(rcgen::DnValue::Utf8String(text)) => text.clone(),
+        Some(rcgen::DnValue::PrintableString(text)) => text.as_str().to_owned(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(subject(rcgen::DnType::CommonName), format!("system:node:{node}"));
+    assert_eq!(subject(rcgen::DnType::OrganizationName), "system:nodes");
+    // Nothing joins before the certificate comes.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(cluster.view(&node).await.nodes.is_empty(), "registered without a certificate");
+    assert!(!kubeconfig.exists());
+    assert!(dir.join("pki/kubelet-client.key.tmp").exists(), "the key waits in --cert-dir");
+
+    decide(client, &name, "Approved").await;
+    let certificate = sign_with_the_cluster_ca(&pem);
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&certificate);
+    let status = Patch::Merge(json!({"status": {"certificate": encoded}}));
+    requests.patch_status(&name, &PatchParams::default(), &status).await.unwrap();
+
+    // The node joins with it and runs a pod bound to it.
+    until(&cluster, &node, &dir, "the node to register", |v| v.nodes.get(&node).cloned()).await;
+    let pod = writer_pod("after-bootstrap", &node, &rt.busybox_image, "sleep 3600", None, json!({}));
+    cluster.create_pod(pod).await;
+    let key = format!("{namespace}/after-bootstrap");
+    until(&cluster, &node, &dir, "the pod to run", |v| v.pods.get(&key).filter(|p| phase(p) == "Running").cloned())
+        .await;
+    let written = std::fs::read_to_string(&kubeconfig).unwrap();
+    let current = dir.join("pki/kubelet-client-current.pem");
+    assert!(written.contains(&format!("client-certificate: \"{}\"", current.display())), "{written}");
+    assert!(std::fs::symlink_metadata(&current).unwrap().file_type().is_symlink());
+    let stored = std::fs::read_to_string(&current).unwrap();
+    assert!(stored.starts_with(&certificate) && stored.contains("PRIVATE KEY"), "{stored}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&kubeconfig), mode(&current)), (0o600, 0o600));
+    assert!(!dir.join("pki/kubelet-client.key.tmp").exists(), "the pending key is gone");
+
+    // A restart uses the certificate: no new request, and the node registers again with it.
+    drop(agent);
+    std::fs::rename(dir.join("agent.log"), dir.join("agent-before-restart.log")).unwrap();
+    let agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &bootstrap_flag);
+    wait_for_text(&dir.join("agent.log"), "the kubeconfig's client certificate is still valid").await;
+    wait_for_text(&dir.join("agent.log"), "adopted the existing node").await;
+    assert_eq!(requests_of(client, &user).await.len(), 1, "asked again on a restart");
+
+    // Without its certificate, a node whose request is denied stops and says so.
+    drop(agent);
+    std::fs::remove_file(&kubeconfig).unwrap();
+    for entry in std::fs::read_dir(dir.join("pki")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap().to_str().unwrap().starts_with("kubelet-client") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let mut agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &bootstrap_flag);
+    let second = wait_for_request(client, &user, 2, &dir).await.metadata.name.unwrap();
+    assert_ne!(second, name, "a new key, a new request");
+    decide(client, &second, "Denied").await;
+    let mut code = None;
+    for _ in 0..300 {
+        code = agent.0.try_wait().unwrap();
+        if code.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
+    assert_eq!(code.and_then(|c| c.code()), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("the certificate signing request {second} was denied: KubeletRsTest by the test")),
+        "{log}"
+    );
+    assert!(!kubeconfig.exists());
+    remove_bootstrap_token(client, &token, &user).await;
+}

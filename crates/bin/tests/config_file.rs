@@ -172,10 +172,24 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
 }
 
 #[test]
-fn a_missing_kubeconfig_stops_the_agent_and_says_there_is_no_bootstrap() {
+fn a_missing_kubeconfig_without_bootstrap_credentials_stops_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let (code, _, stderr) = kubelet(dir.path(), "fake://", &["--kubeconfig", "/nonexistent/kubelet.conf"]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("cannot join the cluster with --kubeconfig /nonexistent/kubelet.conf"), "{stderr}");
-    assert!(stderr.contains("no TLS bootstrap"), "{stderr}");
+    assert!(stderr.contains("or --bootstrap-kubeconfig must give credentials"), "{stderr}");
+
+    // A bootstrap kubeconfig needs a kubeconfig to write.
+    let (code, _, stderr) = kubelet(dir.path(), "fake://", &["--bootstrap-kubeconfig", "/nonexistent/bootstrap.conf"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--bootstrap-kubeconfig: needs --kubeconfig"), "{stderr}");
+
+    // One that cannot be read stops the bootstrap, saying which.
+    let kubeconfig = dir.path().join("kubelet.conf");
+    let args = ["--kubeconfig", kubeconfig.to_str().unwrap(), "--bootstrap-kubeconfig", "/nonexistent/bootstrap.conf"];
+    let (code, _, stderr) = kubelet(dir.path(), "fake://", &args);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("TLS bootstrap with --bootstrap-kubeconfig failed"), "{stderr}");
+    assert!(stderr.contains("cannot use the kubeconfig /nonexistent/bootstrap.conf"), "{stderr}");
+    assert!(!kubeconfig.exists());
 }
