@@ -36,7 +36,10 @@ use kube::{
 };
 use rcgen::PublicKeyData;
 use sha2::Digest;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+use crate::credentials::NodeCredentials;
 use x509_parser::prelude::FromDer;
 
 /// The signer of kubelets' client certificates.
@@ -174,6 +177,87 @@ pub async fn load_client_cert(
     Ok(Bootstrap::Issued { request: request.name })
 }
 
+/// Rotates the node's client certificate (upstream's certificate manager with
+/// `rotateCertificates`) until `cancel`: at a random point between 70% and 90% of the current
+/// certificate's lifetime, a new key and a CertificateSigningRequest made with the node's own
+/// credentials (`client`, which the Node authorizer lets ask); once issued, the pair is stored as
+/// the current one in `cert_dir` and `credentials` reloaded, so the clients use it from their next
+/// request on. A failure is tried again with a backoff (2 s doubling to 5 minutes).
+pub async fn rotate_client_certificate(
+    client: Client,
+    credentials: NodeCredentials,
+    cert_dir: PathBuf,
+    node: String,
+    cancel: CancellationToken,
+) {
+    let mut failures = 0;
+    loop {
+        let validity =
+            credentials.certificate_file().and_then(|file| std::fs::read(file).ok()).and_then(|pem| validity(&pem));
+        let Some((not_before, not_after)) = validity else {
+            warn!(kubeconfig = %credentials.kubeconfig().display(), "rotateCertificates: the kubeconfig names no client certificate file to rotate");
+            return;
+        };
+        let deadline = rotation_deadline(not_before, not_after, fastrand::f64());
+        let wait = deadline.duration_since(SystemTime::now()).unwrap_or_default();
+        info!(in_seconds = wait.as_secs(), "the client certificate will be rotated");
+        if cancel.run_until_cancelled(tokio::time::sleep(wait)).await.is_none() {
+            return;
+        }
+        loop {
+            match cancel.run_until_cancelled(rotate_once(&client, &credentials, &cert_dir, &node)).await {
+                None => return,
+                Some(Ok(request)) => {
+                    info!(%request, "client certificate rotated");
+                    failures = 0;
+                    break;
+                }
+                Some(Err(err)) => {
+                    let wait = Duration::from_secs(2u64.saturating_mul(1 << failures.min(8)).min(300));
+                    failures += 1;
+                    warn!(error = %kubelet_core::ErrorChain(&err), retry_in = ?wait, "cannot rotate the client certificate");
+                    if cancel.run_until_cancelled(tokio::time::sleep(wait)).await.is_none() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One rotation: a new key, its certificate asked for and stored, the credentials reloaded.
+async fn rotate_once(
+    client: &Client,
+    credentials: &NodeCredentials,
+    cert_dir: &Path,
+    node: &str,
+) -> Result<String, BootstrapError> {
+    let key = rcgen::KeyPair::generate().map_err(BootstrapError::Key)?;
+    let request = NodeRequest::new(&key, node)?;
+    let certificate = request.issue(client).await?;
+    store(cert_dir, &certificate, &key.serialize_pem())?;
+    credentials.reload();
+    Ok(request.name)
+}
+
+/// When a certificate valid from `not_before` to `not_after` is rotated: at 70% of its lifetime
+/// plus `jitter` (0 to 1) times 20% (upstream's `nextRotationDeadline`).
+fn rotation_deadline(not_before: SystemTime, not_after: SystemTime, jitter: f64) -> SystemTime {
+    let lifetime = not_after.duration_since(not_before).unwrap_or_default();
+    not_before + lifetime.mul_f64(0.7 + 0.2 * jitter.clamp(0.0, 1.0))
+}
+
+/// The validity of the first certificate of `pem`.
+fn validity(pem: &[u8]) -> Option<(SystemTime, SystemTime)> {
+    let block =
+        x509_parser::pem::Pem::iter_from_buffer(pem).filter_map(Result::ok).find(|b| b.label == "CERTIFICATE")?;
+    let certificate = block.parse_x509().ok()?;
+    let time = |t: x509_parser::time::ASN1Time| {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(t.timestamp()).unwrap_or(0))
+    };
+    Some((time(certificate.validity().not_before), time(certificate.validity().not_after)))
+}
+
 /// Whether `kubeconfig` exists and its current user's client certificates are all valid at
 /// `now` (upstream `isClientConfigStillValid`): one that cannot be read, has no certificate or
 /// has an expired one is bootstrapped again; only an error other than its absence stops.
@@ -212,7 +296,7 @@ fn client_certificates(kubeconfig: &Path) -> Result<Vec<SystemTime>, String> {
 }
 
 /// The current context's user of `config`.
-fn current_user(config: &Kubeconfig) -> Option<&kube::config::AuthInfo> {
+pub(crate) fn current_user(config: &Kubeconfig) -> Option<&kube::config::AuthInfo> {
     let context_name = config.current_context.as_deref()?;
     let context = config.contexts.iter().find(|c| c.name == context_name)?.context.as_ref()?;
     config.auth_infos.iter().find(|a| a.name == context.user.as_deref().unwrap_or_default())?.auth_info.as_ref()
@@ -567,6 +651,22 @@ mod tests {
         let other = rcgen::KeyPair::generate().unwrap();
         assert!(!request.is_issued_for_our_key(certificate_of(&other, in_an_hour).as_bytes()));
         assert!(!request.is_issued_for_our_key(b"not a certificate"));
+    }
+
+    #[test]
+    fn a_certificate_is_rotated_between_70_and_90_percent_of_its_lifetime() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        let start = time::OffsetDateTime::from_unix_timestamp(1_000_000).unwrap();
+        params.not_before = start;
+        params.not_after = start + time::Duration::seconds(1000);
+        let pem = params.self_signed(&key).unwrap().pem();
+        let (not_before, not_after) = validity(pem.as_bytes()).unwrap();
+        let at = |seconds| SystemTime::UNIX_EPOCH + Duration::from_secs(seconds);
+        assert_eq!((not_before, not_after), (at(1_000_000), at(1_001_000)));
+        assert_eq!(rotation_deadline(not_before, not_after, 0.0), at(1_000_700));
+        assert_eq!(rotation_deadline(not_before, not_after, 0.5), at(1_000_800));
+        assert_eq!(rotation_deadline(not_before, not_after, 1.0), at(1_000_900));
     }
 
     #[test]

@@ -19,7 +19,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
-    Facts, Health, lease, ratelimit::TokenBucketLayer, registration, retry::RetryAfterLayer, set_status, should_report,
+    Facts, Health,
+    credentials::{NodeCredentials, ReloadingService},
+    lease,
+    ratelimit::TokenBucketLayer,
+    registration,
+    retry::RetryAfterLayer,
+    set_status, should_report,
 };
 
 /// What went wrong talking to the API server.
@@ -122,6 +128,21 @@ pub async fn connect_heartbeat(path: &Path, timeout: Duration) -> Result<Client,
     config.read_timeout = Some(timeout);
     let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kubeconfig_error(path, e.into()))?;
     Ok(builder.with_layer(&RetryAfterLayer).build())
+}
+
+/// [`connect_limited`] for the node's own credentials, read again after each
+/// [`NodeCredentials::reload`] (a rotated client certificate) without a restart.
+pub async fn connect_node(credentials: &NodeCredentials, qps: f64, burst: u32) -> Result<Client, Error> {
+    let (service, namespace) = ReloadingService::new(credentials.clone(), None).await?;
+    let builder = kube::client::ClientBuilder::new(service, namespace);
+    Ok(builder.with_layer(&RetryAfterLayer).with_layer(&TokenBucketLayer::new(qps, burst)).build())
+}
+
+/// [`connect_heartbeat`] for the node's own credentials, read again after each
+/// [`NodeCredentials::reload`].
+pub async fn connect_node_heartbeat(credentials: &NodeCredentials, timeout: Duration) -> Result<Client, Error> {
+    let (service, namespace) = ReloadingService::new(credentials.clone(), Some(timeout)).await?;
+    Ok(kube::client::ClientBuilder::new(service, namespace).with_layer(&RetryAfterLayer).build())
 }
 
 /// The client configuration the kubeconfig at `path` holds, with kube's own retry off (the

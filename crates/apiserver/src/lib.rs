@@ -47,6 +47,7 @@
 //! ```
 
 pub mod bootstrap;
+pub mod credentials;
 pub mod events;
 pub mod heartbeat;
 pub mod lease;

@@ -52,9 +52,9 @@ pub(crate) async fn run(
             let Some(client) = cancel.run_until_cancelled(crate::cluster::connect(&settings)).await else {
                 return Ok(());
             };
-            let client = client?;
+            let (client, credentials) = client?;
             let objects = ApiObjects::new(client.clone(), watches.clone(), cancel.child_token());
-            Some(Cluster { client, objects: Arc::new(objects) })
+            Some(Cluster { client, credentials, objects: Arc::new(objects) })
         }
         None => None,
     };
@@ -69,6 +69,8 @@ pub(crate) async fn run(
 /// The API server's client and the objects read through it, in cluster mode.
 struct Cluster {
     client: kube::Client,
+    /// The credentials `client` reads, rotated with `rotateCertificates`.
+    credentials: apiserver::credentials::NodeCredentials,
     objects: Arc<ApiObjects>,
 }
 
@@ -427,7 +429,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         builder = builder.pod_cgroups(cgroups);
     }
     let mut volumes = volumes::Manager::new(settings.root_dir.join("pods")).allocatable(allocatable);
-    if let Some((Cluster { client, objects }, _)) = &cluster {
+    if let Some((Cluster { client, objects, .. }, _)) = &cluster {
         builder = builder.mirror_client(crate::cluster::ApiMirrors::new(client.clone(), &settings.node_name));
         // configMap, secret and projected volumes read the API server.
         volumes = volumes.objects(objects.clone());
@@ -518,7 +520,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         let source = http::HttpSource::new(http_config, pod_config.source(Source::Http), recorder.clone());
         tracker.spawn(source.run(cancel.child_token()).instrument(info_span!("http_source")));
     }
-    if let Some((Cluster { client, .. }, facts)) = cluster {
+    if let Some((Cluster { client, credentials, .. }, facts)) = cluster {
         info!(node = %settings.node_name, "joining the cluster of --kubeconfig");
         let images = Arc::new(std::sync::Mutex::new(Vec::new()));
         let lister = crate::cluster::list_images(agent.runtime().clone(), images.clone(), cancel.child_token());
@@ -531,6 +533,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         crate::cluster::spawn(
             &tracker,
             client,
+            credentials,
             facts,
             &settings,
             agent.statuses(),

@@ -11,7 +11,9 @@ use std::{
 
 use anyhow::{Context, Result};
 use apiserver::{
-    Facts, Health, bootstrap, heartbeat,
+    Facts, Health, bootstrap,
+    credentials::NodeCredentials,
+    heartbeat,
     status::{self, Change, Report},
 };
 use config::SourceSender;
@@ -63,8 +65,9 @@ pub(crate) async fn list_images<R: Runtime>(
 }
 
 /// A client for the cluster of `--kubeconfig`, whose client certificate is first asked for with
-/// `--bootstrap-kubeconfig` when given and needed ([`bootstrap::load_client_cert`]).
-pub(crate) async fn connect(settings: &Settings) -> Result<Client> {
+/// `--bootstrap-kubeconfig` when given and needed ([`bootstrap::load_client_cert`]), and the
+/// credentials it reads (rotated with `rotateCertificates`, see [`spawn`]).
+pub(crate) async fn connect(settings: &Settings) -> Result<(Client, NodeCredentials)> {
     let Some(path) = &settings.kubeconfig else { anyhow::bail!("cluster mode without --kubeconfig") };
     if let Some(bootstrap) = &settings.bootstrap_kubeconfig {
         bootstrap::load_client_cert(path, bootstrap, &settings.cert_dir, &settings.node_name)
@@ -72,13 +75,20 @@ pub(crate) async fn connect(settings: &Settings) -> Result<Client> {
             .context("TLS bootstrap with --bootstrap-kubeconfig failed")?;
     }
     let file = &settings.file;
-    heartbeat::connect_limited(path, file.kube_api_qps, file.kube_api_burst).await.with_context(|| {
-        format!(
-            "cannot join the cluster with --kubeconfig {}: it must exist and hold the node's credentials, or \
+    let credentials = if file.rotate_certificates {
+        NodeCredentials::rotated(path, &settings.cert_dir.join(bootstrap::CURRENT_CLIENT_PEM))
+    } else {
+        NodeCredentials::new(path)
+    };
+    let client =
+        heartbeat::connect_node(&credentials, file.kube_api_qps, file.kube_api_burst).await.with_context(|| {
+            format!(
+                "cannot join the cluster with --kubeconfig {}: it must exist and hold the node's credentials, or \
              --bootstrap-kubeconfig must give credentials to ask for them with",
-            path.display()
-        )
-    })
+                path.display()
+            )
+        })?;
+    Ok((client, credentials))
 }
 
 /// What the node says of itself when it registers.
@@ -172,6 +182,7 @@ impl MirrorClient for ApiMirrors {
 pub(crate) fn spawn(
     tracker: &TaskTracker,
     client: Client,
+    credentials: NodeCredentials,
     facts: Facts,
     settings: &Settings,
     statuses: &kubelet::StatusStore,
@@ -216,10 +227,19 @@ pub(crate) fn spawn(
         .periods(file.node_status_update_frequency, file.node_status_report_frequency, lease)
         .lease_duration(file.node_lease_duration_seconds);
     let cancel = cancel.child_token();
-    let kubeconfig = settings.kubeconfig.clone().unwrap_or_default();
+    if file.rotate_certificates {
+        let rotation = bootstrap::rotate_client_certificate(
+            client.clone(),
+            credentials.clone(),
+            settings.cert_dir.clone(),
+            settings.node_name.clone(),
+            cancel.child_token(),
+        );
+        tracker.spawn(rotation.instrument(info_span!("certificate_rotation")));
+    }
     tracker.spawn(
         async move {
-            let heartbeats = match heartbeat::connect_heartbeat(&kubeconfig, config.heartbeat_timeout()).await {
+            let heartbeats = match heartbeat::connect_node_heartbeat(&credentials, config.heartbeat_timeout()).await {
                 Ok(heartbeats) => heartbeats,
                 Err(err) => {
                     warn!(error = %kubelet_core::ErrorChain(&err), "cannot make the heartbeat client; the node's status and lease go through the main client");

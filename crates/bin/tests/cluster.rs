@@ -1849,20 +1849,23 @@ async fn bootstrap_token(client: &kube::Client) -> (String, String) {
     (format!("{id}.{secret}"), user)
 }
 
-/// Removes what [`bootstrap_token`] made and the requests of its user.
-async fn remove_bootstrap_token(client: &kube::Client, token: &str, user: &str) {
-    use k8s_openapi::api::{certificates::v1::CertificateSigningRequest, rbac::v1::ClusterRoleBinding};
+/// Removes what [`bootstrap_token`] made.
+async fn remove_bootstrap_token(client: &kube::Client, token: &str) {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
     let id = token.split('.').next().unwrap();
     let _ = Api::<Secret>::namespaced(client.clone(), "kube-system")
         .delete(&format!("bootstrap-token-{id}"), &DeleteParams::default())
         .await;
     let bindings = Api::<ClusterRoleBinding>::all(client.clone());
     let _ = bindings.delete(&format!("kubelet-rs-test-bootstrap-{id}"), &DeleteParams::default()).await;
+}
+
+/// Removes the certificate signing requests `user` made.
+async fn remove_requests_of(client: &kube::Client, user: &str) {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
     let requests = Api::<CertificateSigningRequest>::all(client.clone());
-    for request in requests.list(&ListParams::default()).await.unwrap() {
-        if request.spec.username.as_deref() == Some(user) {
-            let _ = requests.delete(&request.metadata.name.unwrap(), &DeleteParams::default()).await;
-        }
+    for request in requests_of(client, user).await {
+        let _ = requests.delete(&request.metadata.name.unwrap(), &DeleteParams::default()).await;
     }
 }
 
@@ -1895,20 +1898,32 @@ async fn wait_for_request(
     panic!("no certificate signing request #{count} of {user}; agent log:\n{log}");
 }
 
-/// A client certificate for the request `pem`, signed with the cluster's CA for a day, as
-/// kube-controller-manager's signer issues it.
-fn sign_with_the_cluster_ca(pem: &str) -> String {
+/// A client certificate for the request `pem`, signed with the cluster's CA for `lifetime` from
+/// now, as kube-controller-manager's signer issues it.
+fn sign_with_the_cluster_ca(pem: &str, lifetime: time::Duration) -> String {
     let pki = cluster_pki();
     let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap()).unwrap();
     let ca = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
     let issuer = rcgen::Issuer::from_ca_cert_pem(&ca, ca_key).unwrap();
     let mut request = rcgen::CertificateSigningRequestParams::from_pem(pem).unwrap();
     let now = time::OffsetDateTime::now_utc();
-    request.params.not_before = now - time::Duration::minutes(1);
-    request.params.not_after = now + time::Duration::days(1);
+    request.params.not_before = now;
+    request.params.not_after = now + lifetime;
     request.params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
     request.params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
     request.signed_by(&issuer).unwrap().pem()
+}
+
+/// Approves request `name` and sets its certificate, as kube-controller-manager's approver and
+/// signer would.
+async fn issue(client: &kube::Client, name: &str, certificate: &str) {
+    use base64::Engine as _;
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    decide(client, name, "Approved").await;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(certificate);
+    let status = Patch::Merge(json!({"status": {"certificate": encoded}}));
+    let requests = Api::<CertificateSigningRequest>::all(client.clone());
+    requests.patch_status(name, &PatchParams::default(), &status).await.unwrap();
 }
 
 /// Sets the `Approved` or `Denied` condition on request `name`.
@@ -1922,10 +1937,11 @@ async fn decide(client: &kube::Client, name: &str, decision: &str) {
 
 /// The body of [`real_a_node_bootstraps_its_client_certificate_through_a_csr_the_test_approves`].
 async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
-    use base64::Engine as _;
-    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
     let Cluster::Remote { client, namespace, .. } = &*cluster else { panic!("kube-apiserver only") };
     let (token, user) = bootstrap_token(client).await;
+    // The node's own requests (rotations) of an earlier run would pass for this run's.
+    let node_user = format!("system:node:{node}");
+    remove_requests_of(client, &node_user).await;
     let pki = cluster_pki();
     let admin = std::fs::read_to_string(std::env::var("KUBELET_RS_TEST_KUBECONFIG").unwrap()).unwrap();
     let server = admin.lines().find_map(|l| l.trim().strip_prefix("server: ")).unwrap().trim().to_owned();
@@ -1940,11 +1956,13 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
         ),
     )
     .unwrap();
-    std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
-        .unwrap();
+    std::fs::write(
+        dir.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nrotateCertificates: true\n",
+    )
+    .unwrap();
     let kubeconfig = dir.join("kubelet.conf");
     let bootstrap_flag = ["--bootstrap-kubeconfig", bootstrap.to_str().unwrap()];
-    let requests = Api::<CertificateSigningRequest>::all(client.clone());
 
     // The request: the node's name in system:nodes, for a client certificate of the kubelet signer.
     let agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &bootstrap_flag);
@@ -1968,11 +1986,11 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
     assert!(!kubeconfig.exists());
     assert!(dir.join("pki/kubelet-client.key.tmp").exists(), "the key waits in --cert-dir");
 
-    decide(client, &name, "Approved").await;
-    let certificate = sign_with_the_cluster_ca(&pem);
-    let encoded = base64::engine::general_purpose::STANDARD.encode(&certificate);
-    let status = Patch::Merge(json!({"status": {"certificate": encoded}}));
-    requests.patch_status(&name, &PatchParams::default(), &status).await.unwrap();
+    // A certificate of 40 s, so that it is rotated within the test.
+    let lifetime = time::Duration::seconds(40);
+    let first_expiry = std::time::SystemTime::now() + Duration::from_secs(40);
+    let certificate = sign_with_the_cluster_ca(&pem, lifetime);
+    issue(client, &name, &certificate).await;
 
     // The node joins with it and runs a pod bound to it.
     until(&cluster, &node, &dir, "the node to register", |v| v.nodes.get(&node).cloned()).await;
@@ -1999,6 +2017,37 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
     wait_for_text(&dir.join("agent.log"), "the kubeconfig's client certificate is still valid").await;
     wait_for_text(&dir.join("agent.log"), "adopted the existing node").await;
     assert_eq!(requests_of(client, &user).await.len(), 1, "asked again on a restart");
+
+    // rotateCertificates: between 70% and 90% of its lifetime, the node asks for a new
+    // certificate with its own credentials, and uses it from then on without a restart.
+    let rotation = wait_for_request(client, &node_user, 1, &dir).await;
+    let remaining = first_expiry.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    assert!(remaining <= Duration::from_secs(14), "asked {remaining:?} before the expiry, before 70% of the lifetime");
+    assert_eq!(rotation.spec.signer_name, "kubernetes.io/kube-apiserver-client-kubelet");
+    let rotation_pem = String::from_utf8(rotation.spec.request.0.clone()).unwrap();
+    let renewed = sign_with_the_cluster_ca(&rotation_pem, time::Duration::days(1));
+    issue(client, &rotation.metadata.name.unwrap(), &renewed).await;
+    wait_for_text(&dir.join("agent.log"), "client certificate rotated").await;
+    let stored = std::fs::read_to_string(&current).unwrap();
+    assert!(stored.starts_with(&renewed), "the current pair is the renewed one");
+    // Once the first certificate has expired, the node still reports and runs new pods.
+    let after_expiry = first_expiry + Duration::from_secs(1);
+    tokio::time::sleep(after_expiry.duration_since(std::time::SystemTime::now()).unwrap_or_default()).await;
+    let pod = writer_pod("after-rotation", &node, &rt.busybox_image, "sleep 3600", None, json!({}));
+    cluster.create_pod(pod).await;
+    let key = format!("{namespace}/after-rotation");
+    until(&cluster, &node, &dir, "the pod to run after the rotation", |v| {
+        v.pods.get(&key).filter(|p| phase(p) == "Running").cloned()
+    })
+    .await;
+    until(&cluster, &node, &dir, "a lease renewal after the expiry", |v| {
+        let renewed = v.leases.get(&format!("kube-node-lease/{node}"))?["spec"]["renewTime"].as_str()?.to_owned();
+        let renewed = std::time::SystemTime::from(renewed.parse::<k8s_openapi::jiff::Timestamp>().ok()?);
+        (renewed > after_expiry).then_some(())
+    })
+    .await;
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
+    assert!(!log.contains("401"), "{log}");
 
     // Without its certificate, a node whose request is denied stops and says so.
     drop(agent);
@@ -2028,5 +2077,7 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
         "{log}"
     );
     assert!(!kubeconfig.exists());
-    remove_bootstrap_token(client, &token, &user).await;
+    remove_bootstrap_token(client, &token).await;
+    remove_requests_of(client, &user).await;
+    remove_requests_of(client, &node_user).await;
 }

@@ -109,6 +109,9 @@ pub struct KubeletConfiguration {
     pub verbosity: Option<u8>,
     /// `registerNode` (true): with `--kubeconfig`, register the Node with the API server.
     pub register_node: bool,
+    /// `rotateCertificates` (false): ask for a new client certificate as the current one nears
+    /// its end, and use it without a restart.
+    pub rotate_certificates: bool,
     /// `registerWithTaints`: the taints the Node registers with.
     pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
     /// `nodeStatusUpdateFrequency` (10s): how often the Node's status is computed.
@@ -211,6 +214,7 @@ impl Default for KubeletConfiguration {
             logging_format: None,
             verbosity: None,
             register_node: true,
+            rotate_certificates: false,
             node_lease_duration_seconds: 40,
             kube_api_qps: 50.0,
             kube_api_burst: 100,
@@ -281,6 +285,7 @@ struct Raw {
     fail_cgroup_v1: Option<bool>,
     logging: Option<RawLogging>,
     register_node: Option<bool>,
+    rotate_certificates: Option<bool>,
     node_lease_duration_seconds: Option<i32>,
     #[serde(rename = "kubeAPIQPS")]
     kube_api_qps: Option<f64>,
@@ -413,6 +418,7 @@ impl KubeletConfiguration {
             config.node_status_report_frequency,
         )?;
         config.register_node = raw.register_node.unwrap_or(true);
+        config.rotate_certificates = raw.rotate_certificates.unwrap_or(false);
         match raw.node_status_max_images {
             Some(-1) => config.node_status_max_images = None,
             Some(max) => {
@@ -919,7 +925,7 @@ volumeStatsAggPeriod: 0s
             assert_eq!(support(field), Some(Support::Honoured), "{field}");
         }
         assert_eq!(support("authentication"), Some(Support::Honoured));
-        assert_eq!(support("rotateCertificates"), Some(Support::WithoutEffect));
+        assert_eq!(support("serverTLSBootstrap"), Some(Support::WithoutEffect));
         assert_eq!(support("cgroupsPerQOS"), Some(Support::DefaultOnly));
         assert_eq!(support("cgroupPerQOS"), None);
     }
@@ -954,6 +960,7 @@ volumeStatsAggPeriod: 0s
         assert!(!config.fail_swap_on);
         assert_eq!(config.static_pod_path, Some(PathBuf::from("/etc/kubernetes/manifests")));
         assert_eq!(config.verbosity, Some(0));
+        assert!(config.rotate_certificates);
         // kubeadm writes zero durations for "the default": they are upstream's defaults here too.
         assert_eq!(config.sync_frequency, Duration::from_secs(60));
         assert_eq!(config.runtime_request_timeout, Duration::from_secs(120));
@@ -969,7 +976,6 @@ volumeStatsAggPeriod: 0s
             [
                 "cpuManagerReconcilePeriod",
                 "featureGates",
-                "rotateCertificates",
                 "serverTLSBootstrap",
                 "shutdownGracePeriod",
                 "shutdownGracePeriodCriticalPods",

@@ -38,7 +38,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("tlsCipherSuites", Honoured),
     ("tlsCurvePreferences", WithoutEffect),
     ("tlsMinVersion", Honoured),
-    ("rotateCertificates", WithoutEffect),
+    ("rotateCertificates", Honoured),
     ("serverTLSBootstrap", WithoutEffect),
     ("authentication", Honoured),
     ("authorization", Honoured),
