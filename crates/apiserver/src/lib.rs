@@ -30,7 +30,9 @@
 //! static pods' mirror pods. [`ratelimit`] holds requests to `kubeAPIQPS` and `kubeAPIBurst`
 //! with a token bucket, as client-go does, and [`retry`] retries what the server asks to have
 //! retried (`Retry-After`), as client-go does. [`bootstrap`] is TLS bootstrap: a client
-//! certificate asked for with a bootstrap kubeconfig through a CertificateSigningRequest.
+//! certificate asked for with a bootstrap kubeconfig through a CertificateSigningRequest;
+//! [`certificate`] renews the node's client and serving certificates the same way, and
+//! [`credentials`] lets running clients take a rotated client certificate without a restart.
 //!
 //! # Example
 //!
@@ -47,6 +49,7 @@
 //! ```
 
 pub mod bootstrap;
+pub mod certificate;
 pub mod credentials;
 pub mod events;
 pub mod heartbeat;

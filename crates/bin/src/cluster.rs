@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use apiserver::{
-    Facts, Health, bootstrap,
+    Facts, Health, bootstrap, certificate,
     credentials::NodeCredentials,
     heartbeat,
     status::{self, Change, Report},
@@ -76,7 +76,7 @@ pub(crate) async fn connect(settings: &Settings) -> Result<(Client, NodeCredenti
     }
     let file = &settings.file;
     let credentials = if file.rotate_certificates {
-        NodeCredentials::rotated(path, &settings.cert_dir.join(bootstrap::CURRENT_CLIENT_PEM))
+        NodeCredentials::rotated(path, &certificate::CLIENT.current_file(&settings.cert_dir))
     } else {
         NodeCredentials::new(path)
     };

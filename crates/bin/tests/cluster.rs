@@ -1900,7 +1900,7 @@ async fn wait_for_request(
 
 /// A client certificate for the request `pem`, signed with the cluster's CA for `lifetime` from
 /// now, as kube-controller-manager's signer issues it.
-fn sign_with_the_cluster_ca(pem: &str, lifetime: time::Duration) -> String {
+fn sign_with_the_cluster_ca(pem: &str, lifetime: time::Duration, usage: rcgen::ExtendedKeyUsagePurpose) -> String {
     let pki = cluster_pki();
     let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap()).unwrap();
     let ca = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
@@ -1910,7 +1910,7 @@ fn sign_with_the_cluster_ca(pem: &str, lifetime: time::Duration) -> String {
     request.params.not_before = now;
     request.params.not_after = now + lifetime;
     request.params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-    request.params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    request.params.extended_key_usages = vec![usage];
     request.signed_by(&issuer).unwrap().pem()
 }
 
@@ -1989,7 +1989,7 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
     // A certificate of 40 s, so that it is rotated within the test.
     let lifetime = time::Duration::seconds(40);
     let first_expiry = std::time::SystemTime::now() + Duration::from_secs(40);
-    let certificate = sign_with_the_cluster_ca(&pem, lifetime);
+    let certificate = sign_with_the_cluster_ca(&pem, lifetime, rcgen::ExtendedKeyUsagePurpose::ClientAuth);
     issue(client, &name, &certificate).await;
 
     // The node joins with it and runs a pod bound to it.
@@ -2025,9 +2025,10 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
     assert!(remaining <= Duration::from_secs(14), "asked {remaining:?} before the expiry, before 70% of the lifetime");
     assert_eq!(rotation.spec.signer_name, "kubernetes.io/kube-apiserver-client-kubelet");
     let rotation_pem = String::from_utf8(rotation.spec.request.0.clone()).unwrap();
-    let renewed = sign_with_the_cluster_ca(&rotation_pem, time::Duration::days(1));
+    let renewed =
+        sign_with_the_cluster_ca(&rotation_pem, time::Duration::days(1), rcgen::ExtendedKeyUsagePurpose::ClientAuth);
     issue(client, &rotation.metadata.name.unwrap(), &renewed).await;
-    wait_for_text(&dir.join("agent.log"), "client certificate rotated").await;
+    wait_for_text(&dir.join("agent.log"), "certificate renewed").await;
     let stored = std::fs::read_to_string(&current).unwrap();
     assert!(stored.starts_with(&renewed), "the current pair is the renewed one");
     // Once the first certificate has expired, the node still reports and runs new pods.
@@ -2079,5 +2080,77 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
     assert!(!kubeconfig.exists());
     remove_bootstrap_token(client, &token).await;
     remove_requests_of(client, &user).await;
+    remove_requests_of(client, &node_user).await;
+}
+
+/// `serverTLSBootstrap`: the kubelet API has no certificate until the API server issues one for
+/// the node's name and IP (a `kubernetes.io/kubelet-serving` request the test approves and signs
+/// with the cluster's CA); handshakes fail until then, and afterwards a caller that trusts the
+/// cluster's CA verifies the kubelet API by the node's name.
+#[tokio::test]
+async fn real_the_kubelet_api_serves_the_certificate_the_api_server_issued() {
+    let test = "real_the_kubelet_api_serves_the_certificate_the_api_server_issued";
+    on_node_3(test, "server-tls-bootstrap", None, serve_an_issued_certificate).await;
+}
+
+/// The body of [`real_the_kubelet_api_serves_the_certificate_the_api_server_issued`].
+async fn serve_an_issued_certificate(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    let Cluster::Remote { client, .. } = &*cluster else { panic!("kube-apiserver only") };
+    let node_user = format!("system:node:{node}");
+    remove_requests_of(client, &node_user).await;
+    let pki = cluster_pki();
+    std::fs::write(
+        dir.join("config.yaml"),
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nserverTLSBootstrap: true\n\
+             authentication: {{x509: {{clientCAFile: {}}}}}\nauthorization: {{mode: Webhook}}\n",
+            pki.join("ca.crt").display()
+        ),
+    )
+    .unwrap();
+    let kubeconfig = cluster.kubeconfig(&dir);
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &[]);
+    let port = until(&cluster, &node, &dir, "the node's kubelet endpoint", |v| {
+        v.nodes.get(&node)?["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64()
+    })
+    .await;
+    let admin = [
+        "--cert".to_owned(),
+        pki.join("admin.crt").display().to_string(),
+        "--key".to_owned(),
+        pki.join("admin.key").display().to_string(),
+    ];
+    let admin: Vec<&str> = admin.iter().map(String::as_str).collect();
+    let (status, _) = call_kubelet(port, "/healthz", &admin);
+    assert_eq!(status, 0, "a handshake before the certificate is issued fails");
+
+    let request = wait_for_request(client, &node_user, 1, &dir).await;
+    assert_eq!(request.spec.signer_name, "kubernetes.io/kubelet-serving");
+    assert_eq!(request.spec.usages.as_deref(), Some(&["digital signature".to_owned(), "server auth".to_owned()][..]));
+    let pem = String::from_utf8(request.spec.request.0.clone()).unwrap();
+    let asked = rcgen::CertificateSigningRequestParams::from_pem(&pem).unwrap();
+    let dns_name = rcgen::SanType::DnsName(node.clone().try_into().unwrap());
+    let names = &asked.params.subject_alt_names;
+    assert!(names.contains(&dns_name), "{names:?}");
+    assert!(names.iter().any(|n| matches!(n, rcgen::SanType::IpAddress(_))), "the node's IP: {names:?}");
+    let serving = rcgen::ExtendedKeyUsagePurpose::ServerAuth;
+    let certificate = sign_with_the_cluster_ca(&pem, time::Duration::days(1), serving);
+    issue(client, &request.metadata.name.unwrap(), &certificate).await;
+    wait_for_text(&dir.join("agent.log"), "the kubelet API presents the serving certificate").await;
+
+    // Verified against the cluster's CA, by the node's name.
+    let output = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "20", "--cacert"])
+        .arg(pki.join("ca.crt"))
+        .args(&admin)
+        .args(["--resolve", &format!("{node}:{port}:127.0.0.1")])
+        .arg(format!("https://{node}:{port}/healthz"))
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "curl: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(body, "ok");
+    let stored = std::fs::read_to_string(dir.join("pki/kubelet-server-current.pem")).unwrap();
+    assert!(stored.starts_with(&certificate));
     remove_requests_of(client, &node_user).await;
 }

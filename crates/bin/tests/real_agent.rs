@@ -889,7 +889,7 @@ async fn real_upstream_invocation_with_a_kubeadm_configuration() {
             assert!(resolv.contains("ndots:5"), "{resolv}");
             let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
             assert!(
-                log.contains("set but without effect in kubelet-rs: featureGates, serverTLSBootstrap"),
+                log.contains("set but without effect in kubelet-rs: featureGates"),
                 "one warning names what the file sets without effect: {log}"
             );
             // kubeadm's file asks for webhook authentication and authorization, which need the

@@ -112,6 +112,9 @@ pub struct KubeletConfiguration {
     /// `rotateCertificates` (false): ask for a new client certificate as the current one nears
     /// its end, and use it without a restart.
     pub rotate_certificates: bool,
+    /// `serverTLSBootstrap` (false): the kubelet API's certificate comes from the API server (a
+    /// `kubernetes.io/kubelet-serving` CertificateSigningRequest) and is renewed the same way.
+    pub server_tls_bootstrap: bool,
     /// `registerWithTaints`: the taints the Node registers with.
     pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
     /// `nodeStatusUpdateFrequency` (10s): how often the Node's status is computed.
@@ -215,6 +218,7 @@ impl Default for KubeletConfiguration {
             verbosity: None,
             register_node: true,
             rotate_certificates: false,
+            server_tls_bootstrap: false,
             node_lease_duration_seconds: 40,
             kube_api_qps: 50.0,
             kube_api_burst: 100,
@@ -286,6 +290,8 @@ struct Raw {
     logging: Option<RawLogging>,
     register_node: Option<bool>,
     rotate_certificates: Option<bool>,
+    #[serde(rename = "serverTLSBootstrap")]
+    server_tls_bootstrap: Option<bool>,
     node_lease_duration_seconds: Option<i32>,
     #[serde(rename = "kubeAPIQPS")]
     kube_api_qps: Option<f64>,
@@ -419,6 +425,7 @@ impl KubeletConfiguration {
         )?;
         config.register_node = raw.register_node.unwrap_or(true);
         config.rotate_certificates = raw.rotate_certificates.unwrap_or(false);
+        config.server_tls_bootstrap = raw.server_tls_bootstrap.unwrap_or(false);
         match raw.node_status_max_images {
             Some(-1) => config.node_status_max_images = None,
             Some(max) => {
@@ -925,7 +932,7 @@ volumeStatsAggPeriod: 0s
             assert_eq!(support(field), Some(Support::Honoured), "{field}");
         }
         assert_eq!(support("authentication"), Some(Support::Honoured));
-        assert_eq!(support("serverTLSBootstrap"), Some(Support::WithoutEffect));
+        assert_eq!(support("shutdownGracePeriod"), Some(Support::WithoutEffect));
         assert_eq!(support("cgroupsPerQOS"), Some(Support::DefaultOnly));
         assert_eq!(support("cgroupPerQOS"), None);
     }
@@ -961,6 +968,7 @@ volumeStatsAggPeriod: 0s
         assert_eq!(config.static_pod_path, Some(PathBuf::from("/etc/kubernetes/manifests")));
         assert_eq!(config.verbosity, Some(0));
         assert!(config.rotate_certificates);
+        assert!(!config.server_tls_bootstrap);
         // kubeadm writes zero durations for "the default": they are upstream's defaults here too.
         assert_eq!(config.sync_frequency, Duration::from_secs(60));
         assert_eq!(config.runtime_request_timeout, Duration::from_secs(120));
@@ -976,7 +984,6 @@ volumeStatsAggPeriod: 0s
             [
                 "cpuManagerReconcilePeriod",
                 "featureGates",
-                "serverTLSBootstrap",
                 "shutdownGracePeriod",
                 "shutdownGracePeriodCriticalPods",
                 "streamingConnectionIdleTimeout",

@@ -5,14 +5,15 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, PoisonError, RwLock},
 };
 
 use rustls::{
     ServerConfig, SupportedCipherSuite,
     crypto::CryptoProvider,
     pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
-    server::WebPkiClientVerifier,
+    server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
+    sign::CertifiedKey,
 };
 
 /// The TLS set-up failed.
@@ -147,8 +148,43 @@ impl TlsSettings {
     }
 }
 
-/// The server's TLS configuration: HTTP/1.1 only (exec and port-forward upgrade it).
-pub fn server_config(certificate: ServingCertificate, settings: &TlsSettings) -> Result<Arc<ServerConfig>, Error> {
+/// The serving certificate the server presents: fixed, or replaced while the server runs
+/// (`serverTLSBootstrap`), and missing until one is issued, when handshakes fail as upstream's do
+/// ("no serving certificate available for the kubelet").
+#[derive(Debug, Default)]
+pub struct ServingSlot(RwLock<Option<Arc<CertifiedKey>>>);
+
+impl ServingSlot {
+    /// A slot holding `certificate`.
+    pub fn with(certificate: ServingCertificate) -> Result<Arc<ServingSlot>, Error> {
+        let slot = Arc::new(ServingSlot::default());
+        slot.set(certificate)?;
+        Ok(slot)
+    }
+
+    /// Presents `certificate` from the next handshake on.
+    pub fn set(&self, certificate: ServingCertificate) -> Result<(), Error> {
+        let key = rustls::crypto::ring::sign::any_supported_type(&certificate.key).map_err(Error::Rustls)?;
+        let certified = Arc::new(CertifiedKey::new(certificate.chain, key));
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(certified);
+        Ok(())
+    }
+
+    /// Whether there is a certificate to present.
+    pub fn is_set(&self) -> bool {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).is_some()
+    }
+}
+
+impl ResolvesServerCert for ServingSlot {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+/// The server's TLS configuration: HTTP/1.1 only (exec and port-forward upgrade it), presenting
+/// the certificate in `certificate` at each handshake.
+pub fn server_config(certificate: Arc<ServingSlot>, settings: &TlsSettings) -> Result<Arc<ServerConfig>, Error> {
     let mut provider = rustls::crypto::ring::default_provider();
     provider.cipher_suites = cipher_suites(&provider, &settings.cipher_suites)?;
     let provider = Arc::new(provider);
@@ -175,7 +211,7 @@ pub fn server_config(certificate: ServingCertificate, settings: &TlsSettings) ->
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder.with_single_cert(certificate.chain, certificate.key).map_err(Error::Rustls)?;
+    let mut config = builder.with_cert_resolver(certificate);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -247,7 +283,7 @@ mod tests {
         let (_, parsed) = x509_parser::parse_x509_certificate(first.chain[0].as_ref()).unwrap();
         let common_name = parsed.subject().iter_common_name().next().unwrap().as_str().unwrap().to_owned();
         assert!(common_name.starts_with("node-1@"), "{common_name}");
-        let config = server_config(first, &TlsSettings::default()).unwrap();
+        let config = server_config(ServingSlot::with(first).unwrap(), &TlsSettings::default()).unwrap();
         assert_eq!(config.alpn_protocols, [b"http/1.1".to_vec()]);
     }
 }

@@ -39,7 +39,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("tlsCurvePreferences", WithoutEffect),
     ("tlsMinVersion", Honoured),
     ("rotateCertificates", Honoured),
-    ("serverTLSBootstrap", WithoutEffect),
+    ("serverTLSBootstrap", Honoured),
     ("authentication", Honoured),
     ("authorization", Honoured),
     ("registryPullQPS", WithoutEffect),
