@@ -1608,6 +1608,12 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     assert_eq!(call_kubelet(port, &run, &master), (200, "ran here\n".to_owned()));
     let missing = format!("/run/{namespace}/talker/nothing?cmd=true");
     assert_eq!(call_kubelet(port, &missing, &master), (404, "container not found (\"nothing\")".to_owned()));
+    // With the pod's UID in the path, only that pod is meant.
+    let uid = pods.get("talker").await.unwrap().metadata.uid.unwrap();
+    let run_uid = format!("/run/{namespace}/talker/{uid}/app?cmd=echo%20this%20pod");
+    assert_eq!(call_kubelet(port, &run_uid, &master), (200, "this pod\n".to_owned()));
+    let other_uid = format!("/run/{namespace}/talker/00000000-0000-0000-0000-000000000000/app?cmd=true");
+    assert_eq!(call_kubelet(port, &other_uid, &master), (404, "pod does not exist".to_owned()));
 
     // A service account's token: a TokenReview names it, RBAC refuses it until a role allows it.
     let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);

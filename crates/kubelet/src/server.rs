@@ -378,18 +378,13 @@ pub fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs::<R>))
         .route("/events/{namespace}/{pod}", get(pod_events::<R>))
         .route("/exec/{namespace}/{pod}/{container}", get(stream::exec::<R>).post(stream::exec::<R>))
-        .route("/exec/{namespace}/{pod}/{uid}/{container}", get(stream::exec_uid::<R>).post(stream::exec_uid::<R>))
+        .route("/exec/{namespace}/{pod}/{uid}/{container}", get(stream::exec::<R>).post(stream::exec::<R>))
         .route("/attach/{namespace}/{pod}/{container}", get(stream::attach::<R>).post(stream::attach::<R>))
-        .route(
-            "/attach/{namespace}/{pod}/{uid}/{container}",
-            get(stream::attach_uid::<R>).post(stream::attach_uid::<R>),
-        )
+        .route("/attach/{namespace}/{pod}/{uid}/{container}", get(stream::attach::<R>).post(stream::attach::<R>))
         .route("/portForward/{namespace}/{pod}", get(stream::port_forward::<R>).post(stream::port_forward::<R>))
-        .route(
-            "/portForward/{namespace}/{pod}/{uid}",
-            get(stream::port_forward_uid::<R>).post(stream::port_forward_uid::<R>),
-        )
+        .route("/portForward/{namespace}/{pod}/{uid}", get(stream::port_forward::<R>).post(stream::port_forward::<R>))
         .route("/run/{namespace}/{pod}/{container}", post(stream::run::<R>))
+        .route("/run/{namespace}/{pod}/{uid}/{container}", post(stream::run::<R>))
         .with_state(state.clone());
     router(state).merge(extra)
 }

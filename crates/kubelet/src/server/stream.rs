@@ -23,11 +23,15 @@ use super::ApiState;
 /// The query of a streaming request: repeated keys (`command`, `port`) in order.
 type Params = Vec<(String, String)>;
 
-/// A pod named by the path: namespace, name, and the UID when the path gives one.
-struct PodRef {
+/// The path of a streaming request: `{namespace}/{pod}`, then the pod's UID when the path gives
+/// one, then the container (`/portForward` names none).
+#[derive(Debug, serde::Deserialize)]
+pub(super) struct PodRef {
     namespace: String,
+    #[serde(rename = "pod")]
     name: String,
     uid: Option<String>,
+    container: Option<String>,
 }
 
 /// Why a stream cannot be served: the status and the text answered.
@@ -104,94 +108,40 @@ async fn stream<R: Runtime>(state: &ApiState<R>, request: StreamRequest, caller:
     }
 }
 
-/// `/exec/{namespace}/{pod}/{container}`.
+/// `/exec/{namespace}/{pod}[/{uid}]/{container}`.
 pub(super) async fn exec<R: Runtime>(
     State(state): State<Arc<ApiState<R>>>,
-    UrlPath((namespace, name, container)): UrlPath<(String, String, String)>,
+    UrlPath(pod): UrlPath<PodRef>,
     Query(params): Query<Params>,
     caller: Request,
 ) -> Answer {
-    exec_in(&state, PodRef { namespace, name, uid: None }, &container, &params, caller).await
+    let io = stream_io(&params)?;
+    let command: Vec<String> = values(&params, "command").map(str::to_owned).collect();
+    let container_id = runtime_id(&state, &pod, pod.container.as_deref()).await?;
+    stream(&state, StreamRequest::Exec { container_id, command, io }, caller).await
 }
 
-/// `/exec/{namespace}/{pod}/{uid}/{container}`.
-pub(super) async fn exec_uid<R: Runtime>(
-    State(state): State<Arc<ApiState<R>>>,
-    UrlPath((namespace, name, uid, container)): UrlPath<(String, String, String, String)>,
-    Query(params): Query<Params>,
-    caller: Request,
-) -> Answer {
-    exec_in(&state, PodRef { namespace, name, uid: Some(uid) }, &container, &params, caller).await
-}
-
-async fn exec_in<R: Runtime>(
-    state: &ApiState<R>,
-    pod: PodRef,
-    container: &str,
-    params: &Params,
-    caller: Request,
-) -> Answer {
-    let io = stream_io(params)?;
-    let command: Vec<String> = values(params, "command").map(str::to_owned).collect();
-    let container_id = runtime_id(state, &pod, Some(container)).await?;
-    stream(state, StreamRequest::Exec { container_id, command, io }, caller).await
-}
-
-/// `/attach/{namespace}/{pod}/{container}`.
+/// `/attach/{namespace}/{pod}[/{uid}]/{container}`.
 pub(super) async fn attach<R: Runtime>(
     State(state): State<Arc<ApiState<R>>>,
-    UrlPath((namespace, name, container)): UrlPath<(String, String, String)>,
+    UrlPath(pod): UrlPath<PodRef>,
     Query(params): Query<Params>,
     caller: Request,
 ) -> Answer {
-    attach_to(&state, PodRef { namespace, name, uid: None }, &container, &params, caller).await
+    let io = stream_io(&params)?;
+    let container_id = runtime_id(&state, &pod, pod.container.as_deref()).await?;
+    stream(&state, StreamRequest::Attach { container_id, io }, caller).await
 }
 
-/// `/attach/{namespace}/{pod}/{uid}/{container}`.
-pub(super) async fn attach_uid<R: Runtime>(
-    State(state): State<Arc<ApiState<R>>>,
-    UrlPath((namespace, name, uid, container)): UrlPath<(String, String, String, String)>,
-    Query(params): Query<Params>,
-    caller: Request,
-) -> Answer {
-    attach_to(&state, PodRef { namespace, name, uid: Some(uid) }, &container, &params, caller).await
-}
-
-async fn attach_to<R: Runtime>(
-    state: &ApiState<R>,
-    pod: PodRef,
-    container: &str,
-    params: &Params,
-    caller: Request,
-) -> Answer {
-    let io = stream_io(params)?;
-    let container_id = runtime_id(state, &pod, Some(container)).await?;
-    stream(state, StreamRequest::Attach { container_id, io }, caller).await
-}
-
-/// `/portForward/{namespace}/{pod}`.
+/// `/portForward/{namespace}/{pod}[/{uid}]`.
 pub(super) async fn port_forward<R: Runtime>(
     State(state): State<Arc<ApiState<R>>>,
-    UrlPath((namespace, name)): UrlPath<(String, String)>,
+    UrlPath(pod): UrlPath<PodRef>,
     Query(params): Query<Params>,
     caller: Request,
 ) -> Answer {
-    forward_to(&state, PodRef { namespace, name, uid: None }, &params, caller).await
-}
-
-/// `/portForward/{namespace}/{pod}/{uid}`.
-pub(super) async fn port_forward_uid<R: Runtime>(
-    State(state): State<Arc<ApiState<R>>>,
-    UrlPath((namespace, name, uid)): UrlPath<(String, String, String)>,
-    Query(params): Query<Params>,
-    caller: Request,
-) -> Answer {
-    forward_to(&state, PodRef { namespace, name, uid: Some(uid) }, &params, caller).await
-}
-
-async fn forward_to<R: Runtime>(state: &ApiState<R>, pod: PodRef, params: &Params, caller: Request) -> Answer {
     let mut ports = Vec::new();
-    for port in values(params, "port") {
+    for port in values(&params, "port") {
         match port.parse::<u16>() {
             Ok(port) if port > 0 => ports.push(i32::from(port)),
             _ => {
@@ -200,21 +150,20 @@ async fn forward_to<R: Runtime>(state: &ApiState<R>, pod: PodRef, params: &Param
             }
         }
     }
-    let sandbox_id = runtime_id(state, &pod, None).await?;
-    stream(state, StreamRequest::PortForward { sandbox_id, ports }, caller).await
+    let sandbox_id = runtime_id(&state, &pod, None).await?;
+    stream(&state, StreamRequest::PortForward { sandbox_id, ports }, caller).await
 }
 
 /// `POST /run/{namespace}/{pod}/{container}?cmd=...`: runs `cmd` (split at spaces, as
 /// upstream's) to its end and answers its stdout and then its stderr.
 pub(super) async fn run<R: Runtime>(
     State(state): State<Arc<ApiState<R>>>,
-    UrlPath((namespace, name, container)): UrlPath<(String, String, String)>,
+    UrlPath(pod): UrlPath<PodRef>,
     Query(params): Query<Params>,
 ) -> Answer {
     let command: Vec<String> =
         values(&params, "cmd").next().unwrap_or_default().split(' ').map(str::to_owned).collect();
-    let pod = PodRef { namespace, name, uid: None };
-    let container_id = runtime_id(&state, &pod, Some(&container)).await?;
+    let container_id = runtime_id(&state, &pod, pod.container.as_deref()).await?;
     let result = state
         .runtime
         .exec_sync(&container_id, &command, std::time::Duration::ZERO)
