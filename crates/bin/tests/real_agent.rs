@@ -582,7 +582,9 @@ async fn real_probes_restart_dead_containers_and_gate_readiness() {
             let unready_name = format!("unready-{node}");
             let mut failures = 0;
             for _ in 0..100 {
-                let (_, metrics) = get(port, "/metrics").await;
+                let (_, metrics) = get(port, "/metrics/probes").await;
+                let others = metrics.lines().filter(|l| !l.starts_with('#') && !l.starts_with("prober_probe_"));
+                assert_eq!(others.count(), 0, "/metrics/probes holds the probe metrics alone: {metrics}");
                 failures = probe_count(&metrics, &unready_name, "Readiness", "failed");
                 if failures >= 2 {
                     break;

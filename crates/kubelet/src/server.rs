@@ -188,6 +188,33 @@ async fn metrics<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response 
     }
 }
 
+/// `/metrics/probes`: upstream's probe metrics alone (`prober_probe_total`,
+/// `prober_probe_duration_seconds`).
+async fn probe_metrics<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response {
+    match &state.metrics {
+        Some(render) => {
+            let text = families_named(&render(), "prober_probe_");
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+        }
+        None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
+    }
+}
+
+/// The metric families of the Prometheus text `text` whose names start with `prefix`: their
+/// `# HELP` and `# TYPE` lines and their samples.
+fn families_named(text: &str, prefix: &str) -> String {
+    let name_of = |line: &str| match line.strip_prefix("# ") {
+        Some(comment) => comment.split_whitespace().nth(1).unwrap_or_default().to_owned(),
+        None => line.split(['{', ' ']).next().unwrap_or_default().to_owned(),
+    };
+    let mut kept = String::new();
+    for line in text.lines().filter(|line| name_of(line).starts_with(prefix)) {
+        kept.push_str(line);
+        kept.push('\n');
+    }
+    kept
+}
+
 /// The standard process metrics (as Go's process collector names them), read from `/proc` at
 /// scrape time: CPU seconds, resident and virtual memory, open and maximum file descriptors,
 /// and the start time.
@@ -426,6 +453,7 @@ pub fn router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
         .route("/pods", get(pods::<R>))
         .route("/runningpods/", get(running_pods::<R>))
         .route("/metrics", get(metrics::<R>))
+        .route("/metrics/probes", get(probe_metrics::<R>))
         .with_state(state)
 }
 
@@ -446,4 +474,23 @@ pub async fn serve(
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, router).with_graceful_shutdown(async move { cancel.cancelled().await }).await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_metrics_are_their_families_alone() {
+        let text = "# HELP kubelet_running_pods Number of pods\n# TYPE kubelet_running_pods gauge\n\
+                    kubelet_running_pods 3\n# HELP prober_probe_total Cumulative number of probes\n\
+                    # TYPE prober_probe_total counter\nprober_probe_total{probe_type=\"Readiness\"} 2\n\
+                    prober_probe_duration_seconds_sum{probe_type=\"Readiness\"} 0.1\nprocess_open_fds 9\n";
+        assert_eq!(
+            families_named(text, "prober_probe_"),
+            "# HELP prober_probe_total Cumulative number of probes\n# TYPE prober_probe_total counter\n\
+             prober_probe_total{probe_type=\"Readiness\"} 2\n\
+             prober_probe_duration_seconds_sum{probe_type=\"Readiness\"} 0.1\n"
+        );
+    }
 }
