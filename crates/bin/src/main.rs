@@ -15,6 +15,7 @@ mod flags;
 mod kubelet_api;
 mod node_ip;
 mod settings;
+mod spec;
 mod stats;
 
 use std::{process::ExitCode, time::Duration};

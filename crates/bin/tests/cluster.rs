@@ -1614,6 +1614,15 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     assert_eq!(call_kubelet(port, &run_uid, &master), (200, "this pod\n".to_owned()));
     let other_uid = format!("/run/{namespace}/talker/00000000-0000-0000-0000-000000000000/app?cmd=true");
     assert_eq!(call_kubelet(port, &other_uid, &master), (404, "pod does not exist".to_owned()));
+    // /spec/: the machine as cAdvisor describes it.
+    let (status, spec) = call_kubelet(port, "/spec/", &master[..4]);
+    assert_eq!(status, 200, "{spec}");
+    let spec: Value = serde_json::from_str(&spec).unwrap();
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(spec["num_cores"].as_u64(), Some(cpus as u64), "{spec}");
+    assert!(spec["memory_capacity"].as_u64().unwrap() > 0, "{spec}");
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(spec["boot_id"], boot_id.trim(), "{spec}");
 
     // A service account's token: a TokenReview names it, RBAC refuses it until a role allows it.
     let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
