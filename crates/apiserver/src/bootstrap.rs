@@ -173,7 +173,7 @@ pub async fn rotate_client_certificate(
     cancel: CancellationToken,
 ) {
     let renewal = Renewal::new(CLIENT, &cert_dir, &node);
-    let current = || credentials.certificate_file();
+    let current = || credentials.certificate_pem();
     let stored = |_: &Path| credentials.reload();
     keep_renewed(client, renewal, current, stored, cancel).await;
 }

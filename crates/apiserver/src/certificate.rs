@@ -314,21 +314,21 @@ impl Renewal {
 }
 
 /// Keeps a node certificate renewed until `cancel` (upstream's certificate manager): at a random
-/// point between 70% and 90% of the lifetime of the certificate in `current()` (at once when
-/// there is none), a new key and a CertificateSigningRequest made with the node's own
+/// point between 70% and 90% of the lifetime of the certificate `current()` gives (PEM; at once
+/// when there is none), a new key and a CertificateSigningRequest made with the node's own
 /// credentials (`client`, which the Node authorizer lets ask); once issued, the pair is stored as
 /// the current one in `--cert-dir` and handed to `stored`. A failure is tried again with a
 /// backoff (2 s doubling to 5 minutes).
 pub async fn keep_renewed(
     client: Client,
     renewal: Renewal,
-    current: impl Fn() -> Option<PathBuf>,
+    current: impl Fn() -> Option<Vec<u8>>,
     stored: impl Fn(&Path),
     cancel: CancellationToken,
 ) {
     let kind = renewal.purpose.file_prefix;
     loop {
-        let validity = current().and_then(|file| std::fs::read(file).ok()).and_then(|pem| validity(&pem));
+        let validity = current().and_then(|pem| validity(&pem));
         let wait = match validity {
             Some((not_before, not_after)) => {
                 let deadline = rotation_deadline(not_before, not_after, fastrand::f64());

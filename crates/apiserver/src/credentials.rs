@@ -68,17 +68,21 @@ impl NodeCredentials {
         &self.inner.kubeconfig
     }
 
-    /// The PEM file holding the client certificate in use: the rotated pair once it exists, else
-    /// the kubeconfig's `client-certificate` file (none when the kubeconfig embeds its data or
-    /// has no certificate).
-    pub fn certificate_file(&self) -> Option<PathBuf> {
+    /// The client certificate in use, as PEM: the rotated pair once it exists, else the
+    /// kubeconfig's (its `client-certificate` file or its `client-certificate-data`); none when
+    /// the kubeconfig has no certificate.
+    pub fn certificate_pem(&self) -> Option<Vec<u8>> {
         if let Some(pair) = self.inner.rotated_pair.as_ref().filter(|pair| pair.exists()) {
-            return Some(pair.clone());
+            return std::fs::read(pair).ok();
         }
         let kubeconfig = Kubeconfig::read_from(&self.inner.kubeconfig).ok()?;
         let user = crate::bootstrap::current_user(&kubeconfig)?;
+        if let Some(data) = &user.client_certificate_data {
+            use base64::Engine;
+            return base64::engine::general_purpose::STANDARD.decode(data).ok();
+        }
         let path = user.client_certificate.as_deref()?;
-        Some(self.inner.kubeconfig.parent().unwrap_or(Path::new("/")).join(path))
+        std::fs::read(self.inner.kubeconfig.parent().unwrap_or(Path::new("/")).join(path)).ok()
     }
 
     /// Makes every client of these credentials read them again before its next request.
@@ -204,11 +208,13 @@ mod tests {
              contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n",
         )
         .unwrap();
+        std::fs::create_dir(dir.path().join("pki")).unwrap();
+        std::fs::write(dir.path().join("pki/node.crt"), "the kubeconfig's").unwrap();
         let pair = dir.path().join("kubelet-client-current.pem");
         let credentials = NodeCredentials::rotated(&kubeconfig, &pair);
-        assert_eq!(credentials.certificate_file(), Some(dir.path().join("pki/node.crt")));
-        std::fs::write(&pair, "").unwrap();
-        assert_eq!(credentials.certificate_file(), Some(pair.clone()));
+        assert_eq!(credentials.certificate_pem().as_deref(), Some(&b"the kubeconfig's"[..]));
+        std::fs::write(&pair, "the rotated pair").unwrap();
+        assert_eq!(credentials.certificate_pem().as_deref(), Some(&b"the rotated pair"[..]));
 
         let mut read = Kubeconfig::read_from(&kubeconfig).unwrap();
         use_pair(&mut read, &pair);

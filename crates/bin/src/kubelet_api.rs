@@ -114,7 +114,7 @@ fn keep_serving_certificate(
     let ips = settings.node_ip.parse().into_iter().collect();
     let renewal =
         Renewal::new(SERVING, &settings.cert_dir, &settings.node_name).for_names(vec![settings.node_name.clone()], ips);
-    let existing = move || Some(current.clone()).filter(|file| file.exists());
+    let existing = move || std::fs::read(&current).ok();
     let renewing = keep_renewed(client, renewal, existing, present, cancel);
     tokio::spawn(renewing.instrument(info_span!("serving_certificate")))
 }
