@@ -359,13 +359,7 @@ mod tests {
     use rcgen::PublicKeyData;
 
     use super::*;
-
-    /// A certificate of `key`, valid until `not_after`.
-    fn certificate_of(key: &rcgen::KeyPair, not_after: time::OffsetDateTime) -> String {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.not_after = not_after;
-        params.self_signed(key).unwrap().pem()
-    }
+    use crate::certificate::certificate_of;
 
     #[test]
     fn a_kubeconfig_is_still_valid_while_its_client_certificates_are() {

@@ -390,16 +390,19 @@ fn validity(pem: &[u8]) -> Option<(SystemTime, SystemTime)> {
     Some((time(certificate.validity().not_before), time(certificate.validity().not_after)))
 }
 
+/// A self-signed certificate of `key`, valid until `not_after`, for tests.
+#[cfg(test)]
+// Reason: tests fail by panicking.
+#[allow(clippy::unwrap_used)]
+pub(crate) fn certificate_of(key: &rcgen::KeyPair, not_after: time::OffsetDateTime) -> String {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.not_after = not_after;
+    params.self_signed(key).unwrap().pem()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A certificate of `key`, valid until `not_after`.
-    fn certificate_of(key: &rcgen::KeyPair, not_after: time::OffsetDateTime) -> String {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.not_after = not_after;
-        params.self_signed(key).unwrap().pem()
-    }
 
     #[test]
     fn the_request_asks_for_the_nodes_name_in_system_nodes_and_is_named_after_its_key() {

@@ -1525,6 +1525,35 @@ fn call_kubelet(port: u64, path: &str, credentials: &[&str]) -> (u16, String) {
     (status.parse().unwrap(), body.to_owned())
 }
 
+/// Starts the agent as `node` with its kubelet API trusting the cluster's CA for client
+/// certificates and asking the API server (Webhook) who may do what, and `extra` in its
+/// configuration; the agent and its kubelet API's port, once the Node reports it.
+async fn join_with_the_kubelet_api(
+    rt: &RealRuntime,
+    dir: &Path,
+    cluster: &Cluster,
+    node: &str,
+    extra: &str,
+) -> (Agent, u64) {
+    std::fs::write(
+        dir.join("config.yaml"),
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             authentication: {{x509: {{clientCAFile: {}}}}}\n\
+             authorization: {{mode: Webhook, webhook: {{cacheUnauthorizedTTL: 1s}}}}\n{extra}",
+            cluster_pki().join("ca.crt").display()
+        ),
+    )
+    .unwrap();
+    let kubeconfig = cluster.kubeconfig(dir);
+    let agent = Agent::join(&rt.endpoint, dir, node, &kubeconfig, &[]);
+    let port = until(cluster, node, dir, "the node's kubelet endpoint", |v| {
+        v.nodes.get(node)?["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64()
+    })
+    .await;
+    (agent, port)
+}
+
 /// The body of [`real_the_kubelet_api_serves_kubectl_logs_and_refuses_whom_rbac_does_not_allow`].
 async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
     use k8s_openapi::api::{
@@ -1533,22 +1562,7 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
         rbac::v1::{ClusterRole, ClusterRoleBinding},
     };
     let pki = cluster_pki();
-    std::fs::write(
-        dir.join("config.yaml"),
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
-             authentication: {{x509: {{clientCAFile: {}}}}}\n\
-             authorization: {{mode: Webhook, webhook: {{cacheUnauthorizedTTL: 1s}}}}\n",
-            pki.join("ca.crt").display()
-        ),
-    )
-    .unwrap();
-    let kubeconfig = cluster.kubeconfig(&dir);
-    let _agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &[]);
-    let port = until(&cluster, &node, &dir, "the node's kubelet endpoint", |v| {
-        v.nodes.get(&node)?["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64()
-    })
-    .await;
+    let (_agent, port) = join_with_the_kubelet_api(&rt, &dir, &cluster, &node, "").await;
     let Cluster::Remote { client, namespace, .. } = &*cluster else { panic!("kube-apiserver only") };
     let script = "echo hello through the kubelet API; sleep 3; echo and once more; while sleep 1; do echo tick; done";
     cluster.create_pod(writer_pod("talker", &node, &rt.busybox_image, script, None, json!({}))).await;
@@ -2114,21 +2128,7 @@ async fn serve_an_issued_certificate(rt: RealRuntime, dir: PathBuf, cluster: Arc
     let node_user = format!("system:node:{node}");
     remove_requests_of(client, &node_user).await;
     let pki = cluster_pki();
-    std::fs::write(
-        dir.join("config.yaml"),
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nserverTLSBootstrap: true\n\
-             authentication: {{x509: {{clientCAFile: {}}}}}\nauthorization: {{mode: Webhook}}\n",
-            pki.join("ca.crt").display()
-        ),
-    )
-    .unwrap();
-    let kubeconfig = cluster.kubeconfig(&dir);
-    let _agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &[]);
-    let port = until(&cluster, &node, &dir, "the node's kubelet endpoint", |v| {
-        v.nodes.get(&node)?["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64()
-    })
-    .await;
+    let (_agent, port) = join_with_the_kubelet_api(&rt, &dir, &cluster, &node, "serverTLSBootstrap: true\n").await;
     let admin = [
         "--cert".to_owned(),
         pki.join("admin.crt").display().to_string(),
