@@ -259,8 +259,12 @@ fn measure(options: &Options) -> Result<Results> {
         floors.push((n, Stat::of(&seq), Stat::of(&par), Stat::of(&seq_stop), Stat::of(&par_stop)));
     }
 
-    progress("starting the agent");
-    let mut agent = Agent::start(&binaries.agent, &dir.join("agent"), &[])?;
+    progress("starting the agent, with its kubelet API served");
+    let agent_dir = dir.join("agent");
+    let config = kubelet_api_config(&agent_dir)?;
+    let cert_dir = agent_dir.join("pki");
+    let served = ["--config", path_str(&config)?, "--cert-dir", path_str(&cert_dir)?];
+    let mut agent = Agent::start(&binaries.agent, &agent_dir, &served)?;
     let measured = agent_figures(options, &mut agent, &tool, largest);
     agent.stop(Duration::from_secs(10))?;
     let runs = measured?;
@@ -315,6 +319,13 @@ fn measure(options: &Options) -> Result<Results> {
         "s",
         &runs.restart_seen,
     ));
+    let exec_floor = Stat::of(&runs.exec_floor).median;
+    results.figures.push(
+        Figure::new("exec round trip through the agent (`true` by /run on its socket)", "s", &runs.exec)
+            .floor(exec_floor)
+            .target(Target::Floor { factor: 1.0, plus: 0.02 }),
+    );
+    results.figures.push(Figure::new("exec round trip, the runtime's own ExecSync", "s", &runs.exec_floor));
     results.figures.push(Figure::new(
         format!("agent CPU probing {PROBED_CONTAINERS} containers (an exec and an httpGet probe each, 1 s period)"),
         "s/min",
@@ -391,6 +402,10 @@ struct AgentRuns {
     restart: Vec<f64>,
     /// The replacement started by the runtime → restarted and running in `/pods`.
     restart_seen: Vec<f64>,
+    /// `true` run through the agent's `/run`, round trip.
+    exec: Vec<f64>,
+    /// `true` run by the runtime's own ExecSync, round trip.
+    exec_floor: Vec<f64>,
     idle: Vec<(usize, Idle)>,
     /// The agent probing 100 containers.
     probing: Probing,
@@ -414,6 +429,10 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
                 runs.death_seen.push(restart.death_seen);
                 runs.restart.push(restart.replacement_started);
                 runs.restart_seen.push(restart.replacement_seen);
+                progress(&format!("exec round trips, run {round} of {}", options.repeat));
+                let (floor, through_agent) = exec_round_trips(agent, tool, round)?;
+                runs.exec_floor.extend(floor);
+                runs.exec.extend(through_agent);
             }
             if n == largest && round == options.repeat {
                 progress(&format!("idle, {n} pods: {} windows of {:?}", options.windows, options.window));
@@ -498,6 +517,46 @@ fn idle_windows(agent: &Agent, options: &Options) -> Result<Idle> {
         }
     }
     Ok(idle)
+}
+
+/// A configuration that serves the kubelet API on a free loopback port, as a node serves it,
+/// with no API server to ask: client certificates only, every authenticated request allowed.
+fn kubelet_api_config(agent_dir: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(agent_dir)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let config = agent_dir.join("config.yaml");
+    fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 127.0.0.1\n\
+             port: {port}\nauthentication: {{webhook: {{enabled: false}}}}\nauthorization: {{mode: AlwaysAllow}}\n"
+        ),
+    )?;
+    Ok(config)
+}
+
+fn path_str(path: &Path) -> Result<&str> {
+    path.to_str().with_context(|| format!("{} is not UTF-8", path.display()))
+}
+
+/// Round trips of each exec figure.
+const EXEC_ROUND_TRIPS: usize = 20;
+
+/// The exec figures: `true` run in the 1-pod run's container by the runtime's own ExecSync, then
+/// through the agent's `/run` (an HTTP request, the pod looked up, ExecSync, the output back).
+fn exec_round_trips(agent: &Agent, tool: &CriTool, round: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let floor = tool.exec_sync(EXEC_ROUND_TRIPS)?;
+    let path = format!("/run/{}/bench-r{round}-0-{}/app?cmd=true", harness::NAMESPACE, harness::NODE);
+    let mut through_agent = Vec::with_capacity(EXEC_ROUND_TRIPS);
+    for _ in 0..EXEC_ROUND_TRIPS {
+        let began = Instant::now();
+        let (status, body) = harness::request(&agent.socket(), "POST", &path)?;
+        through_agent.push(began.elapsed().as_secs_f64());
+        if status != 200 {
+            bail!("/run answered {status}: {body}");
+        }
+    }
+    Ok((floor, through_agent))
 }
 
 /// Writes N manifests; returns seconds until all are Running in `/pods`, and until all their

@@ -313,12 +313,17 @@ pub(crate) fn status_field(pid: u32, key: &str) -> Option<u64> {
     status.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// A GET on the agent's local API: status code and body. HTTP/1.0, so the body ends with the
-/// connection.
+/// A GET on the agent's local API: status code and body.
 pub(crate) fn get(socket: &Path, path: &str) -> Result<(u16, String)> {
+    request(socket, "GET", path)
+}
+
+/// A `method` request to `path` on the agent's socket: the status and the body. HTTP/1.0, so the
+/// body ends with the connection.
+pub(crate) fn request(socket: &Path, method: &str, path: &str) -> Result<(u16, String)> {
     let mut stream = UnixStream::connect(socket).with_context(|| format!("connecting to {}", socket.display()))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    write!(stream, "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").context("a response without a header end")?;
@@ -409,6 +414,20 @@ impl CriTool {
     /// Stops and removes every sandbox of the harness namespace.
     pub(crate) fn remove_namespace(&self) -> Result<()> {
         output(Command::new(&self.path).args(["clean", &endpoint(), "--namespace", NAMESPACE])).map(drop)
+    }
+
+    /// `times` round trips of the runtime's own ExecSync (`true`) in a running container of the
+    /// harness namespace, in seconds.
+    pub(crate) fn exec_sync(&self, times: usize) -> Result<Vec<f64>> {
+        let out = output(Command::new(&self.path).args([
+            "exec",
+            &endpoint(),
+            "--namespace",
+            NAMESPACE,
+            "--times",
+            &times.to_string(),
+        ]))?;
+        out.lines().map(|l| l.trim().parse().context("an ExecSync round trip")).collect()
     }
 
     /// The harness namespace's pods in the runtime, by UID.

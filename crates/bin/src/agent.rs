@@ -558,8 +558,10 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         .await?,
     ];
     let stats = crate::stats::Stats::new(summary, agent.pods().clone(), agent.statuses().clone(), &settings.node_name);
-    let kubelet_api =
-        server::local_router(api_state.clone()).merge(crate::stats::router(stats)).merge(crate::spec::router());
+    let kubelet_api = server::local_router(api_state.clone())
+        .merge(crate::stats::router(stats))
+        .merge(crate::spec::router())
+        .merge(crate::configz::router(&settings));
     servers.extend(crate::kubelet_api::serve(&settings, api_client, kubelet_api, cancel.child_token()).await?);
     if let Some(addr) = settings.read_only {
         servers.push(server::serve(addr, server::router(api_state.clone()), cancel.child_token()).await?);

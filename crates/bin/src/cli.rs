@@ -125,7 +125,7 @@ pub(crate) fn describe(args: DescribeArgs) -> Result<ExitCode> {
 }
 
 /// The pod named `name` in `namespace`, from the agent's `/pods`.
-async fn find_pod(socket: &Path, namespace: &str, name: &str) -> Result<Pod> {
+pub(crate) async fn find_pod(socket: &Path, namespace: &str, name: &str) -> Result<Pod> {
     let (status, body) = request(socket, "/pods").await?;
     if status != 200 {
         bail!("the agent answered {status}: {}", String::from_utf8_lossy(&body));

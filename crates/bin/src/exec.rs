@@ -67,34 +67,16 @@ async fn run(args: ExecArgs) -> Result<ExitCode> {
         Some(container) => container.clone(),
         None => crate::cli::only_container(&socket, &args.namespace, &args.pod).await?,
     };
-    let mut request = format!("ws://localhost{}", exec_path(&args, &container)?).into_client_request()?;
-    request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_static(PROTOCOL));
-    let stream = crate::cli::connect(&socket).await?;
-    let (socket_stream, _) = match tokio_tungstenite::client_async(request, stream).await {
-        Ok(connected) => connected,
-        Err(tungstenite::Error::Http(response)) => {
-            let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
-            bail!("the agent answered {}: {}", response.status(), body.trim());
-        }
-        Err(e) => return Err(e).context("cannot start the command"),
-    };
+    let socket_stream =
+        open_channels(&socket, &exec_path(&args, &container)?).await.context("cannot start the command")?;
     let _raw = if args.tty { RawTerminal::enter() } else { None };
     let (mut to_agent, mut from_agent) = socket_stream.split();
     let forward_stdin = async {
         if !args.stdin {
             return std::future::pending::<Result<()>>().await;
         }
-        let mut stdin = tokio::io::stdin();
-        let mut buffer = vec![0u8; 8192];
-        loop {
-            let read = stdin.read(&mut buffer[1..]).await?;
-            if read == 0 {
-                // v4 has no way to close stdin alone; the command sees it open until it ends.
-                return std::future::pending::<Result<()>>().await;
-            }
-            buffer[0] = 0;
-            to_agent.send(Message::binary(buffer[..=read].to_vec())).await?;
-        }
+        // v4 has no way to close stdin alone; the command sees it open until it ends.
+        send_on_channel_0(tokio::io::stdin(), &mut to_agent).await
     };
     let print_output = async {
         let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
@@ -118,6 +100,41 @@ async fn run(args: ExecArgs) -> Result<ExitCode> {
     tokio::select! {
         code = print_output => code,
         failed = forward_stdin => Err(failed.err().unwrap_or_else(|| anyhow::anyhow!("stdin ended"))),
+    }
+}
+
+/// Sends what `reader` reads as channel 0's messages; at its end, waits for ever, since
+/// `v4.channel.k8s.io` cannot close one channel alone.
+pub(crate) async fn send_on_channel_0(
+    mut reader: impl tokio::io::AsyncRead + Unpin,
+    sink: &mut (impl futures::Sink<Message, Error = tungstenite::Error> + Unpin),
+) -> Result<()> {
+    let mut buffer = vec![0u8; 32 * 1024];
+    loop {
+        let read = reader.read(&mut buffer[1..]).await?;
+        if read == 0 {
+            return std::future::pending::<Result<()>>().await;
+        }
+        buffer[0] = 0;
+        sink.send(Message::binary(buffer[..=read].to_vec())).await?;
+    }
+}
+
+/// A WebSocket to `path` on the agent's socket, speaking `v4.channel.k8s.io`.
+pub(crate) async fn open_channels(
+    socket: &std::path::Path,
+    path: &str,
+) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::UnixStream>> {
+    let mut request = format!("ws://localhost{path}").into_client_request()?;
+    request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_static(PROTOCOL));
+    let stream = crate::cli::connect(socket).await?;
+    match tokio_tungstenite::client_async(request, stream).await {
+        Ok((connected, _)) => Ok(connected),
+        Err(tungstenite::Error::Http(response)) => {
+            let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+            bail!("the agent answered {}: {}", response.status(), body.trim());
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

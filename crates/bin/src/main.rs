@@ -10,10 +10,12 @@ mod alloc;
 mod cli;
 mod cluster;
 mod cnitool;
+mod configz;
 mod exec;
 mod flags;
 mod kubelet_api;
 mod node_ip;
+mod port_forward;
 mod settings;
 mod spec;
 mod stats;
@@ -65,6 +67,8 @@ enum Command {
     Logs(cli::LogsArgs),
     /// Run a command in a running container of a running agent, through its unix socket.
     Exec(exec::ExecArgs),
+    /// Forward local ports to a pod of a running agent, through its unix socket.
+    PortForward(port_forward::PortForwardArgs),
 }
 
 fn main() -> ExitCode {
@@ -98,6 +102,7 @@ fn run(cli: Cli, run_matches: &ArgMatches) -> Result<ExitCode> {
         Command::Describe(args) => cli::describe(args),
         Command::Logs(args) => cli::logs(args),
         Command::Exec(args) => exec::exec(args),
+        Command::PortForward(args) => port_forward::port_forward(args),
         Command::Run(args) => Ok(run_node(*args, run_matches)),
     }
 }

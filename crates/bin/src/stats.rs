@@ -1,5 +1,6 @@
-//! `/stats/summary` and `/metrics/resource` on the kubelet API: what `kubectl top` (through
-//! metrics-server) and other monitors read, sampled when asked (`kubelet_eviction::summary`).
+//! `/stats/summary`, `/metrics/resource` and `/metrics/cadvisor` on the kubelet API: what
+//! `kubectl top` (through metrics-server), Prometheus and other monitors read, sampled when asked
+//! (`kubelet_eviction::summary`).
 
 use std::sync::Arc;
 
@@ -10,11 +11,11 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use eviction::summary::{PodSample, SummaryProvider, resource_metrics, summary};
+use eviction::summary::{PodSample, SummaryProvider, cadvisor_metrics, resource_metrics, summary};
 use kubelet::StatusStore;
 use kubelet_core::{PodManager, PodUid, Runtime};
 
-/// What the two endpoints read.
+/// What the endpoints read.
 pub(crate) struct Stats<R> {
     provider: SummaryProvider<R>,
     pods: Arc<PodManager>,
@@ -33,11 +34,12 @@ impl<R: Runtime> Stats<R> {
     }
 }
 
-/// The routes of the two endpoints.
+/// The routes of the three endpoints.
 pub(crate) fn router<R: Runtime>(stats: Stats<R>) -> Router {
     Router::new()
         .route("/stats/summary", get(summary_of::<R>))
         .route("/metrics/resource", get(resource_metrics_of::<R>))
+        .route("/metrics/cadvisor", get(cadvisor_metrics_of::<R>))
         .with_state(Arc::new(stats))
 }
 
@@ -67,5 +69,10 @@ async fn summary_of<R: Runtime>(State(stats): State<Arc<Stats<R>>>) -> Json<serd
 
 async fn resource_metrics_of<R: Runtime>(State(stats): State<Arc<Stats<R>>>) -> Response {
     let text = sample(&stats, resource_metrics).await;
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn cadvisor_metrics_of<R: Runtime>(State(stats): State<Arc<Stats<R>>>) -> Response {
+    let text = sample(&stats, |node, pods, _| cadvisor_metrics(node, pods)).await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -1821,6 +1821,11 @@ async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespa
     assert!(app["memory"]["workingSetBytes"].as_u64().unwrap() > 0, "{app}");
     assert!(app["startTime"].as_str().unwrap().ends_with('Z'), "{app}");
     assert!(talker["ephemeral-storage"]["usedBytes"].as_u64().unwrap() > 0, "the log at least: {talker}");
+    // The pod's network, from the runtime's ListPodSandboxStats, and the node's own interfaces.
+    let network = &talker["network"];
+    assert_eq!(network["name"], "eth0", "{talker}");
+    assert!(network["rxBytes"].as_u64().is_some() && network["txErrors"].as_u64().is_some(), "{network}");
+    assert!(summary["node"]["network"]["interfaces"].as_array().is_some_and(|i| !i.is_empty()), "{}", summary["node"]);
 
     let metrics = get(format!("/api/v1/nodes/{node}/proxy/metrics/resource")).await;
     let labels = format!("{{container=\"app\",namespace=\"{namespace}\",pod=\"talker\"}}");
@@ -1837,6 +1842,35 @@ async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespa
         assert!(metrics.lines().any(|l| l.starts_with(series)), "{series}\nin:\n{metrics}");
     }
     assert!(metrics.lines().any(|l| l == "scrape_error 0"), "{metrics}");
+
+    // /metrics/cadvisor: cAdvisor's container series, labelled as Prometheus' kubelet job finds them.
+    let cadvisor = get(format!("/api/v1/nodes/{node}/proxy/metrics/cadvisor")).await;
+    let talker = |series: &str| {
+        cadvisor
+            .lines()
+            .find(|l| l.starts_with(series) && l.contains(&format!("namespace=\"{namespace}\",pod=\"talker\"")))
+            .unwrap_or_else(|| panic!("{series} of talker in:\n{cadvisor}"))
+    };
+    let cpu = talker("container_cpu_usage_seconds_total{container=\"app\",cpu=\"total\",id=\"/");
+    assert!(cpu.contains("/kubepods/besteffort/pod") && cpu.contains("image=\"127.0.0.1:"), "{cpu}");
+    talker("container_memory_working_set_bytes{container=\"app\"");
+    let received = talker("container_network_receive_bytes_total{container=\"\"");
+    assert!(received.contains("interface=\"eth0\""), "{received}");
+    assert!(
+        cadvisor
+            .lines()
+            .any(|l| l.starts_with("container_cpu_usage_seconds_total{container=\"\",cpu=\"total\",id=\"/\""))
+    );
+
+    // /configz, as `kubectl get --raw .../proxy/configz` reads it: the file's values, the defaults
+    // and the flags in force.
+    let configz: Value = serde_json::from_str(&get(format!("/api/v1/nodes/{node}/proxy/configz")).await).unwrap();
+    let config = &configz["kubeletconfig"];
+    assert_eq!(config["authorization"]["webhook"]["cacheUnauthorizedTTL"], "1s", "the file's: {configz}");
+    assert_eq!(config["authorization"]["webhook"]["cacheAuthorizedTTL"], "5m0s", "a default: {configz}");
+    assert_eq!(config["syncFrequency"], "1m0s", "{configz}");
+    assert!(config["port"].as_u64().is_some_and(|p| p != 10250), "--port's: {configz}");
+    assert_eq!(config["cgroupsPerQOS"], true, "{configz}");
 }
 
 /// TLS bootstrap as kubeadm's nodes join: the agent has a bootstrap token's kubeconfig and no

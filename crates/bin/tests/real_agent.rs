@@ -1035,6 +1035,36 @@ async fn real_get_pods_and_logs_through_the_unix_socket() {
             let (ok, _, err) = kubelet_rs(&["exec", "nope", "--root-dir", &root, "--", "true"]);
             assert!(!ok && err.contains("not found"), "{err}");
 
+            // port-forward: a local port reaches an httpd in the pod, a connection at a time.
+            let (ok, _, err) =
+                kubelet_rs(&["exec", &pod, "--root-dir", &root, "--", "httpd", "-p", "8080", "-h", "/etc"]);
+            assert!(ok, "httpd: {err}");
+            let mut forward = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
+                .args(["port-forward", &pod, ":8080", "--root-dir", &root])
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let mut said = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(forward.stdout.take().unwrap()));
+            let listening =
+                tokio::time::timeout(Duration::from_secs(10), said.next_line()).await.unwrap().unwrap().unwrap();
+            let local = listening
+                .strip_prefix("Forwarding from ")
+                .and_then(|rest| rest.strip_suffix(" -> 8080"))
+                .unwrap_or_else(|| panic!("{listening:?}"))
+                .to_owned();
+            for _ in 0..2 {
+                let mut connection = tokio::net::TcpStream::connect(&local).await.unwrap();
+                tokio::io::AsyncWriteExt::write_all(&mut connection, b"GET /hostname HTTP/1.0\r\n\r\n").await.unwrap();
+                let mut answer = String::new();
+                let reading = tokio::io::AsyncReadExt::read_to_string(&mut connection, &mut answer);
+                tokio::time::timeout(Duration::from_secs(10), reading).await.unwrap().unwrap();
+                assert!(answer.starts_with("HTTP/1.") && answer.ends_with(&format!("\r\n\r\n{pod}\n")), "{answer:?}");
+            }
+            forward.kill().await.unwrap();
+            let (ok, _, err) = kubelet_rs(&["port-forward", "nope", "8080", "--root-dir", &root]);
+            assert!(!ok && err.contains("not found"), "{err}");
+
             agent.signal(Signal::SIGTERM);
             assert!(agent.exited_within(Duration::from_secs(5)).await, "exits within 5 s of SIGTERM");
             assert!(!socket.exists(), "the socket is removed at shutdown");

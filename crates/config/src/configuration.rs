@@ -17,6 +17,7 @@ use kubelet_core::resources::parse_quantity;
 
 mod fields;
 mod server;
+mod versioned;
 
 pub use fields::{FIELDS, Support, support};
 pub use server::{Authentication, Authorization, AuthorizationMode, ServerConfiguration};

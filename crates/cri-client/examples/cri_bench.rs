@@ -16,6 +16,9 @@
 //!     Unix time the runtime confirmed it
 //! cri_bench clean  ENDPOINT --namespace NS
 //!     stops and removes every sandbox of NS, with its containers
+//! cri_bench exec   ENDPOINT --namespace NS --times N
+//!     runs `true` with ExecSync in the first running container of NS, N times one after another,
+//!     and prints each round trip in seconds
 //! ```
 //!
 //! Every sandbox it makes carries the label `kubelet-rs.bench=floor`, so a crashed run's leftovers
@@ -126,12 +129,7 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
         "kill" => {
             let namespace = required(args, "--namespace")?;
             let mut rpc = rpc;
-            let filter = pb::ContainerFilter {
-                state: Some(pb::ContainerStateValue { state: pb::ContainerState::ContainerRunning as i32 }),
-                ..pb::ContainerFilter::default()
-            };
-            let list = rpc.list_containers(pb::ListContainersRequest { filter: Some(filter) }).await?.into_inner();
-            for container in list.containers.into_iter().filter(|c| in_namespace(&c.labels, namespace)) {
+            for container in running_containers(&mut rpc, namespace).await? {
                 rpc.stop_container(pb::StopContainerRequest { container_id: container.id, timeout: 0 }).await?;
             }
             println!("{:.6}", unix_now());
@@ -145,9 +143,37 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
                 rpc.remove_pod_sandbox(pb::RemovePodSandboxRequest { pod_sandbox_id: sandbox.id }).await?;
             }
         }
-        other => return Err(format!("unknown command {other:?}: floor, watch, state, kill or clean").into()),
+        "exec" => {
+            // The runtime's own ExecSync of `true` in the namespace's first running container,
+            // `--times` times one after another: each round trip in seconds, one per line.
+            let namespace = required(args, "--namespace")?;
+            let mut rpc = rpc;
+            let running = running_containers(&mut rpc, namespace).await?;
+            let container = running.into_iter().next().ok_or("no running container in the namespace")?;
+            for _ in 0..number(args, "--times")? {
+                let request =
+                    pb::ExecSyncRequest { container_id: container.id.clone(), cmd: vec!["true".into()], timeout: 10 };
+                let began = std::time::Instant::now();
+                let response = rpc.exec_sync(request).await?.into_inner();
+                if response.exit_code != 0 {
+                    return Err(format!("true exited with {}", response.exit_code).into());
+                }
+                println!("{:.6}", began.elapsed().as_secs_f64());
+            }
+        }
+        other => return Err(format!("unknown command {other:?}: floor, watch, state, kill, clean or exec").into()),
     }
     Ok(())
+}
+
+/// The running containers of pods in `namespace`.
+async fn running_containers(rpc: &mut Rpc, namespace: &str) -> Result<Vec<pb::Container>, BoxError> {
+    let filter = pb::ContainerFilter {
+        state: Some(pb::ContainerStateValue { state: pb::ContainerState::ContainerRunning as i32 }),
+        ..pb::ContainerFilter::default()
+    };
+    let list = rpc.list_containers(pb::ListContainersRequest { filter: Some(filter) }).await?.into_inner();
+    Ok(list.containers.into_iter().filter(|c| in_namespace(&c.labels, namespace)).collect())
 }
 
 fn unix_now() -> f64 {

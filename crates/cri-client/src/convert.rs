@@ -4,7 +4,8 @@ use k8s_openapi::jiff::Timestamp;
 use kubelet_core::{
     PodUid,
     runtime::{
-        Container, ContainerState, ContainerStats, ContainerStatus, NetworkMode, Sandbox, SandboxState, SandboxStatus,
+        Container, ContainerState, ContainerStats, ContainerStatus, InterfaceStats, NetworkMode, PodNetworkStats,
+        Sandbox, SandboxState, SandboxStatus,
     },
 };
 
@@ -43,6 +44,24 @@ pub(crate) fn container_stats(stats: pb::ContainerStats) -> Option<ContainerStat
         converted.writable_layer_bytes = layer.used_bytes.map(|v| v.value);
         converted.writable_layer_inodes = layer.inodes_used.map(|v| v.value);
     }
+    Some(converted)
+}
+
+/// A sandbox's network figures, when it names its pod and the runtime measured its network.
+pub(crate) fn pod_network_stats(stats: pb::PodSandboxStats) -> Option<PodNetworkStats> {
+    let uid = pod_uid(&stats.attributes?.labels)?;
+    let network = stats.linux?.network?;
+    let interface = |usage: pb::NetworkInterfaceUsage| {
+        let mut converted = InterfaceStats::new(usage.name);
+        converted.rx_bytes = usage.rx_bytes.map(|v| v.value);
+        converted.rx_errors = usage.rx_errors.map(|v| v.value);
+        converted.tx_bytes = usage.tx_bytes.map(|v| v.value);
+        converted.tx_errors = usage.tx_errors.map(|v| v.value);
+        converted
+    };
+    let mut converted = PodNetworkStats::new(uid);
+    converted.default_interface = network.default_interface.map(interface);
+    converted.interfaces = network.interfaces.into_iter().map(interface).collect();
     Some(converted)
 }
 

@@ -39,6 +39,8 @@ impl DiskUsage {
 pub struct ContainerUsage {
     /// The container's name.
     pub name: String,
+    /// The runtime's ID of it, when the runtime measured it.
+    pub id: Option<String>,
     /// Its memory working set, when measured.
     pub memory_working_set: Option<u64>,
     /// The CPU time it has used in nanoseconds, and when that was read (nanoseconds since the
@@ -60,6 +62,10 @@ pub struct PodStats {
     pub volumes: Vec<(String, DiskUsage)>,
     /// Its processes, when measured.
     pub processes: Option<u64>,
+    /// Its network traffic, when the runtime measured it.
+    pub network: Option<kubelet_core::runtime::PodNetworkStats>,
+    /// Its cgroup (`/kubepods/besteffort/pod<uid>`), when pods have cgroups.
+    pub cgroup: Option<String>,
 }
 
 impl PodStats {
@@ -303,7 +309,7 @@ mod tests {
                 ..ContainerUsage::default()
             }],
             volumes: vec![("data".into(), DiskUsage::new(volume, 1))],
-            processes: None,
+            ..PodStats::default()
         };
         let stats =
             PodStatsMap::from([(PodUid::of(&logs_heavy), usage(50, 0)), (PodUid::of(&volume_heavy), usage(1, 80))]);

@@ -20,7 +20,7 @@ use kubelet_core::{
     PodUid, Runtime,
     cgroups::{pod_cgroup_name, relative_cgroup_path},
     eviction::Signal,
-    runtime::{ContainerStats, FsStats},
+    runtime::{ContainerStats, FsStats, InterfaceStats, PodNetworkStats},
     types::pod_log_dir,
     volume::EMPTY_DIR,
 };
@@ -134,16 +134,46 @@ impl<R: Runtime> HostStats<R> {
     /// the images' filesystems, process IDs.
     pub async fn node_sample(&self) -> crate::summary::NodeSample {
         let paths = self.config.clone();
-        let host = tokio::task::spawn_blocking(move || (read_host(&paths), node_cpu_usage(&paths.cgroup_mount)));
-        let (observations, cpu) = host.await.unwrap_or_default();
+        let host = tokio::task::spawn_blocking(move || {
+            let network = std::fs::read_to_string("/proc/net/dev").map(|t| host_interfaces(&t)).unwrap_or_default();
+            (read_host(&paths), node_cpu_usage(&paths.cgroup_mount), network)
+        });
+        let (observations, cpu, network) = host.await.unwrap_or_default();
         let mut sample = crate::summary::NodeSample::new(kubelet_core::clock::wall_now());
         sample.cpu_usage_core_nanoseconds = cpu;
         sample.memory = observations.get(&Signal::MemoryAvailable).copied();
         sample.pids = observations.get(&Signal::PidAvailable).copied();
         sample.fs = fs_stats(&self.config.root_dir).ok();
         sample.image_fs = self.runtime.image_fs_stats().await.ok().flatten();
+        sample.network = network;
         sample
     }
+}
+
+/// The node's own interfaces in `/proc/net/dev`'s text, as cAdvisor counts the machine's: the
+/// loopback, the pods' veth ends and bridges of other container engines left out.
+pub(crate) fn host_interfaces(proc_net_dev: &str) -> Vec<InterfaceStats> {
+    const IGNORED_PREFIXES: [&str; 4] = ["lo", "veth", "docker", "nerdctl"];
+    proc_net_dev
+        .lines()
+        .skip(2)
+        .filter_map(|line| {
+            let (name, counters) = line.split_once(':')?;
+            let name = name.trim();
+            if IGNORED_PREFIXES.iter().any(|prefix| name.starts_with(prefix)) {
+                return None;
+            }
+            // Receive: bytes packets errs drop fifo frame compressed multicast; then transmit:
+            // bytes packets errs ...
+            let counters: Vec<u64> = counters.split_whitespace().filter_map(|c| c.parse().ok()).collect();
+            let mut interface = InterfaceStats::new(name);
+            interface.rx_bytes = counters.first().copied();
+            interface.rx_errors = counters.get(2).copied();
+            interface.tx_bytes = counters.get(8).copied();
+            interface.tx_errors = counters.get(10).copied();
+            Some(interface)
+        })
+        .collect()
 }
 
 /// The CPU time every process of the host has used, in nanoseconds: the root cgroup's
@@ -205,12 +235,25 @@ impl<R: Runtime> HostStats<R> {
         self.runtime.container_stats().await
     }
 
+    /// The runtime's figures of its pods' networks.
+    pub(crate) async fn pod_network_stats(&self) -> Result<Vec<PodNetworkStats>, R::Error> {
+        self.runtime.pod_network_stats().await
+    }
+
     /// The use of `pods` as far as `need` asks, their containers' from `containers`.
     pub(crate) async fn measure(&self, pods: &[Arc<Pod>], need: Need, containers: Vec<ContainerStats>) -> PodStatsMap {
-        let mut stats: PodStatsMap = pods.iter().map(|p| (PodUid::of(p), PodStats::default())).collect();
+        let pods_cgroup = self.config.pods_cgroup.as_ref().map(|(name, _)| name);
+        let mut stats: PodStatsMap = pods
+            .iter()
+            .map(|pod| {
+                let cgroup = pods_cgroup.map(|pods_cgroup| pod_cgroup_name(pods_cgroup, pod));
+                (PodUid::of(pod), PodStats { cgroup, ..PodStats::default() })
+            })
+            .collect();
         for container in containers {
             let Some(pod) = stats.get_mut(&container.pod_uid) else { continue };
             pod.containers.push(ContainerUsage {
+                id: Some(container.id),
                 name: container.name,
                 memory_working_set: container.memory_working_set_bytes,
                 cpu: container.cpu_usage_core_nanoseconds.map(|used| (used, container.cpu_timestamp_nanos)),
@@ -457,6 +500,24 @@ fn count(usage: &mut DiskUsage, stat: &FileStat, linked: &mut HashSet<(u64, u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nodes_interfaces_leave_out_loopback_and_pod_ends() {
+        let proc_net_dev = "Inter-|   Receive                                                |  Transmit\n \
+            face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n\
+            \x20   lo: 100 1 0 0 0 0 0 0 100 1 0 0 0 0 0 0\n\
+            \x20 ens3: 5000 40 2 0 0 0 0 0 6000 50 3 0 0 0 0 0\n\
+            veth1a2b: 70 1 0 0 0 0 0 0 80 1 0 0 0 0 0 0\n\
+            kubeletrs0: 900 9 0 0 0 0 0 0 800 8 0 0 0 0 0 0\n";
+        let interfaces = host_interfaces(proc_net_dev);
+        let names: Vec<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["ens3", "kubeletrs0"]);
+        let ens3 = &interfaces[0];
+        assert_eq!(
+            (ens3.rx_bytes, ens3.rx_errors, ens3.tx_bytes, ens3.tx_errors),
+            (Some(5000), Some(2), Some(6000), Some(3))
+        );
+    }
 
     #[test]
     fn memory_is_capacity_less_the_working_set() {

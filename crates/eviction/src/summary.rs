@@ -12,7 +12,10 @@ use k8s_openapi::{
     api::core::v1::{Pod, PodStatus},
     jiff::Timestamp,
 };
-use kubelet_core::{Runtime, runtime::FsStats};
+use kubelet_core::{
+    Runtime,
+    runtime::{FsStats, InterfaceStats},
+};
 use serde_json::{Value, json};
 
 use crate::{
@@ -39,6 +42,8 @@ pub struct NodeSample {
     pub image_fs: Option<FsStats>,
     /// Process IDs: available and `pid_max`.
     pub pids: Option<Observation>,
+    /// The node's network interfaces.
+    pub network: Vec<InterfaceStats>,
 }
 
 impl NodeSample {
@@ -52,6 +57,7 @@ impl NodeSample {
             fs: None,
             image_fs: None,
             pids: None,
+            network: Vec::new(),
         }
     }
 
@@ -96,6 +102,13 @@ impl<'a> PodSample<'a> {
         self.stats.containers.iter().any(|c| c.memory_working_set.is_some()).then(|| self.stats.memory())
     }
 
+    /// The image the spec gives container `name`.
+    fn image_of(&self, name: &str) -> &'a str {
+        let containers =
+            self.pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
+        containers.filter(|c| c.name == name).find_map(|c| c.image.as_deref()).unwrap_or_default()
+    }
+
     /// When the container `name` last started, from the status.
     fn container_start(&self, name: &str) -> Option<Timestamp> {
         let statuses = self.status?.container_statuses.as_ref()?;
@@ -126,6 +139,27 @@ fn fs_json(fs: &FsStats, time: Timestamp) -> Value {
     value
 }
 
+/// Upstream's name for the interface a summary's network figures lead with, when there is one.
+const DEFAULT_INTERFACE: &str = "eth0";
+
+fn interface_json(interface: &InterfaceStats) -> Value {
+    json!({
+        "name": interface.name,
+        "rxBytes": interface.rx_bytes,
+        "rxErrors": interface.rx_errors,
+        "txBytes": interface.tx_bytes,
+        "txErrors": interface.tx_errors,
+    })
+}
+
+/// Upstream's `NetworkStats`: the default interface's figures, and every interface's.
+fn network_json(default: Option<&InterfaceStats>, interfaces: &[&InterfaceStats], time: Timestamp) -> Value {
+    let mut value = default.map(interface_json).unwrap_or_else(|| json!({}));
+    value["time"] = json!(time.to_string());
+    value["interfaces"] = Value::Array(interfaces.iter().map(|i| interface_json(i)).collect());
+    value
+}
+
 fn node_json(node_name: &str, node: &NodeSample) -> Value {
     let time = node.time.to_string();
     let mut value = json!({ "nodeName": node_name, "systemContainers": [] });
@@ -143,6 +177,11 @@ fn node_json(node_name: &str, node: &NodeSample) -> Value {
     }
     if let Some(image_fs) = &node.image_fs {
         value["runtime"] = json!({ "imageFs": fs_json(image_fs, node.time) });
+    }
+    if !node.network.is_empty() {
+        let interfaces: Vec<&InterfaceStats> = node.network.iter().collect();
+        let default = interfaces.iter().find(|i| i.name == DEFAULT_INTERFACE).or(interfaces.first()).copied();
+        value["network"] = network_json(default, &interfaces, node.time);
     }
     if let Some(pids) = node.pids {
         value["rlimit"] =
@@ -205,6 +244,10 @@ fn pod_json(sample: &PodSample<'_>, time: Timestamp) -> Value {
     if let Some(processes) = sample.stats.processes {
         value["process_stats"] = json!({ "process_count": processes });
     }
+    if let Some(network) = &sample.stats.network {
+        let interfaces: Vec<&InterfaceStats> = network.default_interface.iter().chain(&network.interfaces).collect();
+        value["network"] = network_json(network.default_interface.as_ref(), &interfaces, time);
+    }
     value
 }
 
@@ -231,7 +274,7 @@ impl Series {
         if self.samples.is_empty() {
             return;
         }
-        let _ = writeln!(out, "# HELP {} [ALPHA] {}", self.name, self.help);
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
         let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
         for (labels, value, time) in &self.samples {
             let _ = writeln!(out, "{}{labels} {value} {}", self.name, time.as_millisecond());
@@ -258,26 +301,32 @@ pub fn resource_metrics(node: &NodeSample, pods: &[PodSample<'_>], scrape_error:
     let mut node_cpu = Series::new(
         "node_cpu_usage_seconds_total",
         "counter",
-        "Cumulative cpu time consumed by the node in core-seconds",
+        "[ALPHA] Cumulative cpu time consumed by the node in core-seconds",
     );
     let mut node_memory =
-        Series::new("node_memory_working_set_bytes", "gauge", "Current working set of the node in bytes");
+        Series::new("node_memory_working_set_bytes", "gauge", "[ALPHA] Current working set of the node in bytes");
     let mut container_cpu_series = Series::new(
         "container_cpu_usage_seconds_total",
         "counter",
-        "Cumulative cpu time consumed by the container in core-seconds",
+        "[ALPHA] Cumulative cpu time consumed by the container in core-seconds",
     );
-    let mut container_memory =
-        Series::new("container_memory_working_set_bytes", "gauge", "Current working set of the container in bytes");
-    let mut container_start =
-        Series::new("container_start_time_seconds", "gauge", "Start time of the container since unix epoch in seconds");
+    let mut container_memory = Series::new(
+        "container_memory_working_set_bytes",
+        "gauge",
+        "[ALPHA] Current working set of the container in bytes",
+    );
+    let mut container_start = Series::new(
+        "container_start_time_seconds",
+        "gauge",
+        "[ALPHA] Start time of the container since unix epoch in seconds",
+    );
     let mut pod_cpu = Series::new(
         "pod_cpu_usage_seconds_total",
         "counter",
-        "Cumulative cpu time consumed by the pod in core-seconds",
+        "[ALPHA] Cumulative cpu time consumed by the pod in core-seconds",
     );
     let mut pod_memory =
-        Series::new("pod_memory_working_set_bytes", "gauge", "Current working set of the pod in bytes");
+        Series::new("pod_memory_working_set_bytes", "gauge", "[ALPHA] Current working set of the pod in bytes");
     let time = node.time;
     if let Some(used) = node.cpu_usage_core_nanoseconds {
         node_cpu.samples.push((String::new(), used as f64 / NANOS_PER_SECOND, time));
@@ -320,6 +369,130 @@ pub fn resource_metrics(node: &NodeSample, pods: &[PodSample<'_>], scrape_error:
     out
 }
 
+/// `/metrics/cadvisor`: the series of cAdvisor's that have a source here, with its names and
+/// labels: the machine's (`id="/"`) and the containers' CPU time and memory working set, the
+/// containers' start times, and the pods' network traffic by interface. Container series are
+/// labelled `container`, `id` (the cgroup), `image`, `name` (the runtime's ID), `namespace`
+/// and `pod`, as cAdvisor labels them for a kubelet.
+pub fn cadvisor_metrics(node: &NodeSample, pods: &[PodSample<'_>]) -> String {
+    let mut cpu =
+        Series::new("container_cpu_usage_seconds_total", "counter", "Cumulative cpu time consumed in seconds.");
+    let mut memory = Series::new("container_memory_working_set_bytes", "gauge", "Current working set in bytes.");
+    let mut start = Series::new(
+        "container_start_time_seconds",
+        "gauge",
+        "Start time of the container since unix epoch in seconds.",
+    );
+    let network_help = [
+        ("container_network_receive_bytes_total", "Cumulative count of bytes received"),
+        ("container_network_receive_errors_total", "Cumulative count of errors encountered while receiving"),
+        ("container_network_transmit_bytes_total", "Cumulative count of bytes transmitted"),
+        ("container_network_transmit_errors_total", "Cumulative count of errors encountered while transmitting"),
+    ];
+    let mut network = network_help.map(|(name, help)| Series::new(name, "counter", help));
+    let time = node.time;
+    let machine = Subject { id: "/", ..Subject::default() };
+    if let Some(used) = node.cpu_usage_core_nanoseconds {
+        cpu.samples.push((machine.cpu_labels(), used as f64 / NANOS_PER_SECOND, time));
+    }
+    if let Some(working_set) = node.memory_working_set() {
+        memory.samples.push((machine.labels(), working_set as f64, time));
+    }
+    for pod in pods {
+        let (name, namespace) = (pod.name(), pod.namespace());
+        let pod_cgroup = pod.stats.cgroup.as_deref().unwrap_or_default();
+        for container in &pod.stats.containers {
+            let id = container.id.as_deref().unwrap_or_default();
+            let cgroup = if pod_cgroup.is_empty() { String::new() } else { format!("{pod_cgroup}/{id}") };
+            let subject = Subject {
+                container: &container.name,
+                id: &cgroup,
+                image: pod.image_of(&container.name),
+                name: id,
+                namespace,
+                pod: name,
+            };
+            let labels = subject.labels();
+            if let Some((used, at)) = container_cpu(container, time) {
+                cpu.samples.push((subject.cpu_labels(), used as f64 / NANOS_PER_SECOND, at));
+            }
+            if let Some(working_set) = container.memory_working_set {
+                memory.samples.push((labels.clone(), working_set as f64, time));
+            }
+            if let Some(started) = pod.container_start(&container.name).filter(|s| s.as_second() > 0) {
+                start.samples.push((labels, started.as_second() as f64, time));
+            }
+        }
+        let Some(traffic) = &pod.stats.network else { continue };
+        for interface in traffic.default_interface.iter().chain(&traffic.interfaces) {
+            let labels = Subject { id: pod_cgroup, namespace, pod: name, ..Subject::default() }
+                .interface_labels(&interface.name);
+            let counters = [interface.rx_bytes, interface.rx_errors, interface.tx_bytes, interface.tx_errors];
+            for (series, counter) in network.iter_mut().zip(counters) {
+                if let Some(value) = counter {
+                    series.samples.push((labels.clone(), value as f64, time));
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    for series in [&cpu, &memory, &start].into_iter().chain(&network) {
+        series.render(&mut out);
+    }
+    out
+}
+
+/// What a cAdvisor series is of: a container, a pod's cgroup or the machine (`id="/"`).
+#[derive(Default)]
+struct Subject<'a> {
+    container: &'a str,
+    id: &'a str,
+    image: &'a str,
+    name: &'a str,
+    namespace: &'a str,
+    pod: &'a str,
+}
+
+impl Subject<'_> {
+    /// The labels, in cAdvisor's order.
+    fn labels(&self) -> String {
+        labels(&[
+            ("container", self.container),
+            ("id", self.id),
+            ("image", self.image),
+            ("name", self.name),
+            ("namespace", self.namespace),
+            ("pod", self.pod),
+        ])
+    }
+
+    /// The labels of a CPU series: the total of all CPUs, as the kubelet's cAdvisor counts.
+    fn cpu_labels(&self) -> String {
+        labels(&[
+            ("container", self.container),
+            ("cpu", "total"),
+            ("id", self.id),
+            ("image", self.image),
+            ("name", self.name),
+            ("namespace", self.namespace),
+            ("pod", self.pod),
+        ])
+    }
+
+    /// The labels of a network series of `interface`.
+    fn interface_labels(&self, interface: &str) -> String {
+        labels(&[
+            ("container", self.container),
+            ("id", self.id),
+            ("image", self.image),
+            ("interface", interface),
+            ("name", self.name),
+            ("namespace", self.namespace),
+            ("pod", self.pod),
+        ])
+    }
+}
+
 /// Takes the samples for the summary and the resource metrics when asked: the node's from this
 /// host, the pods' from the runtime and the disk; it keeps the last node CPU sample for the
 /// node's `usageNanoCores`.
@@ -355,14 +528,26 @@ impl<R: Runtime> SummaryProvider<R> {
     /// what its containers use (upstream's `scrape_error`).
     pub async fn pods(&self, pods: &[std::sync::Arc<Pod>]) -> (crate::rank::PodStatsMap, bool) {
         let need = Need { memory: true, disk: true, processes: true };
-        let (containers, failed) = match self.stats.container_stats().await {
+        let (containers, networks) = tokio::join!(self.stats.container_stats(), self.stats.pod_network_stats());
+        let (containers, failed) = match containers {
             Ok(containers) => (containers, false),
             Err(err) => {
                 tracing::debug!(error = %kubelet_core::ErrorChain(&err), "cannot read the containers' stats");
                 (Vec::new(), true)
             }
         };
-        (self.stats.measure(pods, need, containers).await, failed)
+        let mut measured = self.stats.measure(pods, need, containers).await;
+        match networks {
+            Ok(networks) => {
+                for network in networks {
+                    if let Some(pod) = measured.get_mut(&network.pod_uid) {
+                        pod.network = Some(network);
+                    }
+                }
+            }
+            Err(err) => tracing::debug!(error = %kubelet_core::ErrorChain(&err), "cannot read the pods' networks"),
+        }
+        (measured, failed)
     }
 }
 
@@ -409,6 +594,7 @@ mod tests {
             cpu: Some((1_500_000_000, Some(1_700_000_200_000_000_000))),
             rootfs: Some(DiskUsage::new(8192, 2)),
             logs: Some(DiskUsage::new(4096, 1)),
+            ..ContainerUsage::default()
         };
         let side = ContainerUsage {
             name: "side".to_owned(),
@@ -420,7 +606,25 @@ mod tests {
             containers: vec![app, side],
             volumes: vec![("cache".to_owned(), DiskUsage::new(4096, 3))],
             processes: Some(7),
+            network: Some(network()),
+            ..PodStats::default()
         }
+    }
+
+    fn interface(name: &str, rx_bytes: u64, tx_bytes: u64) -> InterfaceStats {
+        let mut interface = InterfaceStats::new(name);
+        interface.rx_bytes = Some(rx_bytes);
+        interface.rx_errors = Some(0);
+        interface.tx_bytes = Some(tx_bytes);
+        interface.tx_errors = Some(1);
+        interface
+    }
+
+    fn network() -> kubelet_core::runtime::PodNetworkStats {
+        let mut network = kubelet_core::runtime::PodNetworkStats::new(kubelet_core::PodUid::new("u1"));
+        network.default_interface = Some(interface("eth0", 1580, 542));
+        network.interfaces = vec![interface("net1", 10, 20)];
+        network
     }
 
     fn node() -> NodeSample {
@@ -428,6 +632,7 @@ mod tests {
         node.cpu_usage_core_nanoseconds = Some(90_000_000_000);
         node.memory = Some(Observation::new(6 << 30, 8 << 30));
         node.fs = Some(FsStats::new(100 << 30, 40 << 30).with_inodes(1000, 600));
+        node.network = vec![interface("ens3", 5000, 6000), interface("eth0", 7000, 8000)];
         node
     }
 
@@ -451,6 +656,17 @@ mod tests {
         assert_eq!(pod["volume"][0]["name"], "cache");
         assert_eq!(pod["ephemeral-storage"]["usedBytes"], 8192 + 4096 + 4096, "rootfs, logs and emptyDir");
         assert_eq!(pod["process_stats"]["process_count"], 7);
+        let network = &pod["network"];
+        assert_eq!(
+            (&network["name"], &network["rxBytes"], &network["txBytes"], &network["txErrors"]),
+            (&json!("eth0"), &json!(1580), &json!(542), &json!(1)),
+            "the default interface leads: {network}"
+        );
+        assert_eq!(network["interfaces"][1]["name"], "net1");
+        assert_eq!(network["time"], "2023-11-14T22:18:20Z");
+        let network = &summary["node"]["network"];
+        assert_eq!((&network["name"], &network["rxBytes"]), (&json!("eth0"), &json!(7000)), "eth0 leads: {network}");
+        assert_eq!(network["interfaces"].as_array().map(Vec::len), Some(2));
     }
 
     #[test]
@@ -473,5 +689,35 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line}\nin:\n{text}");
         }
         assert!(!text.contains("container_start_time_seconds{container=\"side\""), "side has no start time");
+    }
+
+    #[test]
+    fn cadvisor_metrics_have_cadvisors_names_and_labels() {
+        let mut pod = pod();
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers[0].image = Some("registry.local/app:1".to_owned());
+        }
+        let (status, mut stats) = (status(), stats());
+        stats.cgroup = Some("/kubepods/besteffort/podu1".to_owned());
+        stats.containers[0].id = Some("c0ffee".to_owned());
+        let text = cadvisor_metrics(&node(), &[PodSample::new(&pod, Some(&status), &stats)]);
+        let app = "container=\"app\",cpu=\"total\",id=\"/kubepods/besteffort/podu1/c0ffee\",\
+                   image=\"registry.local/app:1\",name=\"c0ffee\",namespace=\"shop\",pod=\"web\"";
+        let network = "container=\"\",id=\"/kubepods/besteffort/podu1\",image=\"\",interface=\"eth0\",name=\"\",\
+                       namespace=\"shop\",pod=\"web\"";
+        for line in [
+            "# HELP container_cpu_usage_seconds_total Cumulative cpu time consumed in seconds.".to_owned(),
+            "# TYPE container_cpu_usage_seconds_total counter".to_owned(),
+            format!("container_cpu_usage_seconds_total{{{app}}} 1.5 1700000200000"),
+            "container_cpu_usage_seconds_total{container=\"\",cpu=\"total\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 90 1700000300000".to_owned(),
+            format!("container_memory_working_set_bytes{{{}}} 4194304 1700000300000", app.replace("cpu=\"total\",", "")),
+            "container_memory_working_set_bytes{container=\"\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 2147483648 1700000300000".to_owned(),
+            format!("container_start_time_seconds{{{}}} 1700000100 1700000300000", app.replace("cpu=\"total\",", "")),
+            format!("container_network_receive_bytes_total{{{network}}} 1580 1700000300000"),
+            format!("container_network_transmit_errors_total{{{network}}} 1 1700000300000"),
+            format!("container_network_transmit_bytes_total{{{}}} 20 1700000300000", network.replace("eth0", "net1")),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\nin:\n{text}");
+        }
     }
 }

@@ -55,6 +55,49 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     std::time::Duration::try_from_secs_f64(total).map_err(|_| bad())
 }
 
+/// Writes a duration as Go's `Duration.String` does (`"1m0s"`, `"1h30m0s"`, `"500ms"`, `"0s"`), so
+/// what is read back with [`parse_duration`] looks as upstream writes it.
+pub fn format_duration(duration: std::time::Duration) -> String {
+    const NANOS_PER_SECOND: u128 = 1_000_000_000;
+    let nanos = duration.as_nanos();
+    if nanos == 0 {
+        return "0s".to_owned();
+    }
+    if nanos < NANOS_PER_SECOND {
+        let (unit, scale) = if nanos < 1_000 {
+            ("ns", 1)
+        } else if nanos < 1_000_000 {
+            ("µs", 1_000)
+        } else {
+            ("ms", 1_000_000)
+        };
+        return format!("{}{unit}", decimal(nanos, scale));
+    }
+    let whole_seconds = duration.as_secs();
+    let hours = whole_seconds / 3600;
+    let minutes = whole_seconds % 3600 / 60;
+    let seconds = decimal(
+        u128::from(whole_seconds % 60) * NANOS_PER_SECOND + u128::from(duration.subsec_nanos()),
+        NANOS_PER_SECOND,
+    );
+    match (hours, minutes) {
+        (0, 0) => format!("{seconds}s"),
+        (0, _) => format!("{minutes}m{seconds}s"),
+        _ => format!("{hours}h{minutes}m{seconds}s"),
+    }
+}
+
+/// `value / scale` in decimal, without trailing zeros after the point (`scale` a power of ten).
+fn decimal(value: u128, scale: u128) -> String {
+    let whole = value / scale;
+    let fraction = value % scale;
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let digits = scale.ilog10() as usize;
+    format!("{whole}.{}", format!("{fraction:0digits$}").trim_end_matches('0'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +109,26 @@ mod tests {
         assert!(ago >= std::time::Duration::from_millis(4900) && ago < std::time::Duration::from_secs(6), "{ago:?}");
         let future = wall_now() + k8s_openapi::jiff::SignedDuration::from_secs(60);
         assert!(instant_of(future) <= Instant::now());
+    }
+
+    #[test]
+    fn durations_are_written_as_go_writes_them_and_read_back() {
+        use std::time::Duration;
+        for (duration, text) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_nanos(7), "7ns"),
+            (Duration::from_nanos(1500), "1.5µs"),
+            (Duration::from_millis(100), "100ms"),
+            (Duration::from_micros(2250), "2.25ms"),
+            (Duration::from_secs(20), "20s"),
+            (Duration::from_millis(1500), "1.5s"),
+            (Duration::from_secs(60), "1m0s"),
+            (Duration::from_secs(300), "5m0s"),
+            (Duration::from_secs(3600), "1h0m0s"),
+            (Duration::from_secs(5430), "1h30m30s"),
+        ] {
+            assert_eq!(format_duration(duration), text);
+            assert_eq!(parse_duration(text), Ok(duration), "{text}");
+        }
     }
 }

@@ -594,6 +594,48 @@ impl ContainerStats {
     }
 }
 
+/// The traffic of one network interface since it was made.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InterfaceStats {
+    /// The interface's name in its network namespace (`eth0`).
+    pub name: String,
+    /// Bytes received.
+    pub rx_bytes: Option<u64>,
+    /// Receive errors.
+    pub rx_errors: Option<u64>,
+    /// Bytes sent.
+    pub tx_bytes: Option<u64>,
+    /// Send errors.
+    pub tx_errors: Option<u64>,
+}
+
+impl InterfaceStats {
+    /// Interface `name` with nothing measured.
+    pub fn new(name: impl Into<String>) -> Self {
+        InterfaceStats { name: name.into(), ..InterfaceStats::default() }
+    }
+}
+
+/// One pod's network traffic, as the runtime reports it (CRI `ListPodSandboxStats`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PodNetworkStats {
+    /// The pod's UID.
+    pub pod_uid: PodUid,
+    /// Its default interface (the one its IP is on).
+    pub default_interface: Option<InterfaceStats>,
+    /// Its other interfaces.
+    pub interfaces: Vec<InterfaceStats>,
+}
+
+impl PodNetworkStats {
+    /// Pod `pod_uid` with no interface.
+    pub fn new(pod_uid: PodUid) -> Self {
+        PodNetworkStats { pod_uid, default_interface: None, interfaces: Vec::new() }
+    }
+}
+
 /// The result of running a command in a container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -859,6 +901,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// The running containers' use of memory and of their writable layers, for eviction;
     /// none (the default) for a runtime that does not measure it.
     fn container_stats(&self) -> impl Future<Output = Result<Vec<ContainerStats>, Self::Error>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
+
+    /// The pods' network traffic, for `/stats/summary`; none (the default) for a runtime that
+    /// does not measure it, and no entry for a pod it has no figures of.
+    fn pod_network_stats(&self) -> impl Future<Output = Result<Vec<PodNetworkStats>, Self::Error>> + Send {
         std::future::ready(Ok(Vec::new()))
     }
 
