@@ -35,10 +35,85 @@ fn nextest() -> bool {
     cargo().args(["nextest", "--version"]).output().is_ok_and(|o| o.status.success())
 }
 
-/// Every step; the real-runtime tests run `repeat` times in a row.
-pub(crate) fn run_ci(repeat: u32) -> Result<()> {
+/// The steps, in the order they run.
+const STEPS: [&str; 12] = [
+    "fmt",
+    "clippy",
+    "test",
+    "example",
+    "doc",
+    "tidy",
+    "toolchain",
+    "features",
+    "deny",
+    "package",
+    "bench-build",
+    "real-runtime",
+];
+
+/// What `cargo xtask ci` is asked to run.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct CiOptions {
+    /// How many times in a row the real-runtime tests run.
+    repeat: u32,
+    /// The steps to run (all of them unless `--only` names some), less those `--skip` names.
+    steps: Vec<&'static str>,
+}
+
+impl CiOptions {
+    /// `[--repeat N] [--only STEP[,STEP]] [--skip STEP[,STEP]]`.
+    pub(crate) fn parse(args: &[&str]) -> Result<Self> {
+        let mut options = CiOptions { repeat: 1, steps: STEPS.to_vec() };
+        let mut skipped = Vec::new();
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut value = || args.next().with_context(|| format!("{arg} takes a value"));
+            match *arg {
+                "--repeat" => {
+                    let n = value()?;
+                    options.repeat = n
+                        .parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .with_context(|| format!("--repeat takes a positive number of runs, not {n:?}"))?;
+                }
+                "--only" => {
+                    let chosen = step_names(value()?)?;
+                    options.steps = STEPS.iter().copied().filter(|step| chosen.contains(step)).collect();
+                }
+                "--skip" => skipped.extend(step_names(value()?)?),
+                other => bail!("unknown ci option {other:?}: --repeat N, --only STEP[,STEP], --skip STEP[,STEP]"),
+            }
+        }
+        options.steps.retain(|step| !skipped.contains(step));
+        Ok(options)
+    }
+}
+
+/// The steps a comma-separated list names, each checked against [`STEPS`].
+fn step_names(list: &str) -> Result<Vec<&'static str>> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(|name| {
+            STEPS
+                .iter()
+                .find(|step| **step == name)
+                .copied()
+                .with_context(|| format!("no ci step {name:?}; the steps: {}", STEPS.join(", ")))
+        })
+        .collect()
+}
+
+/// The steps `options` asks for, in order; the real-runtime tests run `repeat` times in a row.
+pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
+    let repeat = options.repeat;
     let mut timings: Vec<(&str, Duration)> = Vec::new();
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        if !options.steps.contains(&name) {
+            println!("\n==> {name}: skipped");
+            return Ok(());
+        }
         println!("\n==> {name}");
         let started = Instant::now();
         f().with_context(|| format!("ci step `{name}` failed"))?;
@@ -117,7 +192,11 @@ pub(crate) fn run_ci(repeat: u32) -> Result<()> {
     step("bench-build", &mut || run(cargo().args(["bench", "--workspace", "--locked", "--no-run"])))?;
     step("real-runtime", &mut || real_runtime_tests(repeat))?;
 
-    println!("\nci: all steps passed");
+    if options.steps.len() == STEPS.len() {
+        println!("\nci: all steps passed");
+    } else {
+        println!("\nci: the {} steps asked for passed ({})", options.steps.len(), options.steps.join(", "));
+    }
     for (name, took) in timings {
         println!("  {name:<13} {:>6.1} s", took.as_secs_f64());
     }
@@ -310,4 +389,23 @@ fn forget_unpacked_packages() -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_and_skip_choose_steps_in_their_order() {
+        assert_eq!(CiOptions::parse(&[]).unwrap(), CiOptions { repeat: 1, steps: STEPS.to_vec() });
+        let only = CiOptions::parse(&["--only", "real-runtime,clippy"]).unwrap();
+        assert_eq!(only.steps, ["clippy", "real-runtime"], "in the steps' order, not the list's");
+        let skip = CiOptions::parse(&["--skip", "features,package", "--repeat", "3"]).unwrap();
+        assert_eq!(skip.repeat, 3);
+        assert!(!skip.steps.contains(&"features") && !skip.steps.contains(&"package") && skip.steps.len() == 10);
+        let error = CiOptions::parse(&["--only", "lint"]).unwrap_err().to_string();
+        assert!(error.contains("no ci step \"lint\"") && error.contains("bench-build"), "{error}");
+        assert!(CiOptions::parse(&["--repeat", "0"]).is_err());
+        assert!(CiOptions::parse(&["--only"]).is_err());
+    }
 }

@@ -28,8 +28,10 @@ usage: cargo xtask <command>
 commands:
   demo [--runtime containerd|fake] [--duration 60s]
                           the agent running the example pods, with a live table (root, or --runtime fake)
-  ci [--repeat N]         everything CI runs: fmt, clippy, tests, doc, tidy, real-runtime tests
-                          (with --repeat, the real-runtime tests N times in a row, to catch flakes)
+  ci [--repeat N] [--only STEP[,STEP]] [--skip STEP[,STEP]]
+                          everything CI runs: fmt, clippy, test, example, doc, tidy, toolchain,
+                          features, deny, package, bench-build, real-runtime (--only and --skip
+                          choose steps; --repeat runs the real-runtime tests N times, to catch flakes)
   setup                   (root) install Debian packages and build the test images
   runtime start|stop|status
                           (root) the project's own containerd and local registry
@@ -50,11 +52,7 @@ fn main() -> Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["demo", rest @ ..] => demo::run_demo(rest),
-        ["ci"] => ci::run_ci(1),
-        ["ci", "--repeat", n] => match n.parse::<u32>() {
-            Ok(n) if n > 0 => ci::run_ci(n),
-            _ => bail!("--repeat takes a positive number of runs, not {n:?}"),
-        },
+        ["ci", options @ ..] => ci::run_ci(&ci::CiOptions::parse(options)?),
         ["setup"] => setup::run_setup(),
         ["runtime", "start"] => runtime::start().map(drop),
         ["runtime", "stop"] => runtime::stop(),

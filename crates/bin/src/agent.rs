@@ -567,10 +567,13 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         servers.push(server::serve(addr, server::router(api_state.clone()), cancel.child_token()).await?);
     }
     if let Some(addr) = settings.healthz {
-        servers.push(server::serve(addr, server::healthz_router(api_state), cancel.child_token()).await?);
+        servers.push(server::serve(addr, server::healthz_router(api_state.clone()), cancel.child_token()).await?);
     }
+    servers.extend(crate::systemd::spawn_watchdog(api_state, cancel.child_token()));
+    crate::systemd::ready();
     // The config stays alive for the sources as long as the agent runs.
     agent.run(updates).await;
+    crate::systemd::stopping();
     drop(pod_config);
     cancel.cancel();
     tracker.close();

@@ -106,7 +106,7 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     facts.max_images = file.node_status_max_images;
     facts.reserved = file.reserved();
     facts.eviction = file.eviction_thresholds().unwrap_or_default();
-    facts.kubelet_version = format!("v1.36.0-kubelet-rs.{}", env!("CARGO_PKG_VERSION"));
+    facts.kubelet_version = crate::kubelet_version();
     facts.kubelet_port = settings.kubelet_api.map(|address| address.port());
     facts
 }

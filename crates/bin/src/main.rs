@@ -14,11 +14,13 @@ mod configz;
 mod exec;
 mod flags;
 mod kubelet_api;
+mod logging;
 mod node_ip;
 mod port_forward;
 mod settings;
 mod spec;
 mod stats;
+mod systemd;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -34,11 +36,15 @@ use tracing::{info, warn};
 #[derive(Debug, Parser)]
 #[command(
     name = "kubelet-rs",
-    version,
     about = "A Kubernetes node agent in Rust",
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    disable_version_flag = true
 )]
 struct Cli {
+    /// Print the version (`Kubernetes vX.Y.Z-kubelet-rs.A.B.C`, as kubeadm reads it) and exit;
+    /// `--version=raw` prints the build's details too.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "true|raw")]
+    version: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
@@ -86,13 +92,52 @@ fn main() -> ExitCode {
     }
 }
 
+/// The Kubernetes version whose kubelet this agent stands in for.
+const KUBERNETES_VERSION: &str = "v1.36.0";
+
+/// The version the agent reports, to `--version` and as the Node's `kubeletVersion`: the
+/// Kubernetes version, with kubelet-rs's own as its pre-release part (`v1.36.0-kubelet-rs.0.1.0`).
+pub(crate) fn kubelet_version() -> String {
+    format!("{KUBERNETES_VERSION}-kubelet-rs.{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// `--version`: upstream's line, or with `raw` the build's details as well.
+fn print_version(mode: &str) -> Result<ExitCode> {
+    match mode {
+        "true" => println!("Kubernetes {}", kubelet_version()),
+        "raw" => {
+            let mut numbers = KUBERNETES_VERSION.trim_start_matches('v').split('.');
+            let (major, minor) = (numbers.next().unwrap_or("0"), numbers.next().unwrap_or("0"));
+            println!(
+                "version.Info{{Major:\"{major}\", Minor:\"{minor}\", GitVersion:\"{}\", Compiler:\"rustc\", \
+                 Platform:\"{}/{}\"}}",
+                kubelet_version(),
+                std::env::consts::OS,
+                go_arch(),
+            );
+        }
+        "false" => return Ok(ExitCode::SUCCESS),
+        other => anyhow::bail!("invalid --version {other:?}: true, false or raw"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// This machine's architecture as Go names it.
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
 fn run(cli: Cli, run_matches: &ArgMatches) -> Result<ExitCode> {
+    if let Some(mode) = cli.version.as_deref().filter(|mode| *mode != "false") {
+        return print_version(mode);
+    }
     let Some(command) = cli.command else { return Ok(run_node(cli.run, run_matches)) };
     match command {
-        Command::Version => {
-            println!("kubelet-rs {}", env!("CARGO_PKG_VERSION"));
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Version => print_version("true"),
         Command::CheckRuntime { container_runtime_endpoint } => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(check_runtime(&container_runtime_endpoint))
@@ -125,13 +170,13 @@ fn run_node(args: RunArgs, matches: &ArgMatches) -> ExitCode {
     let settings = match Settings::resolve(args, given, host_name) {
         Ok(settings) => settings,
         Err(e) => {
-            init_logging(0, LogFormat::Text);
+            logging::init(0, LogFormat::Text);
             // Upstream exits with 2 on a configuration it cannot use.
             tracing::error!(error = %e, "invalid configuration");
             return ExitCode::from(2);
         }
     };
-    init_logging(settings.verbosity, settings.log_format);
+    logging::init(settings.verbosity, settings.log_format);
     tracing::debug!(?arenas, bound = alloc::ARENAS, "memory allocator arenas");
     if !settings.without_effect.is_empty() {
         warn!("set but without effect in kubelet-rs: {}", settings.without_effect.join(", "));
@@ -189,21 +234,6 @@ fn check_node(settings: &Settings) -> Result<()> {
 const AGENT_WORKER_THREADS: usize = 4;
 /// The agent's threads for blocking file IO, at most.
 const AGENT_BLOCKING_THREADS: usize = 8;
-
-/// Logs to stderr: `RUST_LOG` when set, else the level `--v` names.
-fn init_logging(verbosity: u8, format: LogFormat) {
-    let level = match verbosity {
-        0 | 1 => "info",
-        2..=4 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
 
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

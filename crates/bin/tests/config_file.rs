@@ -72,30 +72,52 @@ fn a_good_config_file_gets_past_parsing() {
 #[test]
 fn json_logs_are_one_object_a_line() {
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"))
-        .args(["run", "--logging-format", "json"])
-        .args(scratch(dir.path(), NO_RUNTIME))
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (code, _, stderr) = kubelet(dir.path(), NO_RUNTIME, &["--logging-format", "json"]);
     // Every line, the fatal error included, is one JSON object.
     let logs: Vec<serde_json::Value> = stderr
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON object ({e}): {l:?}")))
         .collect();
-    assert!(logs.iter().any(|l| l["fields"]["message"] == "starting kubelet-rs"), "{stderr}");
+    // component-base's keys: ts (milliseconds), caller, msg, v (not on errors), err.
+    let started = logs.iter().find(|l| l["msg"] == "starting kubelet-rs").unwrap_or_else(|| panic!("{stderr}"));
+    assert!(started["ts"].as_f64().is_some_and(|ts| ts > 1.7e12), "{started}");
+    assert!(started["caller"].as_str().is_some_and(|c| c.starts_with("main.rs:")), "{started}");
+    assert_eq!(started["v"], 0, "{started}");
+    assert!(stderr.starts_with("{\"ts\":"), "ts leads, as upstream writes it: {stderr}");
     let failed = logs.last().expect("a last line");
-    assert_eq!(
-        (&failed["level"], &failed["fields"]["message"]),
-        (&"ERROR".into(), &"command failed".into()),
-        "{stderr}"
-    );
-    assert!(
-        failed["fields"]["error"].as_str().is_some_and(|e| e.contains("cannot reach the container runtime")),
-        "{stderr}"
-    );
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(failed["msg"], "command failed", "{stderr}");
+    assert!(failed.get("v").is_none(), "an error has no verbosity: {failed}");
+    let err = failed["err"].as_str().unwrap_or_default();
+    assert!(err.contains("cannot reach the container runtime"), "{stderr}");
+    // The cause chain once, on one line.
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert_eq!(code, Some(1));
+}
+
+#[test]
+fn text_logs_are_klog_lines_without_colour() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, stderr) = kubelet(dir.path(), NO_RUNTIME, &["--v", "2"]);
+    assert!(!stderr.contains('\u{1b}'), "no ANSI escapes when stderr is not a terminal: {stderr:?}");
+    // `Lmmdd hh:mm:ss.uuuuuu PID file:line] "message" key="value"`.
+    for line in stderr.lines() {
+        let (header, rest) = line.split_once("] ").unwrap_or_else(|| panic!("no klog header: {line:?}"));
+        let (severity, date) = header.split_at(1);
+        assert!(matches!(severity, "I" | "W" | "E"), "{line:?}");
+        let parts: Vec<&str> = date.split_whitespace().collect();
+        assert_eq!(parts.len(), 4, "{line:?}");
+        assert!(parts[0].len() == 4 && parts[0].bytes().all(|b| b.is_ascii_digit()), "mmdd: {line:?}");
+        assert!(parts[1].len() == 15 && parts[1].as_bytes()[8] == b'.', "hh:mm:ss.uuuuuu: {line:?}");
+        let pid_padded = format!(" {:>7} ", parts[2]);
+        assert!(parts[2].parse::<u32>().is_ok() && header.contains(&pid_padded), "the pid, 7 wide: {line:?}");
+        assert!(parts[3].contains(".rs:"), "file:line: {line:?}");
+        assert!(rest.starts_with('"'), "a quoted message: {line:?}");
+    }
+    let failed = stderr.lines().last().unwrap_or_default();
+    assert!(failed.starts_with('E') && failed.contains("] \"command failed\" err=\"cannot reach"), "{stderr}");
+    // -v 2 is the agent's debug output, not its libraries'.
+    assert!(stderr.lines().any(|l| l.contains("\"memory allocator arenas\"")), "{stderr}");
+    assert!(!stderr.contains("hyper") && !stderr.contains("h2::"), "{stderr}");
 }
 
 #[test]
@@ -132,7 +154,13 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
     let dir = tempfile::tempdir().unwrap();
     let (code, stdout, _) = kubelet(dir.path(), NO_RUNTIME, &["--version"]);
     assert_eq!(code, Some(0));
-    assert!(stdout.starts_with("kubelet-rs "), "a version line: {stdout}");
+    // kubeadm's preflight reads the version with this pattern.
+    let version = stdout.trim().strip_prefix("Kubernetes v").unwrap_or_else(|| panic!("{stdout:?}"));
+    let (release, build) = version.split_once('-').unwrap_or_else(|| panic!("{stdout:?}"));
+    assert_eq!(release.split('.').filter(|n| n.parse::<u32>().is_ok()).count(), 3, "{stdout:?}");
+    assert_eq!(build, concat!("kubelet-rs.", env!("CARGO_PKG_VERSION")), "{stdout:?}");
+    let (code, raw, _) = kubelet(dir.path(), NO_RUNTIME, &["--version=raw"]);
+    assert!(code == Some(0) && raw.starts_with("version.Info{Major:\"1\""), "{raw}");
 
     let (code, _, stderr) = kubelet(dir.path(), NO_RUNTIME, &["--max-pod=3"]);
     assert_eq!(code, Some(2), "{stderr}");

@@ -128,3 +128,42 @@ async fn get_pods_watch_prints_the_table_again_when_it_changes() {
 async fn next_line(lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>) -> String {
     tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap()
 }
+
+/// Under a `Type=notify` unit with `WatchdogSec`: `READY=1` once the agent runs, then
+/// `WATCHDOG=1` about every half of the watchdog's timeout, then `STOPPING=1` at SIGTERM; all on
+/// the socket systemd names in `NOTIFY_SOCKET` (the test's own here).
+#[tokio::test]
+async fn systemd_hears_ready_the_watchdog_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = tokio::net::UnixDatagram::bind(&socket_path).unwrap();
+    std::fs::create_dir_all(dir.path().join("manifests")).unwrap();
+    let child = common::agent_command("fake://", dir.path(), "fake")
+        .args(["--healthz-port", "0"])
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "400000")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let _agent = Agent(child);
+    let next = || async {
+        let mut buffer = [0u8; 256];
+        let received = tokio::time::timeout(Duration::from_secs(20), socket.recv(&mut buffer)).await;
+        let length = received.expect("a notification within 20 s").unwrap();
+        String::from_utf8_lossy(&buffer[..length]).into_owned()
+    };
+    assert_eq!(next().await, "READY=1\n");
+    let started = tokio::time::Instant::now();
+    for _ in 0..5 {
+        assert_eq!(next().await, "WATCHDOG=1\n");
+    }
+    // Five pings at half the 400 ms timeout: about a second, never faster than the period.
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(700), "five pings in {took:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid.cast_signed()), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let mut last = next().await;
+    while last == "WATCHDOG=1\n" {
+        last = next().await;
+    }
+    assert_eq!(last, "STOPPING=1\n");
+}

@@ -1827,7 +1827,9 @@ async fn real_volumes_for_node_local_pods() {
                 "{}: pod \"secret-{node}\" has forbidden references to API objects: Secret \"db\", Secret volume \"creds\"",
                 dir.join("manifests/secret.yaml").display()
             );
-            assert!(log.contains(&refused), "the static pod with a secret is refused in upstream's words: {log}");
+            // The log quotes the message, as klog does.
+            let quoted = format!("{refused:?}");
+            assert!(log.contains(&quoted), "the static pod with a secret is refused in upstream's words: {log}");
             let (_, pods) = get(port, "/pods").await;
             assert!(!pods.contains(&format!("\"secret-{node}\"")), "the refused static pod is not a pod of the agent");
             let exec = |command: &'static [&'static str]| exec_in_app(&rt_for_body, &name, command);

@@ -78,13 +78,13 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// The runtime answered a call with a gRPC error (or the call failed in transport).
-    #[error("CRI {operation} failed: {status}")]
+    /// The runtime answered a call with a gRPC error (or the call failed in transport). The
+    /// message says the status's code and message once (tonic's own text repeats its source).
+    #[error("CRI {operation} failed: {:?}: {}", status.code(), status.message())]
     Status {
         /// The CRI method, e.g. `Version`.
         operation: &'static str,
         /// The gRPC status.
-        #[source]
         status: Box<tonic::Status>,
     },
     /// The pod whose content was to be removed still has a running container or a ready sandbox.

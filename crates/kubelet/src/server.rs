@@ -113,21 +113,29 @@ fn pod_list(items: Vec<Pod>) -> serde_json::Value {
     serde_json::json!({ "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items })
 }
 
+impl<R: Runtime> ApiState<R> {
+    /// The agent's health as `/healthz` checks it: the sync loop, the PLEG and (beyond upstream)
+    /// the runtime; `Err` names the first failed check (`[-]pleg failed: ...`).
+    pub fn health(&self) -> Result<(), String> {
+        if let Err(err) = self.loop_health.check() {
+            return Err(format!("[-]syncloop failed: {err}"));
+        }
+        if let Err(err) = (self.pleg_health)() {
+            return Err(format!("[-]pleg failed: {err}"));
+        }
+        // Not in upstream's /healthz: a runtime that is gone makes the node useless, so say so.
+        if let Some(err) = self.runtime_state.runtime_down() {
+            return Err(format!("[-]runtime failed: {err}"));
+        }
+        Ok(())
+    }
+}
+
 async fn healthz<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response {
-    if let Err(err) = state.loop_health.check() {
-        return (StatusCode::INTERNAL_SERVER_ERROR, format!("[-]syncloop failed: {err}\nhealthz check failed\n"))
-            .into_response();
+    match state.health() {
+        Ok(()) => (StatusCode::OK, "ok").into_response(),
+        Err(failed) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{failed}\nhealthz check failed\n")).into_response(),
     }
-    if let Err(err) = (state.pleg_health)() {
-        return (StatusCode::INTERNAL_SERVER_ERROR, format!("[-]pleg failed: {err}\nhealthz check failed\n"))
-            .into_response();
-    }
-    // Not in upstream's /healthz: a runtime that is gone makes the node useless, so say so.
-    if let Some(err) = state.runtime_state.runtime_down() {
-        return (StatusCode::INTERNAL_SERVER_ERROR, format!("[-]runtime failed: {err}\nhealthz check failed\n"))
-            .into_response();
-    }
-    (StatusCode::OK, "ok").into_response()
 }
 
 async fn pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Json<serde_json::Value> {
