@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: the agent against the bare CRI floor, on the project's containerd.
 //!
-//! One run, a progress line per phase, then one table, written as Markdown, JSON and an SVG chart
+//! The agent is built as it ships, in the `dist` profile (whole-program LTO). One run, a progress
+//! line per phase, then one table, written as Markdown, JSON and an SVG chart
 //! under `target/bench/`. Every figure is min/median/max over repeated runs (or over idle windows),
 //! and the machine's load is noted before and after.
 //! - The floor: the CRI calls a kubelet cannot avoid (`cri_bench floor`), one pod at a time and all
@@ -18,7 +19,7 @@
 //!   `kubelet_pleg_relist_duration_seconds` (no time row when no relist ran).
 //! - Probing: CPU seconds per minute of the agent while 100 containers each have an exec and an
 //!   httpGet probe at a 1 s period.
-//! - The release binary's size, and (unless `--quick`) two criterion benchmarks on the fake
+//! - The shipped binary's size, and (unless `--quick`) two criterion benchmarks on the fake
 //!   runtime: a relist of 10,000 unchanged containers and a pod-worker dispatch of 10,000 pods.
 
 use std::{
@@ -235,7 +236,7 @@ fn progress(line: &str) {
 }
 
 fn measure(options: &Options) -> Result<Results> {
-    let binaries = harness::build()?;
+    let binaries = harness::build(harness::Profile::Dist)?;
     let tool = CriTool::new(binaries.cri_tool.clone());
     let dir = bench_dir();
     let _ = fs::remove_dir_all(&dir);
@@ -359,7 +360,7 @@ fn measure(options: &Options) -> Result<Results> {
         results.memory.push((*pods, Stat::of(&idle.rss).median));
     }
     let size = fs::metadata(&binaries.agent)?.len() as f64 / (1024.0 * 1024.0);
-    results.figures.push(Figure::new("release binary size", "MiB", &[size]));
+    results.figures.push(Figure::new("binary size (dist profile)", "MiB", &[size]));
     if options.criterion {
         // The agent's figures stand without these.
         match criterion_figures() {

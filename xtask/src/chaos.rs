@@ -137,7 +137,8 @@ pub(crate) fn run_chaos(args: &[&str]) -> Result<()> {
         bail!("chaos runs real pods on the project's containerd, which needs root: {why}");
     }
     let started_runtime = runtime::start()?;
-    let result = harness::build().and_then(|binaries| run_scenarios(&options, only.as_deref(), &binaries));
+    let result = harness::build(harness::Profile::Release)
+        .and_then(|binaries| run_scenarios(&options, only.as_deref(), &binaries));
     if started_runtime {
         runtime::stop()?;
     }

@@ -5,7 +5,7 @@
 //! policy (cargo-deny, `deny.toml`), that each library builds from its own package, that the
 //! benchmarks build, then the tests against the real runtime (test functions named `real_*`),
 //! which the earlier test step leaves out, the short version of the chaos scenarios on the
-//! release binary, and the demo's check.
+//! release binary, the .deb installed and run under its unit (`dist.rs`), and the demo's check.
 
 use std::{
     path::PathBuf,
@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    chaos, cluster, demo, harness, leaks, runtime, tidy,
+    chaos, cluster, demo, dist, harness, leaks, runtime, tidy,
     util::{have, in_ci, project_root, run},
 };
 
@@ -307,7 +307,20 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
     if result.is_ok() {
         // The short chaos scenarios, on the release binary the demo uses next.
         println!("\n--> chaos, short version (the full one: cargo xtask chaos)");
-        result = harness::build().and_then(|binaries| chaos::run_short(&binaries)).context("chaos --short failed");
+        result = harness::build(harness::Profile::Release)
+            .and_then(|binaries| chaos::run_short(&binaries))
+            .context("chaos --short failed");
+    }
+    if result.is_ok() {
+        println!("\n--> the .deb, installed and run under its unit (cargo xtask dist)");
+        result = match dist::missing_prerequisites() {
+            Some(why) if in_ci() => Err(anyhow::anyhow!("the package check cannot run: {why}")),
+            Some(why) => {
+                println!("SKIPPED the package check: {why}");
+                Ok(())
+            }
+            None => dist::check_package().context("the package check failed"),
+        };
     }
     if result.is_ok() {
         // The README's first command, checked: every example pod Running and ready, or Completed.

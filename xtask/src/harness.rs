@@ -28,18 +28,42 @@ pub(crate) fn manifest_name(pod_name: &str) -> &str {
     pod_name.strip_suffix(&format!("-{NODE}")).unwrap_or(pod_name)
 }
 
-/// The release binaries: the agent and the CRI tool.
+/// The binaries: the agent and the CRI tool.
 pub(crate) struct Binaries {
     pub(crate) agent: PathBuf,
     pub(crate) cri_tool: PathBuf,
 }
 
-/// Builds the release agent and the CRI tool.
-pub(crate) fn build() -> Result<Binaries> {
+/// The cargo profile the agent is built with: `release` (optimized, quick to build) for the chaos
+/// scenarios, `dist` (what ships, with whole-program LTO) for the benchmark's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Profile {
+    Release,
+    Dist,
+}
+
+impl Profile {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Profile::Release => "release",
+            Profile::Dist => "dist",
+        }
+    }
+}
+
+/// Builds the agent in `profile`, and the CRI tool.
+pub(crate) fn build(profile: Profile) -> Result<Binaries> {
     let root = project_root()?;
-    println!("building the release agent and the CRI tool");
+    println!("building the agent ({} profile) and the CRI tool", profile.name());
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    run(Command::new(&cargo).current_dir(&root).args(["build", "--release", "--locked", "-p", "kubelet-rs"]))?;
+    run(Command::new(&cargo).current_dir(&root).args([
+        "build",
+        "--profile",
+        profile.name(),
+        "--locked",
+        "-p",
+        "kubelet-rs",
+    ]))?;
     // The tool in the dev profile: it shares its dependencies with the tests' build, and what it
     // measures is the runtime's time, not its own.
     run(Command::new(&cargo).current_dir(&root).args([
@@ -51,7 +75,7 @@ pub(crate) fn build() -> Result<Binaries> {
         "cri_bench",
     ]))?;
     Ok(Binaries {
-        agent: root.join("target/release/kubelet-rs"),
+        agent: root.join("target").join(profile.name()).join("kubelet-rs"),
         cri_tool: root.join("target/debug/examples/cri_bench"),
     })
 }

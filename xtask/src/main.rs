@@ -10,6 +10,7 @@ mod chaos;
 mod ci;
 mod cluster;
 mod demo;
+mod dist;
 mod example;
 mod harness;
 mod images;
@@ -32,6 +33,10 @@ commands:
                           everything CI runs: fmt, clippy, test, example, doc, tidy, toolchain,
                           features, deny, package, bench-build, real-runtime (--only and --skip
                           choose steps; --repeat runs the real-runtime tests N times, to catch flakes)
+  dist [--profile release | --check]
+                          the .deb (cargo-deb): the binary (also /usr/bin/kubelet), kubelet.service
+                          (Type=notify), a standalone configuration, man page and completions;
+                          --check (root) installs it and runs its unit as CI does
   setup                   (root) install Debian packages and build the test images
   runtime start|stop|status
                           (root) the project's own containerd and local registry
@@ -53,6 +58,7 @@ fn main() -> Result<()> {
     match args.as_slice() {
         ["demo", rest @ ..] => demo::run_demo(rest),
         ["ci", options @ ..] => ci::run_ci(&ci::CiOptions::parse(options)?),
+        ["dist", options @ ..] => dist::run_dist(options),
         ["setup"] => setup::run_setup(),
         ["runtime", "start"] => runtime::start().map(drop),
         ["runtime", "stop"] => runtime::stop(),

@@ -37,7 +37,7 @@ const PACKAGES: [&str; 16] = [
 ];
 
 /// Cargo subcommands `cargo xtask ci` runs, installed from crates.io when missing.
-const CARGO_TOOLS: [(&str, &str); 2] = [("cargo-hack", "0.6.46"), ("cargo-deny", "0.20.2")];
+const CARGO_TOOLS: [(&str, &str); 3] = [("cargo-hack", "0.6.46"), ("cargo-deny", "0.20.2"), ("cargo-deb", "3.8.0")];
 
 fn install_cargo_tools() -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());

@@ -10,6 +10,7 @@
 //! deprecation line.
 
 use clap::{Arg, ArgAction, ArgMatches, Command, parser::ValueSource};
+use config::configuration::Support;
 use serde_json::{Map, Value};
 
 /// How a flag's text becomes a configuration value (pflag's value types).
@@ -191,8 +192,17 @@ pub(crate) const FLAGS: &[(&str, Kind, Effect)] = &[
     ("log-text-info-buffer-size", Text, Missing),
 ];
 
+/// `--help`'s heading for the flags that set a configuration field this agent honours.
+const CONFIGURATION: &str = "Configuration (each flag sets the configuration file's field, over the file)";
+/// `--help`'s heading for the flags accepted only at upstream's default.
+const DEFAULT_ONLY: &str = "Accepted only at upstream's default";
+/// `--help`'s heading for the flags accepted without effect.
+const WITHOUT_EFFECT: &str = "Accepted without effect in kubelet-rs (named in the start-up warning)";
+/// `--help`'s heading for the flags upstream deprecated and ignores.
+const DEPRECATED: &str = "Deprecated upstream (ignored, with upstream's deprecation line)";
+
 /// Adds every flag of [`FLAGS`] to `command`, as pflag parses them: a boolean alone or with
-/// `=value`, repeatable lists and maps.
+/// `=value`, repeatable lists and maps; `--help` shows them under a heading by what they do here.
 pub(crate) fn register(mut command: Command) -> Command {
     for &(name, kind, effect) in FLAGS {
         let mut arg = Arg::new(name).long(name).value_name(value_name(kind)).action(ArgAction::Append);
@@ -200,9 +210,22 @@ pub(crate) fn register(mut command: Command) -> Command {
             arg = arg.num_args(0..=1).require_equals(true).default_missing_value("true");
         }
         arg = match effect {
-            Field(field) => arg.help(format!("Upstream's flag for the configuration file's {field} [file: {field}]")),
-            Missing => arg.help("Upstream's flag; without effect in kubelet-rs (named in the start-up warning)"),
-            Deprecated(message) => arg.help(format!("DEPRECATED: {message}")),
+            Field(field) => match config::configuration::support(field) {
+                Some(Support::WithoutEffect) => arg
+                    .help(format!("Sets {field}, which has no effect in kubelet-rs (named in the start-up warning)"))
+                    .help_heading(WITHOUT_EFFECT),
+                Some(Support::DefaultOnly) => arg
+                    .help(format!("Sets {field}; only upstream's default is accepted, any other value is an error"))
+                    .help_heading(DEFAULT_ONLY),
+                _ => {
+                    let sentence = config::configuration::describe(field).unwrap_or("Sets the field, over the file.");
+                    arg.help(format!("{sentence} [file: {field}]")).help_heading(CONFIGURATION)
+                }
+            },
+            Missing => arg
+                .help("A feature kubelet-rs does not have: accepted, and named in the start-up warning")
+                .help_heading(WITHOUT_EFFECT),
+            Deprecated(message) => arg.help(format!("DEPRECATED: {message}")).help_heading(DEPRECATED),
         };
         command = command.arg(arg);
     }
@@ -335,6 +358,24 @@ fn parse(kind: Kind, values: &[&str]) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_flag_of_an_honoured_field_has_a_sentence_for_help() {
+        let undescribed: Vec<&str> = FLAGS
+            .iter()
+            .filter_map(|(name, _, effect)| match effect {
+                Field(field) => Some((*name, *field)),
+                _ => None,
+            })
+            .filter(|(_, field)| {
+                let top = field.split('.').next().unwrap_or(field);
+                config::configuration::support(top) == Some(Support::Honoured)
+            })
+            .filter(|(_, field)| config::configuration::describe(field).is_none())
+            .map(|(name, _)| name)
+            .collect();
+        assert!(undescribed.is_empty(), "flags without a sentence: {undescribed:?}");
+    }
 
     fn parse_args(argv: &[&str]) -> Result<Given, String> {
         let command = register(Command::new("kubelet-rs").no_binary_name(true));

@@ -75,12 +75,28 @@ enum Command {
     Exec(exec::ExecArgs),
     /// Forward local ports to a pod of a running agent, through its unix socket.
     PortForward(port_forward::PortForwardArgs),
+    /// Print the shell completion script for this command (bash, zsh, fish, elvish, powershell).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+        /// The name the command is installed as (`kubelet` where it stands in for upstream's).
+        #[arg(long, default_value = "kubelet-rs")]
+        name: String,
+    },
+    /// Print the manual page (roff), as packages install it.
+    #[command(hide = true)]
+    Man,
+}
+
+/// The whole command line: `Cli` with upstream's flags from [`flags::FLAGS`] at the top level and
+/// on `run`.
+fn full_command() -> clap::Command {
+    flags::register(Cli::command()).mut_subcommand("run", flags::register)
 }
 
 fn main() -> ExitCode {
     // Upstream's flags beyond `RunArgs` come from a table, at the top level and on `run`.
-    let command = flags::register(Cli::command()).mut_subcommand("run", flags::register);
-    let matches = command.get_matches();
+    let matches = full_command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let run_matches = matches.subcommand_matches("run").unwrap_or(&matches).clone();
     match run(cli, &run_matches) {
@@ -148,6 +164,20 @@ fn run(cli: Cli, run_matches: &ArgMatches) -> Result<ExitCode> {
         Command::Logs(args) => cli::logs(args),
         Command::Exec(args) => exec::exec(args),
         Command::PortForward(args) => port_forward::port_forward(args),
+        Command::Completion { shell, name } => {
+            // Written whole, so a closed pipe is an error here, not a panic in the generator.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut full_command(), name, &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            let man = clap_mangen::Man::new(full_command())
+                .source(concat!("kubelet-rs ", env!("CARGO_PKG_VERSION")))
+                .manual("System Administration");
+            man.render(&mut std::io::stdout())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run(args) => Ok(run_node(*args, run_matches)),
     }
 }

@@ -162,6 +162,20 @@ fn upstreams_invocation_runs_the_agent_and_knows_every_upstream_flag() {
     let (code, raw, _) = kubelet(dir.path(), NO_RUNTIME, &["--version=raw"]);
     assert!(code == Some(0) && raw.starts_with("version.Info{Major:\"1\""), "{raw}");
 
+    // --help puts upstream's flags under what they do here.
+    let (code, help, _) = kubelet(dir.path(), NO_RUNTIME, &["--help"]);
+    assert_eq!(code, Some(0));
+    // The lines under `heading`, up to the next heading.
+    let until_next_heading = |heading: &str| {
+        let start = help.find(&format!("\n{heading}")).unwrap_or_else(|| panic!("{heading:?} in:\n{help}"));
+        let under = help[start + 1..].lines().skip(1).take_while(|l| l.is_empty() || l.starts_with(' '));
+        under.collect::<Vec<_>>().join("\n")
+    };
+    assert!(until_next_heading("Deprecated upstream").contains("--pod-infra-container-image"), "{help}");
+    assert!(until_next_heading("Accepted without effect").contains("--lock-file"), "{help}");
+    assert!(until_next_heading("Accepted only at upstream's default").contains("--cgroups-per-qos"), "{help}");
+    assert!(until_next_heading("Configuration (each flag").contains("--max-pods"), "{help}");
+
     let (code, _, stderr) = kubelet(dir.path(), NO_RUNTIME, &["--max-pod=3"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--max-pods"), "the closest flag is suggested: {stderr}");
@@ -220,4 +234,22 @@ fn a_missing_kubeconfig_without_bootstrap_credentials_stops_the_agent() {
     assert!(stderr.contains("TLS bootstrap with --bootstrap-kubeconfig failed"), "{stderr}");
     assert!(stderr.contains("cannot use the kubeconfig /nonexistent/bootstrap.conf"), "{stderr}");
     assert!(!kubeconfig.exists());
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_same_command_line() {
+    let printed = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_kubelet-rs")).args(args).output().unwrap();
+        assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let bash = printed(&["completion", "bash", "--name", "kubelet"]);
+    assert!(bash.contains("complete -F _kubelet") && bash.contains("--max-pods"), "{bash}");
+    for shell in ["zsh", "fish"] {
+        let script = printed(&["completion", shell]);
+        assert!(script.contains("max-pods"), "{shell}: {script}");
+    }
+    let man = printed(&["man"]);
+    assert!(man.contains(".TH kubelet-rs 1"), "{man}");
+    assert!(man.contains("\\-\\-max\\-pods") && man.contains("The most pods this node runs"), "{man}");
 }

@@ -19,7 +19,7 @@ mod fields;
 mod server;
 mod versioned;
 
-pub use fields::{FIELDS, Support, support};
+pub use fields::{FIELDS, Support, describe, support};
 pub use server::{Authentication, Authorization, AuthorizationMode, ServerConfiguration};
 
 /// The only `apiVersion` accepted.

@@ -155,6 +155,76 @@ pub fn support(field: &str) -> Option<Support> {
     FIELDS.iter().find(|(name, _)| *name == field).map(|(_, support)| *support)
 }
 
+/// One sentence on what an honoured field (top-level, or dotted for a nested one) does, for
+/// `--help`; `None` for a field without one.
+pub fn describe(field: &str) -> Option<&'static str> {
+    let sentence = match field {
+        "enableServer" => "Serve the kubelet API (TLS, authenticated and authorized) on address:port.",
+        "failSwapOn" => "Refuse to start when swap is on.",
+        "staticPodPath" => "The directory (or file) of static pod manifests to run.",
+        "syncFrequency" => "How often running pods are synced again without a change (a Go duration, 1m0s).",
+        "fileCheckFrequency" => "How often the static pod path is read again (20s).",
+        "httpCheckFrequency" => "How often the static pod URL is fetched again (20s).",
+        "staticPodURL" => "An http:// URL serving static pod manifests.",
+        "staticPodURLHeader" => "Headers sent with every static pod URL request.",
+        "address" => "The IP address the kubelet API and the read-only port listen on (0.0.0.0).",
+        "port" => "The kubelet API's port (10250); 0 turns it off.",
+        "readOnlyPort" => "The unauthenticated read-only port (0: off).",
+        "containerRuntimeEndpoint" => "The CRI runtime's endpoint (unix:///run/containerd/containerd.sock).",
+        "imageServiceEndpoint" => "The CRI image service's endpoint, when not the runtime's.",
+        "authentication.anonymous.enabled" => "Let requests nothing authenticates through as system:anonymous.",
+        "authentication.webhook.enabled" => "Authenticate bearer tokens with the API server's TokenReview.",
+        "authentication.webhook.cacheTTL" => "How long a TokenReview's answer is kept (2m0s).",
+        "authentication.x509.clientCAFile" => "CA certificates whose client certificates authenticate callers.",
+        "authorization.mode" => "Webhook (a SubjectAccessReview per request) or AlwaysAllow.",
+        "authorization.webhook.cacheAuthorizedTTL" => "How long an allowed access review is kept (5m0s).",
+        "authorization.webhook.cacheUnauthorizedTTL" => "How long a denied access review is kept (30s).",
+        "tlsCertFile" => "The kubelet API's serving certificate (PEM); self-signed in --cert-dir when unset.",
+        "tlsPrivateKeyFile" => "The serving certificate's private key (PEM).",
+        "serverTLSBootstrap" => "Ask the API server for the kubelet API's serving certificate, and renew it.",
+        "tlsCipherSuites" => "The TLS 1.2 cipher suites allowed, by Go's names.",
+        "tlsMinVersion" => "The lowest TLS version: VersionTLS12 or VersionTLS13.",
+        "rotateCertificates" => "Renew the client certificate before it expires, through the API server.",
+        "healthzPort" => "The /healthz port (10248); 0 turns it off.",
+        "healthzBindAddress" => "The IP address /healthz listens on (127.0.0.1).",
+        "oomScoreAdj" => "The agent's own oom_score_adj (-999).",
+        "clusterDomain" => "The cluster's DNS domain, searched by ClusterFirst pods.",
+        "clusterDNS" => "The cluster DNS servers' IPs, for ClusterFirst pods.",
+        "nodeStatusUpdateFrequency" => "How often the Node's status is computed (10s).",
+        "imageMinimumGCAge" => "How old an unused image must be before image GC may remove it (2m0s).",
+        "imageGCHighThresholdPercent" => "Image filesystem use at which image GC starts (85).",
+        "imageGCLowThresholdPercent" => "Image filesystem use image GC brings it down to (80).",
+        "cgroupDriver" => "The cgroup driver: cgroupfs only.",
+        "cgroupRoot" => "The cgroup the pods' kubepods hierarchy goes under.",
+        "runtimeRequestTimeout" => "The timeout of every CRI call but long-running ones (2m0s).",
+        "maxPods" => "The most pods this node runs (110).",
+        "podPidsLimit" => "The most processes in one pod (-1: no limit).",
+        "resolvConf" => "The resolver configuration pods' DNS starts from (/etc/resolv.conf; empty: none).",
+        "containerLogMaxSize" => "The size at which a container's log is rotated (10Mi).",
+        "containerLogMaxFiles" => "The most log files a container keeps (5).",
+        "allowedUnsafeSysctls" => "Unsafe sysctls (or prefix* patterns) pods may set.",
+        "nodeStatusMaxImages" => "The most images the Node's status lists (50; -1: all).",
+        "kubeAPIQPS" => "The API client's average requests per second (50).",
+        "kubeAPIBurst" => "The API client's burst of requests (100).",
+        "serializeImagePulls" => "Pull one image at a time.",
+        "evictionHard" => "Thresholds that evict pods at once (memory.available<100Mi,...).",
+        "evictionSoft" => "Thresholds that evict pods once crossed for their grace period.",
+        "evictionSoftGracePeriod" => "Each soft threshold's grace period.",
+        "evictionPressureTransitionPeriod" => "How long a pressure condition outlasts its threshold (5m0s).",
+        "evictionMaxPodGracePeriod" => "The most grace a pod evicted for a soft threshold gets.",
+        "evictionMinimumReclaim" => "How much beyond a threshold must be free again.",
+        "systemReserved" => "CPU and memory set aside for the operating system.",
+        "kubeReserved" => "CPU and memory set aside for the kubelet and the runtime.",
+        "enforceNodeAllocatable" => "Which limits are enforced: pods, system-reserved, kube-reserved, or none.",
+        "systemReservedCgroup" => "The system daemons' cgroup, limited to systemReserved when enforced.",
+        "kubeReservedCgroup" => "The Kubernetes daemons' cgroup, limited to kubeReserved when enforced.",
+        "registerNode" => "With --kubeconfig, register the Node with the API server.",
+        "registerWithTaints" => "The taints the Node registers with (key=value:Effect).",
+        _ => return None,
+    };
+    Some(sentence)
+}
+
 /// The upstream field closest to the unknown `field`, when one is close enough to be a typo.
 pub(crate) fn closest(field: &str) -> Option<&'static str> {
     FIELDS
