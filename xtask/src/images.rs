@@ -1,5 +1,7 @@
-//! The test images, built here with no internet: a static `pause`, a busybox image, and a
-//! one-file image no pod runs, for the image garbage collection test to pull and remove.
+//! The test images, built here with no internet: a static `pause`, a busybox image, a one-file
+//! image no pod runs, for the image garbage collection test to pull and remove, and a stand-in
+//! for kubeadm's control-plane images (busybox with the host's `openssl`), for the test that runs
+//! kubeadm's static pod manifests.
 //!
 //! Each image is written as an OCI image layout by hand (one gzip layer made with reproducible
 //! `tar` and `gzip -n`, a config, a manifest and `index.json`), so the same inputs give the same
@@ -35,6 +37,9 @@ pub(crate) struct Image {
 pub(crate) const PAUSE: Image = Image { name: "pause", tag: "1.0" };
 /// The busybox image, for test containers.
 pub(crate) const BUSYBOX: Image = Image { name: "busybox", tag: "1.35" };
+/// busybox, the host's `openssl` and `control-plane-stand-in.sh` as etcd, kube-apiserver,
+/// kube-controller-manager and kube-scheduler.
+pub(crate) const CONTROL_PLANE: Image = Image { name: "control-plane-stand-in", tag: "1.0" };
 /// An image of one file that no pod runs: only in the registry, for image GC to remove.
 pub(crate) const UNUSED: Image = Image { name: "unused", tag: "1.0" };
 
@@ -59,7 +64,7 @@ fn images_dir() -> PathBuf {
 
 /// Whether every image archive exists.
 pub(crate) fn built() -> bool {
-    [PAUSE, BUSYBOX, UNUSED].iter().all(|i| i.archive().is_file())
+    [PAUSE, BUSYBOX, CONTROL_PLANE, UNUSED].iter().all(|i| i.archive().is_file())
 }
 
 /// Builds the images and prints their manifest digests.
@@ -83,6 +88,12 @@ pub(crate) fn build() -> Result<()> {
     let config = json!({ "Cmd": ["sh"], "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/" });
     let digest = write_image(&BUSYBOX, &busybox_root, &build_dir, config)?;
     println!("built {} ({digest})", BUSYBOX.reference());
+
+    let control_plane_root = build_dir.join("control-plane-rootfs");
+    control_plane_rootfs(&control_plane_root)?;
+    let config = json!({ "Env": ["PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/" });
+    let digest = write_image(&CONTROL_PLANE, &control_plane_root, &build_dir, config)?;
+    println!("built {} ({digest})", CONTROL_PLANE.reference());
 
     let unused_root = build_dir.join("unused-rootfs");
     fs::create_dir_all(&unused_root)?;
@@ -110,6 +121,36 @@ fn busybox_rootfs(root: &Path) -> Result<()> {
     )?;
     fs::write(root.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")?;
     fs::write(root.join("var/www/index.html"), "<h1>kubelet-rs test page</h1>\n")?;
+    Ok(())
+}
+
+/// busybox's root with `/usr/bin/openssl` and the libraries it loads, and the stand-in script
+/// under each control-plane component's name.
+fn control_plane_rootfs(root: &Path) -> Result<()> {
+    busybox_rootfs(root)?;
+    copy_with_libraries(Path::new("/usr/bin/openssl"), root)?;
+    let bin = root.join("usr/local/bin");
+    fs::create_dir_all(&bin)?;
+    let script = bin.join("control-plane-stand-in");
+    fs::copy(project_root()?.join("xtask/images/control-plane-stand-in.sh"), &script)?;
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755))?;
+    for component in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"] {
+        symlink("control-plane-stand-in", bin.join(component))?;
+    }
+    Ok(())
+}
+
+/// Copies `binary` and the shared libraries `ldd` says it loads into `root` at their paths.
+fn copy_with_libraries(binary: &Path, root: &Path) -> Result<()> {
+    let listing = output(Command::new("ldd").arg(binary)).with_context(|| format!("ldd {}", binary.display()))?;
+    // Lines are `libssl.so.3 => /lib/x86_64-linux-gnu/libssl.so.3 (0x...)` or
+    // `/lib64/ld-linux-x86-64.so.2 (0x...)`; the vDSO has no file.
+    let libraries = listing.lines().filter_map(|line| line.split_whitespace().find(|word| word.starts_with('/')));
+    for file in std::iter::once(binary).chain(libraries.map(Path::new)) {
+        let target = root.join(file.strip_prefix("/")?);
+        fs::create_dir_all(target.parent().context("a file in a directory")?)?;
+        fs::copy(file, &target).with_context(|| format!("copying {}", file.display()))?;
+    }
     Ok(())
 }
 
@@ -195,7 +236,7 @@ fn write_image(image: &Image, rootfs: &Path, scratch: &Path, config: serde_json:
 /// Imports the pause and busybox images into containerd (namespace `k8s.io`) and pushes every
 /// image to the registry.
 pub(crate) fn load(containerd_socket: &Path) -> Result<()> {
-    for image in [PAUSE, BUSYBOX, UNUSED] {
+    for image in [PAUSE, BUSYBOX, CONTROL_PLANE, UNUSED] {
         let imported = image.name != UNUSED.name;
         if imported {
             output(

@@ -13,7 +13,7 @@ use tracing::{Event, Level, Subscriber, field::Field};
 use tracing_subscriber::{
     EnvFilter,
     field::{MakeVisitor, Visit, VisitOutput},
-    fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, format::Writer},
+    fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter, format::Writer},
     registry::LookupSpan,
 };
 
@@ -25,12 +25,19 @@ const LIBRARIES_VERBOSE_FROM: u8 = 8;
 
 /// Sets up logging to stderr in `format` at `verbosity`.
 pub(crate) fn init(verbosity: u8, format: LogFormat) {
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter(verbosity)).with_writer(std::io::stderr).fmt_fields(KeyValues);
-    let _ = match format {
-        LogFormat::Text => builder.event_format(Klog).try_init(),
-        LogFormat::Json => builder.event_format(ComponentBaseJson).try_init(),
-    };
+    let _ = tracing::subscriber::set_global_default(subscriber(filter(verbosity), format, std::io::stderr));
+}
+
+/// A subscriber writing `format`'s lines to `writer`.
+fn subscriber<W>(filter: EnvFilter, format: LogFormat, writer: W) -> Box<dyn Subscriber + Send + Sync>
+where
+    W: for<'writer> MakeWriter<'writer> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    match format {
+        LogFormat::Text => Box::new(builder.fmt_fields(KeyValues::Klog).event_format(Klog).finish()),
+        LogFormat::Json => Box::new(builder.fmt_fields(KeyValues::Json).event_format(ComponentBaseJson).finish()),
+    }
 }
 
 /// `RUST_LOG` when set; else the agent's crates (all named `kubelet…`) at `verbosity`'s level and
@@ -138,8 +145,23 @@ fn klog_value(value: &Value) -> String {
     }
 }
 
-/// Spans' fields as `key="value"` pairs, kept with each span for the lines inside it.
-struct KeyValues;
+/// How spans' fields are kept with each span for the lines inside it: as klog's `key="value"`
+/// pairs, or as JSON members (`"key":value`) for component-base's lines.
+#[derive(Clone, Copy)]
+enum KeyValues {
+    Klog,
+    Json,
+}
+
+impl KeyValues {
+    /// What goes between two fields, and between a span's fields and those recorded later.
+    fn separator(self) -> char {
+        match self {
+            KeyValues::Klog => ' ',
+            KeyValues::Json => ',',
+        }
+    }
+}
 
 impl<'writer> FormatFields<'writer> for KeyValues {
     fn format_fields<R: tracing_subscriber::field::RecordFields>(
@@ -151,18 +173,30 @@ impl<'writer> FormatFields<'writer> for KeyValues {
         fields.record(&mut visitor);
         visitor.finish()
     }
+
+    fn add_fields(
+        &self,
+        current: &'writer mut FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> fmt::Result {
+        if !current.fields.is_empty() {
+            current.fields.push(self.separator());
+        }
+        self.format_fields(current.as_writer(), fields)
+    }
 }
 
 impl<'writer> MakeVisitor<Writer<'writer>> for KeyValues {
     type Visitor = SpanFieldWriter<'writer>;
 
     fn make_visitor(&self, target: Writer<'writer>) -> Self::Visitor {
-        SpanFieldWriter { writer: target, fields: Fields::default() }
+        SpanFieldWriter { format: *self, writer: target, fields: Fields::default() }
     }
 }
 
-/// Writes a span's fields as klog pairs.
+/// Writes a span's fields in its [`KeyValues`] format.
 struct SpanFieldWriter<'writer> {
+    format: KeyValues,
     writer: Writer<'writer>,
     fields: Fields,
 }
@@ -187,23 +221,36 @@ impl Visit for SpanFieldWriter<'_> {
     fn record_bool(&mut self, field: &Field, value: bool) {
         self.fields.record_bool(field, value);
     }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.fields.record_f64(field, value);
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.fields.record_error(field, value);
+    }
 }
 
 impl VisitOutput<fmt::Result> for SpanFieldWriter<'_> {
     fn finish(mut self) -> fmt::Result {
-        // Separated by spaces, the first without one: the formatter puts a space between
-        // fields recorded later and those before.
+        // The first without a separator: `add_fields` puts one between fields recorded later
+        // and those before.
         for (i, (key, value)) in self.fields.pairs.iter().enumerate() {
-            let separator = if i == 0 { "" } else { " " };
-            write!(self.writer, "{separator}{key}={}", klog_value(value))?;
+            if i > 0 {
+                self.writer.write_char(self.format.separator())?;
+            }
+            match self.format {
+                KeyValues::Klog => write!(self.writer, "{key}={}", klog_value(value))?,
+                KeyValues::Json => write!(self.writer, "{}:{value}", Value::from(key.as_str()))?,
+            }
         }
         Ok(())
     }
 }
 
 /// The fields of the spans an event is in, outermost first, as written by [`KeyValues`] and
-/// separated by spaces.
-fn span_fields<S, N>(ctx: &FmtContext<'_, S, N>) -> String
+/// joined by its separator.
+fn span_fields<S, N>(ctx: &FmtContext<'_, S, N>, separator: char) -> String
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -214,7 +261,7 @@ where
             let extensions = span.extensions();
             let Some(fields) = extensions.get::<FormattedFields<N>>().filter(|f| !f.is_empty()) else { continue };
             if !text.is_empty() {
-                text.push(' ');
+                text.push(separator);
             }
             text.push_str(fields);
         }
@@ -252,7 +299,7 @@ where
         for (key, value) in &fields.pairs {
             write!(writer, " {key}={}", klog_value(value))?;
         }
-        let spans = span_fields(ctx);
+        let spans = span_fields(ctx, KeyValues::Klog.separator());
         if !spans.is_empty() {
             write!(writer, " {spans}")?;
         }
@@ -282,51 +329,18 @@ where
             line.push(("v".to_owned(), Value::from(v)));
         }
         line.extend(fields.pairs);
-        line.extend(span_pairs(&span_fields(ctx)));
         writer.write_char('{')?;
         for (i, (key, value)) in line.iter().enumerate() {
             let separator = if i == 0 { "" } else { "," };
             write!(writer, "{separator}{}:{value}", Value::from(key.as_str()))?;
         }
+        // The spans' members, written as JSON by [`KeyValues::Json`] when the span was made.
+        let spans = span_fields(ctx, KeyValues::Json.separator());
+        if !spans.is_empty() {
+            write!(writer, ",{spans}")?;
+        }
         writer.write_str("}\n")
     }
-}
-
-/// The `key="value"` pairs [`KeyValues`] wrote, read back for a JSON line.
-fn span_pairs(text: &str) -> Vec<(String, Value)> {
-    let mut pairs = Vec::new();
-    let mut rest = text.trim_start();
-    while let Some((key, after)) = rest.split_once('=') {
-        let (value, remaining) = match after.strip_prefix('"') {
-            Some(quoted) => {
-                let end = closing_quote(quoted).unwrap_or(quoted.len());
-                let value: Value = serde_json::from_str(&after[..end + 2]).unwrap_or(Value::from(&quoted[..end]));
-                (value, &quoted[(end + 1).min(quoted.len())..])
-            }
-            None => {
-                let end = after.find(' ').unwrap_or(after.len());
-                let value = serde_json::from_str(&after[..end]).unwrap_or(Value::from(&after[..end]));
-                (value, &after[end..])
-            }
-        };
-        pairs.push((key.to_owned(), value));
-        rest = remaining.trim_start();
-    }
-    pairs
-}
-
-/// Where a quoted string (after its opening quote) ends, escapes skipped.
-fn closing_quote(quoted: &str) -> Option<usize> {
-    let mut escaped = false;
-    for (i, c) in quoted.char_indices() {
-        match (escaped, c) {
-            (true, _) => escaped = false,
-            (false, '\\') => escaped = true,
-            (false, '"') => return Some(i),
-            _ => {}
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -341,16 +355,65 @@ mod tests {
         assert_eq!(directives(8), "trace");
     }
 
+    /// The lines written while `log` runs, in `format` at debug.
+    fn lines_of(format: LogFormat, log: impl FnOnce()) -> Vec<String> {
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = buffer.clone();
+        let writer = move || SharedBuffer(sink.clone());
+        let subscriber = subscriber(EnvFilter::new("debug"), format, writer);
+        tracing::subscriber::with_default(subscriber, log);
+        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_owned).collect()
+    }
+
+    struct SharedBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for SharedBuffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Logs a line inside two spans, one with a field recorded after it was made.
+    fn in_spans() {
+        let pod = tracing::info_span!("pod", pod.uid = "a1", pod.name = "web \"x\" = y");
+        let _pod = pod.enter();
+        let attempt = tracing::info_span!("attempt", attempt = 3, outcome = tracing::field::Empty);
+        attempt.record("outcome", "retry");
+        let _attempt = attempt.enter();
+        tracing::warn!(container = "app", "Back-off restarting");
+    }
+
     #[test]
-    fn span_fields_read_back_as_json_values() {
-        let pairs = span_pairs(r#" pod.uid="a1" pod.name="web \"x\"" attempt=3"#);
-        assert_eq!(
-            pairs,
-            [
-                ("pod.uid".to_owned(), Value::from("a1")),
-                ("pod.name".to_owned(), Value::from("web \"x\"")),
-                ("attempt".to_owned(), Value::from(3)),
-            ]
+    fn span_fields_are_json_members_in_json_lines() {
+        let lines = lines_of(LogFormat::Json, in_spans);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line: serde_json::Map<String, Value> = serde_json::from_str(&lines[0]).unwrap();
+        let keys = ["ts", "caller", "msg", "v", "container", "pod.uid", "pod.name", "attempt", "outcome"];
+        assert_eq!(line.len(), keys.len(), "{}", lines[0]);
+        let positions: Vec<usize> = keys.iter().map(|key| lines[0].find(&format!("\"{key}\":")).unwrap()).collect();
+        assert!(positions.is_sorted(), "keys out of component-base's order: {}", lines[0]);
+        assert_eq!(line["pod.name"], "web \"x\" = y");
+        assert_eq!(line["attempt"], 3);
+        assert_eq!(line["outcome"], "retry");
+    }
+
+    #[test]
+    fn span_fields_are_klog_pairs_in_text_lines() {
+        let lines = lines_of(LogFormat::Text, in_spans);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with('W'), "{}", lines[0]);
+        assert!(
+            lines[0].ends_with(
+                r#"] "Back-off restarting" container="app" pod.uid="a1" pod.name="web \"x\" = y" attempt=3 outcome="retry""#
+            ),
+            "{}",
+            lines[0]
         );
     }
 }

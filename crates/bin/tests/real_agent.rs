@@ -3,7 +3,8 @@
 //! stopped behind the agent's back is restarted, a removed manifest stops the pod, and SIGTERM
 //! leaves running pods running; an edited manifest replaces its pod, a lost sandbox is recreated
 //! with the next attempt, and a manifest removed while the agent is down stops its pod; and the
-//! local API reports init, crash-loop, terminal and deadline statuses.
+//! local API reports init, crash-loop, terminal and deadline statuses; kubeadm's control-plane
+//! manifests run as static pods with stand-in images, every field honoured.
 
 // Reason: test helpers outside `#[test]` functions may panic on broken invariants.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -345,7 +346,19 @@ fn free_port() -> u16 {
 
 /// The API status of the pod named `name` in `/pods`, once `done` holds (at most 30 s).
 async fn pod_status(port: u16, name: &str, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    for _ in 0..300 {
+    pod_status_within(port, name, what, Duration::from_secs(30), done).await
+}
+
+/// The API status of the pod named `name` in `/pods`, once `done` holds (at most `within`).
+async fn pod_status_within(
+    port: u16,
+    name: &str,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
         if let Ok((200, body)) = tokio::time::timeout(Duration::from_secs(2), get(port, "/pods")).await {
             let list: serde_json::Value = serde_json::from_str(&body).unwrap();
             if let Some(pod) = list["items"].as_array().unwrap().iter().find(|p| p["metadata"]["name"] == name)
@@ -1958,4 +1971,202 @@ async fn real_image_fs_pressure_removes_unused_images_and_spares_critical_pods()
         }
     };
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// kubeadm v1.26.1's control-plane manifests, as kubeadm wrote them (`fixtures/kubeadm-v1.26`).
+const KUBEADM_COMPONENTS: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"];
+
+/// The ports the stand-ins answer their probes on, as kubeadm's manifests name them.
+const KUBEADM_PROBE_PORTS: [u16; 4] = [2381, 6443, 10257, 10259];
+
+/// kubeadm's manifest for `component` with the stand-in image, the advertise address on
+/// 127.0.0.1 (the probes' host), and every hostPath under `host_root`; the rest as kubeadm wrote it.
+fn kubeadm_manifest(component: &str, image: &str, host_root: &Path) -> String {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/kubeadm-v1.26/{component}.yaml"));
+    let original = std::fs::read_to_string(fixture).unwrap();
+    let mut lines = Vec::new();
+    let mut in_host_path = false;
+    for line in original.lines() {
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let line = match line.trim_start() {
+            text if text.starts_with("image: ") => format!("{indent}image: {image}"),
+            text if in_host_path && text.starts_with("path: ") => {
+                format!("{indent}path: {}{}", host_root.display(), &text["path: ".len()..])
+            }
+            _ => line.replace("10.0.0.10", "127.0.0.1"),
+        };
+        in_host_path = line.trim_start() == "- hostPath:";
+        lines.push(line);
+    }
+    let moved = lines.iter().filter(|l| l.contains(&*host_root.to_string_lossy())).count();
+    assert_eq!(moved, original.matches("hostPath:").count(), "every hostPath of {component} moved");
+    lines.join("\n") + "\n"
+}
+
+/// The lines the stand-in of `component` printed (`name: value`), from its log file.
+fn stand_in_report(dir: &Path, component: &str, node: &str) -> Vec<String> {
+    let prefix = format!("kube-system_{component}-{node}_");
+    let pod_dir = std::fs::read_dir(dir.join("pods"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no log directory for {component}"));
+    logged_messages(&pod_dir.path().join(component)).into_iter().map(|(_, message)| message).collect()
+}
+
+/// Whether `report` has the line `expected`.
+fn reported(report: &[String], expected: &str) -> bool {
+    report.iter().any(|line| line == expected)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn real_kubeadm_control_plane_static_pods() {
+    let Some(rt) = RealRuntime::from_env("real_kubeadm_control_plane_static_pods") else { return };
+    let (dir, node) = scratch(&rt, "agent-kubeadm", "kubeadm");
+    for port in KUBEADM_PROBE_PORTS {
+        let free = std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
+        assert!(free, "port {port} is taken on this host: kubeadm's host-network pods need it");
+    }
+    // The host as kubeadm's certs phase leaves it, as far as the stand-ins look: the API server's
+    // serving certificate and the cluster CA, under the moved /etc/kubernetes/pki.
+    let host_root = dir.join("host");
+    let pki = host_root.join("etc/kubernetes/pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=kube-apiserver-stand-in", "-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-out")
+        .arg(pki.join("apiserver.crt"))
+        .arg("-keyout")
+        .arg(pki.join("apiserver.key"))
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "openssl: {}", String::from_utf8_lossy(&made.stderr));
+    std::fs::copy(pki.join("apiserver.crt"), pki.join("ca.crt")).unwrap();
+    for component in KUBEADM_COMPONENTS {
+        let manifest = kubeadm_manifest(component, &rt.control_plane_image(), &host_root);
+        std::fs::write(dir.join(format!("manifests/{component}.yaml")), manifest).unwrap();
+    }
+    let port = free_port();
+    let port_arg = port.to_string();
+    let mut agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port_arg]);
+
+    let outcome = {
+        let runtime = test_runtime(&rt, &dir, &node);
+        let (dir, node, host_root) = (dir.clone(), node.clone(), host_root.clone());
+        async move {
+            let mut uids = Vec::new();
+            for component in KUBEADM_COMPONENTS {
+                uids.push(check_kubeadm_pod(port, &dir, &node, component).await);
+            }
+            // The API server's stand-in serves the certificate the host gave it through its
+            // read-only hostPath, on the host's network.
+            let served = Command::new("sh")
+                .arg("-c")
+                .arg("openssl s_client -connect 127.0.0.1:6443 </dev/null 2>/dev/null | openssl x509 -noout -subject")
+                .output()
+                .unwrap();
+            let subject = String::from_utf8_lossy(&served.stdout);
+            assert!(subject.contains("CN = kube-apiserver-stand-in"), "served: {subject}");
+            let apiserver = stand_in_report(&dir, "kube-apiserver", &node);
+            for (line, what) in [
+                ("file /etc/kubernetes/pki/apiserver.crt: present", "the host's certificate through k8s-certs"),
+                ("file /etc/kubernetes/pki/sa.pub: missing", "only what the host has"),
+                ("writable /etc/kubernetes/pki: no", "k8s-certs is read-only, as kubeadm asks"),
+                ("writable /etc/ssl/certs: no", "ca-certs is read-only"),
+            ] {
+                assert!(reported(&apiserver, line), "{what}: {apiserver:#?}");
+            }
+            let controller_manager = stand_in_report(&dir, "kube-controller-manager", &node);
+            let flexvolume = "writable /usr/libexec/kubernetes/kubelet-plugins/volume/exec: yes";
+            assert!(reported(&controller_manager, flexvolume), "flexvolume-dir is writable: {controller_manager:#?}");
+            // etcd's data directory is writable and on the host, created as DirectoryOrCreate asks;
+            // the kubeconfigs are created as empty files (FileOrCreate).
+            let etcd = stand_in_report(&dir, "etcd", &node);
+            assert!(reported(&etcd, "writable /var/lib/etcd: yes"), "{etcd:#?}");
+            let written = std::fs::read_to_string(host_root.join("var/lib/etcd/stand-in-etcd")).unwrap();
+            assert_eq!(written, "written by the stand-in etcd\n");
+            for kubeconfig in ["controller-manager.conf", "scheduler.conf"] {
+                let created = std::fs::metadata(host_root.join("etc/kubernetes").join(kubeconfig)).unwrap();
+                assert!(created.is_file() && created.len() == 0, "{kubeconfig} created empty by FileOrCreate");
+            }
+
+            // The manifests go: the pods go, and what they wrote on the host stays.
+            for component in KUBEADM_COMPONENTS {
+                std::fs::remove_file(dir.join(format!("manifests/{component}.yaml"))).unwrap();
+            }
+            for uid in &uids {
+                wait_until_gone(&runtime, &dir, uid).await;
+            }
+            assert!(host_root.join("var/lib/etcd/stand-in-etcd").is_file(), "a hostPath's content is never removed");
+            agent.signal(Signal::SIGTERM);
+            assert!(agent.exited_within(Duration::from_secs(10)).await, "exits after SIGTERM");
+        }
+    };
+    run_then_clean_up(outcome, &test_runtime(&rt, &dir, &node), &dir, &node).await;
+}
+
+/// Checks the pod of kubeadm's `component` runs as its manifest asks: Ready through its probes
+/// (HTTPS but etcd's), on the host's network, with kubeadm's command, in the Burstable cgroup
+/// with its CPU request's shares, node-critical's OOM score, RuntimeDefault seccomp, and kubeadm's
+/// labels and annotations kept. Its UID.
+async fn check_kubeadm_pod(port: u16, dir: &Path, node: &str, component: &str) -> kubelet_core::PodUid {
+    let name = format!("{component}-{node}");
+    let ready = |s: &serde_json::Value| condition(s, "Ready") == "True";
+    // The startup probes wait 10 s before their first try, as kubeadm asks.
+    let status =
+        pod_status_within(port, &name, &format!("{component} to be Ready"), Duration::from_secs(60), ready).await;
+    let container = &status["containerStatuses"][0];
+    assert_eq!((container["started"].as_bool(), container["ready"].as_bool()), (Some(true), Some(true)), "{status}");
+    assert_eq!(container["restartCount"], 0, "{status}");
+    assert_eq!(status["qosClass"], "Burstable", "{status}");
+    assert_eq!(status["podIP"], status["hostIP"], "hostNetwork: {status}");
+
+    let pod = pod_object(port, &name).await;
+    assert_eq!(pod["metadata"]["namespace"], "kube-system");
+    assert_eq!(pod["metadata"]["labels"]["component"], component);
+    assert_eq!(pod["metadata"]["labels"]["tier"], "control-plane");
+    assert_eq!(pod["metadata"]["annotations"]["kubernetes.io/config.source"], "file");
+    if component == "kube-apiserver" {
+        let endpoint =
+            &pod["metadata"]["annotations"]["kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"];
+        assert_eq!(endpoint, "127.0.0.1:6443", "kubeadm's annotation is kept");
+    }
+
+    let report = stand_in_report(dir, component, node);
+    let command: Vec<String> = pod["spec"]["containers"][0]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|arg| arg.as_str().unwrap().to_owned())
+        .collect();
+    assert!(reported(&report, &format!("command: {}", command.join(" "))), "{component}'s command: {report:#?}");
+    assert!(reported(&report, "seccomp: 2"), "{component} runs with RuntimeDefault seccomp: {report:#?}");
+    // Node-critical: -997, as a Guaranteed pod's, where a Burstable pod without a memory request
+    // gets 999. A runtime with `restrict_oom_score_adj` (this project's, with no CAP_SYS_RESOURCE)
+    // raises a negative value to its own score, 0.
+    let oom_score_adj: i32 = report
+        .iter()
+        .find_map(|line| line.strip_prefix("oom_score_adj: "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no oom_score_adj in {report:#?}"));
+    assert!(oom_score_adj <= 0, "{component} is node-critical: oom_score_adj {oom_score_adj}");
+    let cpu_request = match component {
+        "kube-apiserver" => 250,
+        "kube-controller-manager" => 200,
+        _ => 100,
+    };
+    let shares = format!("cpu.shares: {}", cpu_request * 1024 / 1000);
+    assert!(reported(&report, &shares), "{component}'s CPU request: {report:#?}");
+    let cgroup = report.iter().find_map(|line| line.strip_prefix("cgroup: ")).unwrap_or_default();
+    assert!(cgroup.contains("burstable"), "{component} in the Burstable QoS cgroup: {cgroup}");
+    kubelet_core::PodUid::from(pod["metadata"]["uid"].as_str().unwrap())
+}
+
+/// The pod object named `name` in `/pods`.
+async fn pod_object(port: u16, name: &str) -> serde_json::Value {
+    let (code, body) = get(port, "/pods").await;
+    assert_eq!(code, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    list["items"].as_array().unwrap().iter().find(|p| p["metadata"]["name"] == name).unwrap().clone()
 }

@@ -63,6 +63,15 @@ impl RealRuntime {
         format!("{repository}/unused:1.0")
     }
 
+    /// The stand-in for kubeadm's control-plane images, in the same registry repository as
+    /// busybox and imported into the runtime by `cargo xtask`: busybox with `openssl` and a
+    /// script run as `etcd`, `kube-apiserver`, `kube-controller-manager` and `kube-scheduler`
+    /// that reports what its pod gave it and answers the component's probes.
+    pub fn control_plane_image(&self) -> String {
+        let repository = self.busybox_image.rsplit_once('/').map_or("", |(repository, _)| repository);
+        format!("{repository}/control-plane-stand-in:1.0")
+    }
+
     /// A pod with one busybox container `app` that sleeps for an hour, named `name` in
     /// `namespace`, with a UID no other run of the test shares.
     pub fn sleeping_pod(&self, name: &str, namespace: &str) -> Pod {

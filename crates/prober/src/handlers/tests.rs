@@ -208,16 +208,26 @@ async fn exec_passes_on_exit_zero_and_fails_with_the_output() {
 /// An HTTPS server on loopback (a self-signed certificate no authority vouches for) answering
 /// every request 200.
 async fn tls_server() -> u16 {
+    let cert = include_bytes!("testdata/cert.der").to_vec();
+    let key = include_bytes!("testdata/key.der").to_vec();
+    tls_server_with(cert, key, rustls::DEFAULT_VERSIONS).await
+}
+
+/// An HTTPS server on loopback with the certificate `cert` (DER) and its PKCS #8 `key`, speaking
+/// `versions`, answering every request 200.
+async fn tls_server_with(cert: Vec<u8>, key: Vec<u8>, versions: &[&'static rustls::SupportedProtocolVersion]) -> u16 {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-    let cert = CertificateDer::from(include_bytes!("testdata/cert.der").to_vec());
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(include_bytes!("testdata/key.der").to_vec()));
+    let cert = CertificateDer::from(cert);
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // Served as it is: `with_single_cert` would refuse a version 1 certificate.
+    let signing_key = provider.key_provider.load_private_key(key).unwrap();
+    let certified = Arc::new(rustls::sign::CertifiedKey::new(vec![cert], signing_key));
     let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
+        .with_cert_resolver(Arc::new(OneCertificate(certified)));
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -232,6 +242,34 @@ async fn tls_server() -> u16 {
         }
     });
     port
+}
+
+/// Serves one certificate to every client.
+#[derive(Debug)]
+struct OneCertificate(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::server::ResolvesServerCert for OneCertificate {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+}
+
+/// A version 1 certificate, as `openssl req -x509` makes without extensions (kubeadm's
+/// control-plane stand-ins serve one): Go's TLS client takes it, so a probe must too.
+#[tokio::test]
+async fn https_probes_pass_with_a_version_1_certificate_over_tls_1_2_and_1_3() {
+    let cert = include_bytes!("testdata/v1-cert.der").to_vec();
+    let key = include_bytes!("testdata/v1-key.der").to_vec();
+    for versions in [&[&rustls::version::TLS13][..], &[&rustls::version::TLS12][..]] {
+        let port = tls_server_with(cert.clone(), key.clone(), versions).await;
+        let https = HttpTarget { tls: true, ..target(port, "/") };
+        assert_eq!(http(&https, "kube-probe/1.36", TIMEOUT).await, Verdict::Success, "{versions:?}");
+    }
+    // The handshake is still signed with the certificate's key: another key fails it.
+    let other_key = include_bytes!("testdata/key.der").to_vec();
+    let port = tls_server_with(cert, other_key, rustls::DEFAULT_VERSIONS).await;
+    let https = HttpTarget { tls: true, ..target(port, "/") };
+    assert!(matches!(http(&https, "kube-probe/1.36", TIMEOUT).await, Verdict::Failure(_)));
 }
 
 #[tokio::test]
