@@ -2,13 +2,14 @@
 //!
 //! fmt, clippy, unit and integration tests, the example agent run on a static pod, docs, tidy, the toolchain against `rust-version`,
 //! every feature combination of the library crates (cargo-hack), the licence and dependency
-//! policy (cargo-deny, `deny.toml`), that each library builds from its own package, that the
-//! benchmarks build, then the tests against the real runtime (test functions named `real_*`),
-//! which the earlier test step leaves out, the short version of the chaos scenarios on the
-//! release binary, the .deb installed and run under its unit (`dist.rs`), and the demo's check.
+//! policy (cargo-deny, `deny.toml`), that the libraries build from their packages
+//! (`package.rs`), that the benchmarks build, then the tests against the real runtime (test
+//! functions named `real_*`), which the earlier test step leaves out, the short version of the
+//! chaos scenarios, the .deb installed and run under its unit (`dist.rs`), and the demo's check.
+//! Everything is built in the dev profile, once: an optimized build takes minutes on two cores
+//! and checks nothing the dev one does not (`cargo xtask bench` and `dist` build those).
 
 use std::{
-    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };
@@ -183,13 +184,12 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
         }
         run(cargo().args(["deny", "--locked", "check", "bans", "licenses", "sources"]))
     })?;
-    step("package", &mut || {
-        // Each library as crates.io gets it: packaged, then built from its own tarball (the
-        // workspace's crates come from the packages made in the same run).
-        forget_unpacked_packages()?;
-        run(cargo().args(["package", "--workspace", "--locked", "--exclude", "kubelet-rs", "--exclude", "xtask"]))
+    step("package", &mut crate::package::check)?;
+    step("bench-build", &mut || {
+        // The benchmarks compile and link; in the dev profile, which shares the tests' build, since
+        // an optimized build of them (the `bench` profile) takes minutes and checks nothing more.
+        run(cargo().args(["build", "--workspace", "--benches", "--locked"]))
     })?;
-    step("bench-build", &mut || run(cargo().args(["bench", "--workspace", "--locked", "--no-run"])))?;
     step("real-runtime", &mut || real_runtime_tests(repeat))?;
 
     if options.steps.len() == STEPS.len() {
@@ -305,9 +305,10 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
         }
     }
     if result.is_ok() {
-        // The short chaos scenarios, on the release binary the demo uses next.
+        // The short chaos scenarios, on the dev profile's binary, which the tests' build has
+        // mostly made already (an optimized build would take minutes and check nothing more).
         println!("\n--> chaos, short version (the full one: cargo xtask chaos)");
-        result = harness::build(harness::Profile::Release)
+        result = harness::build(harness::Profile::Dev)
             .and_then(|binaries| chaos::run_short(&binaries))
             .context("chaos --short failed");
     }
@@ -376,32 +377,6 @@ pub(crate) fn run_bench() -> Result<()> {
         runtime::stop()?;
     }
     result
-}
-
-/// Removes the workspace's own packages that an earlier `cargo package` unpacked from its
-/// temporary registry. Cargo unpacks each into `$CARGO_HOME/registry/src/-<hash of the
-/// registry's path>/` and never again once there, so a later run from the same checkout path
-/// would build the dependents against the old sources.
-fn forget_unpacked_packages() -> Result<()> {
-    let home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
-    let Some(src) = home.map(|h| h.join("registry/src")) else { return Ok(()) };
-    let Ok(registries) = std::fs::read_dir(&src) else { return Ok(()) };
-    for registry in registries.flatten() {
-        // The temporary registries have no name: their directories start with `-`.
-        if !registry.file_name().to_string_lossy().starts_with('-') {
-            continue;
-        }
-        for package in std::fs::read_dir(registry.path())?.flatten() {
-            let name = package.file_name().to_string_lossy().into_owned();
-            if name.starts_with("kubelet-") {
-                std::fs::remove_dir_all(package.path())
-                    .with_context(|| format!("removing {}", package.path().display()))?;
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! (also `/usr/bin/kubelet`), upstream's `kubelet.service` as a `Type=notify` unit, a standalone
 //! configuration, the man page and the bash completions, the last two written by the binary.
 //!
-//! [`check_package`] is CI's test of it: the package (in the quicker `release` profile) installed
+//! [`check_package`] is CI's test of it: the package (of the `dev` profile's binary) installed
 //! with dpkg, its unit read and run as systemd would run it (its `EnvironmentFile`s, `$VAR`
 //! expansion, `NOTIFY_SOCKET`, `WATCHDOG_USEC`), the agent's `READY=1`, `WATCHDOG=1` and
 //! `STOPPING=1` heard on the test's own socket, and the package purged.
@@ -25,11 +25,12 @@ use crate::{
     util::{have, in_ci, output, project_root, run},
 };
 
-/// `cargo xtask dist [--profile release] | --check`.
+/// `cargo xtask dist [--profile release|dev] | --check`.
 pub(crate) fn run_dist(args: &[&str]) -> Result<()> {
     let profile = match args {
         [] => Profile::Dist,
         ["--profile", "release"] => Profile::Release,
+        ["--profile", "dev"] => Profile::Dev,
         ["--check"] => {
             // CI's check alone, on the project's runtime (started for it when not running).
             let started = runtime::start()?;
@@ -39,7 +40,7 @@ pub(crate) fn run_dist(args: &[&str]) -> Result<()> {
             }
             return checked;
         }
-        other => bail!("unknown dist options {other:?}; usage: cargo xtask dist [--profile release | --check]"),
+        other => bail!("unknown dist options {other:?}; usage: cargo xtask dist [--profile release|dev | --check]"),
     };
     let deb = build_deb(profile)?;
     println!("{}", deb.display());
@@ -53,7 +54,7 @@ fn build_deb(profile: Profile) -> Result<PathBuf> {
         bail!("cargo-deb is missing: run `cargo xtask setup` (it installs it from crates.io)");
     }
     run(cargo().args(["build", "--profile", profile.name(), "--locked", "-p", "kubelet-rs"]))?;
-    let out = project_root()?.join("target").join(profile.name());
+    let out = project_root()?.join("target").join(profile.dir());
     let binary = out.join("kubelet-rs");
     let assets = out.join("packaging");
     fs::create_dir_all(&assets)?;
@@ -101,7 +102,8 @@ impl Drop for Installed {
 
 /// CI's check of the package (root, with the project's runtime running).
 pub(crate) fn check_package() -> Result<()> {
-    let deb = build_deb(Profile::Release)?;
+    // The dev profile: CI has built it for the tests already; the package around it is the same.
+    let deb = build_deb(Profile::Dev)?;
     let manifests_existed = Path::new("/etc/kubernetes/manifests").exists();
     let installed = Installed::install(&deb)?;
     for file in [

@@ -34,10 +34,12 @@ pub(crate) struct Binaries {
     pub(crate) cri_tool: PathBuf,
 }
 
-/// The cargo profile the agent is built with: `release` (optimized, quick to build) for the chaos
-/// scenarios, `dist` (what ships, with whole-program LTO) for the benchmark's figures.
+/// The cargo profile the agent is built with: `dev` (CI's, which shares the tests' build),
+/// `release` (optimized, cargo's default) for `cargo xtask chaos`, `dist` (what ships, with
+/// whole-program LTO) for the benchmark's figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Profile {
+    Dev,
     Release,
     Dist,
 }
@@ -45,8 +47,17 @@ pub(crate) enum Profile {
 impl Profile {
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Profile::Dev => "dev",
             Profile::Release => "release",
             Profile::Dist => "dist",
+        }
+    }
+
+    /// The directory under `target/` the profile builds into (`dev` builds into `debug`).
+    pub(crate) fn dir(self) -> &'static str {
+        match self {
+            Profile::Dev => "debug",
+            other => other.name(),
         }
     }
 }
@@ -75,7 +86,7 @@ pub(crate) fn build(profile: Profile) -> Result<Binaries> {
         "cri_bench",
     ]))?;
     Ok(Binaries {
-        agent: root.join("target").join(profile.name()).join("kubelet-rs"),
+        agent: root.join("target").join(profile.dir()).join("kubelet-rs"),
         cri_tool: root.join("target/debug/examples/cri_bench"),
     })
 }

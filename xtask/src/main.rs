@@ -16,6 +16,7 @@ mod harness;
 mod images;
 mod layout;
 mod leaks;
+mod package;
 mod runtime;
 mod setup;
 mod tidy;

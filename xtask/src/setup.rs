@@ -1,5 +1,5 @@
 //! `cargo xtask setup`: installs what builds and tests need on Debian and the cargo tools CI runs,
-//! and builds the test images.
+//! and builds the test images; the demo uses it without the cargo tools.
 //!
 //! Idempotent: installs only missing packages and says what it did.
 
@@ -57,7 +57,23 @@ fn installed(package: &str) -> bool {
         .is_ok_and(|s| s.contains("install ok installed"))
 }
 
+/// `cargo xtask setup`: the Debian packages, the cargo tools CI runs and the test images.
 pub(crate) fn run_setup() -> Result<()> {
+    install_packages()?;
+    install_cargo_tools()?;
+    build_images()?;
+    println!("setup done: start the test runtime with `cargo xtask runtime start`, or run `cargo xtask ci`");
+    Ok(())
+}
+
+/// What the demo needs of setup: the Debian packages and the test images, without the cargo
+/// tools only CI runs (building them from crates.io takes minutes on a fresh machine).
+pub(crate) fn setup_for_demo() -> Result<()> {
+    install_packages()?;
+    build_images()
+}
+
+fn install_packages() -> Result<()> {
     if !is_root() {
         bail!("setup installs Debian packages and builds images under {}; run it as root", crate::layout::STATE_DIR);
     }
@@ -67,19 +83,20 @@ pub(crate) fn run_setup() -> Result<()> {
     let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         println!("packages: all {} present", PACKAGES.len());
-    } else {
-        println!("packages: installing {}", missing.join(" "));
-        run(Command::new("apt-get").args(["update", "-q"]))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        return Ok(());
     }
-    install_cargo_tools()?;
+    println!("packages: installing {}", missing.join(" "));
+    run(Command::new("apt-get").args(["update", "-q"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn build_images() -> Result<()> {
     images::build()?;
     if runtime::containerd_running() {
         images::load(&runtime::socket())?;
     }
-    println!("setup done: start the test runtime with `cargo xtask runtime start`, or run `cargo xtask ci`");
     Ok(())
 }

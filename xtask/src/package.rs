@@ -1,0 +1,110 @@
+//! CI's `package` step: the libraries as crates.io gets them.
+//!
+//! `cargo package` makes each library's tarball (without cargo's own verification, which builds
+//! each one apart, with its own feature set, so every dependency is compiled a dozen times);
+//! then the tarballs are unpacked side by side into a workspace of their own, each library's
+//! dependencies on the others patched to the unpacked copies, and built together once.
+//! A file a tarball leaves out, a path dependency without a version, or a build script that
+//! reaches outside its package fails that build as it would fail on crates.io.
+
+use std::{fs, path::Path, process::Command};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    ci::cargo,
+    util::{project_root, run},
+};
+
+/// The workspace's packages that are not published: the binary and this tool.
+const UNPUBLISHED: [&str; 2] = ["kubelet-rs", "xtask"];
+
+/// Packages the libraries and builds them from their tarballs.
+pub(crate) fn check() -> Result<()> {
+    let root = project_root()?;
+    let mut package = cargo();
+    package.args(["package", "--workspace", "--locked", "--no-verify"]);
+    for name in UNPUBLISHED {
+        package.args(["--exclude", name]);
+    }
+    run(&mut package)?;
+
+    let packages_dir = root.join("target/package");
+    let workspace = packages_dir.join("from-tarballs");
+    if workspace.exists() {
+        fs::remove_dir_all(&workspace)?;
+    }
+    fs::create_dir_all(&workspace)?;
+    let unpacked = unpack_tarballs(&packages_dir, &workspace)?;
+    fs::write(workspace.join("Cargo.toml"), workspace_manifest(&unpacked))?;
+    // The versions the repository tested, where the tarballs' own manifests allow them.
+    fs::copy(root.join("Cargo.lock"), workspace.join("Cargo.lock"))?;
+    run(cargo()
+        .current_dir(&workspace)
+        .args(["build", "--workspace", "--offline"])
+        .env("CARGO_TARGET_DIR", root.join("target")))
+}
+
+/// One library unpacked from its tarball: its name and its directory under the workspace.
+struct Unpacked {
+    name: String,
+    dir: String,
+}
+
+/// Unpacks the libraries' tarballs (`<name>-<version>.crate`) of this run into `workspace`.
+fn unpack_tarballs(packages_dir: &Path, workspace: &Path) -> Result<Vec<Unpacked>> {
+    let mut unpacked = Vec::new();
+    for entry in fs::read_dir(packages_dir)? {
+        let path = entry?.path();
+        let Some(stem) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".crate")) else {
+            continue;
+        };
+        let Some((name, _version)) = stem.rsplit_once('-') else { continue };
+        if UNPUBLISHED.contains(&name) {
+            continue;
+        }
+        run(Command::new("tar").arg("-xzf").arg(&path).arg("-C").arg(workspace))
+            .with_context(|| format!("unpacking {}", path.display()))?;
+        unpacked.push(Unpacked { name: name.to_owned(), dir: stem.to_owned() });
+    }
+    if unpacked.is_empty() {
+        bail!("cargo package left no tarball in {}", packages_dir.display());
+    }
+    unpacked.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(unpacked)
+}
+
+/// A workspace of the unpacked libraries, each one's dependencies on the others (which name
+/// crates.io, as published manifests do) patched to the unpacked copies.
+fn workspace_manifest(unpacked: &[Unpacked]) -> String {
+    let members: Vec<String> = unpacked.iter().map(|u| format!("{:?}", u.dir)).collect();
+    let mut manifest =
+        format!("[workspace]\nresolver = \"2\"\nmembers = [{}]\n\n[patch.crates-io]\n", members.join(", "));
+    for library in unpacked {
+        manifest.push_str(&format!("{} = {{ path = {:?} }}\n", library.name, library.dir));
+    }
+    manifest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unpacked(name: &str, dir: &str) -> Unpacked {
+        Unpacked { name: name.to_owned(), dir: dir.to_owned() }
+    }
+
+    #[test]
+    fn the_workspace_patches_each_library_to_its_unpacked_copy() {
+        let manifest = workspace_manifest(&[
+            unpacked("kubelet-cni", "kubelet-cni-0.1.0"),
+            unpacked("kubelet-core", "kubelet-core-0.1.0"),
+        ]);
+        assert_eq!(
+            manifest,
+            "[workspace]\nresolver = \"2\"\nmembers = [\"kubelet-cni-0.1.0\", \"kubelet-core-0.1.0\"]\n\n\
+             [patch.crates-io]\nkubelet-cni = { path = \"kubelet-cni-0.1.0\" }\n\
+             kubelet-core = { path = \"kubelet-core-0.1.0\" }\n"
+        );
+    }
+}
