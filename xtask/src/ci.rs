@@ -122,13 +122,6 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
         Ok(())
     };
 
-    if !have("protoc") {
-        let why = "protoc is missing (the CRI bindings need it): run `cargo xtask setup` as root";
-        if in_ci() {
-            bail!("{why}");
-        }
-        println!("warning: {why}");
-    }
     step("fmt", &mut || run(cargo().args(["fmt", "--all", "--", "--check"])))?;
     step("clippy", &mut || {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))

@@ -9,6 +9,8 @@ mod bench;
 mod chaos;
 mod ci;
 mod cluster;
+#[cfg(feature = "codegen")]
+mod codegen;
 mod demo;
 mod dist;
 mod example;
@@ -45,6 +47,8 @@ commands:
                           loopback, with Node,RBAC authorization, NodeRestriction and node credentials
   images                  (root) rebuild the test images (and load them if the runtime runs)
   tidy                    project rules no compiler checks
+  codegen PROTO           the CRI bindings of kubelet-cri-client from the CRI's api.proto
+                          (cargo run -p xtask --features codegen -- codegen PROTO)
   example                 the example agent (crates/kubelet/examples/process_agent.rs) running a pod
   bench [--quick] [--repeat N]
                           (root) the agent against the bare CRI floor: start-up, teardown, idle cost;
@@ -75,6 +79,10 @@ fn main() -> Result<()> {
             Ok(())
         }
         ["tidy"] => tidy::run_tidy(),
+        #[cfg(feature = "codegen")]
+        ["codegen", rest @ ..] => codegen::run_codegen(rest),
+        #[cfg(not(feature = "codegen"))]
+        ["codegen", ..] => bail!("codegen needs the feature: cargo run -p xtask --features codegen -- codegen PROTO"),
         ["example"] => example::check(),
         ["bench", "criterion"] => ci::run_bench(),
         ["bench", rest @ ..] => bench::run_bench(rest),

@@ -12,11 +12,10 @@ use crate::{
     util::{have, is_root, output, run},
 };
 
-/// Debian packages: protoc for the CRI bindings, the runtime, CNI plugins (and ping, which the CNI
+/// Debian packages: the runtime, CNI plugins (and ping, which the CNI
 /// tests use to reach a pod address), registry tools,
 /// the C toolchain and busybox for the test images, and the control plane's etcd and tools.
-const PACKAGES: [&str; 16] = [
-    "protobuf-compiler",
+const PACKAGES: [&str; 15] = [
     "containerd",
     "runc",
     "containernetworking-plugins",

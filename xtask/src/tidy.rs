@@ -39,8 +39,18 @@ const LIBRARIES: [(&str, &[&str]); 10] = [
     ("crates/volumes", &["kubelet-core"]),
     ("crates/apiserver", &["kubelet-core"]),
 ];
-const INTERNAL: [&str; 10] =
-    ["kubelet-core", "pleg", "podworkers", "cri-client", "cni", "config", "kubelet", "prober", "volumes", "apiserver"];
+const INTERNAL: [&str; 10] = [
+    "kubelet-core",
+    "pleg",
+    "podworkers",
+    "cri-client",
+    "cni",
+    "config",
+    "kubelet",
+    "prober",
+    "volumes",
+    "kubelet-cluster",
+];
 
 /// The only third-party crates kubelet-core may depend on: none of them does IO.
 const CORE_DEPENDENCIES: [&str; 8] =
@@ -85,6 +95,10 @@ fn check_rust_files(root: &Path, problems: &mut Vec<String>) -> Result<()> {
     for file in files {
         let text = fs::read_to_string(&file)?;
         let rel = file.strip_prefix(root).unwrap_or(&file).display().to_string();
+        // Generated code (the CRI bindings) follows its generator's rules, not the project's.
+        if text.lines().take(10).any(|line| line.contains("@generated")) {
+            continue;
+        }
         if rel.contains("/tests/") || rel.contains("/benches/") {
             for statement in manager_configs(&text) {
                 if let Some(missing) = MANAGER_DIRS.iter().find(|dir| !statement.contains(*dir)) {

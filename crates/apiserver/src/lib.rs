@@ -1,6 +1,8 @@
-//! Cluster mode for node agents (upstream `pkg/kubelet/nodestatus/setters.go`,
-//! `kubelet_node_status.go` and the node lease controller): the [`Node`] a kubelet registers, the
-//! status it reports and the lease it renews.
+//! Cluster mode for node agents: the node's client of the API server (upstream
+//! `pkg/kubelet/nodestatus/setters.go`, `kubelet_node_status.go`, the node lease controller,
+//! `pkg/kubelet/config/apiserver.go`, `status_manager.go`, `mirror_client.go`): the [`Node`] a
+//! kubelet registers, the status it reports and the lease it renews, the pods bound to it, their
+//! statuses, mirror pods, events, and the objects API-backed volumes read.
 //!
 //! Everything here is a pure function of [`Facts`] (what the agent knows of its node) and
 //! [`Health`] (what is wrong with it now), so it is tested without an API server:
@@ -37,7 +39,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use kubelet_apiserver::{Facts, Health, registration, set_status};
+//! use kubelet_cluster::{Facts, Health, registration, set_status};
 //! use kubelet_core::runtime::Version;
 //!
 //! let mut facts = Facts::new("node-1", Version::new("containerd", "1.6.20", "v1"));

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use kubelet_apiserver::{Facts, Health, heartbeat, testing::ApiServer};
+use kubelet_cluster::{Facts, Health, heartbeat, testing::ApiServer};
 use kubelet_core::{events::RingRecorder, runtime::Version};
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +28,7 @@ async fn client(server: &ApiServer) -> (kube::Client, tempfile::TempDir) {
 }
 
 /// Waits (at most 10 s) until `done` holds of the server's objects.
-async fn until(server: &ApiServer, what: &str, done: impl Fn(&kubelet_apiserver::testing::Objects) -> bool) {
+async fn until(server: &ApiServer, what: &str, done: impl Fn(&kubelet_cluster::testing::Objects) -> bool) {
     for _ in 0..200 {
         if done(&server.objects.lock().unwrap()) {
             return;
@@ -88,7 +88,7 @@ async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflic
         cancel.clone(),
     ));
 
-    let ready = |objects: &kubelet_apiserver::testing::Objects, status: &str| {
+    let ready = |objects: &kubelet_cluster::testing::Objects, status: &str| {
         objects.nodes["node-1"]["status"]["conditions"]
             .as_array()
             .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == status))

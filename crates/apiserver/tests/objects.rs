@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
-use kubelet_apiserver::{heartbeat, objects::ApiObjects, testing::ApiServer};
+use kubelet_cluster::{heartbeat, objects::ApiObjects, testing::ApiServer};
 use kubelet_core::{PodUid, volume::ObjectSource};
 use serde_json::json;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};

@@ -9,7 +9,7 @@ use kube::{
     Api, Client,
     api::{ListParams, Patch, PatchParams},
 };
-use kubelet_apiserver::{heartbeat, testing::ApiServer};
+use kubelet_cluster::{heartbeat, testing::ApiServer};
 use serde_json::{Value, json};
 
 async fn client(server: &ApiServer) -> (Client, tempfile::TempDir) {
@@ -159,7 +159,7 @@ async fn raw_get(server: &ApiServer, path: &str) -> std::io::Result<(u16, Option
 
 #[tokio::test]
 async fn the_server_can_be_away_in_every_way_and_come_back() {
-    use kubelet_apiserver::testing::Fault;
+    use kubelet_cluster::testing::Fault;
     let server = ApiServer::start().await;
     let path = "/api/v1/nodes/node-1";
     assert_eq!(raw_get(&server, path).await.unwrap().0, 404, "served: no such node");
@@ -206,7 +206,7 @@ async fn the_server_can_be_away_in_every_way_and_come_back() {
 
 #[tokio::test]
 async fn a_request_the_server_asks_to_retry_is_retried_and_no_other() {
-    use kubelet_apiserver::testing::Fault;
+    use kubelet_cluster::testing::Fault;
     use std::{sync::Arc, time::Duration};
     let server = Arc::new(ApiServer::start().await);
     let (client, _dir) = client(&server).await;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use kubelet_apiserver::{heartbeat, source, testing::ApiServer};
+use kubelet_cluster::{heartbeat, source, testing::ApiServer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

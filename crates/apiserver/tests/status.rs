@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
-use kubelet_apiserver::{heartbeat, status, testing::ApiServer};
+use kubelet_cluster::{heartbeat, status, testing::ApiServer};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -188,8 +188,7 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
         "uid": "static-uid", "annotations": {"kubernetes.io/config.hash": "h1", "kubernetes.io/config.source": "file"}},
         "spec": {"nodeName": "node-1", "containers": [{"name": "etcd"}]}}))
         .unwrap();
-    let mirror =
-        serde_json::to_value(kubelet_apiserver::mirror::mirror_pod(&static_pod, "node-1", "node-uid")).unwrap();
+    let mirror = serde_json::to_value(kubelet_cluster::mirror::mirror_pod(&static_pod, "node-1", "node-uid")).unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let task = tokio::spawn(status::report(client, rx, Duration::from_millis(100), cancel.clone()));

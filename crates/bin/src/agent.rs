@@ -7,7 +7,6 @@
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
-use apiserver::objects::ApiObjects;
 use config::{PodConfig, file, http};
 use cri_client::{
     Client, Config as CriConfig, CriRuntime,
@@ -22,6 +21,7 @@ use kubelet::{
     image_gc::{ImageGc, ImageGcPolicy},
     server,
 };
+use kubelet_cluster::objects::ApiObjects;
 use kubelet_core::{
     Runtime, Source, StartupTracker,
     events::RingRecorder,
@@ -70,7 +70,7 @@ pub(crate) async fn run(
 struct Cluster {
     client: kube::Client,
     /// The credentials `client` reads, rotated with `rotateCertificates`.
-    credentials: apiserver::credentials::NodeCredentials,
+    credentials: kubelet_cluster::credentials::NodeCredentials,
     objects: Arc<ApiObjects>,
 }
 
@@ -277,7 +277,7 @@ fn node_less_reserved(settings: &Settings) -> NodeResources {
     node.cpu_milli = (node.cpu_milli - reserved_cpu).max(0);
     node.memory_bytes = (node.memory_bytes - reserved_memory).max(0);
     node.max_pods = file.max_pods as usize;
-    node.labels = apiserver::node_labels(&settings.node_name, &settings.node_labels);
+    node.labels = kubelet_cluster::node_labels(&settings.node_name, &settings.node_labels);
     node.allowed_unsafe_sysctls.clone_from(&file.allowed_unsafe_sysctls);
     node
 }

@@ -1,4 +1,4 @@
-//! Cluster mode (`--kubeconfig`): the glue between the agent and `kubelet-apiserver`.
+//! Cluster mode (`--kubeconfig`): the glue between the agent and `kubelet-cluster`.
 //!
 //! The binary registers the Node and keeps its status and lease, watches the pods bound to it
 //! as config source "api", sends pod statuses (static pods' to their mirror pods) and ends
@@ -10,16 +10,16 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use apiserver::{
+use config::SourceSender;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::Client;
+use kubelet::{MirrorClient, StatusSink, admission::NodeResources};
+use kubelet_cluster::{
     Facts, Health, bootstrap, certificate,
     credentials::NodeCredentials,
     heartbeat,
     status::{self, Change, Report},
 };
-use config::SourceSender;
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use kube::Client;
-use kubelet::{MirrorClient, StatusSink, admission::NodeResources};
 use kubelet_core::{
     ErrorChain, PodUid, Runtime, RuntimeState,
     events::{Event, EventRecorder, RingRecorder},
@@ -157,7 +157,7 @@ impl ApiMirrors {
 impl MirrorClient for ApiMirrors {
     fn create_mirror_pod<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            apiserver::mirror::create(&self.client, pod, &self.node).await.map_err(|e| e.to_string())?;
+            kubelet_cluster::mirror::create(&self.client, pod, &self.node).await.map_err(|e| e.to_string())?;
             info!(pod = %pod_full_name(pod), "created the mirror pod");
             Ok(())
         })
@@ -170,7 +170,7 @@ impl MirrorClient for ApiMirrors {
         uid: Option<&'a str>,
     ) -> BoxFuture<'a, Result<bool, String>> {
         Box::pin(async move {
-            apiserver::mirror::delete(&self.client, namespace, name, uid).await.map_err(|e| e.to_string())
+            kubelet_cluster::mirror::delete(&self.client, namespace, name, uid).await.map_err(|e| e.to_string())
         })
     }
 }
@@ -191,10 +191,10 @@ pub(crate) fn spawn(
     recorder: &Arc<RingRecorder>,
     cancel: &CancellationToken,
 ) {
-    let (events, pending) = mpsc::channel(apiserver::events::QUEUE);
+    let (events, pending) = mpsc::channel(kubelet_cluster::events::QUEUE);
     recorder.forward_to(Arc::new(ApiEvents(events)));
     tracker.spawn(
-        apiserver::events::send(client.clone(), settings.node_name.clone(), pending, cancel.child_token())
+        kubelet_cluster::events::send(client.clone(), settings.node_name.clone(), pending, cancel.child_token())
             .instrument(info_span!("event_sink")),
     );
     let recorder: Arc<dyn EventRecorder> = recorder.clone();
@@ -213,7 +213,7 @@ pub(crate) fn spawn(
                 let source = source.clone();
                 async move { source.set(pods).await.is_ok() }
             };
-            apiserver::source::watch_pods(client, &node, deliver, cancel).await;
+            kubelet_cluster::source::watch_pods(client, &node, deliver, cancel).await;
         }
         .instrument(info_span!("api_source"))
     });
@@ -222,7 +222,7 @@ pub(crate) fn spawn(
         return;
     }
     let file = &settings.file;
-    let lease = apiserver::lease::renew_interval(file.node_lease_duration_seconds);
+    let lease = kubelet_cluster::lease::renew_interval(file.node_lease_duration_seconds);
     let config = heartbeat::Config::default()
         .periods(file.node_status_update_frequency, file.node_status_report_frequency, lease)
         .lease_duration(file.node_lease_duration_seconds);
@@ -251,7 +251,7 @@ pub(crate) fn spawn(
                 match heartbeat::register(&client, &facts).await {
                     Ok(node) => break node,
                     Err(err) => {
-                        let wait = apiserver::lease::backoff(failures);
+                        let wait = kubelet_cluster::lease::backoff(failures);
                         failures += 1;
                         warn!(node = %facts.name, error = %kubelet_core::ErrorChain(&err), retry_in = ?wait, "unable to register the node with the API server");
                         tokio::select! {

@@ -340,7 +340,7 @@ fn parse(kind: Kind, values: &[&str]) -> Result<Value, String> {
             Value::Object(map)
         }
         Taints => {
-            let taints = apiserver::parse_taints(&values.join(",")).map_err(|e| e.to_string())?;
+            let taints = kubelet_cluster::parse_taints(&values.join(",")).map_err(|e| e.to_string())?;
             serde_json::to_value(taints).map_err(|e| e.to_string())?
         }
         Headers => {

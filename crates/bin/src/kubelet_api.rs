@@ -4,8 +4,8 @@
 use std::{path::Path, sync::Arc};
 
 use anyhow::{Context, Result};
-use apiserver::certificate::{Renewal, SERVING, keep_renewed};
 use config::configuration::{AuthorizationMode, ServerConfiguration};
+use kubelet_cluster::certificate::{Renewal, SERVING, keep_renewed};
 use kubelet_core::ErrorChain;
 use server::{
     Authenticator, Authorizer, Guard,

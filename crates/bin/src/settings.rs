@@ -188,7 +188,7 @@ impl Settings {
             })?;
             node_labels.insert(key.trim().to_owned(), value.trim().to_owned());
         }
-        apiserver::labels::check_node_labels(&node_labels)
+        kubelet_cluster::labels::check_node_labels(&node_labels)
             .map_err(|message| ConfigFileError { origin: "--node-labels".to_owned(), message })?;
         let mut without_effect = std::mem::take(&mut file.without_effect);
         without_effect.extend(given.missing);

@@ -1,5 +1,5 @@
 //! Cluster mode (`--kubeconfig`) end to end: the whole binary against the in-process API server
-//! of `kubelet-apiserver`, on the in-memory runtime and (`real_` tests) on the real containerd,
+//! of `kubelet-cluster`, on the in-memory runtime and (`real_` tests) on the real containerd,
 //! and against upstream's kube-apiserver with the node's own credentials when `cargo xtask
 //! cluster up` runs one (`KUBELET_RS_TEST_KUBECONFIG`).
 //!
@@ -24,7 +24,6 @@ use std::{
     time::Duration,
 };
 
-use apiserver::testing::ApiServer;
 use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret, Service},
@@ -33,6 +32,7 @@ use kube::{
     Api,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
+use kubelet_cluster::testing::ApiServer;
 use kubelet_core::{
     eviction::{Resource, format_amount},
     runtime::Runtime as _,
@@ -693,7 +693,7 @@ async fn kube_apiserver(test: &str, node: &str) -> Option<Cluster> {
         eprintln!("skipped {test}: no kube-apiserver (`cargo xtask cluster up` sets KUBELET_RS_TEST_KUBECONFIG)");
         return None;
     };
-    let client = apiserver::heartbeat::connect(&admin).await.unwrap();
+    let client = kubelet_cluster::heartbeat::connect(&admin).await.unwrap();
     let namespace = format!("kubelet-rs-{node}-{}", std::process::id());
     prepare_namespace(&client, &namespace, &admin).await;
     Some(Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace })
@@ -1019,7 +1019,7 @@ const OUTAGE_LEASE_SECONDS: u64 = 10;
 /// status reported before the lease could run out; and a pod bound afterwards runs.
 #[tokio::test]
 async fn real_a_node_rides_out_an_api_server_outage() {
-    use apiserver::testing::Fault;
+    use kubelet_cluster::testing::Fault;
     let Some(rt) = RealRuntime::from_env("real_a_node_rides_out_an_api_server_outage") else { return };
     let node = format!("outage-{}", std::process::id());
     let phases = vec![
@@ -1051,7 +1051,7 @@ enum Away {
     /// Connections are refused.
     Refused,
     /// The in-process server answers with these faults, one after the other.
-    Faults(Vec<Option<apiserver::testing::Fault>>),
+    Faults(Vec<Option<kubelet_cluster::testing::Fault>>),
     /// kube-apiserver's process is stopped.
     Stopped,
 }

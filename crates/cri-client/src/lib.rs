@@ -5,7 +5,8 @@
 //! `unix:///run/containerd/containerd.sock`, applies the per-call timeout
 //! (`runtimeRequestTimeout`, default 2 min) and the 16 MiB message limit, and turns gRPC
 //! statuses into [`Error`]s that can be classified without string matching.
-//! The generated protocol types come from the `k8s-cri` crate and are re-exported as [`pb`].
+//! The protocol's types are generated ahead of time from the CRI of Kubernetes 1.32 and shipped
+//! in [`pb`], so building the crate needs no `protoc`.
 //!
 //! [`CriRuntime`] is upstream's runtime manager (`kuberuntime`) on top of it; given a
 //! `kubelet_core::HookRunner` ([`CriRuntime::hooks`]) it runs containers' postStart and preStop
@@ -46,9 +47,24 @@ pub mod log_rotation;
 pub mod manager;
 pub mod sandbox;
 
-/// The generated CRI `runtime.v1` types, clients and servers (from the `k8s-cri` crate).
+/// The CRI `runtime.v1` messages and the `RuntimeService` and `ImageService` clients, as
+/// Kubernetes 1.32 defines them (`k8s.io/cri-api` `pkg/apis/runtime/v1/api.proto`), generated
+/// ahead of time by `cargo xtask codegen` so that building this crate needs no `protoc`; the
+/// two servers too with the feature `server`, for fake runtimes in tests.
+#[allow(
+    missing_docs,
+    unreachable_pub,
+    rust_2018_idioms,
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery,
+    rustdoc::bare_urls,
+    rustdoc::broken_intra_doc_links,
+    rustdoc::invalid_html_tags,
+    reason = "generated code"
+)]
 pub mod pb {
-    pub use k8s_cri::v1::*;
+    include!("pb/runtime.v1.rs");
 }
 
 #[doc(inline)]

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::{PodManager, hook::BoxFuture};
 
 /// Where mirror pods are made and removed: the API server, in cluster mode
-/// (`kubelet-rs` implements it over `kubelet-apiserver`).
+/// (`kubelet-rs` implements it over `kubelet-cluster`).
 pub trait MirrorClient: Send + Sync + 'static {
     /// Creates the mirror pod of static pod `pod`; one already there with the pod's hash is success.
     fn create_mirror_pod<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<(), String>>;
