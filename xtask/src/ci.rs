@@ -151,6 +151,9 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
         }
         // `--no-dev-deps` edits the manifests while it runs, which `--locked` refuses; `--offline`
         // keeps it to what the lock file already names, and the lock file is put back as it was.
+        // Every crate the lock file names, optional ones included, is fetched first: the earlier
+        // steps download only what their feature sets use.
+        run(cargo().args(["fetch", "--locked"]))?;
         let lock = project_root()?.join("Cargo.lock");
         let locked = std::fs::read(&lock)?;
         let result = run(cargo().args([

@@ -15,7 +15,7 @@ use crate::{
 /// Debian packages: the runtime, CNI plugins (and ping, which the CNI
 /// tests use to reach a pod address), registry tools,
 /// the C toolchain and busybox for the test images, and the control plane's etcd and tools.
-const PACKAGES: [&str; 15] = [
+const PACKAGES: [&str; 17] = [
     "containerd",
     "runc",
     "containernetworking-plugins",
@@ -33,6 +33,9 @@ const PACKAGES: [&str; 15] = [
     "etcd-server",
     "openssl",
     "curl",
+    // kubelet-cluster's `openssl-tls` feature, which CI's feature combinations build.
+    "libssl-dev",
+    "pkg-config",
 ];
 
 /// Cargo subcommands `cargo xtask ci` runs, installed from crates.io when missing.

@@ -36,6 +36,9 @@
 //! [`certificate`] renews the node's client and serving certificates the same way, and
 //! [`credentials`] lets running clients take a rotated client certificate without a restart.
 //!
+//! TLS to the API server is kube's: rustls with ring by default (feature `rustls-tls`), or the
+//! system's OpenSSL (feature `openssl-tls`, without the default features).
+//!
 //! # Example
 //!
 //! ```no_run
