@@ -1,4 +1,4 @@
-//! The example agent (`crates/kubelet/examples/process_agent.rs`) run as a user would: a static
+//! The example agent (`crates/sdk/examples/process_agent.rs`) run as a user would: a static
 //! pod in a fresh manifest directory must be reported Running through its local API, with its
 //! container restarted by its restart policy, and gone once the manifest is removed.
 
@@ -19,16 +19,7 @@ const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: sleeper}\nspec:\n
 
 /// Builds the example, runs it on a scratch directory, and checks what its API reports.
 pub(crate) fn check() -> Result<()> {
-    run(crate::ci::cargo().args([
-        "build",
-        "-p",
-        "kubelet-node",
-        "--features",
-        "server",
-        "--example",
-        "process_agent",
-        "--locked",
-    ]))?;
+    run(crate::ci::cargo().args(["build", "-p", "kubelet-sdk", "--example", "process_agent", "--locked"]))?;
     let scratch = project_root()?.join("target/example-agent");
     let _ = fs::remove_dir_all(&scratch);
     let (manifests, root) = (scratch.join("manifests"), scratch.join("root"));

@@ -49,7 +49,7 @@ commands:
   tidy                    project rules no compiler checks
   codegen PROTO           the CRI bindings of kubelet-cri-client from the CRI's api.proto
                           (cargo run -p xtask --features codegen -- codegen PROTO)
-  example                 the example agent (crates/kubelet/examples/process_agent.rs) running a pod
+  example                 the example agent (crates/sdk/examples/process_agent.rs) running a pod
   bench [--quick] [--repeat N]
                           (root) the agent against the bare CRI floor: start-up, teardown, idle cost;
                           one table, also under target/bench/ as Markdown, JSON and SVG

@@ -6,6 +6,8 @@
 //! dependencies on the others patched to the unpacked copies, and built together once.
 //! A file a tarball leaves out, a path dependency without a version, or a build script that
 //! reaches outside its package fails that build as it would fail on crates.io.
+//! A downstream crate is built with them: the example agent (`crates/sdk/examples/process_agent.rs`)
+//! as a crate of its own that depends on `kubelet-sdk` from crates.io, as a user's agent would.
 
 use std::{fs, path::Path, process::Command};
 
@@ -22,6 +24,8 @@ const UNPUBLISHED: [&str; 2] = ["kubelet-rs", "xtask"];
 /// Packages the libraries and builds them from their tarballs.
 pub(crate) fn check() -> Result<()> {
     let root = project_root()?;
+    let packages_dir = root.join("target/package");
+    forget_old_tarballs(&packages_dir)?;
     let mut package = cargo();
     package.args(["package", "--workspace", "--locked", "--no-verify"]);
     for name in UNPUBLISHED {
@@ -29,13 +33,14 @@ pub(crate) fn check() -> Result<()> {
     }
     run(&mut package)?;
 
-    let packages_dir = root.join("target/package");
     let workspace = packages_dir.join("from-tarballs");
     if workspace.exists() {
         fs::remove_dir_all(&workspace)?;
     }
     fs::create_dir_all(&workspace)?;
-    let unpacked = unpack_tarballs(&packages_dir, &workspace)?;
+    let mut unpacked = unpack_tarballs(&packages_dir, &workspace)?;
+    write_downstream_agent(&root, &workspace)?;
+    unpacked.push(Unpacked { name: String::new(), dir: DOWNSTREAM.to_owned() });
     fs::write(workspace.join("Cargo.toml"), workspace_manifest(&unpacked))?;
     // The versions the repository tested, where the tarballs' own manifests allow them.
     fs::copy(root.join("Cargo.lock"), workspace.join("Cargo.lock"))?;
@@ -43,6 +48,37 @@ pub(crate) fn check() -> Result<()> {
         .current_dir(&workspace)
         .args(["build", "--workspace", "--offline"])
         .env("CARGO_TARGET_DIR", root.join("target")))
+}
+
+/// The downstream crate's directory in the workspace of tarballs.
+const DOWNSTREAM: &str = "downstream-agent";
+
+/// The downstream crate: the example agent's source, depending on `kubelet-sdk` as published.
+fn write_downstream_agent(root: &Path, workspace: &Path) -> Result<()> {
+    let dir = workspace.join(DOWNSTREAM);
+    fs::create_dir_all(dir.join("src"))?;
+    fs::copy(root.join("crates/sdk/examples/process_agent.rs"), dir.join("src/main.rs"))?;
+    // The versions come from the lock file the workspace copies; k8s-openapi needs the one API
+    // version feature an agent picks.
+    let manifest = "[package]\nname = \"downstream-agent\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
+                    [dependencies]\nkubelet-sdk = \"0.1.0\"\n\
+                    k8s-openapi = { version = \"*\", features = [\"v1_36\"] }\n\
+                    tokio = { version = \"1\", features = [\"macros\", \"rt-multi-thread\", \"process\", \"sync\"] }\n";
+    fs::write(dir.join("Cargo.toml"), manifest)?;
+    Ok(())
+}
+
+/// Removes the tarballs an earlier run left (of crates since renamed or removed, too), so that only
+/// this run's are built.
+fn forget_old_tarballs(packages_dir: &Path) -> Result<()> {
+    let Ok(entries) = fs::read_dir(packages_dir) else { return Ok(()) };
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_some_and(|extension| extension == "crate") {
+            fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// One library unpacked from its tarball: its name and its directory under the workspace.
@@ -74,13 +110,14 @@ fn unpack_tarballs(packages_dir: &Path, workspace: &Path) -> Result<Vec<Unpacked
     Ok(unpacked)
 }
 
-/// A workspace of the unpacked libraries, each one's dependencies on the others (which name
-/// crates.io, as published manifests do) patched to the unpacked copies.
+/// A workspace of the unpacked libraries (and the downstream crate, which has no name to patch),
+/// each one's dependencies on the others (which name crates.io, as published manifests do)
+/// patched to the unpacked copies.
 fn workspace_manifest(unpacked: &[Unpacked]) -> String {
     let members: Vec<String> = unpacked.iter().map(|u| format!("{:?}", u.dir)).collect();
     let mut manifest =
         format!("[workspace]\nresolver = \"2\"\nmembers = [{}]\n\n[patch.crates-io]\n", members.join(", "));
-    for library in unpacked {
+    for library in unpacked.iter().filter(|u| !u.name.is_empty()) {
         manifest.push_str(&format!("{} = {{ path = {:?} }}\n", library.name, library.dir));
     }
     manifest

@@ -27,7 +27,7 @@ use crate::util::project_root;
 
 /// Library crates and the internal crates each may depend on: core at the bottom, every other
 /// library on core alone, so a pod's path visits no crate twice.
-const LIBRARIES: [(&str, &[&str]); 10] = [
+const LIBRARIES: [(&str, &[&str]); 11] = [
     ("crates/kubelet-core", &[]),
     ("crates/pleg", &["kubelet-core"]),
     ("crates/podworkers", &["kubelet-core"]),
@@ -38,6 +38,23 @@ const LIBRARIES: [(&str, &[&str]); 10] = [
     ("crates/prober", &["kubelet-core"]),
     ("crates/volumes", &["kubelet-core"]),
     ("crates/apiserver", &["kubelet-core"]),
+    // The facade: one dependency for downstream agents, over the libraries it re-exports.
+    (
+        "crates/sdk",
+        &[
+            "kubelet-core",
+            "kubelet",
+            "config",
+            "pleg",
+            "podworkers",
+            "cri-client",
+            "cni",
+            "kubelet-cluster",
+            "server",
+            "prober",
+            "volumes",
+        ],
+    ),
 ];
 const INTERNAL: [&str; 10] = [
     "kubelet-core",

@@ -21,10 +21,10 @@
 //! Pods are `k8s_openapi::api::core::v1::Pod`; this crate selects no k8s-openapi version feature,
 //! so the final binary picks one.
 //!
-//! A complete custom node agent in 80 lines, with its own [`Runtime`] (each container a host
-//! process) and the library's sync loop, pod workers, PLEG, status rules, static pod source and
-//! local API: [`process_agent.rs`](https://github.com/kubelet-rs/kubelet-rs/blob/main/crates/kubelet/examples/process_agent.rs)
-//! (`cargo run -p kubelet-node --features server --example process_agent -- MANIFESTS ROOT`).
+//! A complete custom node agent, with its own [`Runtime`] (each container a host process) and
+//! the library's sync loop, pod workers, PLEG, status rules, static pod source and local API:
+//! [`process_agent.rs`](https://github.com/kubelet-rs/kubelet-rs/blob/main/crates/sdk/examples/process_agent.rs)
+//! (`cargo run -p kubelet-sdk --example process_agent -- MANIFESTS ROOT`).
 //! A runtime without images, exec or dead containers to collect implements six methods; the
 //! others have defaults that say so.
 //!

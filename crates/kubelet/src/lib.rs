@@ -21,7 +21,8 @@
 //!
 //! The crate names no concrete runtime, PLEG or pod workers: the caller picks them (the
 //! `kubelet-rs` binary picks `kubelet-cri-client`, `kubelet-pleg` and `kubelet-podworkers`).
-//! `examples/process_agent.rs` is a whole agent in 80 lines around a runtime of its own.
+//! `kubelet-sdk` wires it with defaults; its `examples/process_agent.rs` is a whole agent around
+//! a runtime of its own.
 //!
 //! # Example
 //!
