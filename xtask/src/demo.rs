@@ -33,10 +33,12 @@ struct Options {
     check: bool,
     /// The profile the agent is built in.
     profile: Profile,
+    /// A binary to run instead of building one (CI passes the one its tests built).
+    agent: Option<PathBuf>,
 }
 
 fn parse(args: &[&str]) -> Result<Options> {
-    let mut options = Options { fake: false, duration: None, check: false, profile: Profile::Dev };
+    let mut options = Options { fake: false, duration: None, check: false, profile: Profile::Dev, agent: None };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match *arg {
@@ -51,8 +53,9 @@ fn parse(args: &[&str]) -> Result<Options> {
             }
             "--check" => options.check = true,
             "--release" => options.profile = Profile::Release,
+            "--agent" => options.agent = Some(PathBuf::from(args.next().context("--agent takes a binary's path")?)),
             other => bail!(
-                "unknown demo option {other:?}; usage: cargo xtask demo [--runtime containerd|fake] [--duration 60s] [--check] [--release]"
+                "unknown demo option {other:?}; usage: cargo xtask demo [--runtime containerd|fake] [--duration 60s] [--check] [--release] [--agent PATH]"
             ),
         }
     }
@@ -70,6 +73,22 @@ fn parse_duration(value: &str) -> Result<Duration> {
     }))
 }
 
+/// Builds the agent in `profile`: the dev one builds in half the time of an optimized one, which
+/// a few pods do not need.
+fn build_agent(root: &Path, profile: Profile) -> Result<PathBuf> {
+    println!("building the agent ({} profile)", profile.name());
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    run(Command::new(cargo).current_dir(root).args([
+        "build",
+        "--profile",
+        profile.name(),
+        "--locked",
+        "-p",
+        "kubelet-rs",
+    ]))?;
+    Ok(root.join("target").join(profile.dir()).join("kubelet-rs"))
+}
+
 pub(crate) fn run_demo(args: &[&str]) -> Result<()> {
     let options = parse(args)?;
     if !options.fake && !is_root() {
@@ -84,17 +103,10 @@ pub(crate) fn run_demo(args: &[&str]) -> Result<()> {
         setup::setup_for_demo()?;
         started_runtime = runtime::start()?;
     }
-    // The dev profile builds in half the time of an optimized one, which a few pods do not need.
-    println!("building the agent ({} profile)", options.profile.name());
-    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())).current_dir(&root).args([
-        "build",
-        "--profile",
-        options.profile.name(),
-        "--locked",
-        "-p",
-        "kubelet-rs",
-    ]))?;
-    let binary = root.join("target").join(options.profile.dir()).join("kubelet-rs");
+    let binary = match &options.agent {
+        Some(binary) => binary.clone(),
+        None => build_agent(&root, options.profile)?,
+    };
     let dir = if options.fake {
         std::env::temp_dir().join(format!("kubelet-rs-demo-{}", std::process::id()))
     } else {
@@ -285,10 +297,19 @@ mod tests {
 
     #[test]
     fn options_parse() {
-        assert_eq!(parse(&[]).unwrap(), Options { fake: false, duration: None, check: false, profile: Profile::Dev });
+        assert_eq!(
+            parse(&[]).unwrap(),
+            Options { fake: false, duration: None, check: false, profile: Profile::Dev, agent: None }
+        );
         assert_eq!(
             parse(&["--runtime", "fake", "--duration", "2m", "--check", "--release"]).unwrap(),
-            Options { fake: true, duration: Some(Duration::from_secs(120)), check: true, profile: Profile::Release }
+            Options {
+                fake: true,
+                duration: Some(Duration::from_secs(120)),
+                check: true,
+                profile: Profile::Release,
+                agent: None
+            }
         );
         assert!(parse(&["--runtime", "docker"]).is_err());
         assert!(parse(&["--duration", "soon"]).is_err());

@@ -53,9 +53,8 @@ fn build_deb(profile: Profile) -> Result<PathBuf> {
     if !have("cargo-deb") {
         bail!("cargo-deb is missing: run `cargo xtask setup` (it installs it from crates.io)");
     }
-    run(cargo().args(["build", "--profile", profile.name(), "--locked", "-p", "kubelet-rs"]))?;
+    let binary = crate::harness::build(profile)?.agent;
     let out = project_root()?.join("target").join(profile.dir());
-    let binary = out.join("kubelet-rs");
     let assets = out.join("packaging");
     fs::create_dir_all(&assets)?;
     let generated: [(&[&str], &str); 3] = [

@@ -67,24 +67,37 @@ pub(crate) fn build(profile: Profile) -> Result<Binaries> {
     let root = project_root()?;
     println!("building the agent ({} profile) and the CRI tool", profile.name());
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    run(Command::new(&cargo).current_dir(&root).args([
-        "build",
-        "--profile",
-        profile.name(),
-        "--locked",
-        "-p",
-        "kubelet-rs",
-    ]))?;
-    // The tool in the dev profile: it shares its dependencies with the tests' build, and what it
-    // measures is the runtime's time, not its own.
-    run(Command::new(&cargo).current_dir(&root).args([
-        "build",
-        "--locked",
-        "-p",
-        "kubelet-cri-client",
-        "--example",
-        "cri_bench",
-    ]))?;
+    if profile == Profile::Dev {
+        // As the tests' build makes them, with the features the tests turn on: after `cargo
+        // test`, nothing is compiled again (one crate's build alone would compile its
+        // dependencies again with fewer features).
+        run(Command::new(&cargo).current_dir(&root).args([
+            "build",
+            "--workspace",
+            "--tests",
+            "--examples",
+            "--locked",
+        ]))?;
+    } else {
+        run(Command::new(&cargo).current_dir(&root).args([
+            "build",
+            "--profile",
+            profile.name(),
+            "--locked",
+            "-p",
+            "kubelet-rs",
+        ]))?;
+        // The tool in the dev profile: it shares its dependencies with the tests' build, and
+        // what it measures is the runtime's time, not its own.
+        run(Command::new(&cargo).current_dir(&root).args([
+            "build",
+            "--locked",
+            "-p",
+            "kubelet-cri-client",
+            "--example",
+            "cri_bench",
+        ]))?;
+    }
     Ok(Binaries {
         agent: root.join("target").join(profile.dir()).join("kubelet-rs"),
         cri_tool: root.join("target/debug/examples/cri_bench"),
