@@ -378,6 +378,25 @@ fn teardown(agent: &mut Agent, tool: &CriTool, timeout: Duration) -> Result<()> 
     }
 }
 
+/// What an agent leaves on the host for pods it no longer runs, once it has had
+/// [`HOUSEKEEPING_GRACE`] to remove it: a pod's directory goes at the first housekeeping (every
+/// 2 s, as upstream's) after the pod has terminated, which can come after its sandbox has left
+/// the runtime.
+fn settled_host_leaks(dir: &Path) -> Vec<String> {
+    let deadline = std::time::Instant::now() + HOUSEKEEPING_GRACE;
+    loop {
+        let leaks = host_leaks(dir);
+        if leaks.is_empty() || std::time::Instant::now() >= deadline {
+            return leaks;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// How long the agent has to remove what pods it no longer runs leave: several housekeeping
+/// periods, on a loaded machine.
+const HOUSEKEEPING_GRACE: Duration = Duration::from_secs(20);
+
 /// What an agent leaves on the host for pods it no longer runs: pod directories and log
 /// directories (cgroups are checked around every scenario).
 fn host_leaks(dir: &Path) -> Vec<String> {
@@ -671,7 +690,7 @@ fn rounds_under_fault(
         previous = new;
     }
     teardown(&mut agent, &tool, Duration::from_secs(120))?;
-    let leaks = host_leaks(dir);
+    let leaks = settled_host_leaks(dir);
     agent.stop(Duration::from_secs(10))?;
     outcome.count("rounds", rounds);
     outcome.count("duplicates", totals[0]);
@@ -730,7 +749,7 @@ fn outage(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome>
         outcome.fail("/healthz not ok after the runtime came back and the pods converged");
     }
     teardown(&mut agent, &tool, Duration::from_secs(120))?;
-    let leaks = host_leaks(dir);
+    let leaks = settled_host_leaks(dir);
     agent.stop(Duration::from_secs(10))?;
     outcome.count("duplicates", totals[0]);
     outcome.count("orphans", totals[1]);
@@ -958,7 +977,7 @@ fn disk_full(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outco
     }
     outcome.zero("half-written volumes", half.len(), || half.join("; "));
     teardown(&mut agent, &tool, Duration::from_secs(120))?;
-    let leaks = host_leaks(dir);
+    let leaks = settled_host_leaks(dir);
     agent.stop(Duration::from_secs(10))?;
     drop(small);
     outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
@@ -1041,7 +1060,7 @@ fn churn(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> 
     if after.2 > before_fds + 2 {
         outcome.fail(format!("open files grew from {before_fds} to {}", after.2));
     }
-    let leaks = host_leaks(dir);
+    let leaks = settled_host_leaks(dir);
     agent.stop(Duration::from_secs(10))?;
     outcome.zero("leaked directories", leaks.len(), || leaks.join(", "));
     Ok(outcome)
