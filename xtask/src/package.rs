@@ -7,7 +7,8 @@
 //! A file a tarball leaves out, a path dependency without a version, or a build script that
 //! reaches outside its package fails that build as it would fail on crates.io.
 //! A downstream crate is built with them: the example agent (`crates/sdk/examples/process_agent.rs`)
-//! as a crate of its own that depends on `kubelet-sdk` from crates.io, as a user's agent would.
+//! as a crate of its own that depends on `kubelet-sdk` from crates.io (its own `Runtime`, pods
+//! networked through the CNI seam), as a user's agent would.
 
 use std::{fs, path::Path, process::Command};
 
@@ -61,7 +62,7 @@ fn write_downstream_agent(root: &Path, workspace: &Path) -> Result<()> {
     // The versions come from the lock file the workspace copies; k8s-openapi needs the one API
     // version feature an agent picks.
     let manifest = "[package]\nname = \"downstream-agent\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
-                    [dependencies]\nkubelet-sdk = \"0.1.0\"\n\
+                    [dependencies]\nkubelet-sdk = { version = \"0.1.0\", features = [\"cni\"] }\n\
                     k8s-openapi = { version = \"*\", features = [\"v1_36\"] }\n\
                     tokio = { version = \"1\", features = [\"macros\", \"rt-multi-thread\", \"process\", \"sync\"] }\n";
     fs::write(dir.join("Cargo.toml"), manifest)?;

@@ -219,6 +219,13 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is portmap's CHECK failing on an IPv6 chain an IPv4-only attachment never
+    /// has (plugins 1.1.1, containernetworking/plugins#819): not a fault of the attachment.
+    pub fn is_portmap_ipv6_check_bug(&self) -> bool {
+        matches!(self, Error::Plugin { plugin, command: Command::Check, error, .. }
+            if plugin == "portmap" && error.code == 999 && error.msg.contains("ipv6"))
+    }
+
     /// The CNI error code that best describes this error, as `cnitool` users know them:
     /// the plugin's own code when it sent one, 1 for versions, 4 for bad arguments, 6 for
     /// undecodable output, 7 for invalid configuration, and 999 otherwise.

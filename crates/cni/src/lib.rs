@@ -6,6 +6,11 @@
 //! CHECK work after a restart. Plugins run through the [`Exec`] trait: [`RawExec`] forks and
 //! execs them with a clean environment and a timeout; tests substitute their own.
 //!
+//! For a node agent whose runtime does not network pods itself, [`CniNetworkPlugin`] is
+//! `kubelet-core`'s [`NetworkPlugin`](kubelet_core::network::NetworkPlugin) over these plugins:
+//! wrap the runtime in [`Networked`](kubelet_core::network::Networked) with it, and each pod gets
+//! a network namespace ([`netns`]) and an address before its containers start.
+//!
 //! ```no_run
 //! use kubelet_cni::{Cni, RuntimeConf, config};
 //!
@@ -27,6 +32,8 @@ pub mod cache;
 pub mod config;
 mod error;
 mod exec;
+pub mod netns;
+pub mod pod_network;
 pub mod result;
 #[cfg(feature = "test-util")]
 pub mod testing;
@@ -40,6 +47,7 @@ pub use error::{ConfigError, Error, PluginError};
 /// Results of CNI operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub use exec::{Command, DEFAULT_PATH, Exec, Exit, Invocation, Output, RawExec};
+pub use pod_network::{CniNetworkPlugin, PodNetworkError};
 pub use result::AddResult;
 pub use version::{ParseVersionError, Version, VersionInfo};
 

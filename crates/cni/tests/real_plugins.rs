@@ -10,7 +10,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use ipnet::Ipv4Net;
 use kubelet_cni::{
-    AddResult, Cache, Cni, Command as CniCommand, Error, NetworkList, RuntimeConf,
+    AddResult, Cache, Cni, CniNetworkPlugin, Error, NetworkList, RuntimeConf,
     testing::{NatSnapshot, Netns, RealPlugins, free_subnet, in_subnet, run, succeeds},
 };
 use serde_json::json;
@@ -58,13 +58,6 @@ impl Drop for Bridge {
     }
 }
 
-/// portmap's CHECK in plugins 1.1.1 looks for an IPv6 DNAT chain even for an IPv4-only result
-/// (containernetworking/plugins#819); runtime-recipe.md records it.
-fn is_portmap_ipv6_check_bug(e: &Error) -> bool {
-    matches!(e, Error::Plugin { plugin, command: CniCommand::Check, error, .. }
-        if plugin == "portmap" && error.code == 999 && error.msg.contains("ipv6"))
-}
-
 #[tokio::test]
 async fn real_bridge_host_local_portmap_add_check_del_across_a_restart() {
     let Some(plugins) = RealPlugins::from_env("real_bridge_host_local_portmap_add_check_del_across_a_restart") else {
@@ -100,7 +93,7 @@ async fn real_bridge_host_local_portmap_add_check_del_across_a_restart() {
         // CHECK, in order: bridge and host-local pass; portmap 1.1.1 has a known IPv6 bug.
         match cni(&plugins, &cache_dir).check_network_list(&list, &rt).await {
             Ok(()) => {}
-            Err(e) if is_portmap_ipv6_check_bug(&e) => println!("portmap CHECK: known plugins 1.1.1 bug: {e}"),
+            Err(e) if e.is_portmap_ipv6_check_bug() => println!("portmap CHECK: known plugins 1.1.1 bug: {e}"),
             Err(e) => panic!("CHECK: {e}"),
         }
         let without_portmap = bridge_list(&network, &bridge.0, subnet, &ipam_dir, false);
@@ -181,4 +174,86 @@ async fn real_unsupported_version_is_code_1_with_details() {
     assert_eq!(err.code(), 1);
     assert!(err.to_string().contains("9.9.9"), "{err}");
     assert!(cni.cache().attachments(None).await.unwrap().is_empty());
+}
+
+/// A pod with one container port published on `host_port`.
+fn web_pod(uid: &str, host_port: i32) -> kubelet_core::k8s_openapi::api::core::v1::Pod {
+    use kubelet_core::k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
+    let port = ContainerPort { container_port: 80, host_port: Some(host_port), ..ContainerPort::default() };
+    let container = Container { name: "web".into(), ports: Some(vec![port]), ..Container::default() };
+    let mut pod = Pod { spec: Some(PodSpec { containers: vec![container], ..PodSpec::default() }), ..Pod::default() };
+    pod.metadata.name = Some("web".into());
+    pod.metadata.namespace = Some("default".into());
+    pod.metadata.uid = Some(uid.into());
+    pod
+}
+
+#[tokio::test]
+async fn real_pod_network_set_up_checked_and_torn_down_across_a_restart() {
+    use kubelet_core::{PodUid, network::NetworkPlugin};
+
+    let Some(plugins) = RealPlugins::from_env("real_pod_network_set_up_checked_and_torn_down_across_a_restart") else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let (cache_dir, ipam_dir) = (scratch.path().join("cache"), scratch.path().join("ipam"));
+    let (conf_dir, netns_dir) = (scratch.path().join("net.d"), scratch.path().join("netns"));
+    let bridge = Bridge(format!("kpod{}", std::process::id() % 100_000));
+    let network = format!("kpod-{}", std::process::id());
+    let list = bridge_list(&network, &bridge.0, free_subnet(), &ipam_dir, true);
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    std::fs::write(conf_dir.join("10-pods.conflist"), &*list.bytes).unwrap();
+    let nat = NatSnapshot::take();
+    let host_port = 21_000 + (std::process::id() % 10_000) as i32;
+    let pod = web_pod(&format!("u-{}", std::process::id()), host_port);
+    let uid = PodUid::of(&pod);
+
+    let outcome = async {
+        let plugin = CniNetworkPlugin::open(cni(&plugins, &cache_dir), &conf_dir, &netns_dir).await.unwrap();
+        plugin.status().await.unwrap();
+        let status = plugin.set_up_pod(&pod).await.unwrap();
+        let namespace = netns_dir.join(format!("network-{uid}"));
+        assert_eq!(status.namespace_path, namespace);
+        assert!(kubelet_cni::netns::is_namespace(&namespace), "{} holds a namespace", namespace.display());
+        let ip = status.ips.first().expect("an IP").to_string();
+        let inside = Command::new("nsenter")
+            .arg(format!("--net={}", namespace.display()))
+            .args(["ip", "-o", "addr"])
+            .output()
+            .unwrap();
+        let inside = String::from_utf8_lossy(&inside.stdout);
+        assert!(
+            inside.contains(&ip) && inside.contains("lo ") && inside.contains("127.0.0.1"),
+            "eth0 has {ip}, lo is up:\n{inside}"
+        );
+        run(Command::new("ping").args(["-c", "1", "-W", "5", &ip]));
+        let dnat = nat.added();
+        assert!(dnat.iter().any(|l| l.contains(&format!("--dport {host_port}"))), "portmap DNAT rule: {dnat:#?}");
+        assert_eq!(plugin.check_pod(&pod, &status).await.unwrap(), status, "a sound network passes its check");
+
+        // A veth removed behind the agent's back fails the check.
+        let veth = Command::new("ip").args(["-o", "link", "show", "master", &bridge.0]).output().unwrap();
+        let veth =
+            String::from_utf8_lossy(&veth.stdout).split(": ").nth(1).unwrap().split('@').next().unwrap().to_owned();
+        run(Command::new("ip").args(["link", "del", &veth]));
+        let failed = plugin.check_pod(&pod, &status).await.unwrap_err().to_string();
+        assert!(failed.contains("bridge"), "the bridge plugin reports it: {failed}");
+        drop(plugin);
+
+        // A restart: the pod's network is known again from the result cache, and torn down.
+        let restarted = CniNetworkPlugin::open(cni(&plugins, &cache_dir), &conf_dir, &netns_dir).await.unwrap();
+        assert_eq!(restarted.pod_network(&uid).map(|n| n.ips), Some(status.ips.clone()));
+        assert_eq!(restarted.pod_networks().len(), 1);
+        restarted.tear_down_pod(&uid).await.unwrap();
+        assert!(!namespace.exists(), "the namespace is removed");
+        assert!(!ipam_dir.join(&network).join(&ip).exists(), "the address is released");
+        assert!(restarted.pod_network(&uid).is_none());
+        let left: Vec<String> = nat.added().into_iter().filter(|l| l.contains(&format!("network-{uid}"))).collect();
+        assert!(left.is_empty(), "rules naming the pod are left: {left:#?}");
+        restarted.tear_down_pod(&uid).await.unwrap();
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(120), outcome).await;
+    nat.remove_added();
+    drop(bridge);
+    outcome.expect("the test timed out");
 }

@@ -109,6 +109,7 @@ pub mod eviction;
 mod handler;
 pub mod hook;
 pub mod metrics;
+pub mod network;
 mod pleg;
 mod podmanager;
 pub mod probe;

@@ -3,7 +3,11 @@
 //! These mirror upstream's `pkg/kubelet/container` types: a runtime pod groups the sandboxes and
 //! containers that carry one pod UID label, and a `PodStatus` is the detailed inspection of one pod.
 
-use std::{future::Future, time::Duration};
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use k8s_openapi::{api::core::v1::Pod as ApiPod, jiff::Timestamp};
 
@@ -225,6 +229,9 @@ pub struct SandboxStatus {
     pub ips: Vec<String>,
     /// Network namespace mode.
     pub network_mode: NetworkMode,
+    /// The path of the sandbox's network namespace, where the runtime reports it (a
+    /// [`Networked`](crate::network::Networked) runtime's pods have one).
+    pub network_namespace: Option<PathBuf>,
 }
 
 impl SandboxStatus {
@@ -237,6 +244,7 @@ impl SandboxStatus {
             created_at: None,
             ips: Vec::new(),
             network_mode: NetworkMode::Pod,
+            network_namespace: None,
         }
     }
 }
@@ -338,6 +346,13 @@ impl PodStatus {
     /// The newest status of the container named `name`.
     pub fn container_status(&self, name: &str) -> Option<&ContainerStatus> {
         self.container_statuses.iter().find(|c| c.name == name)
+    }
+
+    /// The network namespace of the pod's newest ready sandbox, where the runtime reports one:
+    /// the namespace its containers join.
+    pub fn network_namespace(&self) -> Option<&Path> {
+        let sandbox = self.sandbox_statuses.iter().find(|s| s.state == SandboxState::Ready)?;
+        sandbox.network_namespace.as_deref()
     }
 
     /// Whether any container or sandbox of the pod is running.

@@ -1,23 +1,32 @@
-//! A node agent whose runtime runs each container's command as a process on the host: no image
-//! and no isolation, just a `Runtime` of a hundred lines inside the library's agent.
+//! A node agent whose runtime runs each container's command as a host process in the pod's own
+//! network namespace: no image, a `Runtime` of a hundred lines, its pods networked by CNI.
 //!
 //! ```sh
-//! cargo run -p kubelet-sdk --example process_agent -- /tmp/manifests /tmp/agent-root
+//! cargo run -p kubelet-sdk --features cni --example process_agent -- /tmp/manifests /tmp/agent-root /etc/cni/net.d
 //! kubelet-rs get pods --root-dir /tmp/agent-root
 //! ```
 //!
-//! A pod manifest written to `/tmp/manifests` becomes a pod: each container's `command` and
-//! `args` run as a host process, restarted when it exits as the pod's `restartPolicy` says.
-//! Removing the manifest kills the processes.
+//! A manifest written to `/tmp/manifests` becomes a pod with an IP from the first network in
+//! `/etc/cni/net.d` (and its `hostPort`s, with the `portmap` plugin); each container's command
+//! runs in its namespace, restarted as its `restartPolicy` says. Removing the manifest kills the
+//! processes and tears the network down.
 
-use std::{collections::HashMap, path::PathBuf, sync::Arc};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
-use kubelet_sdk::core::{
-    Backoff, PodUid, ProbeResults,
-    clock::wall_now,
-    k8s_openapi::api::core::v1::Pod as PodSpec,
-    runtime::{ContainerState, ContainerStatus, Pod, PodStatus, PodSyncResult, Runtime, RuntimeStatus, Version},
-    volume::PodVolumes,
+use kubelet_sdk::{
+    cni::{Cni, CniNetworkPlugin, netns, pod_network::DEFAULT_NETNS_DIR},
+    core::{
+        Backoff, PodUid, ProbeResults,
+        clock::wall_now,
+        k8s_openapi::api::core::v1::Pod as PodSpec,
+        network::Networked,
+        runtime::{ContainerState, ContainerStatus, Pod, PodStatus, PodSyncResult, Runtime, RuntimeStatus, Version},
+        volume::PodVolumes,
+    },
 };
 use tokio::{process::Child, sync::Mutex};
 
@@ -35,18 +44,11 @@ struct ProcessPod {
 }
 
 impl ProcessPod {
-    fn new(spec: &PodSpec) -> Self {
-        ProcessPod { status: PodStatus::of(spec), processes: HashMap::new() }
-    }
-
     /// Marks each running container whose process has exited as exited, with its exit code.
     fn reap(&mut self) {
         for container in &mut self.status.container_statuses {
-            if container.state != ContainerState::Running {
-                continue;
-            }
             let Some(process) = self.processes.get_mut(&container.id) else { continue };
-            if let Ok(Some(exit)) = process.try_wait() {
+            if let (ContainerState::Running, Ok(Some(exit))) = (container.state, process.try_wait()) {
                 container.state = ContainerState::Exited;
                 container.exit_code = exit.code().unwrap_or(137);
                 container.finished_at = Some(wall_now());
@@ -54,58 +56,53 @@ impl ProcessPod {
         }
     }
 
-    /// Starts each container of `spec` that has never run, or has exited and may restart.
-    fn start_due_containers(&mut self, spec: &PodSpec) {
+    /// Starts each container of `spec` that has never run, or has exited and may restart, in
+    /// the network namespace at `network`.
+    fn start_due_containers(&mut self, spec: &PodSpec, network: Option<&Path>) {
         let pod_spec = spec.spec.clone().unwrap_or_default();
-        let policy = pod_spec.restart_policy.as_deref();
         for container in &pod_spec.containers {
             let last = self.status.container_status(&container.name);
-            let due = match last {
-                None => true,
-                Some(last) => last.state == ContainerState::Exited && may_restart(policy, last.exit_code),
+            // Never run, or exited and allowed to restart by the pod's restart policy.
+            let due = match (last, pod_spec.restart_policy.as_deref()) {
+                (None, _) => true,
+                (Some(last), _) if last.state != ContainerState::Exited => false,
+                (Some(_), Some("Never")) => false,
+                (Some(last), Some("OnFailure")) => last.exit_code != 0,
+                (Some(_), _) => true,
             };
             if !due {
                 continue;
             }
             let restart_count = last.map_or(0, |last| last.restart_count + 1);
+            let id = format!("{}-{}-{restart_count}", self.status.uid, container.name);
+            let mut status = ContainerStatus::new(&id, &container.name, ContainerState::Running);
+            status.restart_count = restart_count;
+            status.started_at = Some(wall_now());
             let argv: Vec<&String> = container.command.iter().chain(&container.args).flatten().collect();
-            let started = self.start(&container.name, restart_count, &argv);
-            self.status.container_statuses.insert(0, started);
-        }
-    }
-
-    /// Runs `argv` as container `name`'s instance number `restart_count`; its status.
-    fn start(&mut self, name: &str, restart_count: u32, argv: &[&String]) -> ContainerStatus {
-        let id = format!("{}-{name}-{restart_count}", self.status.uid);
-        let mut status = ContainerStatus::new(&id, name, ContainerState::Running);
-        status.restart_count = restart_count;
-        status.started_at = Some(wall_now());
-        let Some((program, args)) = argv.split_first() else {
-            status.state = ContainerState::Exited;
-            status.message = "the container has no command".to_owned();
-            return status;
-        };
-        match tokio::process::Command::new(program).args(args).kill_on_drop(true).spawn() {
-            Ok(process) => {
-                self.processes.insert(id, process);
+            match spawn(&argv, network) {
+                Ok(process) => drop(self.processes.insert(id, process)),
+                Err(error) => {
+                    status.state = ContainerState::Exited;
+                    status.exit_code = 127;
+                    status.message = error.to_string();
+                }
             }
-            Err(error) => {
-                status.state = ContainerState::Exited;
-                status.exit_code = 127;
-                status.message = error.to_string();
-            }
+            self.status.container_statuses.insert(0, status);
         }
-        status
     }
 }
 
-/// Whether a container that exited with `exit_code` restarts under the pod's restart policy.
-fn may_restart(policy: Option<&str>, exit_code: i32) -> bool {
-    match policy {
-        Some("Never") => false,
-        Some("OnFailure") => exit_code != 0,
-        _ => true,
+/// Runs `argv` as a process in the network namespace at `network`.
+fn spawn(argv: &[&String], network: Option<&Path>) -> std::io::Result<Child> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(std::io::Error::other("the container has no command"));
+    };
+    let mut command = std::process::Command::new(program);
+    command.args(args);
+    if let Some(namespace) = network {
+        netns::join_on_spawn(&mut command, namespace)?;
     }
+    tokio::process::Command::from(command).kill_on_drop(true).spawn()
 }
 
 impl Runtime for Processes {
@@ -139,15 +136,17 @@ impl Runtime for Processes {
     async fn sync_pod(
         &self,
         spec: &PodSpec,
-        _status: &PodStatus,
+        status: &PodStatus,
         _backoff: &Backoff,
         _probes: &ProbeResults,
         _volumes: &PodVolumes,
     ) -> PodSyncResult {
         let mut pods = self.pods.lock().await;
-        let pod = pods.entry(PodUid::of(spec)).or_insert_with(|| ProcessPod::new(spec));
+        let pod = pods
+            .entry(PodUid::of(spec))
+            .or_insert_with(|| ProcessPod { status: PodStatus::of(spec), processes: HashMap::new() });
         pod.reap();
-        pod.start_due_containers(spec);
+        pod.start_due_containers(spec, status.network_namespace());
         PodSyncResult::default()
     }
 
@@ -165,10 +164,13 @@ impl Runtime for Processes {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1).map(PathBuf::from);
-    let (Some(manifests), Some(root_dir)) = (args.next(), args.next()) else {
-        return Err("usage: process_agent MANIFESTS ROOT_DIR".into());
+    let (Some(manifests), Some(root_dir), Some(cni_conf_dir)) = (args.next(), args.next(), args.next()) else {
+        return Err("usage: process_agent MANIFESTS ROOT_DIR CNI_CONF_DIR".into());
     };
-    let runtime = Arc::new(Processes::default());
+    // Debian's CNI plugins, and the upstream release's.
+    let cni = Cni::new(vec!["/usr/lib/cni".into(), "/opt/cni/bin".into()]);
+    let network = CniNetworkPlugin::open(cni, cni_conf_dir, DEFAULT_NETNS_DIR).await?;
+    let runtime = Arc::new(Networked::new(Processes::default(), network));
     kubelet_sdk::Node::new("node-1").root_dir(root_dir).static_pods(manifests).run(runtime).await?;
     Ok(())
 }

@@ -9,6 +9,24 @@
 //! (containerd, CRI-O) with the feature `cri` ([`cri::CriRuntime`]). `examples/process_agent.rs`
 //! implements one that runs each container's command as a host process.
 //!
+//! **Its network.** A CRI runtime networks its pods itself. One that does not gets it from the
+//! agent (feature `cni`): wrapped in [`core::network::Networked`] with
+//! `cni::CniNetworkPlugin`, each pod gets a network namespace, an IP and its host ports from the
+//! CNI plugins before its containers start, and the runtime's `sync_pod` finds the namespace in
+//! [`PodStatus::network_namespace`](core::runtime::PodStatus::network_namespace) to run them in:
+//!
+//! ```no_run
+//! # #[cfg(feature = "cni")]
+//! # async fn example<R: kubelet_sdk::Runtime>(my_runtime: R) -> Result<(), Box<dyn std::error::Error>> {
+//! use kubelet_sdk::{cni, core::network::Networked};
+//!
+//! let plugins = cni::Cni::new(vec!["/usr/lib/cni".into(), "/opt/cni/bin".into()]);
+//! let network = cni::CniNetworkPlugin::open(plugins, "/etc/cni/net.d", "/run/netns").await?;
+//! let runtime = std::sync::Arc::new(Networked::new(my_runtime, network));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! **2. Run it.** [`Node`] wires the rest with upstream's defaults: the generic PLEG (a relist
 //! every second), the pod workers, static pods read from a directory (as `--pod-manifest-path`),
 //! and the local API on a unix socket under the root directory:
