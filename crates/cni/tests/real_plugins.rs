@@ -200,12 +200,17 @@ async fn real_pod_network_set_up_checked_and_torn_down_across_a_restart() {
     let (conf_dir, netns_dir) = (scratch.path().join("net.d"), scratch.path().join("netns"));
     let bridge = Bridge(format!("kpod{}", std::process::id() % 100_000));
     let network = format!("kpod-{}", std::process::id());
-    let list = bridge_list(&network, &bridge.0, free_subnet(), &ipam_dir, true);
+    // bridge + host-local, portmap, and bandwidth for the pod's annotation.
+    let mut list: serde_json::Value =
+        serde_json::from_slice(&bridge_list(&network, &bridge.0, free_subnet(), &ipam_dir, true).bytes).unwrap();
+    list["plugins"].as_array_mut().unwrap().push(json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}));
     std::fs::create_dir_all(&conf_dir).unwrap();
-    std::fs::write(conf_dir.join("10-pods.conflist"), &*list.bytes).unwrap();
+    std::fs::write(conf_dir.join("10-pods.conflist"), serde_json::to_vec(&list).unwrap()).unwrap();
     let nat = NatSnapshot::take();
     let host_port = 21_000 + (std::process::id() % 10_000) as i32;
-    let pod = web_pod(&format!("u-{}", std::process::id()), host_port);
+    let mut pod = web_pod(&format!("u-{}", std::process::id()), host_port);
+    let ingress = [("kubernetes.io/ingress-bandwidth".to_owned(), "2M".to_owned())];
+    pod.metadata.annotations = Some(ingress.into_iter().collect());
     let uid = PodUid::of(&pod);
 
     let outcome = async {
