@@ -100,7 +100,9 @@ fn unpack_tarballs(packages_dir: &Path, workspace: &Path) -> Result<Vec<Unpacked
         if UNPUBLISHED.contains(&name) {
             continue;
         }
-        run(Command::new("tar").arg("-xzf").arg(&path).arg("-C").arg(workspace))
+        // `-m`: the files get the time of unpacking, not the tarball's, or cargo would take an
+        // earlier build of the same version for fresh.
+        run(Command::new("tar").arg("-xzmf").arg(&path).arg("-C").arg(workspace))
             .with_context(|| format!("unpacking {}", path.display()))?;
         unpacked.push(Unpacked { name: name.to_owned(), dir: stem.to_owned() });
     }
