@@ -118,12 +118,8 @@ impl Runtime for Processes {
 
     async fn get_pods(&self, _all: bool) -> Result<Vec<Pod>, Self::Error> {
         let mut pods = self.pods.lock().await;
-        let mut running = Vec::new();
-        for pod in pods.values_mut() {
-            pod.reap();
-            running.push(pod.status.to_running_pod());
-        }
-        Ok(running)
+        pods.values_mut().for_each(ProcessPod::reap);
+        Ok(pods.values().map(|pod| pod.status.to_running_pod()).collect())
     }
 
     async fn get_pod_status(&self, uid: &PodUid, name: &str, namespace: &str) -> Result<PodStatus, Self::Error> {
