@@ -1,7 +1,7 @@
 //! The relisting PLEG (upstream `pkg/kubelet/pleg/generic.go`).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
@@ -34,7 +34,9 @@ pub struct Config {
     pub relist_period: Duration,
     /// The PLEG is unhealthy when the last relist started longer ago than this (3 min).
     pub relist_threshold: Duration,
-    /// Capacity of the event channel (1,000); events beyond it are dropped and counted.
+    /// Capacity of the event channel (1,000). Events beyond it wait, at most one per pod (a
+    /// pod's later events merge into the one waiting, counted as discarded), and go out as the
+    /// channel drains: no pod loses its sync, and memory stays bounded by the number of pods.
     pub channel_capacity: usize,
     /// How many pods are inspected at once during a relist (16).
     pub inspect_concurrency: usize,
@@ -112,6 +114,42 @@ pub struct GenericPleg<R> {
     state: Mutex<State>,
     wake: Notify,
     discarded: AtomicU64,
+    /// Events the channel had no room for, at most one per pod, oldest first.
+    waiting: Mutex<Waiting>,
+}
+
+/// Events waiting for room in the channel: one per pod, in the order their pods first waited.
+#[derive(Default)]
+struct Waiting {
+    order: VecDeque<PodUid>,
+    events: HashMap<PodUid, PodLifecycleEvent>,
+}
+
+impl Waiting {
+    /// Keeps `event` for its pod; `false` when the pod already had one waiting, which stays
+    /// unless `event` is a container's death (which the sync loop also cleans up after).
+    fn push(&mut self, event: PodLifecycleEvent) -> bool {
+        match self.events.get_mut(&event.id) {
+            Some(waiting) => {
+                if event.kind == PodLifecycleEventKind::ContainerDied
+                    && waiting.kind != PodLifecycleEventKind::ContainerDied
+                {
+                    *waiting = event;
+                }
+                false
+            }
+            None => {
+                self.order.push_back(event.id.clone());
+                self.events.insert(event.id.clone(), event);
+                true
+            }
+        }
+    }
+
+    fn pop(&mut self) -> Option<PodLifecycleEvent> {
+        let uid = self.order.pop_front()?;
+        self.events.remove(&uid)
+    }
 }
 
 impl<R> std::fmt::Debug for GenericPleg<R> {
@@ -169,6 +207,7 @@ impl<R: Runtime> GenericPleg<R> {
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             discarded: AtomicU64::new(0),
+            waiting: Mutex::new(Waiting::default()),
         }
     }
 
@@ -191,7 +230,8 @@ impl<R: Runtime> GenericPleg<R> {
         &self.cache
     }
 
-    /// How many events were dropped because the channel was full.
+    /// How many events were merged into another waiting event of the same pod because the
+    /// channel was full (the pod still gets its sync).
     pub fn discarded_events(&self) -> u64 {
         self.discarded.load(Ordering::Relaxed)
     }
@@ -201,11 +241,51 @@ impl<R: Runtime> GenericPleg<R> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn waiting(&self) -> MutexGuard<'_, Waiting> {
+        // Each critical section leaves `order` and `events` in step.
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends an event, or keeps it waiting (merged per pod) while the channel is full or
+    /// others wait before it.
     fn send(&self, event: PodLifecycleEvent) {
-        if let Err(mpsc::error::TrySendError::Full(event)) = self.events.try_send(event) {
+        let mut waiting = self.waiting();
+        let event = if waiting.order.is_empty() {
+            match self.events.try_send(event) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
+                Err(mpsc::error::TrySendError::Full(event)) => event,
+            }
+        } else {
+            event
+        };
+        if !waiting.push(event) {
             self.discarded.fetch_add(1, Ordering::Relaxed);
             metrics::discarded();
-            warn!(pod.uid = %event.id, kind = %event.kind, "PLEG event channel is full, discarding this relist's event");
+        }
+    }
+
+    /// Sends the waiting events as the channel makes room; returns when none is left (or the
+    /// receiver is gone). Cancelling it loses nothing: an event leaves the queue only once
+    /// there is room for it.
+    async fn send_waiting(&self) {
+        loop {
+            if self.waiting().order.is_empty() {
+                return;
+            }
+            let Ok(permit) = self.events.reserve().await else { return };
+            match self.waiting().pop() {
+                Some(event) => permit.send(event),
+                None => return,
+            }
+        }
+    }
+
+    /// Waits for the next relist: the period, a wake-up, or a refresh the cache asks for.
+    async fn until_next_relist(&self) {
+        tokio::select! {
+            () = tokio::time::sleep(self.timing().0) => {}
+            () = self.wake.notified() => {}
+            () = self.cache.refresh_requested() => {}
         }
     }
 
@@ -336,11 +416,15 @@ impl<R: Runtime> Pleg for GenericPleg<R> {
     async fn run(&self, cancel: CancellationToken) {
         loop {
             self.relist().instrument(info_span!("relist")).await;
+            // Between relists the events that found the channel full go out as it drains.
+            let send_waiting = async {
+                self.send_waiting().await;
+                std::future::pending::<()>().await;
+            };
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(self.timing().0) => {}
-                () = self.wake.notified() => {}
-                () = self.cache.refresh_requested() => {}
+                () = self.until_next_relist() => {}
+                () = send_waiting => {}
             }
         }
     }

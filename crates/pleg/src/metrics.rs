@@ -19,7 +19,8 @@ pub(crate) fn last_seen(unix_seconds: f64) {
     metrics::gauge!("kubelet_pleg_last_seen_seconds").set(unix_seconds);
 }
 
-/// `kubelet_pleg_discard_events`: events dropped because the channel was full.
+/// `kubelet_pleg_discard_events`: events merged into another waiting event of the same pod because
+/// the channel was full (the pod still gets its sync).
 pub(crate) fn discarded() {
     metrics::counter!("kubelet_pleg_discard_events").increment(1);
 }

@@ -196,14 +196,36 @@ async fn one_hung_inspection_does_not_stall_the_others() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_full_channel_drops_and_counts_events() {
+async fn events_beyond_a_full_channel_wait_one_per_pod_and_none_is_lost() {
     let mut h = harness(Config::default().channel_capacity(3));
     for i in 0..4 {
         h.start(&format!("p{i}"), &["a"]).await;
     }
     h.pleg.relist().await;
-    assert_eq!(h.drain().len(), 3);
-    assert_eq!(h.pleg.discarded_events(), 5, "8 events, 3 delivered");
+    let first: Vec<_> = h.drain();
+    assert_eq!(first.len(), 3, "{first:?}");
+    // Two events for each of 4 pods (sandbox, container): 3 sent, 5 beyond the channel, of
+    // which the pods' later ones merge into the one each pod has waiting.
+    assert_eq!(h.pleg.waiting().order.len(), 3);
+    assert_eq!(h.pleg.discarded_events(), 2);
+    h.pleg.send_waiting().await;
+    let rest = h.drain();
+    let mut pods: Vec<String> = first.iter().chain(&rest).map(|(uid, _)| uid.to_string()).collect();
+    pods.sort();
+    pods.dedup();
+    assert_eq!(pods, ["p0", "p1", "p2", "p3"], "every pod got an event: {first:?} {rest:?}");
+    assert!(h.pleg.waiting().order.is_empty());
+}
+
+#[test]
+fn a_waiting_death_is_kept_over_later_events_and_replaces_earlier_ones() {
+    let mut waiting = Waiting::default();
+    let event = |kind| PodLifecycleEvent::new(PodUid::new("p"), kind, Some("c".to_owned()));
+    assert!(waiting.push(event(PodLifecycleEventKind::ContainerStarted)));
+    assert!(!waiting.push(event(PodLifecycleEventKind::ContainerDied)));
+    assert!(!waiting.push(event(PodLifecycleEventKind::ContainerStarted)));
+    assert_eq!(waiting.pop().map(|e| e.kind), Some(PodLifecycleEventKind::ContainerDied));
+    assert!(waiting.pop().is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -251,4 +273,29 @@ fn go_duration_format() {
     assert_eq!(go_duration(Duration::from_millis(181_500)), "3m1.5s");
     assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
     assert_eq!(go_duration(Duration::from_secs(3661)), "1h1m1s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_larger_than_the_channel_reaches_every_pod_between_relists() {
+    let mut h = harness(Config::default().channel_capacity(4).relist_period(Duration::from_secs(3600)));
+    for i in 0..50 {
+        h.start(&format!("p{i:02}"), &["a", "b"]).await;
+    }
+    let cancel = CancellationToken::new();
+    let pleg = h.pleg.clone();
+    let running = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { pleg.run(cancel).await }
+    });
+    // A slow consumer: one event at a time. No second relist comes for an hour, so every pod
+    // must be reached from what the first relist found.
+    let mut pods = std::collections::BTreeSet::new();
+    while pods.len() < 50 {
+        let event = tokio::time::timeout(Duration::from_secs(60), h.events.recv()).await.expect("an event").unwrap();
+        pods.insert(event.id.to_string());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(h.pleg.waiting().order.is_empty());
+    cancel.cancel();
+    running.await.unwrap();
 }
