@@ -190,6 +190,24 @@ impl CniNetworkPlugin {
     }
 }
 
+/// Refuses a pod that asks for what no plugin of `network` does: host ports without a plugin
+/// taking `portMappings`, bandwidth annotations without one taking `bandwidth`. ADD would
+/// succeed and the pod run without them.
+fn refuse_unserved_capabilities(pod: &Pod, network: &NetworkList, conf: &RuntimeConf) -> Result<(), PodNetworkError> {
+    for capability in conf.capability_args.keys() {
+        let served = network.plugins.iter().any(|plugin| plugin.enabled_capabilities().any(|c| c == capability));
+        if !served {
+            let asked = if capability == "portMappings" { "host ports" } else { "bandwidth annotations" };
+            let reason = format!(
+                "the pod's {asked} need a plugin taking {capability:?}, which network {:?} has not",
+                network.name
+            );
+            return Err(PodNetworkError::InvalidPod { pod: pod_name(pod), reason });
+        }
+    }
+    Ok(())
+}
+
 /// The loopback network every pod's namespace gets first.
 fn loopback() -> NetworkList {
     // A fixed, valid one-plugin list: building it cannot fail.
@@ -307,6 +325,7 @@ impl NetworkPlugin for CniNetworkPlugin {
         let path = self.namespace_path(pod, &uid)?;
         let network = self.default_network()?;
         let conf = runtime_conf(pod, &uid, &path)?;
+        refuse_unserved_capabilities(pod, &network, &conf)?;
         netns::create(&path).map_err(|source| PodNetworkError::Namespace { path: path.clone(), source })?;
         let result = match self.attach(&network, &conf).await {
             Ok(result) => result,

@@ -107,3 +107,25 @@ async fn no_network_configuration_is_not_ready() {
     let error = plugin.status().await.unwrap_err().to_string();
     assert!(error.contains("no network configurations found"), "{error}");
 }
+
+#[tokio::test]
+async fn host_ports_on_a_network_without_portmap_are_refused_before_anything_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let net_d = dir.path().join("net.d");
+    std::fs::create_dir_all(&net_d).unwrap();
+    let list = json!({"cniVersion": "1.0.0", "name": "plain", "plugins": [{"type": "bridge"}]});
+    std::fs::write(net_d.join("10-plain.conflist"), list.to_string()).unwrap();
+    let cni = Cni::new(Vec::new()).with_cache(crate::Cache::new(dir.path().join("cache")));
+    let plugin = CniNetworkPlugin::open(cni, &net_d, dir.path().join("netns")).await.unwrap();
+    let mut pod =
+        pod_with_ports(vec![ContainerPort { container_port: 80, host_port: Some(8080), ..ContainerPort::default() }]);
+    pod.metadata.uid = Some("u1".into());
+    let error = plugin.set_up_pod(&pod).await.unwrap_err().to_string();
+    assert!(error.contains("host ports") && error.contains("portMappings") && error.contains("\"plain\""), "{error}");
+    assert!(!dir.path().join("netns").exists(), "no namespace was made");
+
+    let mut shaped = annotated(&[(INGRESS_BANDWIDTH, "1M")]);
+    shaped.metadata.uid = Some("u2".into());
+    let error = plugin.set_up_pod(&shaped).await.unwrap_err().to_string();
+    assert!(error.contains("bandwidth annotations"), "{error}");
+}
