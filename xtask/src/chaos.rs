@@ -1177,13 +1177,17 @@ fn bad_input(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outco
 }
 
 /// Like `converge`, but pods other than `expected` may still be listed in `/pods` (refused ones).
+/// As `converge`, it waits for orphans to go too: a pod whose manifest was just removed keeps its
+/// sandbox until the agent has stopped it.
 fn converge_names(agent: &mut Agent, tool: &CriTool, expected: &BTreeSet<String>) -> Result<Judgement> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let pods = agent.pods().unwrap_or_default();
         let running: BTreeSet<&String> = pods.iter().filter(|(_, p)| p == "Running").map(|(n, _)| n).collect();
         let judgement = judge(&tool.state()?, expected);
-        let done = expected.iter().all(|n| running.contains(n)) && judgement.missing.is_empty();
+        let done = expected.iter().all(|n| running.contains(n))
+            && judgement.missing.is_empty()
+            && judgement.orphans.is_empty();
         if done || Instant::now() > deadline {
             return Ok(judgement);
         }
