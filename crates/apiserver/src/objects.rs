@@ -4,8 +4,11 @@
 //!
 //! Each config map and secret a pod uses is watched (a watch of its name alone, as the node
 //! authorizer allows) from the first read on, and reads answer from what the watch last said,
-//! so an idle node asks the API server nothing and a change reaches the files at the pod's next
-//! sync. A watch stops once no running pod uses its object. Tokens come from the TokenRequest API, bound
+//! so an idle node asks the API server nothing. A change reaches the files at the pod's next
+//! sync; with [`ApiObjects::sync_users_on_change`] the watch queues every pod that uses the
+//! object for a sync at once, so the files follow within about a second rather than at the
+//! periodic resync (upstream waits for that: a minute or more). A watch stops once no running pod
+//! uses its object. Tokens come from the TokenRequest API, bound
 //! to the pod, and are kept until 80% of their lifetime has passed (upstream's refresh point);
 //! the cache drops every token due, so it holds no more than the tokens of the last lifetime.
 //!
@@ -15,7 +18,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fmt::Debug,
-    sync::{Mutex, OnceLock},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
@@ -32,7 +35,7 @@ use k8s_openapi::api::{
 };
 use kube::{Api, Client, api::PostParams};
 use kubelet_core::{
-    PodUid,
+    PodUid, WorkQueue,
     hook::BoxFuture,
     volume::{ObjectData, ObjectSource},
 };
@@ -47,7 +50,7 @@ struct Token {
 
 /// What an object holds: its text keys (a config map's `data`; a secret's are all bytes) and its
 /// binary ones (a config map's `binaryData`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct Contents {
     text: BTreeMap<String, String>,
     bytes: ObjectData,
@@ -71,6 +74,9 @@ struct Watched {
     stop: CancellationToken,
 }
 
+/// Watched objects by resource (`configmaps`, `secrets`), namespace and name.
+type WatchedObjects = Mutex<HashMap<(&'static str, String, String), Watched>>;
+
 /// How long a first read waits for its watch's initial list.
 const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -79,8 +85,9 @@ pub struct ApiObjects {
     client: Client,
     /// Tokens by pod UID, audience and lifetime.
     tokens: Mutex<HashMap<(String, String, i64), Token>>,
-    /// Watched objects by resource (`configmaps`, `secrets`), namespace and name.
-    watched: Mutex<HashMap<(&'static str, String, String), Watched>>,
+    watched: Arc<WatchedObjects>,
+    /// Where the pods that use a changed object are queued for a sync, once set.
+    sync_queue: Arc<OnceLock<Arc<WorkQueue>>>,
     /// Every service of the cluster, from the watch the first read starts.
     services: OnceLock<reflector::Store<Service>>,
     tracker: TaskTracker,
@@ -99,16 +106,23 @@ impl ApiObjects {
         ApiObjects {
             client,
             tokens: Mutex::default(),
-            watched: Mutex::default(),
+            watched: Arc::default(),
+            sync_queue: Arc::default(),
             services: OnceLock::new(),
             tracker,
             cancel,
         }
     }
 
+    /// From now on, a change a watch reports queues every pod that uses the object on `queue`
+    /// with no delay, so its volumes are written again at the sync loop's next tick. Set once;
+    /// later calls change nothing.
+    pub fn sync_users_on_change(&self, queue: Arc<WorkQueue>) {
+        _ = self.sync_queue.set(queue);
+    }
+
     fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<(&'static str, String, String), Watched>> {
-        // Each critical section inserts, reads or removes whole entries: a poisoned map is whole.
-        self.watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock_watched(&self.watched)
     }
 
     /// The object `name` of `resource` in `pod`'s namespace, from its watch (started now when
@@ -132,12 +146,14 @@ impl ApiObjects {
         let mut latest = {
             let mut watched = self.watched();
             let key = (resource, namespace.clone(), name.to_owned());
-            let entry = watched.entry(key).or_insert_with(|| {
+            let entry = watched.entry(key.clone()).or_insert_with(|| {
                 let (tx, rx) = watch::channel(None);
                 let stop = self.cancel.child_token();
                 let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
                 let span = info_span!("object_watch", resource, namespace = %namespace, name = %name);
-                self.tracker.spawn(watch_object(api, name.to_owned(), tx, data, stop.clone()).instrument(span));
+                let changed = self.users_syncer(key);
+                let watch = watch_object(api, name.to_owned(), tx, data, changed, stop.clone());
+                self.tracker.spawn(watch.instrument(span));
                 Watched { latest: rx, users: HashSet::new(), stop }
             });
             entry.users.insert(PodUid::of(pod));
@@ -148,6 +164,20 @@ impl ApiObjects {
             Ok(Ok(value)) => Ok(value.clone().flatten()),
             Ok(Err(_)) => Err(format!("the watch of {resource} {namespace}/{name} has stopped")),
             Err(_) => Err(format!("timed out listing {resource} {namespace}/{name}")),
+        }
+    }
+
+    /// What a watch calls when its object changes: queue the pods that use the object `key`
+    /// names for a sync, if [`ApiObjects::sync_users_on_change`] was called.
+    fn users_syncer(&self, key: (&'static str, String, String)) -> impl Fn() + Send + 'static {
+        let (watched, sync_queue) = (self.watched.clone(), self.sync_queue.clone());
+        move || {
+            let Some(queue) = sync_queue.get() else { return };
+            if let Some(object) = lock_watched(&watched).get(&key) {
+                for uid in &object.users {
+                    queue.enqueue(uid.clone(), Duration::ZERO);
+                }
+            }
         }
     }
 
@@ -177,6 +207,13 @@ impl ApiObjects {
     }
 }
 
+fn lock_watched(
+    watched: &WatchedObjects,
+) -> std::sync::MutexGuard<'_, HashMap<(&'static str, String, String), Watched>> {
+    // Each critical section inserts, reads or removes whole entries: a poisoned map is whole.
+    watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn config_map_data(cm: ConfigMap) -> Contents {
     let bytes = cm.binary_data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect();
     Contents { text: cm.data.unwrap_or_default(), bytes }
@@ -186,12 +223,15 @@ fn secret_data(secret: Secret) -> Contents {
     Contents { text: BTreeMap::new(), bytes: secret.data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect() }
 }
 
-/// Watches object `name` through `api` until `stop`, telling `latest` what it is now.
+/// Watches object `name` through `api` until `stop`, telling `latest` what it is now, and
+/// `changed` when that differs from what the watch said before (not on its first list, nor on a
+/// list again after a broken watch that finds the object as it was).
 async fn watch_object<K>(
     api: Api<K>,
     name: String,
     latest: watch::Sender<Latest>,
     data: fn(K) -> Contents,
+    changed: impl Fn(),
     stop: CancellationToken,
 ) where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -199,13 +239,25 @@ async fn watch_object<K>(
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher(api, config).default_backoff().boxed();
     let mut listing: Option<Contents> = None;
+    let tell = |now: Option<Contents>| {
+        let mut was_known = false;
+        let differs = latest.send_if_modified(|said| {
+            was_known = said.is_some();
+            let differs = said.as_ref() != Some(&now);
+            *said = Some(now);
+            differs
+        });
+        if differs && was_known {
+            changed();
+        }
+    };
     while let Some(event) = stop.run_until_cancelled(events.next()).await.flatten() {
         match event {
             Ok(watcher::Event::Init) => listing = None,
             Ok(watcher::Event::InitApply(object)) => listing = Some(data(object)),
-            Ok(watcher::Event::InitDone) => _ = latest.send(Some(listing.take())),
-            Ok(watcher::Event::Apply(object)) => _ = latest.send(Some(Some(data(object)))),
-            Ok(watcher::Event::Delete(_)) => _ = latest.send(Some(None)),
+            Ok(watcher::Event::InitDone) => tell(listing.take()),
+            Ok(watcher::Event::Apply(object)) => tell(Some(data(object))),
+            Ok(watcher::Event::Delete(_)) => tell(None),
             Err(err) => warn!(object = %name, error = %err, "the watch of an object failed; listing again"),
         }
     }

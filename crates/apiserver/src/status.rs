@@ -9,9 +9,11 @@
 //! mirror pod.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     time::Duration,
 };
+
+use futures::StreamExt;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::{
@@ -205,8 +207,15 @@ impl Entry {
     }
 }
 
+/// How many pods' statuses are sent at once, each its own read and patch (the client's rate
+/// limit, `kubeAPIQPS`, still holds).
+const SENDS_IN_FLIGHT: usize = 8;
+
 /// Sends pod statuses to the API server until `cancel` or until `reports` closes: each change
 /// at once, and every `resync` (upstream's 10 s) each pod whose latest status is not yet sent.
+/// Reports that come while statuses are being sent merge: the next round sends each pod's latest
+/// status once, however many it had meanwhile, and up to [`SENDS_IN_FLIGHT`] pods at a time
+/// (upstream sends every status it hears, one at a time).
 /// A pod that has terminated and whose deletion the API asked for is deleted (grace 0, with its
 /// UID as a precondition) once its last status is sent. A pod the API no longer has is forgotten.
 /// A static pod's status goes to its mirror, at each resync until the mirror is there, and is
@@ -219,58 +228,93 @@ pub async fn report(
 ) {
     let mut pods: HashMap<String, Entry> = HashMap::new();
     let mut tick = tokio::time::interval(resync);
-    let new_entry = || Entry { change: None, sent: false, sent_to: None, terminated: false, deleting: false };
     loop {
-        let due: Vec<String> = tokio::select! {
+        let mut due = BTreeSet::new();
+        tokio::select! {
             () = cancel.cancelled() => return,
             report = reports.recv() => match report {
                 None => return,
-                Some(Report::Status(change)) => {
-                    let uid = change.uid.clone();
-                    let entry = pods.entry(uid.clone()).or_insert_with(new_entry);
-                    (entry.change, entry.sent) = (Some(change), false);
-                    vec![uid]
-                }
-                Some(Report::Terminated(uid)) => {
-                    pods.entry(uid.clone()).or_insert_with(new_entry).terminated = true;
-                    vec![uid]
-                }
-                Some(Report::Removed(uid)) => {
-                    pods.remove(&uid);
-                    Vec::new()
-                }
-                Some(Report::Bound(bound)) => {
-                    // Pods gone from the API are forgotten; static pods' entries stay until
-                    // the kubelet removes them.
-                    pods.retain(|uid, e| bound.contains_key(uid) || e.change.as_ref().is_some_and(|c| c.mirror_hash.is_some()));
-                    let mut due = Vec::new();
-                    for (uid, entry) in &mut pods {
-                        if entry.change.as_ref().is_some_and(|c| c.mirror_hash.is_some()) {
-                            // A static pod's mirror that came, or was replaced, gets the status.
-                            if entry.sent_to.as_ref().is_none_or(|to| !bound.contains_key(to)) {
-                                entry.sent = false;
-                                due.push(uid.clone());
-                            }
-                        } else if let Some(deleting) = bound.get(uid) {
-                            entry.deleting = *deleting;
-                            due.push(uid.clone());
-                        }
-                    }
-                    due
-                }
+                Some(report) => due.extend(hear(&mut pods, report)),
             },
-            _ = tick.tick() => pods.iter().filter(|(_, e)| !e.sent || (e.terminated && e.deleting)).map(|(uid, _)| uid.clone()).collect(),
-        };
-        for uid in due {
-            let Some(entry) = pods.get(&uid).filter(|e| e.due()) else { continue };
-            let Some(change) = &entry.change else { continue };
-            let delete = entry.terminated && entry.deleting;
-            match send(&client, change, delete).await {
-                Ok(Sent::Kept(to)) => _ = pods.get_mut(&uid).map(|e| (e.sent, e.sent_to) = (true, Some(to))),
-                Ok(Sent::NoMirror) => {}
-                Ok(Sent::Gone) => _ = pods.remove(&uid),
-                Err(err) => warn!(pod = %change.name, error = %err, "cannot update the pod's status; trying again"),
+            _ = tick.tick() => due.extend(pods.iter().filter(|(_, e)| e.due()).map(|(uid, _)| uid.clone())),
+        }
+        // What came while the last round was being sent merges into this one.
+        while let Ok(report) = reports.try_recv() {
+            due.extend(hear(&mut pods, report));
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = send_due(&client, &mut pods, due) => {}
+        }
+    }
+}
+
+/// Takes `report` into `pods`; the pods whose status may be due now.
+fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
+    let new_entry = || Entry { change: None, sent: false, sent_to: None, terminated: false, deleting: false };
+    match report {
+        Report::Status(change) => {
+            let uid = change.uid.clone();
+            let entry = pods.entry(uid.clone()).or_insert_with(new_entry);
+            (entry.change, entry.sent) = (Some(change), false);
+            vec![uid]
+        }
+        Report::Terminated(uid) => {
+            pods.entry(uid.clone()).or_insert_with(new_entry).terminated = true;
+            vec![uid]
+        }
+        Report::Removed(uid) => {
+            pods.remove(&uid);
+            Vec::new()
+        }
+        Report::Bound(bound) => {
+            // Pods gone from the API are forgotten; static pods' entries stay until the kubelet
+            // removes them.
+            let is_static = |e: &Entry| e.change.as_ref().is_some_and(|c| c.mirror_hash.is_some());
+            pods.retain(|uid, e| bound.contains_key(uid) || is_static(e));
+            let mut due = Vec::new();
+            for (uid, entry) in pods.iter_mut() {
+                if is_static(entry) {
+                    // A static pod's mirror that came, or was replaced, gets the status.
+                    if entry.sent_to.as_ref().is_none_or(|to| !bound.contains_key(to)) {
+                        entry.sent = false;
+                        due.push(uid.clone());
+                    }
+                } else if let Some(deleting) = bound.get(uid) {
+                    entry.deleting = *deleting;
+                    due.push(uid.clone());
+                }
             }
+            due
+        }
+    }
+}
+
+/// Sends the latest status of each pod of `due` that still needs it, [`SENDS_IN_FLIGHT`] at a
+/// time, and records what became of each.
+async fn send_due(client: &Client, pods: &mut HashMap<String, Entry>, due: BTreeSet<String>) {
+    let round: Vec<(String, Change, bool)> = due
+        .into_iter()
+        .filter_map(|uid| {
+            let entry = pods.get(&uid).filter(|e| e.due())?;
+            let delete = entry.terminated && entry.deleting;
+            Some((uid, entry.change.clone()?, delete))
+        })
+        .collect();
+    let sent: Vec<_> = futures::stream::iter(round)
+        .map(|(uid, change, delete)| async move {
+            let result = send(client, &change, delete).await;
+            (uid, change.name, result)
+        })
+        .buffer_unordered(SENDS_IN_FLIGHT)
+        .collect()
+        .await;
+    for (uid, name, result) in sent {
+        match result {
+            Ok(Sent::Kept(to)) => _ = pods.get_mut(&uid).map(|e| (e.sent, e.sent_to) = (true, Some(to))),
+            Ok(Sent::NoMirror) => {}
+            Ok(Sent::Gone) => _ = pods.remove(&uid),
+            Err(err) => warn!(pod = %name, error = %err, "cannot update the pod's status; trying again"),
         }
     }
 }

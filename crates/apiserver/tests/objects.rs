@@ -1,14 +1,15 @@
 //! Config maps and secrets for volumes, watched through the in-process API server: reads answer
-//! from the watch, changes and deletions arrive, and a watch ends when no pod uses its object.
+//! from the watch, changes and deletions arrive and queue the pods that use the object for a
+//! sync, and a watch ends when no pod uses its object.
 
 // Reason: tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::time::Duration;
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kubelet_cluster::{heartbeat, objects::ApiObjects, testing::ApiServer};
-use kubelet_core::{PodUid, volume::ObjectSource};
+use kubelet_core::{PodUid, WorkQueue, volume::ObjectSource};
 use serde_json::json;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
@@ -36,6 +37,22 @@ async fn until(objects: &ApiObjects, pod: &Pod, done: impl Fn(Option<&[u8]>) -> 
     panic!("timed out");
 }
 
+/// The pods `queue` has had due, by UID, once `expected` are among them (or after 10 s), and
+/// what else came with them.
+async fn queued(queue: &WorkQueue, expected: &[&str]) -> Vec<String> {
+    let mut due = BTreeSet::new();
+    for _ in 0..200 {
+        due.extend(queue.take_due().iter().map(ToString::to_string));
+        if expected.iter().all(|uid| due.contains(*uid)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    due.extend(queue.take_due().iter().map(ToString::to_string));
+    due.into_iter().collect()
+}
+
 #[tokio::test]
 async fn objects_are_watched_while_pods_use_them() {
     let server = ApiServer::start().await;
@@ -44,6 +61,8 @@ async fn objects_are_watched_while_pods_use_them() {
     let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
     let objects = ApiObjects::new(client, tracker.clone(), cancel.clone());
+    let queue = Arc::new(WorkQueue::new());
+    objects.sync_users_on_change(queue.clone());
     server.put_config_map("default", "app", json!({"greeting": "hello"}));
     server.put_secret("default", "db", &[("password", b"hunter2")]);
     let (web, job) = (pod("web"), pod("job"));
@@ -54,11 +73,23 @@ async fn objects_are_watched_while_pods_use_them() {
     assert_eq!(objects.config_map(&web, "nope").await.unwrap(), None, "a missing object is None");
     // A second pod shares the watch.
     assert_eq!(objects.config_map(&job, "app").await.unwrap().unwrap()["greeting"], b"hello");
+    assert!(queue.is_empty(), "reading an object queues no pod");
 
+    // A change, then a deletion, each queue the pods that use the object, due at once.
     server.put_config_map("default", "app", json!({"greeting": "bye"}));
     until(&objects, &web, |g| g == Some(b"bye".as_slice())).await;
+    assert_eq!(queued(&queue, &["job", "web"]).await, ["job", "web"], "the users of app, after its change");
     server.delete_object("configmaps", "default", "app");
     until(&objects, &web, |g| g.is_none()).await;
+    assert_eq!(queued(&queue, &["job", "web"]).await, ["job", "web"], "the users of app, after its deletion");
+    server.put_secret("default", "db", &[("password", b"letmein")]);
+    for _ in 0..200 {
+        if objects.secret(&job, "db").await.unwrap().unwrap()["password"] == b"letmein" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(queued(&queue, &["job"]).await, ["job"], "only the user of db, after its change");
     assert_eq!(server.requests("GET configmaps") + server.requests("GET secrets"), 0, "no reads: watches");
     assert_eq!(server.requests("LIST configmaps"), 2, "one watch of app, one of nope");
     assert_eq!(server.requests("LIST secrets"), 1);

@@ -20,22 +20,32 @@ fn running(ready: &str) -> PodStatus {
     }
 }
 
-/// Waits until the sink has handled every report sent before: the status of a pod of its own
-/// (`barrier-<n>`), sent last, reaches the API only after them, since the sink handles reports in
-/// order. What must not happen is checked after it, not after a sleep.
+/// Waits until the sink has handled every report sent before: a pod of its own (`barrier-<n>`)
+/// gets two statuses, the second sent once the API has the first. The sink sends in rounds, each
+/// round what was heard before it began, and a round ends before the next begins: the first
+/// status went in the round of the reports before it or a later one, so the second, in a round
+/// after that, reaches the API only once they are handled. What must not happen is checked after
+/// it, not after a sleep.
 async fn barrier(server: &ApiServer, tx: &mpsc::UnboundedSender<status::Report>, n: u32) {
     let name = format!("barrier-{n}");
     server.put_pod(json!({"metadata": {"name": name, "namespace": "default"},
         "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
     let key = format!("default/{name}");
-    tx.send(status::Report::Status(status::Change::new(&api_pod(server, &key), running("True")))).unwrap();
+    for ready in ["True", "False"] {
+        tx.send(status::Report::Status(status::Change::new(&api_pod(server, &key), running(ready)))).unwrap();
+        wait_for_ready(server, &key, ready).await;
+    }
+}
+
+/// Waits (at most 10 s) until pod `key`'s Ready condition in the API is `ready`.
+async fn wait_for_ready(server: &ApiServer, key: &str, ready: &str) {
     for _ in 0..200 {
-        if server.objects.lock().unwrap().pods[&key]["status"]["phase"] == "Running" {
+        if server.objects.lock().unwrap().pods[key]["status"]["conditions"][0]["status"] == ready {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("the sink did not reach {name}");
+    panic!("the sink did not reach {key}");
 }
 
 /// The resource version of pod `key`: it changes with every write of the pod.
@@ -198,7 +208,7 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
     // (at the next resync at the latest).
     tx.send(status::Report::Status(status::Change::of_static(&static_pod, running("True")))).unwrap();
     barrier(&server, &tx, 1).await;
-    assert_eq!(server.requests("PATCH pods/status"), 1, "the barrier's alone: no mirror yet");
+    assert_eq!(server.requests("PATCH pods/status"), 2, "the barrier's two alone: no mirror yet");
     server.put_pod(mirror.clone());
     for _ in 0..200 {
         if mirror_phase() == "Running" {
@@ -232,4 +242,44 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
     assert_ne!(mirror_phase(), "Running", "no status for the new mirror");
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+}
+
+/// Reports that pile up while the sink is busy merge: each pod's latest status is patched once,
+/// and none is lost.
+#[tokio::test]
+async fn statuses_heard_meanwhile_merge_into_one_patch_per_pod() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..20 {
+        let name = format!("pod-{i}");
+        server.put_pod(json!({"metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
+        let pod = api_pod(&server, &format!("default/{name}"));
+        // Five statuses of each pod, in order, before the sink starts: only the last counts.
+        for step in 0..5 {
+            let mut status = running(if step % 2 == 0 { "True" } else { "False" });
+            status.message = Some(format!("step {step}"));
+            tx.send(status::Report::Status(status::Change::new(&pod, status))).unwrap();
+        }
+    }
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(status::report(client, rx, Duration::from_secs(3600), cancel.clone()));
+    for i in 0..20 {
+        let key = format!("default/pod-{i}");
+        for _ in 0..200 {
+            if server.objects.lock().unwrap().pods[&key]["status"]["message"] == "step 4" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let pod = server.objects.lock().unwrap().pods[&key].clone();
+        assert_eq!(pod["status"]["message"], "step 4", "{pod}");
+        assert_eq!(pod["status"]["conditions"][0]["status"], "True", "{pod}");
+    }
+    assert_eq!(server.requests("PATCH pods/status"), 20, "one patch per pod");
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
 }

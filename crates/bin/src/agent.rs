@@ -461,6 +461,10 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
                 podworkers::PodWorkers::new(parts.syncer, parts.cache, parts.work_queue, config, parts.cancel)
             },
         );
+    if let Some((Cluster { objects, .. }, _)) = &cluster {
+        // A changed config map or secret reaches the volumes of the pods that show it at once.
+        objects.sync_users_on_change(agent.work_queue().clone());
+    }
 
     let (pod_config, updates) = PodConfig::new(recorder.clone());
     let tracker = TaskTracker::new();

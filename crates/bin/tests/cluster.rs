@@ -1503,6 +1503,53 @@ async fn real_the_kubelet_api_serves_kubectl_logs_and_refuses_whom_rbac_does_not
     on_node_3(test, "kubelet-api", None, serve_the_kubelet_api).await;
 }
 
+/// Config map and secret changes reach the volumes that show them (configMap, secret and
+/// projected) within seconds, driven by the agent's watch of each object, not at the pod's
+/// periodic resync (`syncFrequency` left at its minute, upstream's default, which is what a
+/// change waited for before).
+#[tokio::test]
+async fn real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver() {
+    let test = "real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver";
+    on_node_3(test, "volume-updates", None, follow_object_changes).await;
+}
+
+/// The body of [`real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver`].
+async fn follow_object_changes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+        .unwrap();
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &[]);
+    cluster.put_config_map("app", json!({"greeting": "hello"})).await;
+    cluster.put_secret("db", &[("password", b"hunter2")]).await;
+    // Every 200 ms the container says what its three volumes show.
+    let script = "while true; do echo \"seen: $(cat /cfg/greeting) $(cat /db/password) $(cat /all/greeting)\"; \
+                  sleep 0.2; done";
+    let mut pod = writer_pod("reader", &node, &rt.busybox_image, script, None, json!({}));
+    pod["spec"]["volumes"] = json!([
+        {"name": "cfg", "configMap": {"name": "app"}},
+        {"name": "db", "secret": {"secretName": "db"}},
+        {"name": "all", "projected": {"sources": [{"configMap": {"name": "app"}}, {"secret": {"name": "db"}}]}},
+    ]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "cfg", "mountPath": "/cfg"}, {"name": "db", "mountPath": "/db"}, {"name": "all", "mountPath": "/all"},
+    ]);
+    cluster.create_pod(pod).await;
+    let key = format!("{}/reader", cluster.namespace());
+    let uid = until(&cluster, &node, &dir, "the pod to run", |v| {
+        let pod = v.pods.get(&key).filter(|p| phase(p) == "Running")?;
+        pod["metadata"]["uid"].as_str().map(str::to_owned)
+    })
+    .await;
+    let log = dir.join("pods").join(format!("{}_reader_{uid}", cluster.namespace())).join("app/0.log");
+    wait_for_text(&log, "seen: hello hunter2 hello").await;
+
+    // Both objects change; the container sees both within 10 s (the resync would take a minute).
+    let changed = tokio::time::Instant::now();
+    cluster.put_config_map("app", json!({"greeting": "bye"})).await;
+    cluster.put_secret("db", &[("password", b"letmein")]).await;
+    wait_for_text(&log, "seen: bye letmein bye").await;
+    eprintln!("the changes reached the container {:?} after the API", changed.elapsed());
+}
+
 /// The directory of `cargo xtask cluster up`'s certificates (the admin kubeconfig's CA's).
 fn cluster_pki() -> PathBuf {
     let admin = std::env::var("KUBELET_RS_TEST_KUBECONFIG").unwrap();

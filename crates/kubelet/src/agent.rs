@@ -312,6 +312,12 @@ impl<R: Runtime, P: Pleg, W: PodWorkers> Agent<R, P, W> {
         &self.runtime
     }
 
+    /// The queue of pods waiting for their resync: enqueue a pod with no delay to have it synced
+    /// at the loop's next tick (within a second), as when an object its volumes show changes.
+    pub fn work_queue(&self) -> &Arc<WorkQueue> {
+        &self.shared.work_queue
+    }
+
     /// The PLEG.
     pub fn pleg(&self) -> &Arc<P> {
         &self.pleg
