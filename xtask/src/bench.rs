@@ -19,8 +19,14 @@
 //!   `kubelet_pleg_relist_duration_seconds` (no time row when no relist ran).
 //! - Probing: CPU seconds per minute of the agent while 100 containers each have an exec and an
 //!   httpGet probe at a 1 s period.
+//! - The hollow node ([`hollow`]): the agent on `fake://` with 1,000 and (unless `--quick`)
+//!   10,000 static pods, from the manifests written until all are Running, and its idle CPU and
+//!   resident memory per pod.
 //! - The shipped binary's size, and (unless `--quick`) two criterion benchmarks on the fake
 //!   runtime: a relist of 10,000 unchanged containers and a pod-worker dispatch of 10,000 pods.
+//!
+//! `--check` holds the run to the baseline in the repository and fails on a regression of more
+//! than 20 % ([`baseline`]); `--save-baseline` makes the run the baseline.
 
 use std::{
     fmt::Write as _,
@@ -31,6 +37,9 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+
+mod baseline;
+mod hollow;
 
 use crate::{
     harness::{self, Agent, CriTool, write_manifest},
@@ -50,15 +59,39 @@ struct Options {
     window: Duration,
     /// Also run the criterion benchmarks on the fake runtime.
     criterion: bool,
+    /// Pod counts of the hollow node (the agent on `fake://`).
+    hollow: Vec<usize>,
+    /// Hold the figures to the baseline in the repository, failing on a regression.
+    check: bool,
+    /// Write the figures as the new baseline.
+    save_baseline: bool,
 }
 
 impl Options {
     fn full() -> Options {
-        Options { repeat: 3, sizes: vec![1, 10, 50], windows: 3, window: Duration::from_secs(20), criterion: true }
+        Options {
+            repeat: 3,
+            sizes: vec![1, 10, 50],
+            windows: 3,
+            window: Duration::from_secs(20),
+            criterion: true,
+            hollow: vec![1_000, 10_000],
+            check: false,
+            save_baseline: false,
+        }
     }
 
     fn quick() -> Options {
-        Options { repeat: 1, sizes: vec![1, 10], windows: 2, window: Duration::from_secs(10), criterion: false }
+        Options {
+            repeat: 1,
+            sizes: vec![1, 10],
+            windows: 2,
+            window: Duration::from_secs(10),
+            criterion: false,
+            hollow: vec![1_000],
+            check: false,
+            save_baseline: false,
+        }
     }
 }
 
@@ -67,12 +100,18 @@ fn parse(args: &[&str]) -> Result<Options> {
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match *arg {
-            "--quick" => options = Options { criterion: false, ..Options::quick() },
+            "--quick" => {
+                options = Options { check: options.check, save_baseline: options.save_baseline, ..Options::quick() }
+            }
+            "--check" => options.check = true,
+            "--save-baseline" => options.save_baseline = true,
             "--repeat" => {
                 let n = args.next().context("--repeat takes a number of runs")?;
                 options.repeat = n.parse().ok().filter(|n| *n > 0).with_context(|| format!("--repeat {n:?}"))?;
             }
-            other => bail!("unknown bench option {other:?}; usage: cargo xtask bench [--quick] [--repeat N]"),
+            other => bail!(
+                "unknown bench option {other:?}; usage: cargo xtask bench [--quick] [--repeat N] [--check] [--save-baseline]"
+            ),
         }
     }
     Ok(options)
@@ -117,11 +156,25 @@ struct Figure {
     /// The floor's median, where the figure has one.
     floor: Option<f64>,
     target: Option<Target>,
+    /// Whether `--check` holds it to the baseline: not the runtime's own figures (the floor),
+    /// which no change of the agent moves.
+    checked: bool,
 }
 
 impl Figure {
     fn new(name: impl Into<String>, unit: &'static str, samples: &[f64]) -> Figure {
-        Figure { name: name.into(), unit, stat: Stat::of(samples), floor: None, target: None }
+        Figure { name: name.into(), unit, stat: Stat::of(samples), floor: None, target: None, checked: true }
+    }
+
+    /// The runtime's own figure: reported, not checked against the baseline.
+    fn unchecked(mut self) -> Figure {
+        self.checked = false;
+        self
+    }
+
+    /// Whether more is better (a rate), where less is for every other figure (times, costs).
+    fn higher_is_better(&self) -> bool {
+        self.unit == "/s"
     }
 
     fn floor(mut self, floor: f64) -> Figure {
@@ -211,6 +264,8 @@ struct Results {
 
 pub(crate) fn run_bench(args: &[&str]) -> Result<()> {
     let options = parse(args)?;
+    // A missing baseline fails before the run, not after it.
+    let baseline = if options.check { Some(baseline::load()?) } else { None };
     if let Some(why) = runtime::missing_prerequisites() {
         if in_ci() || is_root() {
             bail!("the benchmark needs the project's containerd: {why}");
@@ -223,7 +278,33 @@ pub(crate) fn run_bench(args: &[&str]) -> Result<()> {
         runtime::stop()?;
     }
     let results = result?;
-    report(&options, &results)
+    let commit = commit()?;
+    report(&options, &results, &commit)?;
+    if options.save_baseline {
+        let path = baseline::save(&baseline::of(&results.figures, &commit))?;
+        println!("wrote the baseline {}", path.display());
+    }
+    if let Some(baseline) = baseline {
+        let regressed = baseline::regressions(&baseline, &results.figures);
+        if !regressed.is_empty() {
+            bail!(
+                "{} figure(s) more than 20 % worse than the baseline of commit {}:\n  {}",
+                regressed.len(),
+                baseline.commit,
+                regressed.join("\n  ")
+            );
+        }
+        println!("bench: no figure is more than 20 % worse than the baseline of commit {}", baseline.commit);
+    }
+    Ok(())
+}
+
+/// The checked-out commit, short.
+fn commit() -> Result<String> {
+    let root = project_root()?;
+    Ok(output(Command::new("git").current_dir(&root).args(["rev-parse", "--short", "HEAD"]))
+        .map(|c| c.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned()))
 }
 
 /// The scratch directory of the benchmark's agent and floor.
@@ -284,20 +365,14 @@ fn measure(options: &Options) -> Result<Results> {
             Figure::new(format!("start-up, {n} pods: manifests written → all containers running (CRI)"), "s", cri)
                 .floor(par.median),
         );
-        results.figures.push(Figure { stat: *par, ..Figure::new(format!("floor, {n} pods, all at once"), "s", &[]) });
-        results.figures.push(Figure { stat: *seq, ..Figure::new(format!("floor, {n} pods, one at a time"), "s", &[]) });
+        results.figures.push(floor_figure(format!("floor, {n} pods, all at once"), *par));
+        results.figures.push(floor_figure(format!("floor, {n} pods, one at a time"), *seq));
         results.figures.push(
             Figure::new(format!("teardown, {n} pods: manifests removed → no sandbox ready"), "s", teardown)
                 .floor(par_stop.median),
         );
-        results.figures.push(Figure {
-            stat: *par_stop,
-            ..Figure::new(format!("floor teardown, {n} pods, all at once"), "s", &[])
-        });
-        results.figures.push(Figure {
-            stat: *seq_stop,
-            ..Figure::new(format!("floor teardown, {n} pods, one at a time"), "s", &[])
-        });
+        results.figures.push(floor_figure(format!("floor teardown, {n} pods, all at once"), *par_stop));
+        results.figures.push(floor_figure(format!("floor teardown, {n} pods, one at a time"), *seq_stop));
         results.startup.push(StartupPoint {
             pods: *n,
             api: Stat::of(api).median,
@@ -326,7 +401,7 @@ fn measure(options: &Options) -> Result<Results> {
             .floor(exec_floor)
             .target(Target::Floor { factor: 1.0, plus: 0.02 }),
     );
-    results.figures.push(Figure::new("exec round trip, the runtime's own ExecSync", "s", &runs.exec_floor));
+    results.figures.push(Figure::new("exec round trip, the runtime's own ExecSync", "s", &runs.exec_floor).unchecked());
     results.figures.push(Figure::new(
         format!("agent CPU probing {PROBED_CONTAINERS} containers (an exec and an httpGet probe each, 1 s period)"),
         "s/min",
@@ -359,6 +434,10 @@ fn measure(options: &Options) -> Result<Results> {
         }
         results.memory.push((*pods, Stat::of(&idle.rss).median));
     }
+    for &pods in &options.hollow {
+        let hollow = hollow::measure(&binaries.agent, &dir.join("hollow"), pods, options)?;
+        results.figures.extend(hollow::figures(&hollow));
+    }
     let size = fs::metadata(&binaries.agent)?.len() as f64 / (1024.0 * 1024.0);
     results.figures.push(Figure::new("binary size (dist profile)", "MiB", &[size]));
     if options.criterion {
@@ -371,6 +450,11 @@ fn measure(options: &Options) -> Result<Results> {
     results.load_after = harness::load();
     let _ = fs::remove_dir_all(&dir);
     Ok(results)
+}
+
+/// A row of the floor's, whose runs were summed up as they came.
+fn floor_figure(name: String, stat: Stat) -> Figure {
+    Figure { stat, ..Figure::new(name, "s", &[]) }.unchecked()
 }
 
 /// Idle figures of one pod count, one sample per window.
@@ -696,15 +780,11 @@ fn criterion_samples(dir: &Path) -> Result<Vec<f64>> {
     Ok(iters.iter().zip(times).filter_map(|(i, t)| Some(t.as_f64()? / i.as_f64()? / 1e6)).collect())
 }
 
-fn report(options: &Options, results: &Results) -> Result<()> {
-    let root = project_root()?;
-    let out = root.join("target/bench");
+fn report(options: &Options, results: &Results, commit: &str) -> Result<()> {
+    let out = project_root()?.join("target/bench");
     fs::create_dir_all(&out)?;
-    let commit = output(Command::new("git").current_dir(&root).args(["rev-parse", "--short", "HEAD"]))
-        .map(|c| c.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned());
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
-    let markdown = markdown(options, results, &commit, cpus);
+    let markdown = markdown(options, results, commit, cpus);
     print!("\n{markdown}");
     fs::write(out.join("bench.md"), &markdown)?;
     let json = serde_json::json!({
@@ -876,6 +956,9 @@ mod tests {
         assert_eq!(parse(&[]).unwrap(), Options::full());
         assert_eq!(parse(&["--quick"]).unwrap(), Options::quick());
         assert_eq!(parse(&["--repeat", "5"]).unwrap().repeat, 5);
+        let checked = parse(&["--check", "--quick"]).unwrap();
+        assert_eq!((checked.check, checked.hollow), (true, vec![1_000]));
+        assert!(parse(&["--save-baseline"]).unwrap().save_baseline);
         assert!(parse(&["--repeat", "0"]).is_err());
         assert!(parse(&["--fast"]).is_err());
     }

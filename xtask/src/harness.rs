@@ -156,11 +156,17 @@ pub(crate) struct Agent {
 impl Agent {
     /// Starts the agent on the project's containerd with `dir/manifests` as its manifest path.
     pub(crate) fn start(binary: &Path, dir: &Path, extra: &[&str]) -> Result<Agent> {
+        Agent::start_on(&endpoint(), binary, dir, extra)
+    }
+
+    /// Starts the agent on the runtime at `endpoint` (`fake://` for the in-memory one) with
+    /// `dir/manifests` as its manifest path.
+    pub(crate) fn start_on(endpoint: &str, binary: &Path, dir: &Path, extra: &[&str]) -> Result<Agent> {
         fs::create_dir_all(dir.join("manifests"))?;
         let log = fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log"))?;
         let mut command = Command::new(binary);
         command
-            .args(["run", "--container-runtime-endpoint", &endpoint(), "--healthz-port", "0"])
+            .args(["run", "--container-runtime-endpoint", endpoint, "--healthz-port", "0"])
             .args(["--hostname-override", NODE])
             // One line per record, so a record is counted once however many lines its message has.
             .args(["--logging-format", "json"])

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::{
-    admission::admit,
+    admission::{NodeUsage, Rejection, admit_to},
     cleanup::{Cleanups, Job},
     pod_sync::{Error, PodSync},
     status,
@@ -49,7 +49,7 @@ impl<R, W> std::fmt::Debug for Kubelet<R, W> {
 
 /// Whether the pod's phase, as last computed or as its config says, is terminal.
 fn is_terminal(statuses: &StatusStore, pod: &Pod) -> bool {
-    let stored = statuses.get(&PodUid::of(pod)).and_then(|s| s.status.phase);
+    let stored = statuses.phase(&PodUid::of(pod));
     let phase = stored.or_else(|| pod.status.as_ref().and_then(|s| s.phase.clone()));
     matches!(phase.as_deref(), Some(status::SUCCEEDED | status::FAILED))
 }
@@ -134,6 +134,23 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
         }
     }
 
+    /// Whether `pod` may run beside the active pods, whose holdings `usage` sums: fields this
+    /// agent implements, no node pressure that refuses it, and upstream's admission checks.
+    fn admission(&self, pod: &Pod, usage: &NodeUsage) -> Result<(), Rejection> {
+        let unsupported = self.sync.unsupported_fields(pod);
+        if !unsupported.is_empty() {
+            warn!(pod = %pod_full_name(pod), fields = ?unsupported, "pod refused: it uses fields this agent does not implement");
+            return Err(Rejection::new(unsupported::REASON, unsupported::message(&unsupported)));
+        }
+        if let Err(message) = kubelet_core::eviction::admit(pod, &self.pressure) {
+            warn!(pod = %pod_full_name(pod), conditions = ?self.pressure.conditions(), "pod rejected under node pressure");
+            return Err(Rejection::new("Evicted", message));
+        }
+        admit_to(pod, usage, &self.sync.config.node).inspect_err(|rejection| {
+            warn!(pod = %pod_full_name(pod), reason = %rejection.reason, "pod rejected");
+        })
+    }
+
     fn reject(&self, pod: &Pod, reason: &str, message: &str) {
         self.sync.recorder.record(Event::new(EventType::Warning, reason, message, ObjectRef::pod(pod)));
         let status = ApiPodStatus {
@@ -152,6 +169,12 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
 
     async fn handle_pod_additions(&self, mut pods: Vec<Arc<Pod>>) {
         pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+        // What the pods active before this batch hold, summed once; each pod of the batch that
+        // goes on to run is counted in before the next is admitted.
+        let batch: HashSet<PodUid> = pods.iter().map(|pod| PodUid::of(pod)).collect();
+        let active: Vec<Arc<Pod>> =
+            self.active_pods(None).into_iter().filter(|pod| !batch.contains(&PodUid::of(pod))).collect();
+        let mut usage = NodeUsage::of(&active.iter().map(AsRef::as_ref).collect::<Vec<&Pod>>());
         for pod in pods {
             self.pods.add_pod(pod.clone());
             if is_mirror_pod(&pod) {
@@ -159,25 +182,16 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                 continue;
             }
             let uid = PodUid::of(&pod);
-            if !self.is_terminal(&pod) && !self.workers.is_pod_termination_requested(&uid) {
-                let active = self.active_pods(Some(&uid));
-                let active: Vec<&Pod> = active.iter().map(AsRef::as_ref).collect();
-                let unsupported = self.sync.unsupported_fields(&pod);
-                if !unsupported.is_empty() {
-                    warn!(pod = %pod_full_name(&pod), fields = ?unsupported, "pod refused: it uses fields this agent does not implement");
-                    self.reject(&pod, unsupported::REASON, &unsupported::message(&unsupported));
-                    continue;
-                }
-                if let Err(message) = kubelet_core::eviction::admit(&pod, &self.pressure) {
-                    warn!(pod = %pod_full_name(&pod), conditions = ?self.pressure.conditions(), "pod rejected under node pressure");
-                    self.reject(&pod, "Evicted", &message);
-                    continue;
-                }
-                if let Err(rejection) = admit(&pod, &active, &self.sync.config.node) {
-                    warn!(pod = %pod_full_name(&pod), reason = %rejection.reason, "pod rejected");
+            let terminal = self.is_terminal(&pod);
+            if !terminal && !self.workers.is_pod_termination_requested(&uid) {
+                if let Err(rejection) = self.admission(&pod, &usage) {
                     self.reject(&pod, &rejection.reason, &rejection.message);
                     continue;
                 }
+                usage.add(&pod);
+            } else if !terminal && !self.workers.is_pod_known_terminated(&uid) {
+                // Being stopped: it holds what it has until it has stopped.
+                usage.add(&pod);
             }
             if let Some(prober) = &self.sync.prober {
                 prober.add_pod(&pod);

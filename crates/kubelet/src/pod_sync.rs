@@ -454,7 +454,7 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             ));
         }
         let phase = api_status.phase.clone().unwrap_or_default();
-        let was_running = self.statuses.get(&uid).and_then(|s| s.status.phase).as_deref() == Some(status::RUNNING);
+        let was_running = self.statuses.phase(&uid).as_deref() == Some(status::RUNNING);
         if phase == status::RUNNING && !was_running {
             // Upstream records the start-up metrics in `SyncPod` on the first Running status.
             if let Some(since) = since_first_seen(pod) {

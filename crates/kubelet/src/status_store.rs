@@ -134,6 +134,12 @@ impl StatusStore {
         lock(&self.statuses).get(uid).cloned()
     }
 
+    /// The phase of `uid`'s stored status, without a copy of the rest: admission asks it of
+    /// every known pod for each pod it admits.
+    pub fn phase(&self, uid: &PodUid) -> Option<String> {
+        lock(&self.statuses).get(uid).and_then(|stored| stored.status.phase.clone())
+    }
+
     /// Forgets `uid`, and tells the sinks ([`StatusSink::pod_removed`]).
     pub fn remove(&self, uid: &PodUid) {
         lock(&self.statuses).remove(uid);

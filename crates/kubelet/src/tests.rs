@@ -295,6 +295,41 @@ async fn additions_are_admitted_or_rejected_with_upstream_reasons() {
     assert!(f.events.events().iter().any(|e| e.reason == "OutOfpods"));
 }
 
+/// One batch is admitted as the same pods one by one would be: each admitted pod holds its room
+/// for the next, a rejected one holds none.
+#[tokio::test(start_paused = true)]
+async fn a_batch_of_additions_counts_each_admitted_pod_against_the_next() {
+    let f = fixture();
+    let (k, w, _) = kubelet(&f, 3);
+    let mut host_port = pod("b", "Always", &["c"]);
+    let mut unsupported = pod("x", "Always", &["c"]);
+    Arc::make_mut(&mut unsupported).spec.as_mut().unwrap().host_users = Some(false);
+    let ports = vec![k8s_openapi::api::core::v1::ContainerPort {
+        container_port: 80,
+        host_port: Some(8080),
+        ..Default::default()
+    }];
+    Arc::make_mut(&mut host_port).spec.as_mut().unwrap().containers[0].ports = Some(ports);
+    let mut same_port = host_port.clone();
+    Arc::make_mut(&mut same_port).metadata.uid = Some("b2".into());
+    Arc::make_mut(&mut same_port).metadata.name = Some("b2".into());
+    let fourth = pod("d", "Always", &["c"]);
+    let batch = vec![
+        pod("a", "Always", &["c"]),
+        unsupported,
+        host_port,
+        same_port.clone(),
+        pod("c", "Always", &["c"]),
+        fourth.clone(),
+    ];
+    k.handle_pod_additions(batch).await;
+    // x is refused and holds no room; b2 wants b's host port; d is the fourth runnable pod.
+    let created = ["a", "b", "c"].map(|uid| (SyncPodType::Create, uid.to_owned()));
+    assert_eq!(updates(&w), created);
+    assert_eq!(f.stored(&same_port).reason.as_deref(), Some("NodePorts"));
+    assert_eq!(f.stored(&fourth).reason.as_deref(), Some("OutOfpods"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn pods_using_unimplemented_fields_are_refused_never_run_without_them() {
     let f = fixture();

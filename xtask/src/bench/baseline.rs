@@ -1,0 +1,149 @@
+//! `cargo xtask bench --check`: the run's figures against the baseline kept in the repository
+//! (`xtask/bench-baseline.json`, written by `--save-baseline`), each regression named.
+//!
+//! A figure with a floor is held by its ratio to the floor, which the machine's speed moves
+//! less than the time itself; the others by their median. A regression is a figure more than
+//! 20 % worse than its baseline and also worse by more than its unit's measuring noise (an idle
+//! CPU of 0.02 s/min moves by more than 20 % between two runs of the same build). The runtime's
+//! own figures (the floor, its ExecSync) are not checked: no change here moves them.
+
+use std::{collections::BTreeMap, fs, path::PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::Figure;
+use crate::util::project_root;
+
+/// How much worse than its baseline a figure may get.
+const TOLERANCE: f64 = 1.2;
+
+/// What the baseline keeps of a figure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) struct Kept {
+    pub(super) unit: String,
+    pub(super) median: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) ratio: Option<f64>,
+}
+
+/// The baseline: the figures of one run, by name.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct Baseline {
+    pub(super) commit: String,
+    pub(super) figures: BTreeMap<String, Kept>,
+}
+
+pub(super) fn path() -> Result<PathBuf> {
+    Ok(project_root()?.join("xtask/bench-baseline.json"))
+}
+
+pub(super) fn load() -> Result<Baseline> {
+    let path = path()?;
+    let text = fs::read_to_string(&path).with_context(|| format!("reading the baseline {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("decoding the baseline {}", path.display()))
+}
+
+/// The baseline of `figures`, the checked ones with a median.
+pub(super) fn of(figures: &[Figure], commit: &str) -> Baseline {
+    let kept = figures
+        .iter()
+        .filter(|f| f.checked && f.stat.median.is_finite())
+        .map(|f| (f.name.clone(), Kept { unit: f.unit.to_owned(), median: f.stat.median, ratio: f.ratio() }));
+    Baseline { commit: commit.to_owned(), figures: kept.collect() }
+}
+
+pub(super) fn save(baseline: &Baseline) -> Result<PathBuf> {
+    let path = path()?;
+    fs::write(&path, serde_json::to_string_pretty(baseline)? + "\n")?;
+    Ok(path)
+}
+
+/// The measuring noise of a unit: a change smaller than this is no regression, whatever its
+/// share.
+fn noise(unit: &str) -> f64 {
+    match unit {
+        "s" => 0.02,
+        "ms" => 0.5,
+        "s/min" => 0.05,
+        "ms/min" => 0.05,
+        "MiB" => 1.0,
+        "KiB" => 2.0,
+        "/min" => 3.0,
+        "/s" => 5.0,
+        _ => 2.0,
+    }
+}
+
+/// Ratios to a floor move by this much between runs of the same build.
+const RATIO_NOISE: f64 = 0.05;
+
+/// Every checked figure of `figures` that regressed against `baseline`, as a sentence.
+/// Figures the baseline does not have (a new one, or one a quick run leaves out) pass.
+pub(super) fn regressions(baseline: &Baseline, figures: &[Figure]) -> Vec<String> {
+    let mut found = Vec::new();
+    for figure in figures.iter().filter(|f| f.checked) {
+        let Some(kept) = baseline.figures.get(&figure.name) else { continue };
+        if let (Some(now), Some(then)) = (figure.ratio(), kept.ratio) {
+            if now > then * TOLERANCE + RATIO_NOISE {
+                found.push(format!("{}: {now:.2}× the floor, was {then:.2}×", figure.name));
+            }
+            continue;
+        }
+        let (now, then, noise) = (figure.stat.median, kept.median, noise(&kept.unit));
+        let worse =
+            if figure.higher_is_better() { now < then / TOLERANCE - noise } else { now > then * TOLERANCE + noise };
+        if worse {
+            found.push(format!("{}: {now:.3} {}, was {then:.3}", figure.name, kept.unit));
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Target;
+
+    #[test]
+    fn a_figure_more_than_a_fifth_and_its_noise_worse_regresses() {
+        let then = [
+            Figure::new("start-up", "s", &[0.30]).floor(0.25).target(Target::AtMost(1.0)),
+            Figure::new("memory", "MiB", &[14.0]),
+            Figure::new("idle CPU", "s/min", &[0.02]),
+            Figure::new("probes", "/s", &[200.0]),
+            Figure::new("floor", "s", &[0.25]).unchecked(),
+        ];
+        let baseline = of(&then, "abc");
+        assert!(!baseline.figures.contains_key("floor"), "the runtime's own figures are not kept");
+        assert!(regressions(&baseline, &then).is_empty());
+
+        let now = [
+            // 1.2× → 1.6× the floor (the floor itself went faster: the time alone would pass).
+            Figure::new("start-up", "s", &[0.32]).floor(0.20),
+            // +20 % and 0.5 MiB: within.
+            Figure::new("memory", "MiB", &[17.3]),
+            // Three times 0.02 s/min, but only 0.04 s/min more: noise.
+            Figure::new("idle CPU", "s/min", &[0.06]),
+            // Fewer probes a second is worse.
+            Figure::new("probes", "/s", &[150.0]),
+            Figure::new("floor", "s", &[9.0]).unchecked(),
+            Figure::new("new figure", "s", &[9.0]),
+        ];
+        let found = regressions(&baseline, &now);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("start-up: 1.60× the floor, was 1.20×"), "{found:?}");
+        assert!(found[1].starts_with("probes: 150.000 /s, was 200.000"), "{found:?}");
+
+        let now = [Figure::new("memory", "MiB", &[18.0])];
+        assert_eq!(regressions(&baseline, &now), ["memory: 18.000 MiB, was 14.000"]);
+    }
+
+    #[test]
+    fn the_baseline_reads_back() {
+        let baseline = of(&[Figure::new("a", "s", &[1.0]).floor(0.5)], "abc");
+        let text = serde_json::to_string(&baseline).unwrap();
+        let read: Baseline = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.figures, baseline.figures);
+    }
+}

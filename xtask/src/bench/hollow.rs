@@ -1,0 +1,104 @@
+//! The hollow node: the agent on its in-memory runtime (`fake://`) with 1,000 or 10,000 static
+//! pods, so what a pod costs the agent itself is known, apart from any runtime's.
+//!
+//! One fresh agent per pod count: idle windows with no pod, the manifests written and timed
+//! until every pod is Running in `/pods`, then idle windows with them all. The cost per pod is
+//! the difference between the two idle figures, divided by the pods.
+
+use std::{
+    fs,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+
+use super::{Figure, Options, Stat, Target, idle_windows, progress};
+use crate::harness::{self, Agent, write_manifest};
+
+/// The hollow node's figures at one pod count.
+#[derive(Debug)]
+pub(super) struct Hollow {
+    pods: usize,
+    /// Manifests written → all Running in `/pods`, seconds.
+    running: f64,
+    /// Idle CPU per pod, milliseconds per minute.
+    cpu_per_pod: Vec<f64>,
+    /// Resident memory per pod, KiB.
+    rss_per_pod: Vec<f64>,
+    /// Threads with every pod running.
+    threads: Vec<f64>,
+}
+
+/// Runs a hollow node of `pods` pods in `dir` and measures it.
+pub(super) fn measure(binary: &Path, dir: &Path, pods: usize, options: &Options) -> Result<Hollow> {
+    let _ = fs::remove_dir_all(dir);
+    let max_pods = (pods * 2).to_string();
+    let mut agent = Agent::start_on("fake://", binary, dir, &["--max-pods", &max_pods])?;
+    agent.wait_healthy(Duration::from_secs(30))?;
+    progress(&format!("hollow node, 0 pods: {} windows of {:?}", options.windows, options.window));
+    let empty = idle_windows(&agent, options)?;
+
+    progress(&format!("hollow node, {pods} pods: manifests written → all Running"));
+    let manifests = dir.join("manifests");
+    let started = Instant::now();
+    for i in 0..pods {
+        let name = format!("hollow-{i}");
+        write_manifest(&manifests, &name, &harness::manifest(&name))?;
+    }
+    let running = wait_running(&mut agent, pods, started)?;
+
+    progress(&format!("hollow node, {pods} pods: {} windows of {:?}", options.windows, options.window));
+    std::thread::sleep(Duration::from_secs(10));
+    let full = idle_windows(&agent, options)?;
+    agent.stop(Duration::from_secs(60))?;
+    let _ = fs::remove_dir_all(dir);
+
+    let per_pod = |with: &[f64], without: &[f64], scale: f64| -> Vec<f64> {
+        let base = Stat::of(without).median;
+        with.iter().map(|v| (v - base) * scale / pods as f64).collect()
+    };
+    Ok(Hollow {
+        pods,
+        running,
+        cpu_per_pod: per_pod(&full.cpu, &empty.cpu, 1000.0),
+        rss_per_pod: per_pod(&full.rss, &empty.rss, 1024.0),
+        threads: full.threads,
+    })
+}
+
+/// Seconds from `started` until `pods` pods are Running in `/pods`: polled every 250 ms at
+/// most, and no sooner than the last poll took, so the polls cost the agent a bounded share.
+fn wait_running(agent: &mut Agent, pods: usize, started: Instant) -> Result<f64> {
+    let limit = Duration::from_secs(300);
+    loop {
+        let asked = Instant::now();
+        if agent.running() >= pods {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        if !agent.alive() {
+            bail!("the hollow agent exited; see {}", agent.dir.join("agent.log").display());
+        }
+        if started.elapsed() > limit {
+            bail!("{pods} hollow pods were not all Running in /pods within {limit:?}");
+        }
+        std::thread::sleep(asked.elapsed().max(Duration::from_millis(250)));
+    }
+}
+
+/// The table's rows of one hollow node.
+pub(super) fn figures(hollow: &Hollow) -> Vec<Figure> {
+    let pods = hollow.pods;
+    let target = if pods <= 1_000 { 5.0 } else { 60.0 };
+    vec![
+        Figure::new(
+            format!("hollow node, {pods} pods on fake://: manifests written → all Running"),
+            "s",
+            &[hollow.running],
+        )
+        .target(Target::AtMost(target)),
+        Figure::new(format!("hollow node, {pods} pods: idle CPU per pod"), "ms/min", &hollow.cpu_per_pod),
+        Figure::new(format!("hollow node, {pods} pods: resident memory per pod"), "KiB", &hollow.rss_per_pod),
+        Figure::new(format!("hollow node, {pods} pods: threads"), "", &hollow.threads).target(Target::AtMost(16.0)),
+    ]
+}
