@@ -50,6 +50,10 @@ use crate::{
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
+    /// `full`, or `quick`: which of the baseline's sets the run is held to and saved as.
+    mode: &'static str,
+    /// The profile the agent is built in.
+    profile: harness::Profile,
     /// Runs of every start-up, teardown and floor figure.
     repeat: usize,
     /// Pod counts of the start-up figures; the largest is also the idle figure's.
@@ -70,6 +74,8 @@ struct Options {
 impl Options {
     fn full() -> Options {
         Options {
+            mode: "full",
+            profile: harness::Profile::Dist,
             repeat: 3,
             sizes: vec![1, 10, 50],
             windows: 3,
@@ -83,9 +89,11 @@ impl Options {
 
     fn quick() -> Options {
         Options {
-            repeat: 1,
+            mode: "quick",
+            profile: harness::Profile::Dev,
+            repeat: 3,
             sizes: vec![1, 10],
-            windows: 2,
+            windows: 3,
             window: Duration::from_secs(10),
             criterion: false,
             hollow: vec![1_000],
@@ -265,7 +273,7 @@ struct Results {
 pub(crate) fn run_bench(args: &[&str]) -> Result<()> {
     let options = parse(args)?;
     // A missing baseline fails before the run, not after it.
-    let baseline = if options.check { Some(baseline::load()?) } else { None };
+    let baseline = if options.check { Some(baseline::load(options.mode)?) } else { None };
     if let Some(why) = runtime::missing_prerequisites() {
         if in_ci() || is_root() {
             bail!("the benchmark needs the project's containerd: {why}");
@@ -281,20 +289,24 @@ pub(crate) fn run_bench(args: &[&str]) -> Result<()> {
     let commit = commit()?;
     report(&options, &results, &commit)?;
     if options.save_baseline {
-        let path = baseline::save(&baseline::of(&results.figures, &commit))?;
-        println!("wrote the baseline {}", path.display());
+        let path = baseline::save(options.mode, &baseline::of(&results.figures, &commit))?;
+        println!("wrote the {} baseline into {}", options.mode, path.display());
     }
     if let Some(baseline) = baseline {
         let regressed = baseline::regressions(&baseline, &results.figures);
         if !regressed.is_empty() {
             bail!(
-                "{} figure(s) more than 20 % worse than the baseline of commit {}:\n  {}",
+                "{} figure(s) more than 20 % worse than the {} baseline of commit {}:\n  {}",
                 regressed.len(),
+                options.mode,
                 baseline.commit,
                 regressed.join("\n  ")
             );
         }
-        println!("bench: no figure is more than 20 % worse than the baseline of commit {}", baseline.commit);
+        println!(
+            "bench: no figure is more than 20 % worse than the {} baseline of commit {}",
+            options.mode, baseline.commit
+        );
     }
     Ok(())
 }
@@ -317,7 +329,7 @@ fn progress(line: &str) {
 }
 
 fn measure(options: &Options) -> Result<Results> {
-    let binaries = harness::build(harness::Profile::Dist)?;
+    let binaries = harness::build(options.profile)?;
     let tool = CriTool::new(binaries.cri_tool.clone());
     let dir = bench_dir();
     let _ = fs::remove_dir_all(&dir);

@@ -37,7 +37,7 @@ fn nextest() -> bool {
 }
 
 /// The steps, in the order they run.
-const STEPS: [&str; 12] = [
+const STEPS: [&str; 13] = [
     "fmt",
     "clippy",
     "test",
@@ -50,6 +50,7 @@ const STEPS: [&str; 12] = [
     "package",
     "bench-build",
     "real-runtime",
+    "bench",
 ];
 
 /// What `cargo xtask ci` is asked to run.
@@ -202,6 +203,17 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
         run(cargo().args(["build", "--workspace", "--benches", "--locked"]))
     })?;
     step("real-runtime", &mut || real_runtime_tests(repeat))?;
+    step("bench", &mut || {
+        // The quick bench on the tests' build, held to the quick baseline in the repository: a
+        // figure more than 20 % worse than it fails the run.
+        if let Some(why) = runtime::missing_prerequisites()
+            && !in_ci()
+        {
+            println!("SKIPPED the quick bench check: {why}");
+            return Ok(());
+        }
+        crate::bench::run_bench(&["--quick", "--check"])
+    })?;
 
     if options.steps.len() == STEPS.len() {
         println!("\nci: all steps passed");
@@ -413,7 +425,7 @@ mod tests {
         assert_eq!(only.steps, ["clippy", "real-runtime"], "in the steps' order, not the list's");
         let skip = CiOptions::parse(&["--skip", "features,package", "--repeat", "3"]).unwrap();
         assert_eq!(skip.repeat, 3);
-        assert!(!skip.steps.contains(&"features") && !skip.steps.contains(&"package") && skip.steps.len() == 10);
+        assert!(!skip.steps.contains(&"features") && !skip.steps.contains(&"package") && skip.steps.len() == 11);
         let error = CiOptions::parse(&["--only", "lint"]).unwrap_err().to_string();
         assert!(error.contains("no ci step \"lint\"") && error.contains("bench-build"), "{error}");
         assert!(CiOptions::parse(&["--repeat", "0"]).is_err());

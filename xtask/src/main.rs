@@ -34,7 +34,7 @@ commands:
                           the agent running the example pods, with a live table (root, or --runtime fake)
   ci [--repeat N] [--only STEP[,STEP]] [--skip STEP[,STEP]]
                           everything CI runs: fmt, clippy, test, example, doc, tidy, toolchain,
-                          features, deny, package, bench-build, real-runtime (--only and --skip
+                          features, deny, package, bench-build, real-runtime, bench (--only and --skip
                           choose steps; --repeat runs the real-runtime tests N times, to catch flakes)
   dist [--profile release | --check]
                           the .deb (cargo-deb): the binary (also /usr/bin/kubelet), kubelet.service

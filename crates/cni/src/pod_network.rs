@@ -166,12 +166,9 @@ impl CniNetworkPlugin {
 
     /// The namespace path of pod `uid`'s sandbox, refusing a UID that is not one file name.
     fn namespace_path(&self, pod: &Pod, uid: &PodUid) -> Result<PathBuf, PodNetworkError> {
-        let plain = !uid.as_str().is_empty()
-            && !uid.as_str().starts_with('.')
-            && uid.as_str().chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !plain {
-            let reason =
-                format!("UID {:?} cannot name a network namespace (letters, digits, '-', '_', '.')", uid.as_str());
+        // The CNI rule for container IDs: no '/', no leading '.', so one plain file name.
+        if let Err(rule) = config::validate_name(uid.as_str()) {
+            let reason = format!("UID {:?} cannot name a network namespace: it {rule}", uid.as_str());
             return Err(PodNetworkError::InvalidPod { pod: pod_name(pod), reason });
         }
         Ok(self.netns_dir.join(sandbox_id(uid)))

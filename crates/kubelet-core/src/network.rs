@@ -184,7 +184,7 @@ impl<R: Runtime, N: NetworkPlugin> Networked<R, N> {
     /// Whether pod `uid`'s network is due a check, marking it checked now if so.
     fn take_check_due(&self, uid: &PodUid) -> bool {
         let now = Instant::now();
-        let mut last_checked = self.last_checked.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut last_checked = self.last_checked();
         let due = last_checked.get(uid).is_none_or(|checked| now.duration_since(*checked) >= self.check_interval);
         if due {
             last_checked.insert(uid.clone(), now);
@@ -192,29 +192,34 @@ impl<R: Runtime, N: NetworkPlugin> Networked<R, N> {
         due
     }
 
-    /// Marks pod `uid`'s network as just set up (so checked), or forgets it.
-    fn mark_checked(&self, uid: &PodUid, set_up: bool) {
-        let mut last_checked = self.last_checked.lock().unwrap_or_else(PoisonError::into_inner);
-        if set_up {
-            last_checked.insert(uid.clone(), Instant::now());
-        } else {
-            last_checked.remove(uid);
-        }
+    fn last_checked(&self) -> std::sync::MutexGuard<'_, HashMap<PodUid, Instant>> {
+        // Each critical section inserts or removes one entry: a poisoned map is whole.
+        self.last_checked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Pod `uid`'s network was just set up: it counts as checked now.
+    fn checked_now(&self, uid: &PodUid) {
+        self.last_checked().insert(uid.clone(), Instant::now());
+    }
+
+    /// Pod `uid`'s network is gone: nothing is due for it.
+    fn forget(&self, uid: &PodUid) {
+        self.last_checked().remove(uid);
     }
 
     /// The pod's network, set up now if it has none, or checked if a check is due.
-    async fn ensure_network(&self, pod: &ApiPod) -> Result<PodNetworkStatus, SyncResult> {
+    async fn ensure_network(&self, pod: &ApiPod) -> Result<PodNetworkStatus, NetworkFailure> {
         let uid = PodUid::of(pod);
         let Some(network) = self.plugin.pod_network(&uid) else {
             let network = self.plugin.set_up_pod(pod).await.map_err(|error| {
                 let message = format!("failed to set up the pod's network: {}", crate::ErrorChain(&error));
-                SyncResult::failed(
+                NetworkFailure::SetUp(SyncResult::failed(
                     SyncAction::CreatePodSandbox,
                     uid.to_string(),
                     SyncFailure::new(reasons::CREATE_POD_SANDBOX_ERROR, message),
-                )
+                ))
             })?;
-            self.mark_checked(&uid, true);
+            self.checked_now(&uid);
             return Ok(network);
         };
         if !self.take_check_due(&uid) {
@@ -222,13 +227,21 @@ impl<R: Runtime, N: NetworkPlugin> Networked<R, N> {
         }
         self.plugin.check_pod(pod, &network).await.map_err(|error| {
             let message = format!("the pod's network failed its check: {}", crate::ErrorChain(&error));
-            SyncResult::failed(
+            NetworkFailure::Check(SyncResult::failed(
                 SyncAction::ConfigPodSandbox,
                 uid.to_string(),
                 SyncFailure::new(reasons::CONFIG_POD_SANDBOX_ERROR, message),
-            )
+            ))
         })
     }
+}
+
+/// Why [`Networked`] could not give a pod its network.
+enum NetworkFailure {
+    /// The pod has no network and setting it up failed: nothing of the pod may start.
+    SetUp(SyncResult),
+    /// The pod's network failed its check: reported, the pod keeps it.
+    Check(SyncResult),
 }
 
 /// `status` with `network` as its newest sandbox.
@@ -314,11 +327,12 @@ impl<R: Runtime, N: NetworkPlugin> Runtime for Networked<R, N> {
         let mut result = PodSyncResult::default();
         let network = match self.ensure_network(pod).await {
             Ok(network) => network,
-            Err(failed) if failed.action == SyncAction::CreatePodSandbox => {
+            Err(NetworkFailure::SetUp(failed)) => {
                 result.push(failed);
                 return result;
             }
-            Err(failed) => {
+            Err(NetworkFailure::Check(failed)) => {
+                // Reported, not repaired: the containers run on in the network they have.
                 result.push(failed);
                 match self.plugin.pod_network(&PodUid::of(pod)) {
                     Some(network) => network,
@@ -341,7 +355,7 @@ impl<R: Runtime, N: NetworkPlugin> Runtime for Networked<R, N> {
         let containers = without_network(running);
         self.runtime.kill_pod(pod, &containers, grace_override).await.map_err(NetworkedError::Runtime)?;
         self.plugin.tear_down_pod(&running.uid).await.map_err(NetworkedError::Network)?;
-        self.mark_checked(&running.uid, false);
+        self.forget(&running.uid);
         Ok(())
     }
 
@@ -394,7 +408,7 @@ impl<R: Runtime, N: NetworkPlugin> Runtime for Networked<R, N> {
     async fn remove_pod_content(&self, uid: &PodUid) -> Result<(), Self::Error> {
         self.runtime.remove_pod_content(uid).await.map_err(NetworkedError::Runtime)?;
         self.plugin.tear_down_pod(uid).await.map_err(NetworkedError::Network)?;
-        self.mark_checked(uid, false);
+        self.forget(uid);
         Ok(())
     }
 

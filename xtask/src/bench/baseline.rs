@@ -1,5 +1,7 @@
 //! `cargo xtask bench --check`: the run's figures against the baseline kept in the repository
-//! (`xtask/bench-baseline.json`, written by `--save-baseline`), each regression named.
+//! (`xtask/bench-baseline.json`, written by `--save-baseline`), each regression named. The file
+//! holds two sets: `full` (the `dist` build, every figure) and `quick` (the tests' `dev` build,
+//! which CI checks), each held only to its own.
 //!
 //! A figure with a floor is held by its ratio to the floor, which the machine's speed moves
 //! less than the time itself; the others by their median. A regression is a figure more than
@@ -28,7 +30,7 @@ pub(super) struct Kept {
 }
 
 /// The baseline: the figures of one run, by name.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(super) struct Baseline {
     pub(super) commit: String,
     pub(super) figures: BTreeMap<String, Kept>,
@@ -38,10 +40,23 @@ pub(super) fn path() -> Result<PathBuf> {
     Ok(project_root()?.join("xtask/bench-baseline.json"))
 }
 
-pub(super) fn load() -> Result<Baseline> {
+/// The baseline file: a baseline by mode (`full`, `quick`).
+type Baselines = BTreeMap<String, Baseline>;
+
+fn load_all() -> Result<Baselines> {
     let path = path()?;
     let text = fs::read_to_string(&path).with_context(|| format!("reading the baseline {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("decoding the baseline {}", path.display()))
+}
+
+/// The baseline of runs of `mode`.
+pub(super) fn load(mode: &str) -> Result<Baseline> {
+    let mut all = load_all()?;
+    all.remove(mode).with_context(|| {
+        format!(
+            "the baseline file has no {mode} baseline: make one with `cargo xtask bench --save-baseline` in that mode"
+        )
+    })
 }
 
 /// The baseline of `figures`, the checked ones with a median.
@@ -53,9 +68,12 @@ pub(super) fn of(figures: &[Figure], commit: &str) -> Baseline {
     Baseline { commit: commit.to_owned(), figures: kept.collect() }
 }
 
-pub(super) fn save(baseline: &Baseline) -> Result<PathBuf> {
+/// Makes `baseline` the one of `mode`, keeping the other modes'.
+pub(super) fn save(mode: &str, baseline: &Baseline) -> Result<PathBuf> {
     let path = path()?;
-    fs::write(&path, serde_json::to_string_pretty(baseline)? + "\n")?;
+    let mut all = if path.exists() { load_all()? } else { Baselines::new() };
+    all.insert(mode.to_owned(), baseline.clone());
+    fs::write(&path, serde_json::to_string_pretty(&all)? + "\n")?;
     Ok(path)
 }
 
