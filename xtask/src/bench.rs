@@ -451,7 +451,7 @@ fn measure(options: &Options) -> Result<Results> {
         results.figures.extend(hollow::figures(&hollow));
     }
     let size = fs::metadata(&binaries.agent)?.len() as f64 / (1024.0 * 1024.0);
-    results.figures.push(Figure::new("binary size (dist profile)", "MiB", &[size]));
+    results.figures.push(Figure::new(format!("binary size ({} profile)", options.profile.name()), "MiB", &[size]));
     if options.criterion {
         // The agent's figures stand without these.
         match criterion_figures() {
