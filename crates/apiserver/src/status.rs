@@ -214,8 +214,8 @@ const SENDS_IN_FLIGHT: usize = 8;
 /// Sends pod statuses to the API server until `cancel` or until `reports` closes: each change
 /// at once, and every `resync` (upstream's 10 s) each pod whose latest status is not yet sent.
 /// Reports that come while statuses are being sent merge: the next round sends each pod's latest
-/// status once, however many it had meanwhile, and up to [`SENDS_IN_FLIGHT`] pods at a time
-/// (upstream sends every status it hears, one at a time).
+/// status once, however many it had meanwhile, and up to 8 pods at a time (upstream sends every
+/// status it hears, one at a time).
 /// A pod that has terminated and whose deletion the API asked for is deleted (grace 0, with its
 /// UID as a precondition) once its last status is sent. A pod the API no longer has is forgotten.
 /// A static pod's status goes to its mirror, at each resync until the mirror is there, and is
