@@ -27,9 +27,11 @@
 //!   runtime: a relist of 10,000 unchanged containers and a pod-worker dispatch of 10,000 pods.
 //!
 //! `--check` holds the run to the baseline in the repository and fails on a regression of more
-//! than 20 % ([`baseline`]); `--save-baseline` makes the run the baseline.
+//! than 20 % ([`baseline`]); `--save-baseline` makes the run the baseline, and `--widen-baseline`
+//! widens it by the run (another run of the same build: each figure keeps the worse of the two).
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
@@ -40,6 +42,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 mod baseline;
+mod breakdown;
+mod cluster;
 mod hollow;
 
 use crate::{
@@ -69,7 +73,7 @@ struct Options {
     /// Hold the figures to the baseline in the repository, failing on a regression.
     check: bool,
     /// Write the figures as the new baseline.
-    save_baseline: bool,
+    save: Option<Save>,
 }
 
 impl Options {
@@ -84,7 +88,7 @@ impl Options {
             criterion: true,
             hollow: vec![1_000, 10_000],
             check: false,
-            save_baseline: false,
+            save: None,
         }
     }
 
@@ -99,9 +103,18 @@ impl Options {
             criterion: false,
             hollow: vec![1_000],
             check: false,
-            save_baseline: false,
+            save: None,
         }
     }
+}
+
+/// What `--save-baseline` and `--widen-baseline` do with the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Save {
+    /// The run becomes its mode's baseline.
+    Replace,
+    /// Each figure of the baseline becomes the worse of it and the run's.
+    Widen,
 }
 
 fn parse(args: &[&str]) -> Result<Options> {
@@ -109,17 +122,17 @@ fn parse(args: &[&str]) -> Result<Options> {
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match *arg {
-            "--quick" => {
-                options = Options { check: options.check, save_baseline: options.save_baseline, ..Options::quick() }
-            }
+            "--quick" => options = Options { check: options.check, save: options.save, ..Options::quick() },
             "--check" => options.check = true,
-            "--save-baseline" => options.save_baseline = true,
+            "--save-baseline" => options.save = Some(Save::Replace),
+            "--widen-baseline" => options.save = Some(Save::Widen),
             "--repeat" => {
                 let n = args.next().context("--repeat takes a number of runs")?;
                 options.repeat = n.parse().ok().filter(|n| *n > 0).with_context(|| format!("--repeat {n:?}"))?;
             }
             other => bail!(
-                "unknown bench option {other:?}; usage: cargo xtask bench [--quick] [--repeat N] [--check] [--save-baseline]"
+                "unknown bench option {other:?}; usage: cargo xtask bench [--quick] [--repeat N] [--check] \
+                 [--save-baseline | --widen-baseline]"
             ),
         }
     }
@@ -185,7 +198,8 @@ impl Figure {
         }
     }
 
-    /// The runtime's own figure: reported, not checked against the baseline.
+    /// Reported, not checked against the baseline: the runtime's own figures, and the start-up
+    /// breakdown's (the start-up figure holds their sum).
     fn unchecked(mut self) -> Figure {
         self.checked = false;
         self
@@ -301,9 +315,14 @@ pub(crate) fn run_bench(args: &[&str]) -> Result<()> {
     let results = result?;
     let commit = commit()?;
     report(&options, &results, &commit)?;
-    if options.save_baseline {
-        let path = baseline::save(options.mode, &baseline::of(&results.figures, &commit))?;
-        println!("wrote the {} baseline into {}", options.mode, path.display());
+    if let Some(save) = options.save {
+        let run = baseline::of(&results.figures, &commit);
+        let new = match save {
+            Save::Replace => run,
+            Save::Widen => baseline::widen(&baseline::load(options.mode)?, &run, &results.figures),
+        };
+        let path = baseline::save(options.mode, &new)?;
+        println!("wrote the {} baseline ({} run(s)) into {}", options.mode, new.runs, path.display());
     }
     if let Some(baseline) = baseline {
         let regressed = baseline::regressions(&baseline, &results.figures);
@@ -354,16 +373,20 @@ fn measure(options: &Options) -> Result<Results> {
     let mut floors = Vec::new();
     for &n in &options.sizes {
         let (mut seq, mut par, mut seq_stop, mut par_stop) = (vec![], vec![], vec![], vec![]);
+        let mut par_calls: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for round in 1..=options.repeat {
             progress(&format!("floor, {n} pods, run {round} of {}", options.repeat));
-            let (start, stop) = tool.floor(n, 1, &dir)?;
-            seq.push(start);
-            seq_stop.push(stop);
-            let (start, stop) = tool.floor(n, n, &dir)?;
-            par.push(start);
-            par_stop.push(stop);
+            let one_at_a_time = tool.floor(n, 1, &dir)?;
+            seq.push(one_at_a_time.start);
+            seq_stop.push(one_at_a_time.stop);
+            let all_at_once = tool.floor(n, n, &dir)?;
+            par.push(all_at_once.start);
+            par_stop.push(all_at_once.stop);
+            for (call, mean) in all_at_once.calls {
+                par_calls.entry(call).or_default().push(mean);
+            }
         }
-        floors.push((n, Stat::of(&seq), Stat::of(&par), Stat::of(&seq_stop), Stat::of(&par_stop)));
+        floors.push((n, Stat::of(&seq), Stat::of(&par), Stat::of(&seq_stop), Stat::of(&par_stop), par_calls));
     }
 
     progress("starting the agent, with its kubelet API served");
@@ -375,8 +398,9 @@ fn measure(options: &Options) -> Result<Results> {
     let measured = agent_figures(options, &mut agent, &tool, largest);
     agent.stop(Duration::from_secs(10))?;
     let runs = measured?;
+    let cluster_runs = cluster::measure(&binaries.agent, &binaries.api_tool, &dir.join("cluster"), largest, options)?;
 
-    for (n, seq, par, seq_stop, par_stop) in &floors {
+    for (n, seq, par, seq_stop, par_stop, par_calls) in &floors {
         let api = runs.api.get(n).map(Vec::as_slice).unwrap_or_default();
         let cri = runs.cri.get(n).map(Vec::as_slice).unwrap_or_default();
         let teardown = runs.teardown.get(n).map(Vec::as_slice).unwrap_or_default();
@@ -390,6 +414,8 @@ fn measure(options: &Options) -> Result<Results> {
             Figure::new(format!("start-up, {n} pods: manifests written → all containers running (CRI)"), "s", cri)
                 .floor(par.median),
         );
+        let breakdowns = runs.breakdown.get(n).map(Vec::as_slice).unwrap_or_default();
+        results.figures.extend(breakdown::figures(*n, breakdowns, par_calls));
         results.figures.push(floor_figure(format!("floor, {n} pods, all at once"), *par));
         results.figures.push(floor_figure(format!("floor, {n} pods, one at a time"), *seq));
         results.figures.push(
@@ -405,6 +431,15 @@ fn measure(options: &Options) -> Result<Results> {
             floor_parallel: par.median,
             floor_sequential: seq.median,
         });
+    }
+    if let Some(cluster_runs) = &cluster_runs {
+        let medians = |samples: &Samples| samples.iter().map(|(&n, s)| (n, Stat::of(s).median)).collect();
+        let standalone = cluster::Standalone {
+            floor_one: floors.iter().find(|floor| floor.0 == 1).map(|floor| floor.2.median),
+            startup: medians(&runs.api),
+            teardown: medians(&runs.teardown),
+        };
+        results.figures.extend(cluster::figures(cluster_runs, &standalone));
     }
     results.figures.push(
         Figure::new("container death (runtime confirms) → the death seen in /pods", "s", &runs.death_seen)
@@ -508,6 +543,8 @@ struct AgentRuns {
     cri: Samples,
     /// Manifests removed → no sandbox ready.
     teardown: Samples,
+    /// The start-up runs' breakdowns.
+    breakdown: BTreeMap<usize, Vec<breakdown::Breakdown>>,
     /// A container's death confirmed by the runtime → `/pods` no longer shows it running (a
     /// transition the runtime reports, which the agent must notice by itself).
     death_seen: Vec<f64>,
@@ -533,9 +570,10 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
     for round in 1..=options.repeat {
         for &n in &options.sizes {
             progress(&format!("agent start-up, {n} pods, run {round} of {}", options.repeat));
-            let (api, cri) = start_pods(agent, tool, n, round)?;
-            runs.api.entry(n).or_default().push(api);
-            runs.cri.entry(n).or_default().push(cri);
+            let started = start_pods(agent, tool, n, round)?;
+            runs.api.entry(n).or_default().push(started.api);
+            runs.cri.entry(n).or_default().push(started.cri);
+            runs.breakdown.entry(n).or_default().push(started.breakdown);
             if n == 1 {
                 progress(&format!("agent restart of a dead container, run {round} of {}", options.repeat));
                 let restart = restart_after_death(agent, tool)?;
@@ -686,9 +724,19 @@ fn exec_round_trips(agent: &Agent, tool: &CriTool, round: usize) -> Result<(Vec<
 /// Writes N manifests; returns seconds until all are Running in `/pods`, and until all their
 /// containers run in the CRI. Names carry the run, so every run has new pods (a static pod's UID
 /// comes from its manifest, and a container's restart back-off from its pod's UID).
-fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize, round: usize) -> Result<(f64, f64)> {
+/// One start-up run, seconds from the manifests written.
+struct StartRun {
+    /// Until all are Running in `/pods`.
+    api: f64,
+    /// Until all containers run in the CRI.
+    cri: f64,
+    breakdown: breakdown::Breakdown,
+}
+
+fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize, round: usize) -> Result<StartRun> {
     let manifests = agent.dir.join("manifests");
     let watch = tool.watch(&["--running", &n.to_string()])?;
+    let before = breakdown::snapshot(agent)?;
     let t0 = harness::unix_now();
     for i in 0..n {
         let name = format!("bench-r{round}-{i}");
@@ -707,8 +755,9 @@ fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize, round: usize) -> Resu
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    let after = breakdown::snapshot(agent)?;
     let cri = watch.wait(Duration::from_secs(180))? - t0;
-    Ok((api, cri))
+    Ok(StartRun { api, cri, breakdown: breakdown::between(&before, &after, n) })
 }
 
 /// Seconds of a restart after a container's death, from the runtime's confirmation of the death.
@@ -997,7 +1046,8 @@ mod tests {
         assert_eq!(parse(&["--repeat", "5"]).unwrap().repeat, 5);
         let checked = parse(&["--check", "--quick"]).unwrap();
         assert_eq!((checked.check, checked.hollow), (true, vec![1_000]));
-        assert!(parse(&["--save-baseline"]).unwrap().save_baseline);
+        assert_eq!(parse(&["--save-baseline"]).unwrap().save, Some(Save::Replace));
+        assert_eq!(parse(&["--quick", "--widen-baseline"]).unwrap().save, Some(Save::Widen));
         assert!(parse(&["--repeat", "0"]).is_err());
         assert!(parse(&["--fast"]).is_err());
     }

@@ -47,12 +47,26 @@ fn pki() -> PathBuf {
     dir().join("pki")
 }
 
-fn admin_kubeconfig() -> PathBuf {
+/// The admin's kubeconfig (`cluster-admin` through `system:masters`).
+pub(crate) fn admin_kubeconfig() -> PathBuf {
     dir().join("admin.kubeconfig")
 }
 
 fn nodes_dir() -> PathBuf {
     dir().join("nodes")
+}
+
+/// The name and kubeconfig of test node `index` (below [`NODES`]), holding its own client
+/// certificate.
+pub(crate) fn node(index: usize) -> (String, PathBuf) {
+    let name = format!("kubelet-rs-node-{index}");
+    let kubeconfig = nodes_dir().join(format!("{name}.kubeconfig"));
+    (name, kubeconfig)
+}
+
+/// Whether etcd and kube-apiserver run.
+pub(crate) fn running() -> bool {
+    ETCD.running_pid().is_some() && APISERVER.running_pid().is_some()
 }
 
 /// The kube-apiserver binary, if `KUBELET_RS_KUBE_APISERVER` names one.
@@ -111,8 +125,8 @@ pub(crate) fn up() -> Result<()> {
     let server = format!("https://127.0.0.1:{secure}");
     write_kubeconfig(&admin_kubeconfig(), &server, "admin")?;
     for n in 0..NODES {
-        let node = format!("kubelet-rs-node-{n}");
-        write_kubeconfig(&nodes_dir().join(format!("{node}.kubeconfig")), &server, &node)?;
+        let (node, kubeconfig) = node(n);
+        write_kubeconfig(&kubeconfig, &server, &node)?;
     }
 
     let etcd_url = format!("http://127.0.0.1:{client}");
@@ -235,7 +249,7 @@ fn make_pki() -> Result<()> {
     leaf("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", "clientAuth", None)?;
     leaf("admin", "/O=system:masters/CN=kubelet-rs-admin", "clientAuth", None)?;
     for n in 0..NODES {
-        let node = format!("kubelet-rs-node-{n}");
+        let (node, _) = node(n);
         leaf(&node, &format!("/O=system:nodes/CN=system:node:{node}"), "clientAuth", None)?;
     }
     Ok(())

@@ -3,6 +3,7 @@
 //! `kubelet-cri-client`).
 
 use std::{
+    collections::BTreeMap,
     fs,
     io::{Read as _, Write as _},
     os::unix::{net::UnixStream, process::CommandExt as _},
@@ -32,6 +33,8 @@ pub(crate) fn manifest_name(pod_name: &str) -> &str {
 pub(crate) struct Binaries {
     pub(crate) agent: PathBuf,
     pub(crate) cri_tool: PathBuf,
+    /// `api_bench`, an example of `kubelet-cluster`: the bench's cluster-mode figures.
+    pub(crate) api_tool: PathBuf,
 }
 
 /// The cargo profile the agent is built with: `dev` (CI's, which shares the tests' build),
@@ -87,8 +90,8 @@ pub(crate) fn build(profile: Profile) -> Result<Binaries> {
             "-p",
             "kubelet-rs",
         ]))?;
-        // The tool in the dev profile: it shares its dependencies with the tests' build, and
-        // what it measures is the runtime's time, not its own.
+        // The tools in the dev profile: they share their dependencies with the tests' build, and
+        // what they measure is the runtime's and the API server's time, not their own.
         run(Command::new(&cargo).current_dir(&root).args([
             "build",
             "--locked",
@@ -96,11 +99,16 @@ pub(crate) fn build(profile: Profile) -> Result<Binaries> {
             "kubelet-cri-client",
             "--example",
             "cri_bench",
+            "-p",
+            "kubelet-cluster",
+            "--example",
+            "api_bench",
         ]))?;
     }
     Ok(Binaries {
         agent: root.join("target").join(profile.dir()).join("kubelet-rs"),
         cri_tool: root.join("target/debug/examples/cri_bench"),
+        api_tool: root.join("target/debug/examples/api_bench"),
     })
 }
 
@@ -164,12 +172,18 @@ impl Agent {
     /// Starts the agent on the runtime at `endpoint` (`fake://` for the in-memory one) with
     /// `dir/manifests` as its manifest path.
     pub(crate) fn start_on(endpoint: &str, binary: &Path, dir: &Path, extra: &[&str]) -> Result<Agent> {
+        Agent::start_as(NODE, endpoint, binary, dir, extra)
+    }
+
+    /// Starts the agent as node `node` on the runtime at `endpoint`, with `dir/manifests` as its
+    /// manifest path.
+    pub(crate) fn start_as(node: &str, endpoint: &str, binary: &Path, dir: &Path, extra: &[&str]) -> Result<Agent> {
         fs::create_dir_all(dir.join("manifests"))?;
         let log = fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log"))?;
         let mut command = Command::new(binary);
         command
             .args(["run", "--container-runtime-endpoint", endpoint, "--healthz-port", "0"])
-            .args(["--hostname-override", NODE])
+            .args(["--hostname-override", node])
             // One line per record, so a record is counted once however many lines its message has.
             .args(["--logging-format", "json"])
             .arg("--pod-manifest-path")
@@ -317,6 +331,31 @@ impl Agent {
         Ok((value("_sum"), value("_count")))
     }
 
+    /// A summary or histogram from `/metrics` by the value of its label `label`: (sum, count).
+    pub(crate) fn metric_by_label(&self, name: &str, label: &str) -> Result<BTreeMap<String, (f64, f64)>> {
+        let (_, body) = get(&self.socket(), "/metrics")?;
+        let mut by_label: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        let quoted = format!("{label}=\"");
+        for line in body.lines() {
+            let Some(rest) = line.strip_prefix(name) else { continue };
+            let (is_sum, rest) = match (rest.strip_prefix("_sum"), rest.strip_prefix("_count")) {
+                (Some(rest), _) => (true, rest),
+                (None, Some(rest)) => (false, rest),
+                (None, None) => continue,
+            };
+            let Some((labels, value)) = rest.rsplit_once(' ') else { continue };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            let Some(of) = labels.split(&quoted).nth(1).and_then(|v| v.split('"').next()) else { continue };
+            let entry = by_label.entry(of.to_owned()).or_default();
+            if is_sum {
+                entry.0 += value;
+            } else {
+                entry.1 += value;
+            }
+        }
+        Ok(by_label)
+    }
+
     /// SIGTERM, then SIGKILL after `grace`.
     pub(crate) fn stop(&mut self, grace: Duration) -> Result<()> {
         signal(self.pid(), "TERM");
@@ -387,6 +426,18 @@ pub(crate) fn request(socket: &Path, method: &str, path: &str) -> Result<(u16, S
     Ok((code, body.to_owned()))
 }
 
+/// One run of the floor, seconds.
+#[derive(Debug)]
+pub(crate) struct FloorRun {
+    /// Every pod started.
+    pub(crate) start: f64,
+    /// Every pod stopped.
+    pub(crate) stop: f64,
+    /// The mean time of each start call, by its `operation_type` (`run_podsandbox`,
+    /// `create_container`, `start_container`).
+    pub(crate) calls: BTreeMap<String, f64>,
+}
+
 /// The CRI tool.
 pub(crate) struct CriTool {
     path: PathBuf,
@@ -422,8 +473,8 @@ impl CriTool {
         CriTool { path }
     }
 
-    /// The floor: (start, stop) seconds for `pods` pods, `parallel` at a time.
-    pub(crate) fn floor(&self, pods: usize, parallel: usize, dir: &Path) -> Result<(f64, f64)> {
+    /// The floor of `pods` pods, `parallel` at a time.
+    pub(crate) fn floor(&self, pods: usize, parallel: usize, dir: &Path) -> Result<FloorRun> {
         let out = output(Command::new(&self.path).args([
             "floor",
             &endpoint(),
@@ -437,7 +488,15 @@ impl CriTool {
             &dir.display().to_string(),
         ]))?;
         let json: serde_json::Value = serde_json::from_str(out.trim()).context("decoding the floor's figures")?;
-        Ok((json["start_s"].as_f64().unwrap_or(f64::NAN), json["stop_s"].as_f64().unwrap_or(f64::NAN)))
+        let calls = json["calls_s"]
+            .as_object()
+            .map(|calls| calls.iter().filter_map(|(name, s)| Some((name.clone(), s.as_f64()?))).collect())
+            .unwrap_or_default();
+        Ok(FloorRun {
+            start: json["start_s"].as_f64().unwrap_or(f64::NAN),
+            stop: json["stop_s"].as_f64().unwrap_or(f64::NAN),
+            calls,
+        })
     }
 
     /// Starts watching the harness namespace for `goal` (`--running N` or `--stopped`), and

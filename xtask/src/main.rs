@@ -50,11 +50,13 @@ commands:
   codegen PROTO           the CRI bindings of kubelet-cri-client from the CRI's api.proto
                           (cargo run -p xtask --features codegen -- codegen PROTO)
   example                 the example agent (crates/sdk/examples/process_agent.rs) running a pod
-  bench [--quick] [--repeat N] [--check] [--save-baseline]
-                          (root) the agent against the bare CRI floor: start-up, teardown, idle cost,
-                          and a hollow node on fake://; one table, also under target/bench/ as
+  bench [--quick] [--repeat N] [--check] [--save-baseline | --widen-baseline]
+                          (root) the agent against the bare CRI floor: start-up and its breakdown,
+                          teardown, idle cost, cluster mode (with KUBELET_RS_KUBE_APISERVER) and a
+                          hollow node on fake://; one table, also under target/bench/ as
                           Markdown, JSON and SVG; --check fails on a figure 20 % worse than
-                          xtask/bench-baseline.json, --save-baseline rewrites that file
+                          xtask/bench-baseline.json, --save-baseline rewrites that file,
+                          --widen-baseline keeps each figure's worse of it and this run
   bench criterion         every criterion benchmark (fake runtime; real ones when root)
   chaos [--short]         (root) crash-consistency, runtime outage, churn and bad-input scenarios
 ";

@@ -5,7 +5,8 @@
 //!     the bare CRI sequence a kubelet cannot avoid for N one-container pods, P at a time:
 //!     RunPodSandbox, CreateContainer, StartContainer, then StopContainer and StopPodSandbox
 //!     (the container runs what the benchmark's manifests run);
-//!     prints {"start_s": .., "stop_s": ..} and removes what it made
+//!     prints {"start_s": .., "stop_s": .., "calls_s": {"run_podsandbox": .., "create_container": ..,
+//!     "start_container": ..}} (each call's mean) and removes what it made
 //! cri_bench watch  ENDPOINT --namespace NS (--running N | --stopped)
 //!     prints "watching" after its first look, then the Unix time (seconds) at which N containers of
 //!     pods in NS run, or no sandbox of NS is ready any more
@@ -94,8 +95,13 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
         "floor" => {
             let image = required(args, "--image")?.to_owned();
             let dir = PathBuf::from(required(args, "--dir")?);
-            let (start, stop) = floor(rpc, &image, &dir, number(args, "--pods")?, number(args, "--parallel")?).await?;
-            println!("{}", serde_json::json!({ "start_s": start.as_secs_f64(), "stop_s": stop.as_secs_f64() }));
+            let floor = floor(rpc, &image, &dir, number(args, "--pods")?, number(args, "--parallel")?).await?;
+            let figures = serde_json::json!({
+                "start_s": floor.start.as_secs_f64(),
+                "stop_s": floor.stop.as_secs_f64(),
+                "calls_s": floor.calls,
+            });
+            println!("{figures}");
         }
         "watch" => {
             let namespace = required(args, "--namespace")?;
@@ -197,7 +203,19 @@ fn floor_pod(index: usize) -> Pod {
 }
 
 /// Starts one pod: sandbox, container, start. Returns the sandbox and container IDs.
-async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Result<(String, String), BoxError> {
+/// A floor pod that runs: its sandbox, its container, and how long each of the three calls took,
+/// in [`FLOOR_CALLS`]' order.
+struct Started {
+    sandbox: String,
+    container: String,
+    calls: [Duration; 3],
+}
+
+/// The calls of a floor pod's start, by the `operation_type` the agent's
+/// `kubelet_runtime_operations_duration_seconds` records them under.
+const FLOOR_CALLS: [&str; 3] = ["run_podsandbox", "create_container", "start_container"];
+
+async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Result<Started, BoxError> {
     let log_dir = logs.join(pod.metadata.uid.as_deref().unwrap_or_default());
     tokio::fs::create_dir_all(&log_dir).await?;
     let mut config =
@@ -206,6 +224,7 @@ async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Resu
         // The runtime's own cgroup parent, which it removes with the sandbox.
         linux.cgroup_parent = String::new();
     }
+    let began = Instant::now();
     let sandbox = rpc
         .run_pod_sandbox(pb::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() })
         .await?
@@ -220,6 +239,8 @@ async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Resu
         log_path: "app/0.log".into(),
         ..pb::ContainerConfig::default()
     };
+    let ran = began.elapsed();
+    let began = Instant::now();
     let id = rpc
         .create_container(pb::CreateContainerRequest {
             pod_sandbox_id: sandbox.clone(),
@@ -229,8 +250,10 @@ async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Resu
         .await?
         .into_inner()
         .container_id;
+    let created = began.elapsed();
+    let began = Instant::now();
     rpc.start_container(pb::StartContainerRequest { container_id: id.clone() }).await?;
-    Ok((sandbox, id))
+    Ok(Started { sandbox, container: id, calls: [ran, created, began.elapsed()] })
 }
 
 /// Stops one pod: its container (with the agent's minimum grace; the process exits on SIGTERM),
@@ -243,11 +266,12 @@ async fn stop_pod(mut rpc: Rpc, sandbox: String, container: String) -> Result<()
 }
 
 /// Runs `work` over `items`, at most `parallel` at a time, and waits for all.
-async fn bounded<T, F, Fut>(items: Vec<T>, parallel: usize, work: F) -> Result<Vec<Fut::Output>, BoxError>
+async fn bounded<T, O, F, Fut>(items: Vec<T>, parallel: usize, work: F) -> Result<Vec<Fut::Output>, BoxError>
 where
     T: Send + 'static,
+    O: Send + 'static,
     F: Fn(T) -> Fut,
-    Fut: Future<Output = Result<(String, String), BoxError>> + Send + 'static,
+    Fut: Future<Output = Result<O, BoxError>> + Send + 'static,
 {
     let permits = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
@@ -263,13 +287,15 @@ where
     Ok(tasks.join_all().await)
 }
 
-async fn floor(
-    rpc: Rpc,
-    image: &str,
-    dir: &Path,
-    pods: usize,
-    parallel: usize,
-) -> Result<(Duration, Duration), BoxError> {
+/// The floor's figures: start and stop of every pod, and the mean time of each start call.
+struct Floor {
+    start: Duration,
+    stop: Duration,
+    /// Mean seconds of each of [`FLOOR_CALLS`].
+    calls: BTreeMap<&'static str, f64>,
+}
+
+async fn floor(rpc: Rpc, image: &str, dir: &Path, pods: usize, parallel: usize) -> Result<Floor, BoxError> {
     let logs = dir.join("floor-logs");
     let begin = Instant::now();
     let started = bounded((0..pods).map(floor_pod).collect(), parallel, |pod| {
@@ -277,12 +303,21 @@ async fn floor(
     })
     .await?;
     let start = begin.elapsed();
-    let (ids, errors): (Vec<_>, Vec<_>) = started.into_iter().partition(Result::is_ok);
-    let ids: Vec<(String, String)> = ids.into_iter().filter_map(Result::ok).collect();
+    let (started, errors): (Vec<_>, Vec<_>) = started.into_iter().partition(Result::is_ok);
+    let started: Vec<Started> = started.into_iter().filter_map(Result::ok).collect();
+    let calls = FLOOR_CALLS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let total: f64 = started.iter().map(|pod| pod.calls[i].as_secs_f64()).sum();
+            (*name, total / started.len().max(1) as f64)
+        })
+        .collect();
+    let ids: Vec<(String, String)> = started.into_iter().map(|pod| (pod.sandbox, pod.container)).collect();
     let begin = Instant::now();
     let stopped = bounded(ids.clone(), parallel, |(sandbox, container)| {
         let rpc = rpc.clone();
-        async move { stop_pod(rpc, sandbox, container).await.map(|()| (String::new(), String::new())) }
+        async move { stop_pod(rpc, sandbox, container).await }
     })
     .await?;
     let stop = begin.elapsed();
@@ -297,7 +332,7 @@ async fn floor(
     if let Some(Err(err)) = stopped.into_iter().find(Result::is_err) {
         return Err(format!("stopping a floor pod: {err}").into());
     }
-    Ok((start, stop))
+    Ok(Floor { start, stop, calls })
 }
 
 enum Goal {

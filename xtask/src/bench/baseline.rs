@@ -37,11 +37,18 @@ pub(super) struct Kept {
     pub(super) min: Option<f64>,
 }
 
-/// The baseline: the figures of one run, by name.
+/// The baseline: the figures of one run, or the worst of a few runs of one build, by name.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(super) struct Baseline {
     pub(super) commit: String,
+    /// The runs it holds the worst of ([`widen`]).
+    #[serde(default = "one_run")]
+    pub(super) runs: u32,
     pub(super) figures: BTreeMap<String, Kept>,
+}
+
+fn one_run() -> u32 {
+    1
 }
 
 pub(super) fn path() -> Result<PathBuf> {
@@ -73,7 +80,32 @@ pub(super) fn of(figures: &[Figure], commit: &str) -> Baseline {
         let min = held_by_least(f.unit).then_some(f.stat.min);
         (f.name.clone(), Kept { unit: f.unit.to_owned(), median: f.stat.median, ratio: f.ratio(), min })
     });
-    Baseline { commit: commit.to_owned(), figures: kept.collect() }
+    Baseline { commit: commit.to_owned(), runs: 1, figures: kept.collect() }
+}
+
+/// `kept` widened by `run`, a run of the same build whose figures are `figures`: each figure the
+/// worse of the two (its median, ratio and least window alike), so the baseline covers the
+/// spread between runs rather than one run's luck. A figure only one of them has is kept as it
+/// is.
+pub(super) fn widen(kept: &Baseline, run: &Baseline, figures: &[Figure]) -> Baseline {
+    let mut widened = kept.clone();
+    widened.commit.clone_from(&run.commit);
+    widened.runs = kept.runs + run.runs;
+    for (name, now) in &run.figures {
+        let higher_is_better = figures.iter().any(|f| &f.name == name && f.higher_is_better);
+        let worse = |a: f64, b: f64| if higher_is_better { a.min(b) } else { a.max(b) };
+        let merged = match kept.figures.get(name) {
+            Some(then) => Kept {
+                unit: now.unit.clone(),
+                median: worse(then.median, now.median),
+                ratio: then.ratio.zip(now.ratio).map(|(a, b)| a.max(b)).or(now.ratio),
+                min: then.min.zip(now.min).map(|(a, b)| worse(a, b)).or(now.min),
+            },
+            None => now.clone(),
+        };
+        widened.figures.insert(name.clone(), merged);
+    }
+    widened
 }
 
 /// Makes `baseline` the one of `mode`, keeping the other modes'.
@@ -191,6 +223,31 @@ mod tests {
         let mut old = baseline.clone();
         old.figures.get_mut("idle CPU").unwrap().min = None;
         assert_eq!(regressions(&old, &bursty), ["idle CPU: 0.700 s/min, was 0.350 (median)"]);
+    }
+
+    #[test]
+    fn widening_keeps_the_worse_of_each_figure() {
+        let first = [
+            Figure::new("start-up", "s", &[0.30]).floor(0.25),
+            Figure::new("idle CPU", "s/min", &[0.30, 0.40]),
+            Figure::new("probes", "/s", &[200.0]).higher_is_better(),
+            Figure::new("only first", "s", &[1.0]),
+        ];
+        let second = [
+            Figure::new("start-up", "s", &[0.28]).floor(0.20),
+            Figure::new("idle CPU", "s/min", &[0.35, 0.36]),
+            Figure::new("probes", "/s", &[180.0]).higher_is_better(),
+            Figure::new("only second", "s", &[2.0]),
+        ];
+        let widened = widen(&of(&first, "abc"), &of(&second, "def"), &second);
+        assert_eq!((widened.commit.as_str(), widened.runs), ("def", 2));
+        let start_up = &widened.figures["start-up"];
+        assert_eq!(start_up.median, 0.30, "the slower time");
+        assert!((start_up.ratio.unwrap() - 1.4).abs() < 1e-9, "the higher ratio: {:?}", start_up.ratio);
+        let idle = &widened.figures["idle CPU"];
+        assert_eq!((idle.median, idle.min), (0.355, Some(0.35)), "the higher median and least window");
+        assert_eq!(widened.figures["probes"].median, 180.0, "fewer probes a second is worse");
+        assert!(widened.figures.contains_key("only first") && widened.figures.contains_key("only second"));
     }
 
     #[test]

@@ -1,0 +1,226 @@
+//! The API side of `cargo xtask bench`'s cluster-mode figures, built on kube's client.
+//!
+//! ```text
+//! api_bench pods --kubeconfig FILE --node NODE --namespace NS --image IMG --pods N
+//!     waits (60 s at most) for NODE to be Ready, creates N one-container pods bound to it all at
+//!     once, and prints {"running_s": .., "gone_s": ..}: from the first create until the API
+//!     shows every pod Running, then from the first delete until the API has none of them
+//! ```
+//!
+//! The pods run what the bench's static pods run (`sh` that exits on SIGTERM, so the deletion
+//! measures the agent, not a grace period), carry the label `kubelet-rs.bench=api`, and mount no
+//! service account token (there is no controller here to make the namespace's
+//! `kube-root-ca.crt`). The namespace and its `default` service account are made when missing.
+//! The times come from one watch opened before the first create.
+
+// Reason: a measuring tool; wall time is what it measures.
+#![allow(clippy::disallowed_methods)]
+
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, TryStreamExt, future::try_join_all};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use kube::{
+    Api, Client, Config,
+    api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use serde_json::json;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The label every pod of the tool carries.
+const LABEL: &str = "kubelet-rs.bench=api";
+
+/// How long the pods may take to run, and to go.
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let tokio = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(tokio) => tokio,
+        Err(err) => {
+            eprintln!("api_bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match tokio.block_on(run(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("api_bench: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The value after `--name`.
+fn required<'a>(args: &'a [String], name: &str) -> Result<&'a str, BoxError> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+        .ok_or_else(|| format!("{name} is required").into())
+}
+
+async fn run(args: &[String]) -> Result<(), BoxError> {
+    match args.first().map(String::as_str) {
+        Some("pods") => {
+            let client = client(Path::new(required(args, "--kubeconfig")?)).await?;
+            let pods: usize = required(args, "--pods")?.parse()?;
+            let run = Run {
+                node: required(args, "--node")?,
+                namespace: required(args, "--namespace")?,
+                image: required(args, "--image")?,
+                pods,
+            };
+            let (running, gone) = run.measure(&client).await?;
+            println!("{}", json!({ "running_s": running.as_secs_f64(), "gone_s": gone.as_secs_f64() }));
+            Ok(())
+        }
+        _ => Err("usage: api_bench pods --kubeconfig FILE --node NODE --namespace NS --image IMG --pods N".into()),
+    }
+}
+
+async fn client(kubeconfig: &Path) -> Result<Client, BoxError> {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// One measured round: N pods created, Running, deleted and gone.
+struct Run<'a> {
+    node: &'a str,
+    namespace: &'a str,
+    image: &'a str,
+    pods: usize,
+}
+
+impl Run<'_> {
+    async fn measure(&self, client: &Client) -> Result<(Duration, Duration), BoxError> {
+        wait_node_ready(client, self.node).await?;
+        self.make_namespace(client).await?;
+        let api: Api<Pod> = Api::namespaced(client.clone(), self.namespace);
+        let existing = api.list(&ListParams::default().labels(LABEL)).await?;
+        if !existing.items.is_empty() {
+            return Err(
+                format!("{} pods of an earlier run are still in {}", existing.items.len(), self.namespace).into()
+            );
+        }
+        let version = existing.metadata.resource_version.unwrap_or_default();
+        let mut events = api.watch(&WatchParams::default().labels(LABEL), &version).await?.boxed();
+        let names: Vec<String> = (0..self.pods).map(|i| format!("api-bench-{i}")).collect();
+        let pods: Vec<Pod> = names.iter().map(|name| self.pod(name)).collect();
+        let (create, delete) = (PostParams::default(), DeleteParams::default());
+
+        let began = Instant::now();
+        try_join_all(pods.iter().map(|pod| api.create(&create, pod))).await?;
+        let mut running = BTreeSet::new();
+        while running.len() < self.pods {
+            match next_event(&mut events, began).await? {
+                WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
+                    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                    if phase == Some("Running") {
+                        running.insert(pod.metadata.name.unwrap_or_default());
+                    }
+                }
+                WatchEvent::Deleted(pod) => {
+                    return Err(
+                        format!("pod {} was deleted before it ran", pod.metadata.name.unwrap_or_default()).into()
+                    );
+                }
+                WatchEvent::Bookmark(_) => {}
+                WatchEvent::Error(err) => return Err(format!("the watch failed: {err}").into()),
+            }
+        }
+        let running_took = began.elapsed();
+
+        let began = Instant::now();
+        try_join_all(names.iter().map(|name| api.delete(name, &delete))).await?;
+        let mut gone = BTreeSet::new();
+        while gone.len() < self.pods {
+            match next_event(&mut events, began).await? {
+                WatchEvent::Deleted(pod) => {
+                    gone.insert(pod.metadata.name.unwrap_or_default());
+                }
+                WatchEvent::Error(err) => return Err(format!("the watch failed: {err}").into()),
+                _ => {}
+            }
+        }
+        Ok((running_took, began.elapsed()))
+    }
+
+    /// The namespace and its `default` service account, which pod admission looks up.
+    async fn make_namespace(&self, client: &Client) -> Result<(), BoxError> {
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        if namespaces.get_opt(self.namespace).await?.is_none() {
+            let namespace = serde_json::from_value(json!({ "metadata": { "name": self.namespace } }))?;
+            namespaces.create(&PostParams::default(), &namespace).await?;
+        }
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), self.namespace);
+        if accounts.get_opt("default").await?.is_none() {
+            let account = serde_json::from_value(json!({ "metadata": { "name": "default" } }))?;
+            accounts.create(&PostParams::default(), &account).await?;
+        }
+        Ok(())
+    }
+
+    /// A pod bound to the node, as the bench's static pods.
+    fn pod(&self, name: &str) -> Pod {
+        let (key, value) = LABEL.split_once('=').unwrap_or((LABEL, ""));
+        let pod = json!({
+            "metadata": { "name": name, "labels": { key: value } },
+            "spec": {
+                "nodeName": self.node,
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 2,
+                "containers": [{
+                    "name": "app",
+                    "image": self.image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 36000 & wait"],
+                }],
+            },
+        });
+        // Reason: a literal of Pod's own fields, which always decodes.
+        #[allow(clippy::expect_used)]
+        serde_json::from_value(pod).expect("a pod literal decodes")
+    }
+}
+
+/// The watch's next event, failing once [`LIMIT`] has passed since `began`.
+async fn next_event(
+    events: &mut (impl futures::Stream<Item = Result<WatchEvent<Pod>, kube::Error>> + Unpin),
+    began: Instant,
+) -> Result<WatchEvent<Pod>, BoxError> {
+    let left = LIMIT.saturating_sub(began.elapsed());
+    match tokio::time::timeout(left, events.try_next()).await {
+        Ok(Ok(Some(event))) => Ok(event),
+        Ok(Ok(None)) => Err("the API server ended the watch".into()),
+        Ok(Err(err)) => Err(err.into()),
+        Err(_) => Err(format!("the pods did not get there within {LIMIT:?}").into()),
+    }
+}
+
+/// Waits until the node reports Ready.
+async fn wait_node_ready(client: &Client, node: &str) -> Result<(), BoxError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = nodes.get_opt(node).await?.is_some_and(|n| {
+            let conditions = n.status.and_then(|s| s.conditions).unwrap_or_default();
+            conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("node {node} was not Ready within 60 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

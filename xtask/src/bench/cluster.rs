@@ -1,0 +1,164 @@
+//! Cluster mode: the agent joined to the project's kube-apiserver (`cargo xtask cluster`) as a
+//! test node, with its own client certificate and kubeAPIQPS 50 / burst 100, and pods created
+//! and deleted through the API as `api_bench pods` sees them, through one watch opened before the
+//! first create.
+//!
+//! One pod, and as many as the largest start-up figure, each `repeat` times: created → all
+//! Running in the API, held to the standalone start-up of as many pods (one pod: to the CRI
+//! floor, plus 100 ms), and deleted → all gone from the API, held to the standalone teardown
+//! plus a second. Measured only where `KUBELET_RS_KUBE_APISERVER` names a kube-apiserver (it
+//! cannot be installed in CI); elsewhere one line says the figures were not measured, and why.
+
+use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
+
+use anyhow::{Context, Result};
+
+use super::{Figure, Options, Target, path_str, progress};
+use crate::{
+    cluster,
+    harness::{self, Agent},
+    images,
+    util::output,
+};
+
+/// Created → all Running, and deleted → all gone, seconds, by pod count.
+#[derive(Debug, Default)]
+pub(super) struct ClusterRuns {
+    running: BTreeMap<usize, Vec<f64>>,
+    gone: BTreeMap<usize, Vec<f64>>,
+}
+
+/// What the cluster figures are held to, from the same run's standalone figures.
+#[derive(Debug)]
+pub(super) struct Standalone {
+    /// The CRI floor of one pod.
+    pub(super) floor_one: Option<f64>,
+    /// Start-up (all Running in `/pods`) medians by pod count.
+    pub(super) startup: BTreeMap<usize, f64>,
+    /// Teardown medians by pod count.
+    pub(super) teardown: BTreeMap<usize, f64>,
+}
+
+/// Runs the cluster rounds of 1 and `largest` pods, or says why not and returns `None`.
+pub(super) fn measure(
+    agent_binary: &Path,
+    api_tool: &Path,
+    dir: &Path,
+    largest: usize,
+    options: &Options,
+) -> Result<Option<ClusterRuns>> {
+    if let Some(why) = cluster::missing_prerequisites() {
+        progress(&format!("cluster mode: not measured ({why})"));
+        return Ok(None);
+    }
+    let started = !cluster::running();
+    cluster::up()?;
+    let result = measure_on_cluster(agent_binary, api_tool, dir, largest, options);
+    if started {
+        cluster::down()?;
+    }
+    result.map(Some)
+}
+
+fn measure_on_cluster(
+    agent_binary: &Path,
+    api_tool: &Path,
+    dir: &Path,
+    largest: usize,
+    options: &Options,
+) -> Result<ClusterRuns> {
+    let (node, kubeconfig) = cluster::node(0);
+    let config = config(dir)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port().to_string();
+    let cert_dir = dir.join("pki");
+    let flags = [
+        "--kubeconfig",
+        path_str(&kubeconfig)?,
+        "--config",
+        path_str(&config)?,
+        "--cert-dir",
+        path_str(&cert_dir)?,
+        "--port",
+        &port,
+    ];
+    progress(&format!("cluster mode: the agent joins as {node}"));
+    let mut agent = Agent::start_as(&node, &harness::endpoint(), agent_binary, dir, &flags)?;
+    agent.wait_healthy(Duration::from_secs(30))?;
+    let mut runs = ClusterRuns::default();
+    let sizes = if largest > 1 { vec![1, largest] } else { vec![1] };
+    let measured = (|| -> Result<()> {
+        for round in 1..=options.repeat {
+            for &pods in &sizes {
+                progress(&format!("cluster mode, {pods} API pods, run {round} of {}", options.repeat));
+                let (running, gone) = api_pods(api_tool, &node, pods)?;
+                runs.running.entry(pods).or_default().push(running);
+                runs.gone.entry(pods).or_default().push(gone);
+            }
+        }
+        Ok(())
+    })();
+    agent.stop(Duration::from_secs(10))?;
+    measured.with_context(|| format!("see {}", dir.join("agent.log").display()))?;
+    Ok(runs)
+}
+
+/// The agent's configuration: kubeAPIQPS 50 and burst 100, upstream's defaults since v1.27, and
+/// its kubelet API open to this machine alone.
+fn config(dir: &Path) -> Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 127.0.0.1\n\
+         kubeAPIQPS: 50\nkubeAPIBurst: 100\n",
+    )?;
+    Ok(config)
+}
+
+/// One round of `pods` API pods: (created → all Running, deleted → all gone), seconds.
+fn api_pods(api_tool: &Path, node: &str, pods: usize) -> Result<(f64, f64)> {
+    let out = output(
+        Command::new(api_tool)
+            .arg("pods")
+            .arg("--kubeconfig")
+            .arg(cluster::admin_kubeconfig())
+            .args(["--node", node, "--namespace", harness::NAMESPACE])
+            .args(["--image", &images::BUSYBOX.reference(), "--pods", &pods.to_string()]),
+    )?;
+    let times: serde_json::Value =
+        serde_json::from_str(out.trim()).with_context(|| format!("api_bench printed {out:?}"))?;
+    let seconds = |key: &str| times[key].as_f64().with_context(|| format!("api_bench printed no {key}: {out:?}"));
+    Ok((seconds("running_s")?, seconds("gone_s")?))
+}
+
+/// The table's rows.
+pub(super) fn figures(runs: &ClusterRuns, standalone: &Standalone) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    for (&pods, running) in &runs.running {
+        let figure = if pods == 1 {
+            let name = "cluster, 1 API pod: created → Running in the API (floor: the CRI floor)";
+            let figure = Figure::new(name, "s", running).target(Target::Floor { factor: 1.0, plus: 0.1 });
+            with_floor(figure, standalone.floor_one.as_ref())
+        } else {
+            let name =
+                format!("cluster, {pods} API pods: created → all Running in the API (floor: the standalone start-up)");
+            let figure = Figure::new(name, "s", running).target(Target::Floor { factor: 1.2, plus: 0.0 });
+            with_floor(figure, standalone.startup.get(&pods))
+        };
+        figures.push(figure);
+    }
+    for (&pods, gone) in &runs.gone {
+        let name =
+            format!("cluster, {pods} API pods: deleted → all gone from the API (floor: the standalone teardown)");
+        let figure = Figure::new(name, "s", gone).target(Target::Floor { factor: 1.0, plus: 1.0 });
+        figures.push(with_floor(figure, standalone.teardown.get(&pods)));
+    }
+    figures
+}
+
+fn with_floor(figure: Figure, floor: Option<&f64>) -> Figure {
+    match floor {
+        Some(&floor) => figure.floor(floor),
+        None => figure,
+    }
+}
