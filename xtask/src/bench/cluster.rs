@@ -3,7 +3,7 @@
 //! and deleted through the API as `api_bench pods` sees them, through one watch opened before the
 //! first create.
 //!
-//! One pod, and as many as the largest start-up figure, each `repeat` times: created → all
+//! One pod and 50 (10 with `--quick`), each `repeat` times: created → all
 //! Running in the API, held to the standalone start-up of as many pods (one pod: to the CRI
 //! floor, plus 100 ms), and deleted → all gone from the API, held to the standalone teardown
 //! plus a second. Measured only where `KUBELET_RS_KUBE_APISERVER` names a kube-apiserver (it
