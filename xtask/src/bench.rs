@@ -6,20 +6,22 @@
 //! and the machine's load is noted before and after.
 //! - The floor: the CRI calls a kubelet cannot avoid (`cri_bench floor`), one pod at a time and all
 //!   pods at once (the agent's parallelism: one worker per pod).
-//! - Start-up of N static pods (1, 10, 50 and 110; 1 and 10 with `--quick`): from writing the manifests until every container runs in the CRI,
-//!   and until every pod is Running in `/pods`, with its breakdown ([`breakdown`]).
+//! - Start-up of N static pods (1, 10, 50 and 110; 1 and 10 with `--quick`): from writing the
+//!   manifests until every container runs in the CRI, and until every pod is Running in `/pods`,
+//!   with its breakdown ([`breakdown`]).
 //! - Teardown: from removing the manifests until no sandbox of them is ready.
 //! - Cluster mode ([`cluster`]), where `KUBELET_RS_KUBE_APISERVER` names a kube-apiserver: one
-//!   and N API pods created until Running in the API, and deleted until gone from it.
+//!   and 50 API pods (10 with `--quick`) created until Running in the API, and deleted until gone
+//!   from it.
 //! - Restart: from the runtime confirming a container's death (StopContainer without grace) until
 //!   `/pods` first shows it (the target: a transition the runtime reports is seen within 50 ms),
 //!   until the runtime started its replacement, and from then until `/pods` shows it restarted
 //!   and running.
 //! - Idle cost with 0 pods and with the largest start-up's (110, a full node; 10 with `--quick`):
-//!   CPU seconds per minute, resident memory (and its
-//!   anonymous part: what the resident figure holds beyond the binary's own pages), threads, open
-//!   files, and the relists per minute and their mean time from the agent's own
-//!   `kubelet_pleg_relist_duration_seconds` (no time row when no relist ran).
+//!   CPU seconds per minute, resident memory (and its anonymous part: what the resident figure
+//!   holds beyond the binary's own pages), threads, open files, and the relists per minute and
+//!   their mean time from the agent's own `kubelet_pleg_relist_duration_seconds` (no time row
+//!   when no relist ran).
 //! - Probing: CPU seconds per minute of the agent while 100 containers each have an exec probe
 //!   every 10 s and an httpGet probe every second, with the probes run per second and the pods
 //!   Ready.
@@ -737,9 +739,6 @@ fn exec_round_trips(agent: &Agent, tool: &CriTool, round: usize) -> Result<(Vec<
     Ok((floor, through_agent))
 }
 
-/// Writes N manifests; returns seconds until all are Running in `/pods`, and until all their
-/// containers run in the CRI. Names carry the run, so every run has new pods (a static pod's UID
-/// comes from its manifest, and a container's restart back-off from its pod's UID).
 /// One start-up run, seconds from the manifests written.
 struct StartRun {
     /// Until all are Running in `/pods`.
@@ -749,6 +748,10 @@ struct StartRun {
     breakdown: breakdown::Breakdown,
 }
 
+/// Writes N manifests; times them until all are Running in `/pods`, and until all their
+/// containers run in the CRI, with the breakdown of the agent's metrics in between. Names carry
+/// the run, so every run has new pods (a static pod's UID comes from its manifest, and a
+/// container's restart back-off from its pod's UID).
 fn start_pods(agent: &mut Agent, tool: &CriTool, n: usize, round: usize) -> Result<StartRun> {
     let manifests = agent.dir.join("manifests");
     let watch = tool.watch(&["--running", &n.to_string()])?;
