@@ -258,9 +258,16 @@ async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Resu
 
 /// Stops one pod: its container (with the agent's minimum grace; the process exits on SIGTERM),
 /// then its sandbox.
+///
+/// A failed StopContainer is asked once more, as a kubelet's next sync would: with 110 pods
+/// stopped at once on two cores, a container that outlives its grace is killed while its shim
+/// exits, and containerd 1.6 answers "ttrpc: closed" for a container that did stop.
 async fn stop_pod(mut rpc: Rpc, sandbox: String, container: String) -> Result<(), BoxError> {
     let timeout = kubelet_cri_client::MIN_GRACE_PERIOD_SECONDS;
-    rpc.stop_container(pb::StopContainerRequest { container_id: container, timeout }).await?;
+    let stop = pb::StopContainerRequest { container_id: container, timeout };
+    if rpc.stop_container(stop.clone()).await.is_err() {
+        rpc.stop_container(stop).await?;
+    }
     rpc.stop_pod_sandbox(pb::StopPodSandboxRequest { pod_sandbox_id: sandbox }).await?;
     Ok(())
 }

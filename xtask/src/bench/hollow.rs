@@ -75,7 +75,7 @@ const POD_STARTS: &str = "kubelet_pod_start_duration_seconds";
 /// Seconds from `started` until `pods` pods are Running: until the agent's [`POD_STARTS`] has
 /// counted `pods` more than `counted_before`, then confirmed in `/pods`. The metric is polled
 /// every 20 ms: `/metrics` is the same size with 10 or 10,000 pods, where `/pods` grows with
-/// them, and polling it often enough for a fine figure took a third of the agent's time.
+/// them (polled every 100 ms, it slowed 1,000 pods from 0.55 s to 0.94 s).
 fn wait_running(agent: &mut Agent, pods: usize, started: Instant, counted_before: f64) -> Result<f64> {
     let limit = Duration::from_secs(300);
     loop {
