@@ -39,12 +39,12 @@ pub(super) struct Standalone {
     pub(super) teardown: BTreeMap<usize, f64>,
 }
 
-/// Runs the cluster rounds of 1 and `largest` pods, or says why not and returns `None`.
+/// Runs the cluster rounds of 1 and `most_pods` pods, or says why not and returns `None`.
 pub(super) fn measure(
     agent_binary: &Path,
     api_tool: &Path,
     dir: &Path,
-    largest: usize,
+    most_pods: usize,
     options: &Options,
 ) -> Result<Option<ClusterRuns>> {
     if let Some(why) = cluster::missing_prerequisites() {
@@ -53,7 +53,7 @@ pub(super) fn measure(
     }
     let started = !cluster::running();
     cluster::up()?;
-    let result = measure_on_cluster(agent_binary, api_tool, dir, largest, options);
+    let result = measure_on_cluster(agent_binary, api_tool, dir, most_pods, options);
     if started {
         cluster::down()?;
     }
@@ -64,7 +64,7 @@ fn measure_on_cluster(
     agent_binary: &Path,
     api_tool: &Path,
     dir: &Path,
-    largest: usize,
+    most_pods: usize,
     options: &Options,
 ) -> Result<ClusterRuns> {
     let (node, kubeconfig) = cluster::node(0);
@@ -85,7 +85,7 @@ fn measure_on_cluster(
     let mut agent = Agent::start_as(&node, &harness::endpoint(), agent_binary, dir, &flags)?;
     agent.wait_healthy(Duration::from_secs(30))?;
     let mut runs = ClusterRuns::default();
-    let sizes = if largest > 1 { vec![1, largest] } else { vec![1] };
+    let sizes = if most_pods > 1 { vec![1, most_pods] } else { vec![1] };
     let measured = (|| -> Result<()> {
         for round in 1..=options.repeat {
             for &pods in &sizes {
