@@ -127,6 +127,9 @@ pub(crate) fn manifest(name: &str) -> String {
     )
 }
 
+/// The ports the two containers of a [`probed_manifest`] pod serve HTTP on.
+pub(crate) const PROBED_PORTS: [u16; 2] = [8080, 8081];
+
 /// A pod of two containers, each serving HTTP and probed twice: an exec readiness probe every
 /// 10 s (upstream's default period) and an httpGet liveness probe every second (the probing cost
 /// figure). The periods keep the load within what the runtime serves on two cores: at an exec a
@@ -137,7 +140,7 @@ pub(crate) fn probed_manifest(name: &str) -> String {
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\nspec:\n  \
          terminationGracePeriodSeconds: 2\n  containers:\n"
     );
-    for (container, port) in [("a", 8080), ("b", 8081)] {
+    for (container, port) in ["a", "b"].into_iter().zip(PROBED_PORTS) {
         yaml.push_str(&format!(
             "  - name: {container}\n    image: {image}\n    imagePullPolicy: IfNotPresent\n    \
              command: [sh, -c, \"mkdir -p /w && echo ok > /w/index.html && exec httpd -f -p {port} -h /w\"]\n    \
@@ -545,6 +548,27 @@ impl CriTool {
         out.lines().map(|l| l.trim().parse().context("an ExecSync round trip")).collect()
     }
 
+    /// Starts the probing floor on the harness namespace's pods (an httpGet on each of `ports`
+    /// every second, an exec every 10 s per container) and returns once its probes run; they
+    /// run until the [`ProbeFloor`] is dropped.
+    pub(crate) fn probe(&self, ports: &[u16]) -> Result<ProbeFloor> {
+        use std::io::BufRead as _;
+        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+        let mut child = Command::new(&self.path)
+            .args(["probe", &endpoint(), "--namespace", NAMESPACE, "--ports", &ports.join(",")])
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take().context("the tool's stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        let floor = ProbeFloor { child };
+        if line.trim() != "probing" {
+            bail!("the probing floor failed to start: {line:?}");
+        }
+        Ok(floor)
+    }
+
     /// The harness namespace's pods in the runtime, by UID.
     pub(crate) fn state(&self) -> Result<serde_json::Map<String, serde_json::Value>> {
         let out = output(Command::new(&self.path).args(["state", &endpoint(), "--namespace", NAMESPACE]))?;
@@ -552,6 +576,25 @@ impl CriTool {
             serde_json::Value::Object(map) => Ok(map),
             other => bail!("unexpected state from the CRI tool: {other}"),
         }
+    }
+}
+
+/// `cri_bench probe` running: the probing floor, stopped when dropped.
+pub(crate) struct ProbeFloor {
+    child: Child,
+}
+
+impl ProbeFloor {
+    /// Its CPU time in nanoseconds.
+    pub(crate) fn cpu_ns(&self) -> u64 {
+        cpu_ns_of(self.child.id())
+    }
+}
+
+impl Drop for ProbeFloor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -4,9 +4,10 @@
 //! [`status_patch`] is pure: the API's copy of the pod and the kubelet's status in, the patch
 //! (or nothing) out. [`report`] sends them: each change at once, and every resync period the
 //! statuses the API does not have yet (after a failure, or a restart of the API server). It
-//! also ends graceful deletion: a pod that has terminated and whose deletion the API asked for
-//! is deleted with grace 0 and its UID as a precondition. A static pod's status goes to its
-//! mirror pod.
+//! patches a regular pod against its copy of the API's pod, with the copy's resource version as
+//! a precondition, where upstream reads the pod before each patch. It also ends graceful
+//! deletion: a pod that has terminated and whose deletion the API asked for is deleted with
+//! grace 0 and its UID as a precondition. A static pod's status goes to its mirror pod.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -15,7 +16,10 @@ use std::{
 
 use futures::StreamExt;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::{
+    api::core::v1::{Pod, PodStatus},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube::{
     Api, Client,
     api::{DeleteParams, Patch, PatchParams, Preconditions},
@@ -146,6 +150,11 @@ impl Change {
         Change { mirror_hash: config_hash(pod).map(str::to_owned), ..Change::new(pod, status) }
     }
 
+    /// The patch that brings the API's `copy` of the pod to this status, if any.
+    fn patch_against(&self, copy: &ApiCopy) -> Option<Value> {
+        status_patch(&copy.pod(), &self.uid, &self.status)
+    }
+
     /// The UID the API's copy `api` must have to take this status: the pod's own, or for a
     /// static pod, the UID of the mirror that records its hash.
     fn target_uid<'a>(&'a self, api: &'a Pod) -> Option<&'a str> {
@@ -170,9 +179,9 @@ pub enum Report {
     /// Nothing of the pod with this UID runs and its volumes are gone: once the API asks for
     /// its deletion, it is deleted (upstream `canBeDeleted`).
     Terminated(String),
-    /// The pods the API server has bound to this node now, by UID, each with whether its
-    /// deletion was asked for (a `deletionTimestamp`): what the API pod source last saw.
-    Bound(BTreeMap<String, bool>),
+    /// The pods the API server has bound to this node now, by UID: what the API pod source
+    /// last saw of each.
+    Bound(BTreeMap<String, Bound>),
     /// The kubelet forgot the pod with this UID (gone from its configuration, nothing of it
     /// runs): nothing more is sent for it. Static pods, which the API never lists, end so.
     Removed(String),
@@ -182,7 +191,67 @@ impl Report {
     /// The [`Report::Bound`] of the API pod source's snapshot `pods`.
     pub fn bound(pods: &[Pod]) -> Report {
         let uid = |pod: &Pod| pod.metadata.uid.clone().unwrap_or_default();
-        Report::Bound(pods.iter().map(|pod| (uid(pod), pod.metadata.deletion_timestamp.is_some())).collect())
+        Report::Bound(pods.iter().map(|pod| (uid(pod), Bound::of(pod))).collect())
+    }
+}
+
+/// What the sink takes of a pod the API pod source sees bound to this node.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Bound {
+    /// Whether its deletion was asked for (a `deletionTimestamp`).
+    pub deleting: bool,
+    /// The API's copy of its status.
+    copy: ApiCopy,
+}
+
+impl Bound {
+    /// What the sink takes of `pod`.
+    pub fn of(pod: &Pod) -> Self {
+        Bound { deleting: pod.metadata.deletion_timestamp.is_some(), copy: ApiCopy::of(pod) }
+    }
+}
+
+/// The API's copy of a pod's status, as of a resource version: what a status is patched
+/// against, instead of a read of the pod before each patch (upstream reads it each time). The
+/// patch names the version, so the API server refuses it (409) if the pod changed since, and
+/// the sink then reads the pod and patches as upstream does.
+#[derive(Clone, Debug, PartialEq)]
+struct ApiCopy {
+    uid: String,
+    resource_version: String,
+    status: Option<PodStatus>,
+}
+
+impl ApiCopy {
+    fn of(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        ApiCopy {
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            status: pod.status.clone(),
+        }
+    }
+
+    /// The pod as far as [`status_patch`] reads it.
+    fn pod(&self) -> Pod {
+        let metadata = ObjectMeta {
+            uid: Some(self.uid.clone()),
+            resource_version: Some(self.resource_version.clone()),
+            ..ObjectMeta::default()
+        };
+        Pod { metadata, status: self.status.clone(), ..Pod::default() }
+    }
+
+    /// Whether `self` is a later version of the pod than `other`. The API server's resource
+    /// versions are opaque strings, ordered in practice as the numbers they hold (etcd's
+    /// revisions); one that is no number counts as later: at worst a patch is refused as stale
+    /// and sent again after a read.
+    fn is_later_than(&self, other: &ApiCopy) -> bool {
+        match (self.resource_version.parse::<u64>(), other.resource_version.parse::<u64>()) {
+            (Ok(ours), Ok(theirs)) => ours > theirs,
+            _ => self.resource_version != other.resource_version,
+        }
     }
 }
 
@@ -199,6 +268,9 @@ struct Entry {
     terminated: bool,
     /// Whether the API asked for its deletion.
     deleting: bool,
+    /// The latest copy of the API's pod the sink knows (from the API pod source, or the answer
+    /// to its own patch); never for a static pod, whose status goes to its mirror.
+    copy: Option<ApiCopy>,
 }
 
 impl Entry {
@@ -207,15 +279,18 @@ impl Entry {
     }
 }
 
-/// How many pods' statuses are sent at once, each its own read and patch (the client's rate
-/// limit, `kubeAPIQPS`, still holds).
+/// How many pods' statuses are sent at once, each its own patch (the client's rate limit,
+/// `kubeAPIQPS`, still holds).
 const SENDS_IN_FLIGHT: usize = 8;
 
 /// Sends pod statuses to the API server until `cancel` or until `reports` closes: each change
 /// at once, and every `resync` (upstream's 10 s) each pod whose latest status is not yet sent.
 /// Reports that come while statuses are being sent merge: the next round sends each pod's latest
 /// status once, however many it had meanwhile, and up to 8 pods at a time (upstream sends every
-/// status it hears, one at a time).
+/// status it hears, one at a time). A regular pod's status is patched against the sink's copy
+/// of the API's pod, from the API pod source ([`Report::Bound`]) or the answer to its last
+/// patch, and sent again when the API pod source shows another writer changed what the kubelet
+/// says.
 /// A pod that has terminated and whose deletion the API asked for is deleted (grace 0, with its
 /// UID as a precondition) once its last status is sent. A pod the API no longer has is forgotten.
 /// A static pod's status goes to its mirror, at each resync until the mirror is there, and is
@@ -251,7 +326,8 @@ pub async fn report(
 
 /// Takes `report` into `pods`; the pods whose status may be due now.
 fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
-    let new_entry = || Entry { change: None, sent: false, sent_to: None, terminated: false, deleting: false };
+    let new_entry =
+        || Entry { change: None, sent: false, sent_to: None, terminated: false, deleting: false, copy: None };
     match report {
         Report::Status(change) => {
             let uid = change.uid.clone();
@@ -273,17 +349,28 @@ fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
             let is_static = |e: &Entry| e.change.as_ref().is_some_and(|c| c.mirror_hash.is_some());
             pods.retain(|uid, e| bound.contains_key(uid) || is_static(e));
             let mut due = Vec::new();
-            for (uid, entry) in pods.iter_mut() {
-                if is_static(entry) {
-                    // A static pod's mirror that came, or was replaced, gets the status.
-                    if entry.sent_to.as_ref().is_none_or(|to| !bound.contains_key(to)) {
-                        entry.sent = false;
-                        due.push(uid.clone());
-                    }
-                } else if let Some(deleting) = bound.get(uid) {
-                    entry.deleting = *deleting;
+            for (uid, entry) in pods.iter_mut().filter(|(_, e)| is_static(e)) {
+                // A static pod's mirror that came, or was replaced, gets the status.
+                if entry.sent_to.as_ref().is_none_or(|to| !bound.contains_key(to)) {
+                    entry.sent = false;
                     due.push(uid.clone());
                 }
+            }
+            for (uid, seen) in bound {
+                let entry = pods.entry(uid.clone()).or_insert_with(new_entry);
+                if is_static(entry) {
+                    continue;
+                }
+                entry.deleting = seen.deleting;
+                if entry.copy.as_ref().is_none_or(|copy| seen.copy.is_later_than(copy)) {
+                    // The API's status changed under the kubelet's (another writer, a restored
+                    // API server): the kubelet's is sent again.
+                    if entry.sent && entry.change.as_ref().is_some_and(|c| c.patch_against(&seen.copy).is_some()) {
+                        entry.sent = false;
+                    }
+                    entry.copy = Some(seen.copy);
+                }
+                due.push(uid);
             }
             due
         }
@@ -293,17 +380,17 @@ fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
 /// Sends the latest status of each pod of `due` that still needs it, [`SENDS_IN_FLIGHT`] at a
 /// time, and records what became of each.
 async fn send_due(client: &Client, pods: &mut HashMap<String, Entry>, due: BTreeSet<String>) {
-    let round: Vec<(String, Change, bool)> = due
+    let round: Vec<(String, Change, bool, Option<ApiCopy>)> = due
         .into_iter()
         .filter_map(|uid| {
             let entry = pods.get(&uid).filter(|e| e.due())?;
             let delete = entry.terminated && entry.deleting;
-            Some((uid, entry.change.clone()?, delete))
+            Some((uid, entry.change.clone()?, delete, entry.copy.clone()))
         })
         .collect();
     let sent: Vec<_> = futures::stream::iter(round)
-        .map(|(uid, change, delete)| async move {
-            let result = send(client, &change, delete).await;
+        .map(|(uid, change, delete, copy)| async move {
+            let result = send(client, &change, delete, copy).await;
             (uid, change.name, result)
         })
         .buffer_unordered(SENDS_IN_FLIGHT)
@@ -311,7 +398,14 @@ async fn send_due(client: &Client, pods: &mut HashMap<String, Entry>, due: BTree
         .await;
     for (uid, name, result) in sent {
         match result {
-            Ok(Sent::Kept(to)) => _ = pods.get_mut(&uid).map(|e| (e.sent, e.sent_to) = (true, Some(to))),
+            Ok(Sent::Kept(to, copy)) => {
+                if let Some(entry) = pods.get_mut(&uid) {
+                    (entry.sent, entry.sent_to) = (true, Some(to));
+                    if let Some(copy) = copy.filter(|copy| entry.copy.as_ref().is_none_or(|c| copy.is_later_than(c))) {
+                        entry.copy = Some(*copy);
+                    }
+                }
+            }
             Ok(Sent::NoMirror) => {}
             Ok(Sent::Gone) => _ = pods.remove(&uid),
             Err(err) => warn!(pod = %name, error = %err, "cannot update the pod's status; trying again"),
@@ -321,33 +415,72 @@ async fn send_due(client: &Client, pods: &mut HashMap<String, Entry>, due: BTree
 
 /// What became of a pod's status.
 enum Sent {
-    /// The API's pod with this UID has it.
-    Kept(String),
+    /// The API's pod with this UID has it; the copy its answer gave, where it was a regular
+    /// pod's and the sink patched or read it.
+    Kept(String, Option<Box<ApiCopy>>),
     /// A static pod's mirror is not there (yet, or again): the status goes at the next resync.
     NoMirror,
     /// The pod is gone from the API (or was re-created, or deleted now).
     Gone,
 }
 
-/// Sends one change, then deletes the pod when `delete`.
-async fn send(client: &Client, change: &Change, delete: bool) -> Result<Sent, kube::Error> {
+/// Sends one change, patched against `copy` (the API's copy of a regular pod the sink has) or
+/// else against the pod read first, then deletes the pod when `delete`.
+async fn send(client: &Client, change: &Change, delete: bool, copy: Option<ApiCopy>) -> Result<Sent, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &change.namespace);
+    let copy = copy.filter(|c| change.mirror_hash.is_none() && c.uid == change.uid);
+    let sent = match copy {
+        Some(copy) => match patch_on_copy(&pods, change, copy).await? {
+            Some(sent) => sent,
+            None => read_and_patch(&pods, change).await?,
+        },
+        None => read_and_patch(&pods, change).await?,
+    };
+    match sent {
+        Sent::Kept(uid, _) if delete => delete_terminated(&pods, change, uid).await,
+        sent => Ok(sent),
+    }
+}
+
+/// Patches `change` against the API's `copy` of the pod, naming the copy's resource version:
+/// `None` when the pod changed since (the API server refused the patch as stale).
+async fn patch_on_copy(pods: &Api<Pod>, change: &Change, copy: ApiCopy) -> Result<Option<Sent>, kube::Error> {
+    let Some(mut patch) = change.patch_against(&copy) else {
+        return Ok(Some(Sent::Kept(change.uid.clone(), Some(Box::new(copy)))));
+    };
+    patch["metadata"]["resourceVersion"] = json!(copy.resource_version);
+    debug!(pod = %change.name, "patching the pod's status");
+    match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
+        Ok(api) => Ok(Some(Sent::Kept(change.uid.clone(), Some(Box::new(ApiCopy::of(&api)))))),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(Some(Sent::Gone)),
+        // Stale (or the pod was re-created): read it, as upstream does each time.
+        Err(kube::Error::Api(status)) if status.is_conflict() => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Reads the pod, then patches `change` against what the API has (upstream's way).
+async fn read_and_patch(pods: &Api<Pod>, change: &Change) -> Result<Sent, kube::Error> {
     // A static pod's mirror may come (back) later; a regular pod was deleted or re-created.
     let missing = || if change.mirror_hash.is_some() { Sent::NoMirror } else { Sent::Gone };
     let Some(api) = pods.get_opt(&change.name).await? else { return Ok(missing()) };
     let Some(uid) = change.target_uid(&api).map(str::to_owned) else { return Ok(missing()) };
-    if let Some(patch) = status_patch(&api, &uid, &change.status) {
-        debug!(pod = %change.name, "patching the pod's status");
-        match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
-            Ok(_) => {}
-            // The UID precondition failed: the pod was re-created meanwhile.
-            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => return Ok(missing()),
-            Err(err) => return Err(err),
-        }
+    let regular = change.mirror_hash.is_none();
+    let Some(patch) = status_patch(&api, &uid, &change.status) else {
+        return Ok(Sent::Kept(uid, regular.then(|| Box::new(ApiCopy::of(&api)))));
+    };
+    debug!(pod = %change.name, "patching the pod's status");
+    match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
+        Ok(api) => Ok(Sent::Kept(uid, regular.then(|| Box::new(ApiCopy::of(&api))))),
+        // The UID precondition failed: the pod was re-created meanwhile.
+        Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => Ok(missing()),
+        Err(err) => Err(err),
     }
-    if !delete || api.metadata.deletion_timestamp.is_none() {
-        return Ok(Sent::Kept(uid));
-    }
+}
+
+/// Deletes the terminated pod whose UID is `uid` (grace 0, the UID as a precondition), once
+/// the API asked for its deletion.
+async fn delete_terminated(pods: &Api<Pod>, change: &Change, uid: String) -> Result<Sent, kube::Error> {
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),

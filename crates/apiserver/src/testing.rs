@@ -519,6 +519,19 @@ async fn patch_pod_status(
             ),
         );
     }
+    // So is a resource version: the patch was made against that version of the pod.
+    if let Some(version) = patch["metadata"]["resourceVersion"].as_str()
+        && pod["metadata"]["resourceVersion"] != version
+    {
+        return failure(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on pods \"{name}\": the object has been modified; please apply your \
+                 changes to the latest version and try again"
+            ),
+        );
+    }
     // The status subresource takes only the status from a patch.
     if let Some(status) = patch.get("status") {
         patch_type.apply(&mut pod["status"], status);

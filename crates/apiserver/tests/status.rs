@@ -283,3 +283,55 @@ async fn statuses_heard_meanwhile_merge_into_one_patch_per_pod() {
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
 }
+
+/// A pod the API pod source has shown is patched against that copy, with no read first; the
+/// copy the patch's answer gives serves the next one. A copy that is stale by then (another
+/// writer changed the pod) is refused by the API server, and the sink reads the pod and patches
+/// again, keeping the other writer's condition. A field of the kubelet's that another writer
+/// changed is set back once the API pod source shows it.
+#[tokio::test]
+async fn statuses_are_patched_against_the_watched_copy_and_a_stale_copy_is_read_again() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(status::report(client.clone(), rx, Duration::from_secs(3600), cancel.clone()));
+    server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
+    let web = api_pod(&server, "default/web");
+    let ready = |s: &serde_json::Value, want: &str| {
+        s["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == want))
+    };
+
+    tx.send(status::Report::bound(std::slice::from_ref(&web))).unwrap();
+    tx.send(status::Report::Status(status::Change::new(&web, running("True")))).unwrap();
+    until(&server, "Ready", |s| ready(s, "True")).await;
+    tx.send(status::Report::Status(status::Change::new(&web, running("False")))).unwrap();
+    until(&server, "not Ready", |s| ready(s, "False")).await;
+    assert_eq!((server.requests("GET pods"), server.requests("PATCH pods/status")), (0, 2), "no read before a patch");
+
+    // Another writer adds its condition; the sink's copy is stale.
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client, "default");
+    let gate = json!({"status": {"conditions": [{"type": "example.com/gate", "status": "True"}]}});
+    let params = kube::api::PatchParams::default();
+    pods.patch_status("web", &params, &kube::api::Patch::Strategic(gate)).await.unwrap();
+    tx.send(status::Report::Status(status::Change::new(&web, running("True")))).unwrap();
+    until(&server, "Ready again", |s| ready(s, "True")).await;
+    assert_eq!(server.requests("GET pods"), 1, "the stale copy was refused and the pod read");
+    assert_eq!(server.requests("PATCH pods/status"), 5, "ours refused, then sent again; the gate's");
+    until(&server, "the gate kept", |s| {
+        s["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "example.com/gate"))
+    })
+    .await;
+
+    // Another writer says not Ready: once the API pod source shows it, the kubelet's status goes again.
+    let unready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    pods.patch_status("web", &params, &kube::api::Patch::Strategic(unready)).await.unwrap();
+    tx.send(status::Report::bound(&[api_pod(&server, "default/web")])).unwrap();
+    until(&server, "Ready set back", |s| ready(s, "True")).await;
+
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
+}

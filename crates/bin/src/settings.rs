@@ -52,7 +52,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "KEY=VALUE,...")]
     node_labels: Vec<String>,
     /// Log verbosity, as klog's `-v`: 0-1 info, 2-4 debug, 5 and up trace. `RUST_LOG` wins when set [file: logging.verbosity].
-    #[arg(long = "v")]
+    #[arg(short = 'v', long = "v")]
     verbosity: Option<u8>,
     /// Log format [file: logging.format].
     #[arg(long, value_enum)]

@@ -97,7 +97,8 @@ fn json_logs_are_one_object_a_line() {
 #[test]
 fn text_logs_are_klog_lines_without_colour() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, _, stderr) = kubelet(dir.path(), NO_RUNTIME, &["--v", "2"]);
+    // `-v`, as upstream's shorthand for `--v`.
+    let (_, _, stderr) = kubelet(dir.path(), NO_RUNTIME, &["-v", "2"]);
     assert!(!stderr.contains('\u{1b}'), "no ANSI escapes when stderr is not a terminal: {stderr:?}");
     // `Lmmdd hh:mm:ss.uuuuuu PID file:line] "message" key="value"`.
     for line in stderr.lines() {

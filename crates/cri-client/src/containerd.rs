@@ -3,7 +3,8 @@
 //! - Change hints: containerd 1.6 answers CRI `GetContainerEvents` with `Unimplemented`, but it
 //!   serves its own `containerd.services.events.v1.Events/Subscribe` on the same socket.
 //!   Its task and container events carry no pod status, so they are only hints: each one tells
-//!   the PLEG to relist soon instead of at its next period.
+//!   the PLEG to relist soon instead of at its next period. An exec's exit is none: it changes
+//!   nothing a relist sees.
 //! - A task left under a created container: a start cut short can leave containerd 1.6 with a
 //!   running task under a container its CRI reports as created, which CRI `StopContainer` skips
 //!   and `RemoveContainer` refuses. `remove_task` kills and deletes it through
@@ -38,20 +39,55 @@ struct SubscribeRequest {
     filters: Vec<String>,
 }
 
-/// `containerd.services.events.v1.Envelope`, without its timestamp and payload.
+/// `containerd.services.events.v1.Envelope`, without its timestamp.
 #[derive(Clone, PartialEq, prost::Message)]
 struct Envelope {
     #[prost(string, tag = "2")]
     namespace: String,
     #[prost(string, tag = "3")]
     topic: String,
+    #[prost(message, optional, tag = "4")]
+    event: Option<Payload>,
 }
 
-/// The hint an event of `topic` gives: a task's exit or deletion is [`ChangeHint::Exited`].
-fn hint_of(topic: &str) -> ChangeHint {
-    match topic {
-        "/tasks/exit" | "/tasks/delete" => ChangeHint::Exited,
-        _ => ChangeHint::Changed,
+/// `google.protobuf.Any`: the event, encoded.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Payload {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// `containerd.events.TaskExit`, its IDs only: `id` is the process's, which for a container's
+/// own (init) process is the container's ID, and for an exec the exec's.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TaskExit {
+    #[prost(string, tag = "1")]
+    container_id: String,
+    #[prost(string, tag = "2")]
+    id: String,
+}
+
+/// The hint `envelope` gives, if any: a task's exit or deletion is [`ChangeHint::Exited`], other
+/// topics [`ChangeHint::Changed`]. An exec's exit (each exec probe's) gives none: nothing a
+/// relist sees has changed, and with 100 containers probed by exec every 10 s, the relists it
+/// caused were most of the agent's CPU for probing.
+fn hint_of(envelope: &Envelope) -> Option<ChangeHint> {
+    match envelope.topic.as_str() {
+        "/tasks/exit" if is_exec_exit(envelope) => None,
+        "/tasks/exit" | "/tasks/delete" => Some(ChangeHint::Exited),
+        _ => Some(ChangeHint::Changed),
+    }
+}
+
+/// Whether `envelope` is the exit of an exec's process rather than of a container's own.
+fn is_exec_exit(envelope: &Envelope) -> bool {
+    use prost::Message as _;
+    let Some(payload) = &envelope.event else { return false };
+    match TaskExit::decode(payload.value.as_slice()) {
+        Ok(exit) => !exit.id.is_empty() && exit.id != exit.container_id,
+        Err(_) => false,
     }
 }
 
@@ -79,8 +115,11 @@ pub(crate) async fn watch(channel: Channel, changed: mpsc::Sender<ChangeHint>) -
     loop {
         match stream.message().await {
             Ok(Some(envelope)) => {
-                debug!(namespace = %envelope.namespace, topic = %envelope.topic, "containerd event");
-                if send(&changed, hint_of(&envelope.topic)).is_err() {
+                let hint = hint_of(&envelope);
+                debug!(namespace = %envelope.namespace, topic = %envelope.topic, hint = ?hint, "containerd event");
+                if let Some(hint) = hint
+                    && send(&changed, hint).is_err()
+                {
                     return Ok(());
                 }
             }
@@ -187,13 +226,30 @@ mod tests {
         );
     }
 
+    fn envelope(topic: &str, event: Option<Payload>) -> Envelope {
+        Envelope { namespace: CRI_NAMESPACE.to_owned(), topic: topic.to_owned(), event }
+    }
+
+    fn task_exit(container_id: &str, id: &str) -> Option<Payload> {
+        use prost::Message;
+        let exit = TaskExit { container_id: container_id.to_owned(), id: id.to_owned() };
+        Some(Payload { type_url: "containerd.events.TaskExit".to_owned(), value: exit.encode_to_vec() })
+    }
+
     #[test]
     fn exits_and_task_deletions_are_exit_hints() {
-        let hints: Vec<ChangeHint> = TOPICS.iter().map(|topic| hint_of(topic)).collect();
-        assert_eq!(
-            hints,
-            [ChangeHint::Changed, ChangeHint::Changed, ChangeHint::Exited, ChangeHint::Exited, ChangeHint::Changed]
-        );
+        let hints: Vec<Option<ChangeHint>> = TOPICS.iter().map(|topic| hint_of(&envelope(topic, None))).collect();
+        let (changed, exited) = (Some(ChangeHint::Changed), Some(ChangeHint::Exited));
+        assert_eq!(hints, [changed, changed, exited, exited, changed]);
+    }
+
+    #[test]
+    fn an_execs_exit_is_no_hint_and_a_containers_own_is() {
+        assert_eq!(hint_of(&envelope("/tasks/exit", task_exit("c1", "c1"))), Some(ChangeHint::Exited));
+        assert_eq!(hint_of(&envelope("/tasks/exit", task_exit("c1", "exec-7f3a"))), None);
+        // What cannot be read is a hint: a relist too many costs less than a change missed.
+        let unreadable = Payload { type_url: "x".to_owned(), value: vec![0xff] };
+        assert_eq!(hint_of(&envelope("/tasks/exit", Some(unreadable))), Some(ChangeHint::Exited));
     }
 
     #[test]
@@ -206,7 +262,7 @@ mod tests {
     }
 
     #[test]
-    fn an_envelope_decodes_its_topic_and_namespace_and_skips_the_rest() {
+    fn an_envelope_decodes_its_topic_namespace_and_event_and_skips_the_timestamp() {
         use prost::Message;
         // timestamp (1) {seconds: 5}, namespace (2), topic (3), event (4) as an Any {type_url}.
         let mut bytes = vec![0x0a, 0x02, 0x08, 0x05];
@@ -216,7 +272,8 @@ mod tests {
         bytes.extend(b"/tasks/exit");
         bytes.extend([0x22, 5, 0x0a, 3]);
         bytes.extend(b"x/y");
-        let envelope = Envelope::decode(bytes.as_slice()).unwrap();
-        assert_eq!(envelope, Envelope { namespace: "k8s.io".to_owned(), topic: "/tasks/exit".to_owned() });
+        let decoded = Envelope::decode(bytes.as_slice()).unwrap();
+        let payload = Payload { type_url: "x/y".to_owned(), value: Vec::new() };
+        assert_eq!(decoded, envelope("/tasks/exit", Some(payload)));
     }
 }

@@ -20,6 +20,10 @@
 //! cri_bench exec   ENDPOINT --namespace NS --times N
 //!     runs `true` with ExecSync in the first running container of NS, N times one after another,
 //!     and prints each round trip in seconds
+//! cri_bench probe  ENDPOINT --namespace NS --ports P[,P...]
+//!     the probing floor: what the bench's probed pods' probes cost a client that only runs them
+//!     (an HTTP GET on each port of each pod's IP every second, ExecSync `true` in each running
+//!     container every 10 s), until killed; prints "probing" once its probes run
 //! ```
 //!
 //! Every sandbox it makes carries the label `kubelet-rs.bench=floor`, so a crashed run's leftovers
@@ -35,6 +39,8 @@ use std::{
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
+
+mod probe;
 
 use k8s_openapi::{
     api::core::v1::{Pod, PodSpec},
@@ -87,7 +93,7 @@ fn number(args: &[String], name: &str) -> Result<usize, BoxError> {
 
 async fn run(args: &[String]) -> Result<(), BoxError> {
     let (Some(command), Some(endpoint)) = (args.first(), args.get(1)) else {
-        return Err("usage: cri_bench floor|watch|state|kill|clean ENDPOINT [options]".into());
+        return Err("usage: cri_bench floor|watch|state|kill|clean|exec|probe ENDPOINT [options]".into());
     };
     let client = Client::connect(&Config::new(endpoint.as_str()))?;
     let rpc = client.runtime_service();
@@ -167,7 +173,16 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
                 println!("{:.6}", began.elapsed().as_secs_f64());
             }
         }
-        other => return Err(format!("unknown command {other:?}: floor, watch, state, kill, clean or exec").into()),
+        "probe" => {
+            let ports = required(args, "--ports")?
+                .split(',')
+                .map(|port| port.parse().map_err(|err| format!("--ports {port:?}: {err}")))
+                .collect::<Result<Vec<u16>, _>>()?;
+            probe::run_until_killed(rpc, required(args, "--namespace")?, &ports).await?;
+        }
+        other => {
+            return Err(format!("unknown command {other:?}: floor, watch, state, kill, clean, exec or probe").into());
+        }
     }
     Ok(())
 }
