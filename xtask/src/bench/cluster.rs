@@ -175,9 +175,8 @@ pub(super) fn figures(runs: &ClusterRuns, standalone: &Standalone) -> Vec<Figure
         let name =
             format!("cluster, {pods} API pods: deleted → all gone from the API (floor: the standalone teardown)");
         let figure = Figure::new(name, "s", gone).target(Target::Floor { factor: 1.0, plus: 1.0 });
-        // Reported, not held to the baseline while the status sink sends in rounds under the
-        // API's rate limit: one run in three of the same build takes 40 % longer (10 pods:
-        // 0.83-1.0 s, then 1.40 s), more than the check's 20 %.
+        // Reported, not held to the baseline: the same build's deletion of 10 API pods took
+        // 0.95 to 1.29 s over 20 runs, a spread wider than the check's 20 %.
         figures.push(with_floor(figure, standalone.teardown.get(&pods)).unchecked());
     }
     figures
