@@ -5,6 +5,11 @@
 //!     waits (60 s at most) for NODE to be Ready, creates N one-container pods bound to it all at
 //!     once, and prints {"running_s": .., "gone_s": ..}: from the first create until the API
 //!     shows every pod Running, then from the first delete until the API has none of them
+//! api_bench configmap --kubeconfig FILE --node NODE --namespace NS --image IMG --root-dir DIR
+//!         --updates N
+//!     runs one pod on NODE with a config map mounted, changes the config map N times, and prints
+//!     {"update_s": [..]}: for each change, from the update until the file in the pod's volume,
+//!     under the agent's root directory DIR, holds the new value
 //! ```
 //!
 //! The pods run what the bench's static pods run (`sh` that exits on SIGTERM, so the deletion
@@ -24,10 +29,12 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt, future::try_join_all};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Namespace, Node, Pod, ServiceAccount, Volume, VolumeMount,
+};
 use kube::{
     Api, Client, Config,
-    api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::json;
@@ -39,6 +46,9 @@ const LABEL: &str = "kubelet-rs.bench=api";
 
 /// How long the pods may take to run, and to go.
 const LIMIT: Duration = Duration::from_secs(180);
+
+/// The config map of `configmap`, and the pod that mounts it.
+const CONFIG_MAP: &str = "api-bench-config";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -82,7 +92,24 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
             println!("{}", json!({ "running_s": running.as_secs_f64(), "gone_s": gone.as_secs_f64() }));
             Ok(())
         }
-        _ => Err("usage: api_bench pods --kubeconfig FILE --node NODE --namespace NS --image IMG --pods N".into()),
+        Some("configmap") => {
+            let client = client(Path::new(required(args, "--kubeconfig")?)).await?;
+            let run = Run {
+                node: required(args, "--node")?,
+                namespace: required(args, "--namespace")?,
+                image: required(args, "--image")?,
+                pods: 1,
+            };
+            let root_dir = Path::new(required(args, "--root-dir")?);
+            let updates: usize = required(args, "--updates")?.parse()?;
+            let took = run.config_map_updates(&client, root_dir, updates).await?;
+            let seconds: Vec<f64> = took.iter().map(Duration::as_secs_f64).collect();
+            println!("{}", json!({ "update_s": seconds }));
+            Ok(())
+        }
+        _ => Err("usage: api_bench pods|configmap --kubeconfig FILE --node NODE --namespace NS --image IMG \
+                  (--pods N | --root-dir DIR --updates N)"
+            .into()),
     }
 }
 
@@ -154,6 +181,50 @@ impl Run<'_> {
         Ok((running_took, began.elapsed()))
     }
 
+    /// One pod with config map [`CONFIG_MAP`] mounted: each of `updates` changes of the map,
+    /// from the update until the file in the pod's volume under `root_dir` holds it.
+    async fn config_map_updates(
+        &self,
+        client: &Client,
+        root_dir: &Path,
+        updates: usize,
+    ) -> Result<Vec<Duration>, BoxError> {
+        wait_node_ready(client, self.node).await?;
+        self.make_namespace(client).await?;
+        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), self.namespace);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), self.namespace);
+        let map = serde_json::from_value(json!({ "metadata": { "name": CONFIG_MAP }, "data": { "value": "0" } }))?;
+        maps.create(&PostParams::default(), &map).await?;
+        let mut pod = self.pod(CONFIG_MAP);
+        mount_config_map(&mut pod);
+        let uid = pods.create(&PostParams::default(), &pod).await?.metadata.uid.unwrap_or_default();
+        let file = root_dir.join(format!("pods/{uid}/volumes/kubernetes.io~configmap/config/value"));
+        let measured = async {
+            wait_for_file(&file, "0").await?;
+            let mut took = Vec::new();
+            for update in 1..=updates {
+                let value = update.to_string();
+                let patch = json!({ "data": { "value": value } });
+                let began = Instant::now();
+                maps.patch(CONFIG_MAP, &PatchParams::default(), &Patch::Merge(patch)).await?;
+                wait_for_file(&file, &value).await?;
+                took.push(began.elapsed());
+            }
+            Ok::<_, BoxError>(took)
+        }
+        .await;
+        pods.delete(CONFIG_MAP, &DeleteParams::default()).await?;
+        let began = Instant::now();
+        while pods.get_opt(CONFIG_MAP).await?.is_some() {
+            if began.elapsed() > LIMIT {
+                return Err(format!("pod {CONFIG_MAP} was not gone within {LIMIT:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        maps.delete(CONFIG_MAP, &DeleteParams::default()).await?;
+        measured
+    }
+
     /// The namespace and its `default` service account, which pod admission looks up.
     async fn make_namespace(&self, client: &Client) -> Result<(), BoxError> {
         let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -189,6 +260,36 @@ impl Run<'_> {
         // Reason: a literal of Pod's own fields, which always decodes.
         #[allow(clippy::expect_used)]
         serde_json::from_value(pod).expect("a pod literal decodes")
+    }
+}
+
+/// Mounts config map [`CONFIG_MAP`] into `pod`'s container at `/config`.
+fn mount_config_map(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut() else { return };
+    spec.volumes = Some(vec![Volume {
+        name: "config".into(),
+        config_map: Some(ConfigMapVolumeSource { name: CONFIG_MAP.into(), ..ConfigMapVolumeSource::default() }),
+        ..Volume::default()
+    }]);
+    for container in &mut spec.containers {
+        let mount = VolumeMount { name: "config".into(), mount_path: "/config".into(), ..VolumeMount::default() };
+        container.volume_mounts = Some(vec![mount]);
+    }
+}
+
+/// Waits until `file` holds `value` (its first line), looking every 10 ms for [`LIMIT`] at
+/// most; a file not there yet is not an error.
+async fn wait_for_file(file: &Path, value: &str) -> Result<(), BoxError> {
+    let began = Instant::now();
+    loop {
+        let holds = std::fs::read_to_string(file).is_ok_and(|text| text.trim_end() == value);
+        if holds {
+            return Ok(());
+        }
+        if began.elapsed() > LIMIT {
+            return Err(format!("{} did not hold {value:?} within {LIMIT:?}", file.display()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
