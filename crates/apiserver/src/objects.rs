@@ -6,8 +6,8 @@
 //! authorizer allows) from the first read on, and reads answer from what the watch last said,
 //! so an idle node asks the API server nothing. A change reaches the files at the pod's next
 //! sync; with [`ApiObjects::sync_users_on_change`] the watch queues every pod that uses the
-//! object for a sync at once, so the files follow within about a second rather than at the
-//! periodic resync (upstream waits for that: a minute or more). A watch stops once no running pod
+//! object for a sync now (`WorkQueue::enqueue_now`, which wakes the sync loop), so the files
+//! follow at once rather than at the periodic resync (upstream waits for that: a minute or more). A watch stops once no running pod
 //! uses its object. Tokens come from the TokenRequest API, bound
 //! to the pod, and are kept until 80% of their lifetime has passed (upstream's refresh point);
 //! the cache drops every token due, so it holds no more than the tokens of the last lifetime.
@@ -175,7 +175,7 @@ impl ApiObjects {
             let Some(queue) = sync_queue.get() else { return };
             if let Some(object) = lock_watched(&watched).get(&key) {
                 for uid in &object.users {
-                    queue.enqueue(uid.clone(), Duration::ZERO);
+                    queue.enqueue_now(uid.clone());
                 }
             }
         }

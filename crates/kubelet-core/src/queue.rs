@@ -3,10 +3,13 @@
 //! Pod workers enqueue a pod with a delay when a sync completes; the sync loop's 1 s tick takes
 //! every pod whose time has come.
 //! Enqueueing a pod that is already queued replaces its time.
+//! [`WorkQueue::enqueue_now`] also wakes the loop at once, for a change the pod should follow
+//! without waiting for the tick (an API object one of its volumes holds); upstream has no such
+//! wake, and its pods wait up to the tick.
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 
 use crate::{PodUid, util::lock};
 
@@ -14,6 +17,8 @@ use crate::{PodUid, util::lock};
 #[derive(Debug, Default)]
 pub struct WorkQueue {
     due: Mutex<HashMap<PodUid, Instant>>,
+    /// Wakes the sync loop for a pod queued with [`WorkQueue::enqueue_now`].
+    wake: Notify,
 }
 
 impl WorkQueue {
@@ -26,6 +31,19 @@ impl WorkQueue {
     pub fn enqueue(&self, uid: PodUid, delay: Duration) {
         let at = Instant::now() + delay;
         lock(&self.due).entry(uid).and_modify(|due| *due = (*due).min(at)).or_insert(at);
+    }
+
+    /// Queues `uid` as due now and wakes the sync loop ([`WorkQueue::woken`]), which syncs it
+    /// at once rather than at its next tick.
+    pub fn enqueue_now(&self, uid: PodUid) {
+        self.enqueue(uid, Duration::ZERO);
+        self.wake.notify_one();
+    }
+
+    /// Resolves once a pod was queued with [`WorkQueue::enqueue_now`] since the last time it
+    /// resolved (a wake that came while nobody waited is kept).
+    pub async fn woken(&self) {
+        self.wake.notified().await;
     }
 
     /// Removes and returns every pod whose time has come.

@@ -2,8 +2,9 @@
 //! `select!` (upstream `syncLoop` and `syncLoopIteration` in `pkg/kubelet/kubelet.go`).
 //!
 //! Inputs: config updates, PLEG events and probe results on channels; a 1 s tick that syncs the
-//! pods whose work-queue time has come; a 2 s housekeeping tick that runs only once every config
-//! source is ready.
+//! pods whose work-queue time has come, and the work queue's wake for a pod queued to sync now
+//! (which upstream has not); a 2 s housekeeping tick that runs only once every config source is
+//! ready.
 //! While the runtime reports errors the loop does no work and backs off from 100 ms doubling to
 //! 5 s.
 
@@ -129,6 +130,9 @@ enum LoopEvent {
     Pleg(PodLifecycleEvent),
     Probe(ProbeResult),
     SyncTick,
+    /// A pod was queued to sync now ([`WorkQueue::enqueue_now`]): the due work is taken as at a
+    /// tick.
+    WorkQueued,
     Housekeeping,
     Shutdown,
 }
@@ -164,7 +168,8 @@ pub async fn run<H: SyncHandler>(
         backoff = config.runtime_backoff_initial;
 
         shared.health.mark();
-        let event = next_event(&mut inputs, &mut open, &mut sync_ticker, &mut housekeeping_ticker, &cancel).await;
+        let tickers = Tickers { sync: &mut sync_ticker, housekeeping: &mut housekeeping_ticker };
+        let event = next_event(&mut inputs, &mut open, tickers, &shared.work_queue, &cancel).await;
         if matches!(event, LoopEvent::Shutdown) {
             break;
         }
@@ -179,11 +184,17 @@ struct OpenInputs {
     probes: bool,
 }
 
+/// The loop's periodic wake-ups.
+struct Tickers<'a> {
+    sync: &'a mut tokio::time::Interval,
+    housekeeping: &'a mut tokio::time::Interval,
+}
+
 async fn next_event(
     inputs: &mut Inputs,
     open: &mut OpenInputs,
-    sync_ticker: &mut tokio::time::Interval,
-    housekeeping_ticker: &mut tokio::time::Interval,
+    tickers: Tickers<'_>,
+    work_queue: &WorkQueue,
     cancel: &CancellationToken,
 ) -> LoopEvent {
     loop {
@@ -201,8 +212,9 @@ async fn next_event(
                 Some(result) => Some(LoopEvent::Probe(result)),
                 None => { open.probes = false; None }
             },
-            _ = sync_ticker.tick() => Some(LoopEvent::SyncTick),
-            _ = housekeeping_ticker.tick() => Some(LoopEvent::Housekeeping),
+            _ = tickers.sync.tick() => Some(LoopEvent::SyncTick),
+            () = work_queue.woken() => Some(LoopEvent::WorkQueued),
+            _ = tickers.housekeeping.tick() => Some(LoopEvent::Housekeeping),
         };
         if let Some(event) = event {
             return event;
@@ -241,7 +253,7 @@ async fn dispatch<H: SyncHandler>(handler: &H, shared: &Shared, config: &Config,
             Some(pod) => handler.handle_probe_result(result, pod).await,
             None => debug!(pod.uid = %result.pod_uid, "probe result for an unknown pod"),
         },
-        LoopEvent::SyncTick => {
+        LoopEvent::SyncTick | LoopEvent::WorkQueued => {
             let pods: Vec<_> =
                 shared.work_queue.take_due().iter().filter_map(|uid| shared.pods.pod_by_uid(uid)).collect();
             if !pods.is_empty() {

@@ -220,6 +220,20 @@ async fn sync_tick_syncs_pods_whose_time_has_come() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pod_queued_to_sync_now_is_synced_at_once_not_at_the_next_tick() {
+    let mut h = Harness::start(&[Source::Api]);
+    h.shared.pods.add_pod(pod("mounts-a-config-map"));
+    h.shared.pods.add_pod(pod("resyncs-later"));
+    h.shared.work_queue.enqueue(PodUid::new("resyncs-later"), Duration::from_millis(2500));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.shared.work_queue.enqueue_now(PodUid::new("mounts-a-config-map"));
+    let (at, call) = h.next().await;
+    assert_eq!(call, Call::Sync(vec!["mounts-a-config-map".into()]), "only the pod queued now");
+    assert_eq!(at, Duration::from_millis(300), "at once, not at the 1 s tick");
+    assert_eq!(h.next().await, (Duration::from_secs(3), Call::Sync(vec!["resyncs-later".into()])));
+}
+
+#[tokio::test(start_paused = true)]
 async fn probe_results_sync_unless_liveness_succeeds() {
     let mut h = Harness::start(&[Source::Api]);
     h.shared.pods.add_pod(pod("p1"));
