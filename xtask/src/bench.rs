@@ -215,9 +215,8 @@ impl Figure {
 
     /// Reported, not checked against the baseline: the floors (the runtime's own figures, the
     /// probing client's), the start-up
-    /// breakdown's (the start-up figure holds their sum), and cluster mode's deletions and
-    /// config map updates (their spread between runs is wider than the check's 20 %,
-    /// [`cluster`]).
+    /// breakdown's (the start-up figure holds their sum), and cluster mode's deletions (their
+    /// spread between runs is wider than the check's 20 %, [`cluster`]).
     fn unchecked(mut self) -> Figure {
         self.checked = false;
         self

@@ -150,9 +150,16 @@ impl Run<'_> {
         while running.len() < self.pods {
             match next_event(&mut events, began).await? {
                 WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
-                    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-                    if phase == Some("Running") {
-                        running.insert(pod.metadata.name.unwrap_or_default());
+                    let status = pod.status.unwrap_or_default();
+                    let name = pod.metadata.name.unwrap_or_default();
+                    match status.phase.as_deref() {
+                        Some("Running") => _ = running.insert(name),
+                        // A pod the node refused (say, under disk pressure) never runs.
+                        Some("Failed") => {
+                            let why = [status.reason, status.message].into_iter().flatten().collect::<Vec<_>>();
+                            return Err(format!("pod {name} failed: {}", why.join(": ")).into());
+                        }
+                        _ => {}
                     }
                 }
                 WatchEvent::Deleted(pod) => {
