@@ -8,6 +8,8 @@
 //! chaos scenarios, the .deb installed and run under its unit (`dist.rs`), and the demo's check.
 //! Everything is built in the dev profile, once: an optimized build takes minutes on two cores
 //! and checks nothing the dev one does not (`cargo xtask bench` and `dist` build those).
+//! When the real-runtime step runs, the steps that only compile run beside it instead of before
+//! it ([`Lane`]), and the quick bench waits for them, alone on the machine.
 
 use std::{
     process::Command,
@@ -17,7 +19,9 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    chaos, cluster, demo, dist, harness, leaks, runtime, tidy,
+    chaos, cluster, demo, dist, harness,
+    lane::Lane,
+    leaks, runtime, tidy,
     util::{have, in_ci, project_root, run},
 };
 
@@ -107,13 +111,22 @@ fn step_names(list: &str) -> Result<Vec<&'static str>> {
         .collect()
 }
 
+/// The steps that only compile and read the source: with the real-runtime step, they run beside
+/// it (see [`Lane`]) rather than before it.
+const COMPILE_ONLY: [&str; 5] = ["clippy", "doc", "features", "deny", "package"];
+
 /// The steps `options` asks for, in order; the real-runtime tests run `repeat` times in a row.
 pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
     let repeat = options.repeat;
+    let beside = steps_beside_real_runtime(&options.steps);
     let mut timings: Vec<(&str, Duration)> = Vec::new();
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
         if !options.steps.contains(&name) {
             println!("\n==> {name}: skipped");
+            return Ok(());
+        }
+        if beside.contains(&name) {
+            println!("\n==> {name}: beside the real-runtime tests (below)");
             return Ok(());
         }
         println!("\n==> {name}");
@@ -202,7 +215,12 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
         // an optimized build of them (the `bench` profile) takes minutes and checks nothing more.
         run(cargo().args(["build", "--workspace", "--benches", "--locked"]))
     })?;
-    step("real-runtime", &mut || real_runtime_tests(repeat))?;
+    let (mut lane, mut lane_timings) = (None, Vec::new());
+    step("real-runtime", &mut || real_runtime_tests(repeat, &beside, &mut lane))?;
+    if let Some(lane) = lane {
+        println!("\n==> {} (beside the real-runtime tests)", beside.join(", "));
+        lane_timings = lane.join()?;
+    }
     step("bench", &mut || {
         // The quick bench on the tests' build, held to the quick baseline in the repository: a
         // figure more than 20 % worse than it fails the run.
@@ -223,7 +241,19 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
     for (name, took) in timings {
         println!("  {name:<13} {:>6.1} s", took.as_secs_f64());
     }
+    for (name, took) in lane_timings {
+        println!("  {name:<13} {:>6.1} s (beside real-runtime)", took.as_secs_f64());
+    }
     Ok(())
+}
+
+/// The compile-only steps among `steps` that run beside the real-runtime step: all of them when
+/// that step runs and this machine can run it, none otherwise.
+fn steps_beside_real_runtime(steps: &[&'static str]) -> Vec<&'static str> {
+    if !steps.contains(&"real-runtime") || runtime::missing_prerequisites().is_some() {
+        return Vec::new();
+    }
+    COMPILE_ONLY.iter().copied().filter(|step| steps.contains(step)).collect()
 }
 
 /// Whether the cargo subcommand `program` (installed by `cargo xtask setup`) is there; in CI its
@@ -267,7 +297,18 @@ fn check_toolchain() -> Result<()> {
     Ok(())
 }
 
-fn real_runtime_tests(repeat: u32) -> Result<()> {
+/// Which of the real-runtime tests a run takes.
+#[derive(Clone, Copy)]
+enum RealTests {
+    /// The tests that set a threshold from the host's free memory (named `*memory_pressure*`):
+    /// they run before the compile-only steps start beside the others, since a compiler would
+    /// move that figure under them.
+    ReadingHostMemory,
+    /// All the others.
+    TheRest,
+}
+
+fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<Lane>) -> Result<()> {
     if let Some(why) = runtime::missing_prerequisites() {
         if in_ci() {
             bail!("real-runtime tests cannot run: {why}");
@@ -288,39 +329,32 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
             true
         }
     };
-    let mut cmd = cargo();
-    if nextest() {
-        cmd.args([
-            "nextest",
-            "run",
-            "--workspace",
-            "--locked",
-            "--no-fail-fast",
-            // One at a time: an agent under test owns the whole runtime, as a kubelet owns its node,
-            // and would remove other tests' pods as orphans.
-            "--test-threads",
-            "1",
-            "-E",
-            REAL_FILTER,
-        ]);
-    } else {
-        cmd.args(["test", "--workspace", "--locked", "--", "real_", "--test-threads", "1"]);
-    }
-    for (key, value) in runtime::test_env() {
-        cmd.env(key, value);
-    }
-    if control_plane {
-        for (key, value) in cluster::test_env() {
+    let tests = |which: RealTests| {
+        let mut cmd = real_tests_command(which);
+        for (key, value) in runtime::test_env() {
             cmd.env(key, value);
         }
-    }
+        if control_plane {
+            for (key, value) in cluster::test_env() {
+                cmd.env(key, value);
+            }
+        }
+        cmd
+    };
+    let (mut on_a_quiet_host, mut the_rest) = (tests(RealTests::ReadingHostMemory), tests(RealTests::TheRest));
     let mut result = Ok(());
     for round in 1..=repeat {
         if repeat > 1 {
             println!("\n--> real-runtime run {round} of {repeat}");
         }
         let baseline = leaks::host_objects();
-        result = run(&mut cmd)
+        result = run(&mut on_a_quiet_host)
+            .and_then(|()| {
+                if lane.is_none() && !beside.is_empty() {
+                    *lane = Some(Lane::start(beside)?);
+                }
+                run(&mut the_rest)
+            })
             .with_context(|| format!("real-runtime run {round} of {repeat} failed"))
             .and_then(|()| nothing_leaked(&baseline));
         if result.is_err() {
@@ -370,6 +404,29 @@ fn real_runtime_tests(repeat: u32) -> Result<()> {
         runtime::stop()?;
     }
     result
+}
+
+/// A run of the real-runtime tests `which` names, one at a time.
+fn real_tests_command(which: RealTests) -> Command {
+    const MEMORY: &str = "memory_pressure";
+    let mut cmd = cargo();
+    if nextest() {
+        let filter = match which {
+            RealTests::ReadingHostMemory => format!("{REAL_FILTER} and test(/{MEMORY}/)"),
+            RealTests::TheRest => format!("{REAL_FILTER} and not test(/{MEMORY}/)"),
+        };
+        cmd.args(["nextest", "run", "--workspace", "--locked", "--no-fail-fast"]);
+        // One at a time: an agent under test owns the whole runtime, as a kubelet owns its node,
+        // and would remove other tests' pods as orphans.
+        cmd.args(["--test-threads", "1", "--no-tests", "warn", "-E", &filter]);
+    } else {
+        cmd.args(["test", "--workspace", "--locked", "--", "--test-threads", "1"]);
+        match which {
+            RealTests::ReadingHostMemory => cmd.args([format!("real_{MEMORY}")]),
+            RealTests::TheRest => cmd.args(["real_", "--skip", MEMORY]),
+        };
+    }
+    cmd
 }
 
 /// Fails when the real-runtime tests left on the host what pods leave (pod cgroups, network

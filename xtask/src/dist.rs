@@ -54,9 +54,23 @@ fn build_deb(profile: Profile) -> Result<PathBuf> {
         bail!("cargo-deb is missing: run `cargo xtask setup` (it installs it from crates.io)");
     }
     let binary = crate::harness::build(profile)?.agent;
-    let out = project_root()?.join("target").join(profile.dir());
+    let target = project_root()?.join("target");
+    // cargo-deb takes the assets from `<target>/<profile>/` and warns that it will refuse the dev
+    // profile (it makes releases): a dev build is packaged from a target directory of its own,
+    // laid out as a release build's, holding a link to the dev binary.
+    let (target, deb_profile) = match profile {
+        Profile::Dev => (target.join("debug/deb-as-release"), Profile::Release),
+        other => (target, other),
+    };
+    let out = target.join(deb_profile.dir());
     let assets = out.join("packaging");
     fs::create_dir_all(&assets)?;
+    if profile == Profile::Dev {
+        let staged = out.join("kubelet-rs");
+        let _ = fs::remove_file(&staged);
+        fs::hard_link(&binary, &staged)
+            .with_context(|| format!("linking {} into {}", binary.display(), out.display()))?;
+    }
     let generated: [(&[&str], &str); 3] = [
         (&["man"], "kubelet-rs.1"),
         (&["completion", "bash", "--name", "kubelet"], "kubelet.bash"),
@@ -66,7 +80,16 @@ fn build_deb(profile: Profile) -> Result<PathBuf> {
         fs::write(assets.join(file), output(Command::new(&binary).args(args))?)?;
     }
     let deb = out.join("kubelet-rs.deb");
-    run(cargo().args(["deb", "-p", "kubelet-rs", "--profile", profile.name(), "--no-build", "--output"]).arg(&deb))?;
+    let mut cargo_deb = cargo();
+    cargo_deb
+        .args(["deb", "-p", "kubelet-rs", "--profile", deb_profile.name(), "--no-build", "--output"])
+        .arg(&deb)
+        .env("CARGO_TARGET_DIR", &target);
+    if profile == Profile::Dev {
+        // CI's check installs it once: xz's best compression of the dev binary took 20 s.
+        cargo_deb.arg("--fast");
+    }
+    run(&mut cargo_deb)?;
     Ok(deb)
 }
 
@@ -165,7 +188,11 @@ fn supervise(unit: &Unit, scratch: &Path) -> Result<()> {
     let (program, args) = unit.command()?;
     let socket_path = scratch.join("notify.sock");
     let socket = UnixDatagram::bind(&socket_path)?;
-    let watchdog = unit.get("WatchdogSec").map(parse_seconds).transpose()?.context("the unit has no WatchdogSec")?;
+    let unit_watchdog =
+        unit.get("WatchdogSec").map(parse_seconds).transpose()?.context("the unit has no WatchdogSec")?;
+    // systemd gives the agent the unit's interval in WATCHDOG_USEC, and the agent pings at half of
+    // whatever it is given: a short one here, or the check would wait 30 s for the first ping.
+    let watchdog = unit_watchdog.min(Duration::from_secs(4));
     let log = fs::File::create(scratch.join("agent.log"))?;
     println!("starting {program} {}", args.join(" "));
     let mut agent = Agent(
@@ -187,7 +214,7 @@ fn supervise(unit: &Unit, scratch: &Path) -> Result<()> {
         Ok(String::from_utf8_lossy(&buffer[..length]).into_owned())
     };
     ensure!(heard(Duration::from_secs(60))? == "READY=1\n", "the first notification is not READY=1");
-    ensure!(heard(watchdog)? == "WATCHDOG=1\n", "no watchdog ping within WatchdogSec");
+    ensure!(heard(watchdog)? == "WATCHDOG=1\n", "no watchdog ping within the {watchdog:?} WATCHDOG_USEC gave");
     nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -16,6 +16,7 @@ mod dist;
 mod example;
 mod harness;
 mod images;
+mod lane;
 mod layout;
 mod leaks;
 mod package;

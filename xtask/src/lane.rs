@@ -1,0 +1,157 @@
+//! The compile-only steps of `cargo xtask ci` beside the real-runtime step.
+//!
+//! The real-runtime tests run one at a time and spend most of their time waiting for containers,
+//! leases and timeouts, with the CPU mostly idle; the compile-only steps (clippy, docs, feature
+//! combinations, cargo-deny, packaging) are the opposite.
+//! So while the real-runtime step runs, a second `cargo xtask ci --only <those steps>` runs in a
+//! copy of the source, with its own target directory, at idle CPU and I/O priority (`chrt
+//! --idle`, `ionice -c 3`): the compiler gets only the time the tests leave, and neither run waits
+//! for the other's cargo lock or sees the manifests `cargo hack --no-dev-deps` edits while it runs.
+//! Its output goes to a log file, printed when the lane is joined.
+
+use std::{
+    fs,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{output, project_root};
+
+/// The copy of the source the lane runs in, under the project's target directory.
+const COPY: &str = "target/ci-lane";
+
+/// The second run of `cargo xtask ci`, killed with its process group if dropped unjoined.
+pub(crate) struct Lane {
+    child: Option<Child>,
+    steps: Vec<&'static str>,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl Lane {
+    /// Copies the source and starts `cargo xtask ci --only <steps>` in the copy.
+    pub(crate) fn start(steps: &[&'static str]) -> Result<Lane> {
+        let root = project_root()?;
+        let copy = root.join(COPY);
+        copy_source(&root, &copy)?;
+        let log = root.join("target/ci-lane.log");
+        let file = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut command = Command::new("chrt");
+        command
+            .args(["--idle", "0", "ionice", "-c", "3"])
+            .arg(cargo)
+            .args(["xtask", "ci", "--only", &steps.join(",")])
+            .current_dir(&copy)
+            // The copy's own target directory, whatever this run was given.
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("CARGO_BUILD_TARGET_DIR")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .process_group(0);
+        let child = command.spawn().context("cannot start the compile-only steps (chrt, from util-linux)")?;
+        println!(
+            "started {} beside the real-runtime tests, at idle priority in {} (log: {})",
+            steps.join(", "),
+            copy.display(),
+            log.display()
+        );
+        Ok(Lane { child: Some(child), steps: steps.to_vec(), log, started: Instant::now() })
+    }
+
+    /// Waits for the lane, prints its log, and returns each step's time as it reported it.
+    pub(crate) fn join(mut self) -> Result<Vec<(&'static str, Duration)>> {
+        let mut child = self.child.take().context("the lane was joined twice")?;
+        let status = child.wait()?;
+        let log = fs::read_to_string(&self.log).unwrap_or_default();
+        println!("--- the compile-only steps' log ({}), {:.0} s in all ---", self.log.display(), self.elapsed());
+        print!("{log}");
+        println!("--- end of the compile-only steps' log ---");
+        if !status.success() {
+            bail!("the compile-only steps beside the real-runtime tests failed ({status}): see their log above");
+        }
+        Ok(self.steps.iter().filter_map(|step| Some((*step, reported_time(&log, step)?))).collect())
+    }
+
+    fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let group = nix::unistd::Pid::from_raw(-pid);
+                let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+            }
+            let _ = child.wait();
+            println!("stopped the compile-only steps after {:.0} s (log: {})", self.elapsed(), self.log.display());
+        }
+    }
+}
+
+/// A step's time from the summary `cargo xtask ci` ends with (`  clippy          92.1 s`).
+fn reported_time(log: &str, step: &str) -> Option<Duration> {
+    let summary = &log[log.rfind("\nci: ")?..];
+    summary.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next()? == step).then_some(())?;
+        let seconds: f64 = words.next()?.parse().ok()?;
+        (words.next()? == "s").then(|| Duration::from_secs_f64(seconds))
+    })
+}
+
+/// Makes `copy` hold the source git knows of (tracked files and untracked ones not ignored, as
+/// they are in the working tree), keeping the copy's own `target` from an earlier run.
+fn copy_source(root: &Path, copy: &Path) -> Result<()> {
+    if let Ok(entries) = fs::read_dir(copy) {
+        for entry in entries {
+            let path = entry?.path();
+            if path.file_name().is_some_and(|name| name == "target") {
+                continue;
+            }
+            if path.is_dir() {
+                fs::remove_dir_all(&path)?;
+            } else {
+                fs::remove_file(&path)?;
+            }
+        }
+    }
+    let listed = output(
+        Command::new("git").args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"]).current_dir(root),
+    )
+    .context("listing the source with git")?;
+    for file in listed.split('\0').filter(|file| !file.is_empty()) {
+        let from = root.join(file);
+        // A tracked file deleted in the working tree is not part of what is checked.
+        if !from.is_file() {
+            continue;
+        }
+        let to = copy.join(file);
+        if let Some(dir) = to.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        fs::copy(&from, &to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_times_come_from_the_summary_the_lane_ends_with() {
+        let log = "==> clippy\n  clippy is fine\n\nci: the 2 steps asked for passed (clippy, doc)\n  clippy          92.1 s\n  doc             41.0 s\n";
+        assert_eq!(reported_time(log, "clippy"), Some(Duration::from_secs_f64(92.1)));
+        assert_eq!(reported_time(log, "doc"), Some(Duration::from_secs_f64(41.0)));
+        assert_eq!(reported_time(log, "features"), None);
+        assert_eq!(reported_time("==> clippy\nerror\n", "clippy"), None, "no summary: the run failed");
+    }
+}
