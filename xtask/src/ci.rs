@@ -8,8 +8,8 @@
 //! chaos scenarios, the .deb installed and run under its unit (`dist.rs`), and the demo's check.
 //! Everything is built in the dev profile, once: an optimized build takes minutes on two cores
 //! and checks nothing the dev one does not (`cargo xtask bench` and `dist` build those).
-//! When the real-runtime step runs, the steps that only compile run beside it instead of before
-//! it ([`Lane`]), and the quick bench waits for them, alone on the machine.
+//! When the real-runtime step runs, the steps that only compile (clippy aside) run beside it
+//! instead of before it ([`Lane`]), and the quick bench waits for them, alone on the machine.
 
 use std::{
     process::Command,
@@ -111,9 +111,9 @@ fn step_names(list: &str) -> Result<Vec<&'static str>> {
         .collect()
 }
 
-/// The steps that only compile and read the source: with the real-runtime step, they run beside
-/// it (see [`Lane`]) rather than before it.
-const COMPILE_ONLY: [&str; 5] = ["clippy", "doc", "features", "deny", "package"];
+/// The steps that only compile and read the source, clippy aside: with the real-runtime step,
+/// they run beside it (see [`Lane`]) rather than before it.
+const COMPILE_ONLY: [&str; 4] = ["doc", "features", "deny", "package"];
 
 /// The steps `options` asks for, in order; the real-runtime tests run `repeat` times in a row.
 pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {

@@ -1,8 +1,11 @@
 //! The compile-only steps of `cargo xtask ci` beside the real-runtime step.
 //!
 //! The real-runtime tests run one at a time and spend most of their time waiting for containers,
-//! leases and timeouts, with the CPU mostly idle; the compile-only steps (clippy, docs, feature
+//! leases and timeouts, with the CPU mostly idle; the compile-only steps (docs, feature
 //! combinations, cargo-deny, packaging) are the opposite.
+//! Clippy is not among them: it runs first, the tests' build reuses its build scripts and
+//! proc-macros (without it the tests' build alone took longer than both), and a lint fails the
+//! run early.
 //! So while the real-runtime step runs, a second `cargo xtask ci --only <those steps>` runs in a
 //! copy of the source, with its own target directory, at idle CPU and I/O priority (`chrt
 //! --idle`, `ionice -c 3`): the compiler gets only the time the tests leave, and neither run waits
