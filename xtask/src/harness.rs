@@ -505,21 +505,28 @@ impl CriTool {
     /// Starts watching the harness namespace for `goal` (`--running N` or `--stopped`), and
     /// returns once the tool has had its first look.
     pub(crate) fn watch(&self, goal: &[&str]) -> Result<Watch> {
+        let endpoint = endpoint();
+        let mut args = vec!["watch", &endpoint, "--namespace", NAMESPACE];
+        args.extend(goal);
+        let (child, stdout) = self.start_until(&args, "watching", "the CRI watch")?;
+        Ok(Watch { child, stdout })
+    }
+
+    /// Starts the tool with `args` and waits for its first line, which must be `ready`; the
+    /// running tool and the rest of its output. `what` names it in the error.
+    fn start_until(&self, args: &[&str], ready: &str, what: &str) -> Result<(Child, std::io::BufReader<ChildStdout>)> {
         use std::io::BufRead as _;
-        let mut child = Command::new(&self.path)
-            .args(["watch", &endpoint(), "--namespace", NAMESPACE])
-            .args(goal)
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()?;
+        let mut child = Command::new(&self.path).args(args).stdout(Stdio::piped()).stdin(Stdio::null()).spawn()?;
         let mut stdout = std::io::BufReader::new(child.stdout.take().context("the tool's stdout")?);
         let mut line = String::new();
-        stdout.read_line(&mut line)?;
-        if line.trim() != "watching" {
+        let read = stdout.read_line(&mut line);
+        if read.is_err() || line.trim() != ready {
             let _ = child.kill();
-            bail!("the CRI watch failed to start: {line:?}");
+            let _ = child.wait();
+            read?;
+            bail!("{what} failed to start: {line:?}");
         }
-        Ok(Watch { child, stdout })
+        Ok((child, stdout))
     }
 
     /// Stops every running container of the harness namespace at once; returns the Unix time the
@@ -552,21 +559,10 @@ impl CriTool {
     /// every second, an exec every 10 s per container) and returns once its probes run; they
     /// run until the [`ProbeFloor`] is dropped.
     pub(crate) fn probe(&self, ports: &[u16]) -> Result<ProbeFloor> {
-        use std::io::BufRead as _;
         let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-        let mut child = Command::new(&self.path)
-            .args(["probe", &endpoint(), "--namespace", NAMESPACE, "--ports", &ports.join(",")])
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()?;
-        let mut stdout = std::io::BufReader::new(child.stdout.take().context("the tool's stdout")?);
-        let mut line = String::new();
-        stdout.read_line(&mut line)?;
-        let floor = ProbeFloor { child };
-        if line.trim() != "probing" {
-            bail!("the probing floor failed to start: {line:?}");
-        }
-        Ok(floor)
+        let args = ["probe", &endpoint(), "--namespace", NAMESPACE, "--ports", &ports.join(",")];
+        let (child, _) = self.start_until(&args, "probing", "the probing floor")?;
+        Ok(ProbeFloor { child })
     }
 
     /// The harness namespace's pods in the runtime, by UID.

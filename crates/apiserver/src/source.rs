@@ -5,7 +5,7 @@
 //! "seen" (and housekeeping kills nothing of it) before the API server has said what runs here.
 //! A watch that ends, fails or is told its version is gone (410) lists again, with a backoff.
 //! A request that never answers after a failure (an API server that hangs, or is stopped) is
-//! given up, and the watch started again, once nothing came for [`HUNG_AFTER_FAILURE`].
+//! given up, and the watch started again, once nothing came for 45 s.
 
 use std::{collections::BTreeMap, future::Future, time::Duration};
 

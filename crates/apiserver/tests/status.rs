@@ -20,6 +20,31 @@ fn running(ready: &str) -> PodStatus {
     }
 }
 
+/// A status sink under test, reading the reports of its channel, and the client it patches with.
+struct Sink {
+    client: kube::Client,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sink {
+    /// Starts a sink against `server` that reads `reports` and resyncs every `resync`.
+    async fn start(server: &ApiServer, reports: mpsc::UnboundedReceiver<status::Report>, resync: Duration) -> Sink {
+        let dir = tempfile::tempdir().unwrap();
+        server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+        let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(status::report(client.clone(), reports, resync, cancel.clone()));
+        Sink { client, cancel, task }
+    }
+
+    /// Cancels the sink, which must then stop.
+    async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.task).await.expect("the sink stops when cancelled").unwrap();
+    }
+}
+
 /// Waits until the sink has handled every report sent before: a pod of its own (`barrier-<n>`)
 /// gets two statuses, the second sent once the API has the first. The sink sends in rounds, each
 /// round what was heard before it began, and a round ends before the next begins: the first
@@ -67,17 +92,13 @@ async fn until(server: &ApiServer, what: &str, done: impl Fn(&serde_json::Value)
 #[tokio::test]
 async fn statuses_reach_the_api_with_their_uid_and_never_revert_a_terminal_phase() {
     let server = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
-    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
     server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
         "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]},
         "status": {"phase": "Pending", "conditions": [{"type": "example.com/gate", "status": "True"}]}}));
     let api_pod: Pod = serde_json::from_value(server.objects.lock().unwrap().pods["default/web"].clone()).unwrap();
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(status::report(client, rx, Duration::from_millis(100), cancel.clone()));
+    let sink = Sink::start(&server, rx, Duration::from_millis(100)).await;
 
     tx.send(status::Report::Status(status::Change::new(&api_pod, running("True")))).unwrap();
     until(&server, "Running and Ready", |s| {
@@ -112,8 +133,7 @@ async fn statuses_reach_the_api_with_their_uid_and_never_revert_a_terminal_phase
     barrier(&server, &tx, 2).await;
     assert_eq!(version(&server, "default/web"), before, "the new pod is untouched");
 
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
+    sink.stop().await;
 }
 
 fn api_pod(server: &ApiServer, key: &str) -> Pod {
@@ -134,12 +154,8 @@ async fn until_gone(server: &ApiServer, key: &str) {
 #[tokio::test]
 async fn a_terminated_pod_whose_deletion_was_asked_for_is_deleted_with_its_uid_as_precondition() {
     let server = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
-    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(status::report(client, rx, Duration::from_millis(100), cancel.clone()));
+    let sink = Sink::start(&server, rx, Duration::from_millis(100)).await;
     for name in ["web", "job"] {
         server.put_pod(json!({"metadata": {"name": name, "namespace": "default"},
             "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
@@ -183,16 +199,12 @@ async fn a_terminated_pod_whose_deletion_was_asked_for_is_deleted_with_its_uid_a
     barrier(&server, &tx, 3).await;
     assert!(server.objects.lock().unwrap().pods.contains_key("default/web"), "another pod by now");
 
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
+    sink.stop().await;
 }
 
 #[tokio::test]
 async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
     let server = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
-    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
     let static_pod: Pod =
         serde_json::from_value(json!({"metadata": {"name": "etcd-node-1", "namespace": "kube-system",
         "uid": "static-uid", "annotations": {"kubernetes.io/config.hash": "h1", "kubernetes.io/config.source": "file"}},
@@ -200,8 +212,7 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
         .unwrap();
     let mirror = serde_json::to_value(kubelet_cluster::mirror::mirror_pod(&static_pod, "node-1", "node-uid")).unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(status::report(client, rx, Duration::from_millis(100), cancel.clone()));
+    let sink = Sink::start(&server, rx, Duration::from_millis(100)).await;
     let mirror_phase = || server.objects.lock().unwrap().pods["kube-system/etcd-node-1"]["status"]["phase"].clone();
 
     // The status comes before the mirror does: it is kept, and sent once the mirror is there
@@ -240,8 +251,7 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
     barrier(&server, &tx, 2).await;
     assert_eq!(version(&server, "kube-system/etcd-node-1"), before, "the removed static pod's entry is gone");
     assert_ne!(mirror_phase(), "Running", "no status for the new mirror");
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    sink.stop().await;
 }
 
 /// Reports that pile up while the sink is busy merge: each pod's latest status is patched once,
@@ -249,9 +259,6 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
 #[tokio::test]
 async fn statuses_heard_meanwhile_merge_into_one_patch_per_pod() {
     let server = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
-    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     for i in 0..20 {
         let name = format!("pod-{i}");
@@ -265,8 +272,7 @@ async fn statuses_heard_meanwhile_merge_into_one_patch_per_pod() {
             tx.send(status::Report::Status(status::Change::new(&pod, status))).unwrap();
         }
     }
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(status::report(client, rx, Duration::from_secs(3600), cancel.clone()));
+    let sink = Sink::start(&server, rx, Duration::from_secs(3600)).await;
     for i in 0..20 {
         let key = format!("default/pod-{i}");
         for _ in 0..200 {
@@ -280,8 +286,7 @@ async fn statuses_heard_meanwhile_merge_into_one_patch_per_pod() {
         assert_eq!(pod["status"]["conditions"][0]["status"], "True", "{pod}");
     }
     assert_eq!(server.requests("PATCH pods/status"), 20, "one patch per pod");
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
+    sink.stop().await;
 }
 
 /// A pod the API pod source has shown is patched against that copy, with no read first; the
@@ -292,12 +297,8 @@ async fn statuses_heard_meanwhile_merge_into_one_patch_per_pod() {
 #[tokio::test]
 async fn statuses_are_patched_against_the_watched_copy_and_a_stale_copy_is_read_again() {
     let server = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
-    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(status::report(client.clone(), rx, Duration::from_secs(3600), cancel.clone()));
+    let sink = Sink::start(&server, rx, Duration::from_secs(3600)).await;
     server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
         "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
     let web = api_pod(&server, "default/web");
@@ -313,7 +314,7 @@ async fn statuses_are_patched_against_the_watched_copy_and_a_stale_copy_is_read_
     assert_eq!((server.requests("GET pods"), server.requests("PATCH pods/status")), (0, 2), "no read before a patch");
 
     // Another writer adds its condition; the sink's copy is stale.
-    let pods: kube::Api<Pod> = kube::Api::namespaced(client, "default");
+    let pods: kube::Api<Pod> = kube::Api::namespaced(sink.client.clone(), "default");
     let gate = json!({"status": {"conditions": [{"type": "example.com/gate", "status": "True"}]}});
     let params = kube::api::PatchParams::default();
     pods.patch_status("web", &params, &kube::api::Patch::Strategic(gate)).await.unwrap();
@@ -332,6 +333,5 @@ async fn statuses_are_patched_against_the_watched_copy_and_a_stale_copy_is_read_
     tx.send(status::Report::bound(&[api_pod(&server, "default/web")])).unwrap();
     until(&server, "Ready set back", |s| ready(s, "True")).await;
 
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the sink stops when cancelled").unwrap();
+    sink.stop().await;
 }

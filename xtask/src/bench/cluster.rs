@@ -147,38 +147,37 @@ fn config(dir: &Path) -> Result<std::path::PathBuf> {
 
 /// One round of `pods` API pods: (created → all Running, deleted → all gone), seconds.
 fn api_pods(api_tool: &Path, node: &str, pods: usize) -> Result<(f64, f64)> {
-    let out = output(
-        Command::new(api_tool)
-            .arg("pods")
-            .arg("--kubeconfig")
-            .arg(cluster::admin_kubeconfig())
-            .args(["--node", node, "--namespace", harness::NAMESPACE])
-            .args(["--image", &images::BUSYBOX.reference(), "--pods", &pods.to_string()]),
-    )?;
-    let times: serde_json::Value =
-        serde_json::from_str(out.trim()).with_context(|| format!("api_bench printed {out:?}"))?;
-    let seconds = |key: &str| times[key].as_f64().with_context(|| format!("api_bench printed no {key}: {out:?}"));
+    let times = run_api_tool(api_tool, "pods", node, |tool| tool.args(["--pods", &pods.to_string()]))?;
+    let seconds = |key: &str| times[key].as_f64().with_context(|| format!("api_bench printed no {key}: {times}"));
     Ok((seconds("running_s")?, seconds("gone_s")?))
 }
 
 /// `updates` changes of a config map a pod mounts, each until the file in the pod's volume under
 /// the agent's `root_dir` changed, seconds.
 fn config_map_updates(api_tool: &Path, node: &str, root_dir: &Path, updates: usize) -> Result<Vec<f64>> {
-    let out = output(
-        Command::new(api_tool)
-            .arg("configmap")
-            .arg("--kubeconfig")
-            .arg(cluster::admin_kubeconfig())
-            .args(["--node", node, "--namespace", harness::NAMESPACE])
-            .args(["--image", &images::BUSYBOX.reference()])
-            .arg("--root-dir")
-            .arg(root_dir)
-            .args(["--updates", &updates.to_string()]),
-    )?;
-    let times: serde_json::Value =
-        serde_json::from_str(out.trim()).with_context(|| format!("api_bench printed {out:?}"))?;
-    let seconds = times["update_s"].as_array().with_context(|| format!("api_bench printed no update_s: {out:?}"))?;
+    let times = run_api_tool(api_tool, "configmap", node, |tool| {
+        tool.arg("--root-dir").arg(root_dir).args(["--updates", &updates.to_string()])
+    })?;
+    let seconds = times["update_s"].as_array().with_context(|| format!("api_bench printed no update_s: {times}"))?;
     Ok(seconds.iter().filter_map(serde_json::Value::as_f64).collect())
+}
+
+/// Runs `api_bench <command>` as the admin, on `node`'s bench namespace with the busybox image,
+/// with the arguments `more` adds; the JSON it prints.
+fn run_api_tool(
+    api_tool: &Path,
+    command: &str,
+    node: &str,
+    more: impl FnOnce(&mut Command) -> &mut Command,
+) -> Result<serde_json::Value> {
+    let mut tool = Command::new(api_tool);
+    tool.arg(command)
+        .arg("--kubeconfig")
+        .arg(cluster::admin_kubeconfig())
+        .args(["--node", node, "--namespace", harness::NAMESPACE])
+        .args(["--image", &images::BUSYBOX.reference()]);
+    let out = output(more(&mut tool))?;
+    serde_json::from_str(out.trim()).with_context(|| format!("api_bench printed {out:?}"))
 }
 
 /// The table's rows.
