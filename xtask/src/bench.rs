@@ -38,7 +38,7 @@
 //! widens it by the run (another run of the same build: each figure keeps the worse of the two).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
@@ -56,7 +56,7 @@ mod hollow;
 use crate::{
     harness::{self, Agent, CriTool, write_manifest},
     layout::STATE_DIR,
-    runtime,
+    leaks, runtime,
     util::{in_ci, is_root, output, project_root, run},
 };
 
@@ -601,6 +601,7 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
     for round in 1..=options.repeat {
         for &n in &options.sizes {
             progress(&format!("agent start-up, {n} pods, run {round} of {}", options.repeat));
+            let cgroups_before = leaks::pod_cgroups();
             let started = start_pods(agent, tool, n, round)?;
             runs.api.entry(n).or_default().push(started.api);
             runs.cri.entry(n).or_default().push(started.cri);
@@ -623,6 +624,7 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
             }
             progress(&format!("agent teardown, {n} pods, run {round} of {}", options.repeat));
             runs.teardown.entry(n).or_default().push(stop_pods(agent, tool)?);
+            wait_for_pod_cgroups(&cgroups_before)?;
         }
     }
     runs.probing = probing_cost(agent, tool, options)?;
@@ -853,6 +855,23 @@ fn stop_pods(agent: &mut Agent, tool: &CriTool) -> Result<f64> {
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(stopped)
+}
+
+/// Waits (at most 30 s) until the pod cgroups are back to `before`: the agent's housekeeping
+/// removes a removed pod's cgroup within 2 s of the runtime's sandbox going, and the next round
+/// then starts on a node as quiet as the floor's, not beside the last round's cleanup.
+fn wait_for_pod_cgroups(before: &BTreeSet<String>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: Vec<String> = leaks::pod_cgroups().difference(before).cloned().collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("30 s after the pods were removed, their cgroups {left:?} were still there");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The two criterion benchmarks on the fake runtime the table reports.

@@ -120,13 +120,12 @@ fn measure_on_cluster(
 fn wait_until_cleaned_up(agent: &Agent, cgroups_before: &BTreeSet<String>) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let left: Vec<String> = leaks::pod_cgroups().difference(cgroups_before).cloned().collect();
         let pods = agent.pods()?;
-        if pods.is_empty() && left.is_empty() {
-            return Ok(());
+        if pods.is_empty() {
+            return super::wait_for_pod_cgroups(cgroups_before);
         }
         if Instant::now() > deadline {
-            bail!("30 s after the last API pod was gone, the agent still had {pods:?} and the pod cgroups {left:?}");
+            bail!("30 s after the last API pod was gone, the agent still had {pods:?}");
         }
         std::thread::sleep(Duration::from_millis(200));
     }
