@@ -348,13 +348,16 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
             println!("\n--> real-runtime run {round} of {repeat}");
         }
         let baseline = leaks::host_objects();
-        result = run(&mut on_a_quiet_host)
-            .and_then(|()| {
-                if lane.is_none() && !beside.is_empty() {
-                    *lane = Some(Lane::start(beside)?);
-                }
-                run(&mut the_rest)
-            })
+        // The others run even when the first ones failed, as one nextest run would have run them.
+        let quiet = run(&mut on_a_quiet_host);
+        let lane_started = match lane {
+            None if !beside.is_empty() => Lane::start(beside).map(|started| *lane = Some(started)),
+            _ => Ok(()),
+        };
+        let rest = run(&mut the_rest);
+        result = quiet
+            .and(lane_started)
+            .and(rest)
             .with_context(|| format!("real-runtime run {round} of {repeat} failed"))
             .and_then(|()| nothing_leaked(&baseline));
         if result.is_err() {
