@@ -16,6 +16,7 @@ use kubelet_core::{
     events::{Event, EventRecorder, EventType, ObjectRef},
 };
 use tokio_util::sync::CancellationToken;
+use tower::timeout::TimeoutLayer;
 use tracing::{info, warn};
 
 use crate::{
@@ -116,8 +117,22 @@ pub async fn connect(path: &Path) -> Result<Client, Error> {
 pub async fn connect_limited(path: &Path, qps: f64, burst: u32) -> Result<Client, Error> {
     let config = client_config(path).await?;
     let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kubeconfig_error(path, e.into()))?;
-    Ok(builder.with_layer(&RetryAfterLayer).with_layer(&TokenBucketLayer::new(qps, burst)).build())
+    Ok(builder
+        .with_layer(&TimeoutLayer::new(UNANSWERED_AFTER))
+        .with_layer(&RetryAfterLayer)
+        .with_layer(&TokenBucketLayer::new(qps, burst))
+        .build())
 }
+
+/// How long a request of [`connect_limited`] and [`connect_node`] may wait for the start of its
+/// answer (the status line and headers) before it is given up as unanswered, as by an API server
+/// that hangs or is stopped; the caller then retries as after any failure.
+///
+/// Only the start is timed: a watch's answer starts at once and then streams for minutes. The
+/// transport's read timeout (kube's 295 s) must outlast a quiet watch, and would hold a watch
+/// retried into a hung server for that long. Upstream's clients notice a silent HTTP/2
+/// connection within 45 s (a ping after 30 s of silence, then 15 s for its answer).
+pub const UNANSWERED_AFTER: Duration = Duration::from_secs(30);
 
 /// A client for the node's heartbeats, its status and lease, as upstream's `heartbeatClient`:
 /// no client-side rate limit, so heartbeats never queue behind other requests, and each request
@@ -135,7 +150,11 @@ pub async fn connect_heartbeat(path: &Path, timeout: Duration) -> Result<Client,
 pub async fn connect_node(credentials: &NodeCredentials, qps: f64, burst: u32) -> Result<Client, Error> {
     let (service, namespace) = ReloadingService::new(credentials.clone(), None).await?;
     let builder = kube::client::ClientBuilder::new(service, namespace);
-    Ok(builder.with_layer(&RetryAfterLayer).with_layer(&TokenBucketLayer::new(qps, burst)).build())
+    Ok(builder
+        .with_layer(&TimeoutLayer::new(UNANSWERED_AFTER))
+        .with_layer(&RetryAfterLayer)
+        .with_layer(&TokenBucketLayer::new(qps, burst))
+        .build())
 }
 
 /// [`connect_heartbeat`] for the node's own credentials, read again after each

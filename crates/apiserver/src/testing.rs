@@ -944,6 +944,14 @@ impl ApiServer {
         }
     }
 
+    /// Ends every open watch, as a server that drops its connections does: each watcher must
+    /// watch again, from the version it saw last.
+    pub fn end_watches(&self) {
+        let mut objects = lock(&self.objects);
+        objects.watch_generation += 1;
+        objects.changed.notify_waiters();
+    }
+
     /// Forgets the pod event history, as etcd's compaction does, and ends every open watch (as
     /// an API server restart does): a watch from an older version gets 410 `Expired` and must
     /// list again.

@@ -32,7 +32,7 @@ use kube::{
     Api,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use kubelet_cluster::testing::ApiServer;
+use kubelet_cluster::{heartbeat::UNANSWERED_AFTER, testing::ApiServer};
 use kubelet_core::{
     eviction::{Resource, format_amount},
     runtime::Runtime as _,
@@ -288,8 +288,21 @@ fn json_of(object: &impl serde::Serialize) -> Value {
 
 /// Waits (at most 60 s) until `probe` on the cluster's view gives something.
 async fn until<T>(cluster: &Cluster, node: &str, dir: &Path, what: &str, probe: impl Fn(&View) -> Option<T>) -> T {
+    until_within(Duration::from_secs(60), cluster, node, dir, what, probe).await
+}
+
+/// Waits at most `limit` until `probe` on the cluster's view gives something.
+async fn until_within<T>(
+    limit: Duration,
+    cluster: &Cluster,
+    node: &str,
+    dir: &Path,
+    what: &str,
+    probe: impl Fn(&View) -> Option<T>,
+) -> T {
     let mut view = View::default();
-    for _ in 0..600 {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
         view = cluster.view(node).await;
         if let Some(found) = probe(&view) {
             return found;
@@ -1012,9 +1025,15 @@ async fn attack_the_host_through_volumes(rt: RealRuntime, dir: PathBuf, cluster:
 /// is the bound a 10 s lease leaves room for.
 const OUTAGE_LEASE_SECONDS: u64 = 10;
 
+/// How long a pod bound after a hang may take to run. A watch made again into the hang is given
+/// up once unanswered ([`kubelet_cluster::heartbeat::UNANSWERED_AFTER`]), then tried again after
+/// the watch's backoff: at most 30 s, which its jitter (as client-go's) can double.
+const AFTER_A_HANG: Duration = UNANSWERED_AFTER.saturating_add(Duration::from_secs(60 + 30));
+
 /// The API server goes away in each way a node meets, each time for longer than the node's
-/// lease: it refuses connections, answers 500 and 503, answers 429 with `Retry-After`, and
-/// hangs requests without ever answering them. The pods keep running as they were (container
+/// lease: it refuses connections, answers 500, 503 and then 429 with `Retry-After`, and hangs
+/// requests without ever answering them; at the start of each fault it ends every watch, so that
+/// the agent's watches are made again into it. The pods keep running as they were (container
 /// IDs, restart counts, the mirror pod's UID); after each return the lease is renewed and the
 /// status reported before the lease could run out; and a pod bound afterwards runs.
 #[tokio::test]
@@ -1024,8 +1043,14 @@ async fn real_a_node_rides_out_an_api_server_outage() {
     let node = format!("outage-{}", std::process::id());
     let phases = vec![
         ("refused connections", Away::Refused),
-        ("500 then 503", Away::Faults(vec![Some(Fault::InternalError), Some(Fault::Unavailable)])),
-        ("429 with Retry-After", Away::Faults(vec![Some(Fault::TooManyRequests { retry_after_seconds: 2 })])),
+        (
+            "500, 503, then 429 with Retry-After",
+            Away::Faults(vec![
+                Some(Fault::InternalError),
+                Some(Fault::Unavailable),
+                Some(Fault::TooManyRequests { retry_after_seconds: 2 }),
+            ]),
+        ),
         ("hung requests", Away::Faults(vec![Some(Fault::Hang)])),
     ];
     let cluster = Arc::new(Cluster::Local(ApiServer::start().await));
@@ -1079,6 +1104,7 @@ async fn stay_away(cluster: &Cluster, dir: &Path, away: Away, how_long: Duration
             let share = how_long / u32::try_from(faults.len()).unwrap();
             for fault in faults {
                 server.set_fault(fault);
+                server.end_watches();
                 tokio::time::sleep(share).await;
             }
             // A hang never answers what it held, as a lost connection would not: the agent must
@@ -1205,12 +1231,14 @@ async fn ride_out_outages(
     }
 
     // Everything ran through it as it was, and the pod source resumed.
+    let created = tokio::time::Instant::now();
     cluster.create_pod(bound_pod("after", node, &rt.busybox_image)).await;
-    let (web, mirror) = until(cluster, node, dir, "a pod bound after the outages to run", |v| {
+    let (web, mirror) = until_within(AFTER_A_HANG, cluster, node, dir, "a pod bound after the outages to run", |v| {
         let after = v.pods.get(&after_key)?;
         (phase(after) == "Running").then(|| (v.pods[&web_key].clone(), v.pods[&mirror_key].clone()))
     })
     .await;
+    eprintln!("a pod bound after the outages ran {:?} after it was created", created.elapsed());
     assert_eq!(
         containers(&web, &mirror),
         before,
