@@ -1129,7 +1129,9 @@ fn bad_input(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outco
     }
 
     // A bad CNI configuration that sorts first: sandboxes cannot be made; a clear error, no crash,
-    // and the pod starts once the configuration is fixed.
+    // and the pod starts once the configuration is fixed. The error is `FailedCreatePodSandBox`
+    // when containerd tries the configuration, or `NetworkNotReady` when it has already reported
+    // its network not ready for it (upstream's kubelet then makes no sandbox either).
     let bad_cni = runtime::cni_conf_dir().join("00-chaos-bad.conflist");
     fs::write(&bad_cni, "{ this is not json")?;
     write_manifest(&manifests, "bad-cni", &harness::manifest("bad-cni"))?;
@@ -1231,7 +1233,10 @@ fn wait_for_event(agent: &Agent, name: &str, timeout: Duration) -> Option<String
         if let Ok((200, body)) = harness::get(&agent.socket(), &format!("/events/{NAMESPACE}/{name}-{NODE}"))
             && let Ok(list) = serde_json::from_str::<serde_json::Value>(&body)
             && let Some(event) = list["items"].as_array().and_then(|items| {
-                items.iter().find(|e| e["type"] == "Warning" && e["reason"] == "FailedCreatePodSandBox")
+                items.iter().find(|e| {
+                    e["type"] == "Warning"
+                        && (e["reason"] == "FailedCreatePodSandBox" || e["reason"] == "NetworkNotReady")
+                })
             })
         {
             let message: String = event["message"].as_str().unwrap_or_default().chars().take(120).collect();

@@ -472,7 +472,14 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
         let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
         let network = self.runtime_state.network_errors();
         if !host_network && !network.is_empty() {
-            return Err(Error::NetworkNotReady(network.join("; ")));
+            let error = Error::NetworkNotReady(network.join("; "));
+            self.recorder.record(Event::new(
+                EventType::Warning,
+                runtime::reasons::NETWORK_NOT_READY,
+                error.to_string(),
+                ObjectRef::pod(pod),
+            ));
+            return Err(error);
         }
         if let Some(cgroups) = &self.cgroups
             && let Err(err) = cgroups.ensure(pod)

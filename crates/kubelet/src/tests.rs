@@ -221,6 +221,10 @@ async fn a_network_that_is_not_ready_holds_pod_network_pods_only() {
     let p = pod("net", "Always", &["a"]);
     let err = f.sync(&p).await.unwrap_err();
     assert!(PodSync::<FakeRuntime>::is_network_not_ready(&err), "{err}");
+    // Upstream's warning, with the error as its message.
+    let event = f.events.events().into_iter().find(|e| e.reason == "NetworkNotReady").expect("a warning event");
+    assert_eq!((event.kind, &event.message), (kubelet_core::events::EventType::Warning, &err.to_string()));
+    assert!(event.message.starts_with("network is not ready: "), "{}", event.message);
     let mut host = (*pod("host", "Always", &["a"])).clone();
     host.spec.as_mut().unwrap().host_network = Some(true);
     assert!(!f.sync(&Arc::new(host)).await.unwrap());
