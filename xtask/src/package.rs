@@ -3,10 +3,12 @@
 //! `cargo package` makes each library's tarball (without cargo's own verification, which builds
 //! each one apart, with its own feature set, so every dependency is compiled a dozen times);
 //! then the tarballs are unpacked side by side into a workspace of their own, each library's
-//! dependencies on the others patched to the unpacked copies, and built together once.
+//! dependencies on the others patched to the unpacked copies, and checked together once
+//! (`cargo check`, in the target directory of the steps before, whose dependencies it reuses:
+//! what a tarball can lack fails a check as it fails a build).
 //! A file a tarball leaves out, a path dependency without a version, or a build script that
-//! reaches outside its package fails that build as it would fail on crates.io.
-//! A downstream crate is built with them: the example agent (`crates/sdk/examples/process_agent.rs`)
+//! reaches outside its package fails that check as it would fail on crates.io.
+//! A downstream crate is checked with them: the example agent (`crates/sdk/examples/process_agent.rs`)
 //! as a crate of its own that depends on `kubelet-sdk` from crates.io (its own `Runtime`, pods
 //! networked through the CNI seam), as a user's agent would.
 
@@ -22,7 +24,7 @@ use crate::{
 /// The workspace's packages that are not published: the binary and this tool.
 const UNPUBLISHED: [&str; 2] = ["kubelet-rs", "xtask"];
 
-/// Packages the libraries and builds them from their tarballs.
+/// Packages the libraries and checks them from their tarballs.
 pub(crate) fn check() -> Result<()> {
     let root = project_root()?;
     let packages_dir = root.join("target/package");
@@ -47,7 +49,7 @@ pub(crate) fn check() -> Result<()> {
     fs::copy(root.join("Cargo.lock"), workspace.join("Cargo.lock"))?;
     run(cargo()
         .current_dir(&workspace)
-        .args(["build", "--workspace", "--offline"])
+        .args(["check", "--workspace", "--offline"])
         .env("CARGO_TARGET_DIR", root.join("target")))
 }
 
