@@ -10,7 +10,7 @@
 //! copy of the source, with its own target directory, at idle CPU and I/O priority (`chrt
 //! --idle`, `ionice -c 3`): the compiler gets only the time the tests leave, and neither run waits
 //! for the other's cargo lock or sees the manifests `cargo hack --no-dev-deps` edits while it runs.
-//! Its output goes to a log file, printed when the lane is joined.
+//! Its output goes to a log file, printed whole when the lane is joined if it failed.
 
 use std::{
     fs,
@@ -67,17 +67,21 @@ impl Lane {
         Ok(Lane { child: Some(child), steps: steps.to_vec(), log, started: Instant::now() })
     }
 
-    /// Waits for the lane, prints its log, and returns each step's time as it reported it.
+    /// Waits for the lane and returns each step's time as it reported it; prints the whole of its
+    /// log when it failed, its summary otherwise.
     pub(crate) fn join(mut self) -> Result<Vec<(&'static str, Duration)>> {
         let mut child = self.child.take().context("the lane was joined twice")?;
         let status = child.wait()?;
         let log = fs::read_to_string(&self.log).unwrap_or_default();
-        println!("--- the compile-only steps' log ({}), {:.0} s in all ---", self.log.display(), self.elapsed());
-        print!("{log}");
-        println!("--- end of the compile-only steps' log ---");
         if !status.success() {
+            println!("--- the compile-only steps' log ({}), {:.0} s in all ---", self.log.display(), self.elapsed());
+            print!("{log}");
+            println!("--- end of the compile-only steps' log ---");
             bail!("the compile-only steps beside the real-runtime tests failed ({status}): see their log above");
         }
+        let summary = log.rfind("\nci: ").map_or("", |start| &log[start + 1..]);
+        println!("the compile-only steps passed in {:.0} s (log: {})", self.elapsed(), self.log.display());
+        print!("{summary}");
         Ok(self.steps.iter().filter_map(|step| Some((*step, reported_time(&log, step)?))).collect())
     }
 
