@@ -79,9 +79,8 @@ impl Lane {
             println!("--- end of the compile-only steps' log ---");
             bail!("the compile-only steps beside the real-runtime tests failed ({status}): see their log above");
         }
-        let summary = log.rfind("\nci: ").map_or("", |start| &log[start + 1..]);
         println!("the compile-only steps passed in {:.0} s (log: {})", self.elapsed(), self.log.display());
-        print!("{summary}");
+        print!("{}", summary(&log).unwrap_or_default());
         Ok(self.steps.iter().filter_map(|step| Some((*step, reported_time(&log, step)?))).collect())
     }
 
@@ -103,10 +102,14 @@ impl Drop for Lane {
     }
 }
 
+/// The summary `cargo xtask ci` ends with when it passed: its `ci: ...` line and the step times.
+fn summary(log: &str) -> Option<&str> {
+    log.rfind("\nci: ").map(|start| &log[start + 1..])
+}
+
 /// A step's time from the summary `cargo xtask ci` ends with (`  clippy          92.1 s`).
 fn reported_time(log: &str, step: &str) -> Option<Duration> {
-    let summary = &log[log.rfind("\nci: ")?..];
-    summary.lines().find_map(|line| {
+    summary(log)?.lines().find_map(|line| {
         let mut words = line.split_whitespace();
         (words.next()? == step).then_some(())?;
         let seconds: f64 = words.next()?.parse().ok()?;
@@ -160,5 +163,11 @@ mod tests {
         assert_eq!(reported_time(log, "doc"), Some(Duration::from_secs_f64(41.0)));
         assert_eq!(reported_time(log, "features"), None);
         assert_eq!(reported_time("==> clippy\nerror\n", "clippy"), None, "no summary: the run failed");
+        assert_eq!(
+            summary(log),
+            Some(
+                "ci: the 2 steps asked for passed (clippy, doc)\n  clippy          92.1 s\n  doc             41.0 s\n"
+            )
+        );
     }
 }
