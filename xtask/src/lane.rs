@@ -79,7 +79,11 @@ impl Lane {
             println!("--- end of the compile-only steps' log ---");
             bail!("the compile-only steps beside the real-runtime tests failed ({status}): see their log above");
         }
-        println!("the compile-only steps passed in {:.0} s (log: {})", self.elapsed(), self.log.display());
+        println!(
+            "the compile-only steps passed; joined {:.0} s after they started (log: {})",
+            self.elapsed(),
+            self.log.display()
+        );
         print!("{}", summary(&log).unwrap_or_default());
         Ok(self.steps.iter().filter_map(|step| Some((*step, reported_time(&log, step)?))).collect())
     }
