@@ -2,8 +2,9 @@
 //!
 //! The agent is built as it ships, in the `dist` profile (whole-program LTO). One run, a progress
 //! line per phase, then one table, written as Markdown, JSON and an SVG chart
-//! under `target/bench/`. Every figure is min/median/max over repeated runs (or over idle windows),
-//! and the machine's load is noted before and after.
+//! under `target/bench/`, beside the standalone and cluster agents' logs (`logs/`). Every figure
+//! is min/median/max over repeated runs (or over idle windows), and the machine's load is noted
+//! before and after.
 //! - The floor: the CRI calls a kubelet cannot avoid (`cri_bench floor`), one pod at a time and all
 //!   pods at once (the agent's parallelism: one worker per pod).
 //! - Start-up of N static pods (1, 10, 50 and 110; 1 and 10 with `--quick`): from writing the
@@ -542,8 +543,23 @@ fn measure(options: &Options) -> Result<Results> {
         }
     }
     results.load_after = harness::load();
+    keep_agent_logs(&dir)?;
     let _ = fs::remove_dir_all(&dir);
     Ok(results)
+}
+
+/// Copies the standalone and the cluster agent's logs to `target/bench/logs/`, where they stay
+/// after the run's directory is gone: a figure far off its usual value is read from them.
+fn keep_agent_logs(dir: &Path) -> Result<()> {
+    let logs = project_root()?.join("target/bench/logs");
+    fs::create_dir_all(&logs)?;
+    for agent in ["agent", "cluster"] {
+        let log = dir.join(agent).join("agent.log");
+        if log.exists() {
+            fs::copy(&log, logs.join(format!("{agent}.log")))?;
+        }
+    }
+    Ok(())
 }
 
 /// A row of the floor's, whose runs were summed up as they came.

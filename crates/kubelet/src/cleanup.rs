@@ -3,6 +3,9 @@
 //!
 //! The sync loop only queues them; one task runs them, so a runtime call that hangs delays other
 //! removals, never another pod's sync.
+//! A removal runs after the housekeeping that queued it, while pods keep coming: each checks,
+//! when it runs, that the kubelet still does not know the pod (upstream runs these removals
+//! inside housekeeping, where no pod can come meanwhile).
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -41,12 +44,19 @@ pub(crate) enum Job {
     DeleteMirrorPod { namespace: String, name: String },
 }
 
+/// Whether the kubelet knows the pod now: its config or its worker has it.
+pub(crate) type KnownNow = Arc<dyn Fn(&PodUid) -> bool + Send + Sync>;
+
 /// The kubelet's queue of removals and the task that runs them.
 ///
 /// Cloning is cheap; clones share the queue.
 pub struct Cleanups<R> {
     sync: Arc<PodSync<R>>,
     queue: Arc<Queue>,
+    /// Asked as each removal runs: a pod the kubelet knows by then (one added since the
+    /// housekeeping that queued the removal, whose worker may be making its directory and cgroup
+    /// right now) is left alone.
+    known_now: KnownNow,
     /// Pods whose removal failed: housekeeping asks again every 2 s, and the runtime is asked
     /// (and the failure logged) only when their backoff allows it.
     retries: Arc<Backoff>,
@@ -59,7 +69,12 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 
 impl<R> Clone for Cleanups<R> {
     fn clone(&self) -> Self {
-        Cleanups { sync: self.sync.clone(), queue: self.queue.clone(), retries: self.retries.clone() }
+        Cleanups {
+            sync: self.sync.clone(),
+            queue: self.queue.clone(),
+            known_now: self.known_now.clone(),
+            retries: self.retries.clone(),
+        }
     }
 }
 
@@ -76,8 +91,16 @@ struct Queue {
 }
 
 impl<R: Runtime> Cleanups<R> {
-    pub(crate) fn new(sync: Arc<PodSync<R>>) -> Self {
-        Cleanups { sync, queue: Arc::default(), retries: Arc::new(Backoff::new(RETRY_INITIAL, RETRY_MAX)) }
+    /// Removals for `sync`'s pods, each skipped for a pod `known_now` says the kubelet knows.
+    pub(crate) fn new(sync: Arc<PodSync<R>>, known_now: KnownNow) -> Self {
+        let retries = Arc::new(Backoff::new(RETRY_INITIAL, RETRY_MAX));
+        Cleanups { sync, queue: Arc::default(), known_now, retries }
+    }
+
+    /// Whether `uid` is a pod nobody knows now: neither in `keep` (what housekeeping knew) nor
+    /// known to the kubelet as the removal runs.
+    fn unknown(&self, keep: &HashSet<PodUid>, uid: &PodUid) -> bool {
+        !keep.contains(uid) && !(self.known_now)(uid)
     }
 
     /// Queues `job` unless the same one is already queued; a newer orphaned-directory or
@@ -124,7 +147,13 @@ impl<R: Runtime> Cleanups<R> {
             // Keep the newest dead instance of each container; older ones go.
             Job::ContainerDied(uid) => self.remove_dead_containers(&uid, true).await,
             Job::RemoveDeadContainers(uid) => self.remove_dead_containers(&uid, false).await,
-            Job::RemovePodContent(uid) => self.remove_pod_content(&uid).await,
+            Job::RemovePodContent(uid) => {
+                if (self.known_now)(&uid) {
+                    debug!(pod.uid = %uid, "the pod came back before its removal ran; leaving it");
+                    return;
+                }
+                self.remove_pod_content(&uid).await;
+            }
             Job::RemoveOrphanedPodDirs { keep } => self.remove_orphaned_pod_dirs(&keep).await,
             Job::RemoveOrphanedPodCgroups { keep } => self.remove_orphaned_pod_cgroups(&keep).await,
             Job::DeleteMirrorPod { namespace, name } => {
@@ -180,7 +209,8 @@ impl<R: Runtime> Cleanups<R> {
             }
         };
         let pods_dir = self.sync.config.root_dir.join("pods");
-        for uid in unclaimed.into_iter().filter(|uid| !keep.contains(uid)) {
+        // Listed first, asked after: a pod's cgroup is made only once the kubelet knows the pod.
+        for uid in unclaimed.into_iter().filter(|uid| self.unknown(keep, uid)) {
             if pods_dir.join(uid.as_str()).exists() {
                 debug!(pod.uid = %uid, "orphaned pod found, but its directory is not removed yet; leaving its cgroup");
                 continue;
@@ -213,7 +243,8 @@ impl<R: Runtime> Cleanups<R> {
         let mut orphans = Vec::new();
         while let Ok(Some(entry)) = entries.next_entry().await {
             let uid = PodUid::new(entry.file_name().to_string_lossy());
-            if !keep.contains(&uid) {
+            // Listed first, asked after: a pod's directory is made only once the kubelet knows it.
+            if self.unknown(keep, &uid) {
                 orphans.push((uid, entry.path()));
             }
         }

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     admission::{NodeUsage, Rejection, admit_to},
-    cleanup::{Cleanups, Job},
+    cleanup::{Cleanups, Job, KnownNow},
     pod_sync::{Error, PodSync},
     status,
     status_store::StatusStore,
@@ -84,7 +84,11 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
         sources: Arc<SourcesReady>,
         cache: Arc<Cache>,
     ) -> Self {
-        let cleanups = Cleanups::new(sync.clone());
+        let known_now: KnownNow = {
+            let (pods, workers) = (pods.clone(), workers.clone());
+            Arc::new(move |uid| pods.pod_by_uid(uid).is_some() || workers.is_pod_known(uid))
+        };
+        let cleanups = Cleanups::new(sync.clone(), known_now);
         let pressure = Arc::new(NodePressure::new());
         Kubelet { sync, cache, cleanups, workers, pods, sources, pressure, housekeepings: AtomicU64::new(0) }
     }

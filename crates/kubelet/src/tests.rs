@@ -669,6 +669,27 @@ async fn housekeeping_removes_pod_cgroups_nobody_claims_at_start_and_when_a_pod_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pod_added_after_housekeeping_queued_its_sweeps_keeps_its_directory_and_cgroup() {
+    let f = fixture();
+    let cgroups = Arc::new(LeftCgroups { unclaimed: vec![PodUid::new("late")], ..LeftCgroups::default() });
+    let (k, w, sources) = kubelet_with(&f, 110, Some(cgroups.clone()));
+    sources.add_source(Source::File);
+    // The first housekeeping queues both sweeps while the kubelet knows no pod.
+    k.handle_pod_cleanups().await.unwrap();
+    // A pod comes before they run. Its worker has made its directory and its cgroup (which the
+    // sweep lists as nobody's) and is starting its sandbox: the runtime holds nothing of it yet.
+    k.handle_pod_additions(vec![pod("late", "Always", &["c"])]).await;
+    updates(&w);
+    std::fs::create_dir_all(f.root.path().join("pods/late/volumes")).unwrap();
+    f.runtime.clear_calls();
+    k.cleanups().run_queued().await;
+    assert_eq!(*lock(&cgroups.listings), 1, "the cgroup sweep ran");
+    assert!(f.root.path().join("pods/late/volumes").is_dir(), "the new pod's directory stays");
+    let removals = f.runtime.calls_of(kubelet_core::fake::Method::RemovePodContent);
+    assert!(removals.is_empty(), "nothing of the new pod is removed: {removals:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_pod_removal_that_keeps_failing_is_retried_with_backoff() {
     let f = fixture();
     let (k, _w, _sources) = kubelet(&f, 110);
