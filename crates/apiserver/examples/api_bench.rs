@@ -7,7 +7,8 @@
 //!     shows every pod Running, then from the first delete until the API has none of them
 //! api_bench configmap --kubeconfig FILE --node NODE --namespace NS --image IMG --root-dir DIR
 //!         --updates N
-//!     runs one pod on NODE with a config map mounted, changes the config map N times, and prints
+//!     runs one pod on NODE with a config map mounted, and once it is Running, changes the config
+//!     map N times, and prints
 //!     {"update_s": [..]}: for each change, from the update until the file in the pod's volume,
 //!     under the agent's root directory DIR, holds the new value
 //! ```
@@ -207,6 +208,9 @@ impl Run<'_> {
         let uid = pods.create(&PostParams::default(), &pod).await?.metadata.uid.unwrap_or_default();
         let file = root_dir.join(format!("pods/{uid}/volumes/kubernetes.io~configmap/config/value"));
         let measured = async {
+            // A running pod's volume, as users change a config map: the first update does not
+            // wait for the pod's start.
+            wait_running(&pods, CONFIG_MAP).await?;
             wait_for_file(&file, "0").await?;
             let mut took = Vec::new();
             for update in 1..=updates {
@@ -297,6 +301,21 @@ async fn wait_for_file(file: &Path, value: &str) -> Result<(), BoxError> {
             return Err(format!("{} did not hold {value:?} within {LIMIT:?}", file.display()).into());
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the API shows pod `name` Running, looking every 100 ms for [`LIMIT`] at most.
+async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<(), BoxError> {
+    let began = Instant::now();
+    loop {
+        let pod = pods.get(name).await?;
+        if pod.status.and_then(|s| s.phase).as_deref() == Some("Running") {
+            return Ok(());
+        }
+        if began.elapsed() > LIMIT {
+            return Err(format!("pod {name} was not Running within {LIMIT:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
