@@ -562,14 +562,20 @@ fn measure(options: &Options) -> Result<Results> {
 /// Copies the standalone and the cluster agent's logs to `target/bench/logs/`, where they stay
 /// after the run's directory is gone: a figure far off its usual value is read from them.
 fn keep_agent_logs(dir: &Path) -> Result<()> {
+    for agent in ["agent", "cluster"] {
+        keep_log(&dir.join(agent).join("agent.log"), agent)?;
+    }
+    Ok(())
+}
+
+/// Copies `log`, where it exists, to `target/bench/logs/{name}.log`.
+fn keep_log(log: &Path, name: &str) -> Result<()> {
+    if !log.exists() {
+        return Ok(());
+    }
     let logs = project_root()?.join("target/bench/logs");
     fs::create_dir_all(&logs)?;
-    for agent in ["agent", "cluster"] {
-        let log = dir.join(agent).join("agent.log");
-        if log.exists() {
-            fs::copy(&log, logs.join(format!("{agent}.log")))?;
-        }
-    }
+    fs::copy(log, logs.join(format!("{name}.log")))?;
     Ok(())
 }
 

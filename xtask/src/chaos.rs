@@ -26,7 +26,7 @@ use crate::{
     harness::{self, Agent, Binaries, CriTool, NAMESPACE, NODE, write_manifest},
     layout::STATE_DIR,
     leaks, runtime,
-    util::{in_ci, is_root},
+    util::{SmallFilesystems, in_ci, is_root},
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -758,21 +758,8 @@ fn outage(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome>
     Ok(outcome)
 }
 
-/// Small tmpfs mounts made for a scenario, unmounted when dropped.
-struct SmallFilesystems(Vec<PathBuf>);
-
+/// What a scenario does with its [`SmallFilesystems`].
 impl SmallFilesystems {
-    fn mount(paths: &[PathBuf], size: &str) -> Result<SmallFilesystems> {
-        let mut mounted = SmallFilesystems(Vec::new());
-        for path in paths {
-            fs::create_dir_all(path)?;
-            let options = format!("size={size}");
-            crate::util::output(Command::new("mount").args(["-t", "tmpfs", "-o", &options, "tmpfs"]).arg(path))?;
-            mounted.0.push(path.clone());
-        }
-        Ok(mounted)
-    }
-
     /// Remounts the first one read-only, or read-write again. (A filesystem with a file open for
     /// writing, as the log directories always have, cannot be made read-only.)
     fn set_read_only(&self, read_only: bool) -> Result<()> {
@@ -794,15 +781,6 @@ impl SmallFilesystems {
     fn empty(&self) {
         for path in &self.0 {
             let _ = fs::remove_file(path.join(FILLER));
-        }
-    }
-}
-
-impl Drop for SmallFilesystems {
-    fn drop(&mut self) {
-        for path in self.0.iter().rev() {
-            // Lazily: whatever still holds a file there lets go of it later.
-            let _ = crate::util::output(Command::new("umount").arg("-l").arg(path));
         }
     }
 }

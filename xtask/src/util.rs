@@ -69,3 +69,31 @@ pub(crate) fn sha256(path: &Path) -> Result<String> {
     let out = output(Command::new("sha256sum").arg(path))?;
     out.split_whitespace().next().map(str::to_owned).context("sha256sum printed nothing")
 }
+
+/// Small tmpfs mounts, unmounted when dropped: a scenario's filesystems of its own size, or a
+/// benchmark's scratch space kept off the host's disk.
+pub(crate) struct SmallFilesystems(pub(crate) Vec<PathBuf>);
+
+impl SmallFilesystems {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it) on each of `paths`, made first
+    /// where missing.
+    pub(crate) fn mount(paths: &[PathBuf], size: &str) -> Result<SmallFilesystems> {
+        let mut mounted = SmallFilesystems(Vec::new());
+        for path in paths {
+            std::fs::create_dir_all(path)?;
+            let options = format!("size={size}");
+            output(Command::new("mount").args(["-t", "tmpfs", "-o", &options, "tmpfs"]).arg(path))?;
+            mounted.0.push(path.clone());
+        }
+        Ok(mounted)
+    }
+}
+
+impl Drop for SmallFilesystems {
+    fn drop(&mut self) {
+        for path in self.0.iter().rev() {
+            // Lazily: whatever still holds a file there lets go of it later.
+            let _ = output(Command::new("umount").arg("-l").arg(path));
+        }
+    }
+}
