@@ -1,7 +1,9 @@
 //! `cargo xtask chaos`: the release agent on the project's containerd, under faults.
 //!
 //! Four scenarios, each bounded in time; each reports passed or failed with its counts, and the
-//! command exits non-zero on any failure. `--short` is the version CI runs.
+//! command exits non-zero on any failure. `--short` is the version CI runs, with `--dev` (the
+//! tests' build) and `--second-runtime` (the project's second containerd, beside the real-runtime
+//! tests on the first).
 //! - crash: start pods, SIGKILL the agent at a random moment of their start-up, restart it, and
 //!   count duplicates, orphans and missing pods once it has converged; then leaks after teardown.
 //! - outage: stop containerd while pods run and one is being created; `/healthz` must say so,
@@ -24,7 +26,6 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     harness::{self, Agent, Binaries, CriTool, NAMESPACE, NODE, write_manifest},
-    layout::STATE_DIR,
     leaks, runtime,
     util::{SmallFilesystems, in_ci, is_root},
 };
@@ -78,18 +79,38 @@ impl Options {
     }
 }
 
-fn parse(args: &[&str]) -> Result<(Options, Option<String>)> {
+/// What `cargo xtask chaos` was asked for besides the scenarios' sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Run {
+    /// Only the scenario of this name.
+    only: Option<String>,
+    /// The agent's build.
+    profile: harness::Profile,
+    /// The containerd it runs on.
+    runtime: runtime::Instance,
+}
+
+fn parse(args: &[&str]) -> Result<(Options, Run)> {
     let mut options = Options::full();
-    let mut only = None;
+    let mut run = Run { only: None, profile: harness::Profile::Release, runtime: runtime::Instance::First };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match *arg {
             "--short" => options = Options::short(),
-            "--only" => only = Some(args.next().context("--only takes crash, outage, churn or bad-input")?.to_string()),
-            other => bail!("unknown chaos option {other:?}; usage: cargo xtask chaos [--short] [--only SCENARIO]"),
+            "--only" => {
+                run.only = Some(args.next().context("--only takes crash, outage, churn or bad-input")?.to_string());
+            }
+            // CI's: the tests' build, which it has made, on the second containerd beside the
+            // real-runtime tests on the first.
+            "--dev" => run.profile = harness::Profile::Dev,
+            "--second-runtime" => run.runtime = runtime::Instance::Second,
+            other => bail!(
+                "unknown chaos option {other:?}; usage: cargo xtask chaos [--short] [--only SCENARIO] [--dev] \
+                 [--second-runtime]"
+            ),
         }
     }
-    Ok((options, only))
+    Ok((options, run))
 }
 
 /// What one scenario found.
@@ -129,7 +150,8 @@ impl Outcome {
 }
 
 pub(crate) fn run_chaos(args: &[&str]) -> Result<()> {
-    let (options, only) = parse(args)?;
+    let (options, run) = parse(args)?;
+    runtime::select(run.runtime)?;
     if let Some(why) = runtime::missing_prerequisites() {
         if in_ci() || is_root() {
             bail!("chaos needs the project's containerd: {why}");
@@ -137,17 +159,12 @@ pub(crate) fn run_chaos(args: &[&str]) -> Result<()> {
         bail!("chaos runs real pods on the project's containerd, which needs root: {why}");
     }
     let started_runtime = runtime::start()?;
-    let result = harness::build(harness::Profile::Release)
-        .and_then(|binaries| run_scenarios(&options, only.as_deref(), &binaries));
+    let result =
+        harness::build(run.profile).and_then(|binaries| run_scenarios(&options, run.only.as_deref(), &binaries));
     if started_runtime {
         runtime::stop()?;
     }
     report(&result?)
-}
-
-/// Runs the CI version of every scenario, with the runtime already started and the binaries built.
-pub(crate) fn run_short(binaries: &Binaries) -> Result<()> {
-    report(&run_scenarios(&Options::short(), None, binaries)?)
 }
 
 /// Prints each scenario's verdict and counts; fails if any scenario failed.
@@ -193,7 +210,7 @@ fn run_scenarios(options: &Options, only: Option<&str>, binaries: &Binaries) -> 
             continue;
         }
         println!("\n==> chaos: {name}");
-        let dir = Path::new(STATE_DIR).join("chaos").join(name);
+        let dir = runtime::instance().state_dir().join("chaos").join(name);
         let _ = fs::remove_dir_all(&dir);
         let baseline = leaks::host_objects();
         let mut outcome = scenario(options, binaries, &dir).unwrap_or_else(|err| {
@@ -210,7 +227,9 @@ fn run_scenarios(options: &Options, only: Option<&str>, binaries: &Binaries) -> 
             );
             leaked.insert("netns", held);
             let mounts = leaked.remove("mounts").unwrap_or_default();
-            leaked.insert("mounts", mounts.into_iter().filter(|m| !leaks::is_netns_mount_of(m, &lost)).collect());
+            let netns_dir = runtime::instance().netns_dir();
+            let of_lost = |mount: &String| leaks::is_netns_mount_of(mount, &lost, &netns_dir);
+            leaked.insert("mounts", mounts.into_iter().filter(|m| !of_lost(m)).collect());
             outcome.count("netns the runtime lost", lost.len());
             lost
         } else {
@@ -1257,7 +1276,12 @@ mod tests {
     fn options_parse() {
         assert_eq!(parse(&[]).unwrap().0, Options::full());
         assert_eq!(parse(&["--short"]).unwrap().0, Options::short());
-        assert_eq!(parse(&["--only", "crash"]).unwrap().1.as_deref(), Some("crash"));
+        assert_eq!(parse(&["--only", "crash"]).unwrap().1.only.as_deref(), Some("crash"));
+        let (_, run) = parse(&[]).unwrap();
+        assert_eq!((run.profile, run.runtime), (harness::Profile::Release, runtime::Instance::First));
+        let (options, run) = parse(&["--short", "--dev", "--second-runtime"]).unwrap();
+        assert_eq!(options, Options::short());
+        assert_eq!((run.profile, run.runtime), (harness::Profile::Dev, runtime::Instance::Second));
         assert!(parse(&["--long"]).is_err());
     }
 }

@@ -4,8 +4,9 @@
 //! every feature combination of the library crates (cargo-hack), the licence and dependency
 //! policy (cargo-deny, `deny.toml`), that the libraries build from their packages
 //! (`package.rs`), that the benchmarks build, then the tests against the real runtime (test
-//! functions named `real_*`), which the earlier test step leaves out, the short version of the
-//! chaos scenarios, the .deb installed and run under its unit (`dist.rs`), and the demo's check.
+//! functions named `real_*`), which the earlier test step leaves out, with the short version of
+//! the chaos scenarios beside them on the project's second containerd, then the .deb installed
+//! and run under its unit (`dist.rs`), and the demo's check.
 //! Everything is built in the dev profile, once: an optimized build takes minutes on two cores
 //! and checks nothing the dev one does not (`cargo xtask bench` and `dist` build those).
 //! When the real-runtime step runs, the steps that only compile (clippy aside) run beside it
@@ -19,8 +20,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    chaos, cluster, demo, dist, harness,
-    lane::Lane,
+    cluster, demo, dist, harness,
+    lane::{Background, Lane},
     leaks, runtime, tidy,
     util::{have, in_ci, project_root, run},
 };
@@ -316,6 +317,8 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
         println!("SKIPPED real-runtime tests: {why}");
         return Ok(());
     }
+    // The tests' build, whose agent the chaos scenarios and the demo run.
+    let agent = harness::build(harness::Profile::Dev)?.agent;
     let started = runtime::start()?;
     // Cluster mode against upstream's kube-apiserver when this machine has one; otherwise one
     // line says its tests did not run (the binary is built from source, never in CI).
@@ -343,6 +346,7 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
     };
     let (mut on_a_quiet_host, mut the_rest) = (tests(RealTests::ReadingHostMemory), tests(RealTests::TheRest));
     let mut result = Ok(());
+    let mut chaos = None;
     for round in 1..=repeat {
         if repeat > 1 {
             println!("\n--> real-runtime run {round} of {repeat}");
@@ -354,9 +358,14 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
             None if !beside.is_empty() => Lane::start(beside).map(|started| *lane = Some(started)),
             _ => Ok(()),
         };
+        let chaos_started = match chaos {
+            None => start_chaos().map(|started| chaos = Some(started)),
+            Some(_) => Ok(()),
+        };
         let rest = run(&mut the_rest);
         result = quiet
             .and(lane_started)
+            .and(chaos_started)
             .and(rest)
             .with_context(|| format!("real-runtime run {round} of {repeat} failed"))
             .and_then(|()| nothing_leaked(&baseline));
@@ -364,19 +373,9 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
             break;
         }
     }
-    let mut agent = None;
-    if result.is_ok() {
-        // The short chaos scenarios, on the dev profile's binary the tests' build has made
-        // already (an optimized build would take minutes and check nothing more).
-        println!("\n--> chaos, short version (the full one: cargo xtask chaos)");
-        result = match harness::build(harness::Profile::Dev) {
-            Ok(binaries) => {
-                agent = Some(binaries.agent.clone());
-                chaos::run_short(&binaries).context("chaos --short failed")
-            }
-            Err(error) => Err(error),
-        };
-    }
+    // Joined even when the tests failed: the scenarios stop their agents and their containerd.
+    let chaos_result = chaos.map_or(Ok(()), join_chaos);
+    result = result.and(chaos_result);
     if result.is_ok() {
         println!("\n--> the .deb, installed and run under its unit (cargo xtask dist)");
         result = match dist::missing_prerequisites() {
@@ -393,11 +392,8 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
         println!("\n--> demo --check");
         // The same binary: building the agent's crate alone would compile it again with fewer
         // features than the tests turned on.
-        let mut args = vec!["--duration", "40s", "--check"];
-        let agent = agent.as_ref().map(|path| path.to_string_lossy().into_owned());
-        if let Some(path) = agent.as_deref() {
-            args.extend(["--agent", path]);
-        }
+        let agent = agent.to_string_lossy();
+        let args = ["--duration", "40s", "--check", "--agent", &agent];
         result = demo::run_demo(&args).context("demo --check failed");
     }
     if control_plane {
@@ -407,6 +403,25 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
         runtime::stop()?;
     }
     result
+}
+
+/// Starts the short chaos scenarios on the project's second containerd, beside the real-runtime
+/// tests on the first (an agent owns the runtime it runs on): the dev profile's binary the tests'
+/// build has made already (an optimized build would take minutes and check nothing more).
+fn start_chaos() -> Result<Background> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command.args(["chaos", "--short", "--dev", "--second-runtime"]);
+    println!("\n--> chaos, short version (the full one: cargo xtask chaos), on the second containerd");
+    Background::spawn(command, "the chaos scenarios", project_root()?.join("target/ci-chaos.log"))
+}
+
+/// Waits for the chaos scenarios and prints their report.
+fn join_chaos(chaos: Background) -> Result<()> {
+    println!("\n==> chaos, short version (beside the real-runtime tests)");
+    let log = chaos.join().context("chaos --short failed")?;
+    // The report the run ends with.
+    print!("{}", log.rfind("\nchaos: ").map_or("", |start| &log[start + 1..]));
+    Ok(())
 }
 
 /// A run of the real-runtime tests `which` names, one at a time.

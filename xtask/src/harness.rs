@@ -201,6 +201,12 @@ impl Agent {
             .stdout(Stdio::null())
             .stderr(log)
             .process_group(0);
+        // An agent removes every pod cgroup it did not make under its `cgroupRoot`: the agents
+        // of each of the project's containerds keep to their own.
+        let cgroup_root = runtime::instance().cgroup_root();
+        if !cgroup_root.is_empty() {
+            command.args(["--cgroup-root", cgroup_root]);
+        }
         let child = command.spawn().with_context(|| format!("starting {}", binary.display()))?;
         Ok(Agent { child, dir: dir.to_owned() })
     }

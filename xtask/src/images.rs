@@ -233,21 +233,32 @@ fn write_image(image: &Image, rootfs: &Path, scratch: &Path, config: serde_json:
     Ok(manifest_digest)
 }
 
-/// Imports the pause and busybox images into containerd (namespace `k8s.io`) and pushes every
-/// image to the registry.
+/// Imports the images pods run into containerd (namespace `k8s.io`) and pushes every image to
+/// the registry.
 pub(crate) fn load(containerd_socket: &Path) -> Result<()> {
+    import(containerd_socket)?;
+    push()
+}
+
+/// Imports every image pods run into the containerd at `containerd_socket` (namespace `k8s.io`).
+pub(crate) fn import(containerd_socket: &Path) -> Result<()> {
+    for image in [PAUSE, BUSYBOX, CONTROL_PLANE] {
+        output(
+            Command::new("ctr")
+                .arg("--address")
+                .arg(containerd_socket)
+                .args(["-n", "k8s.io", "images", "import"])
+                .arg(image.archive()),
+        )
+        .with_context(|| format!("importing {}", image.reference()))?;
+        println!("imported {} into {}", image.reference(), containerd_socket.display());
+    }
+    Ok(())
+}
+
+/// Pushes every image, [`UNUSED`] too (only pulled), into the registry.
+pub(crate) fn push() -> Result<()> {
     for image in [PAUSE, BUSYBOX, CONTROL_PLANE, UNUSED] {
-        let imported = image.name != UNUSED.name;
-        if imported {
-            output(
-                Command::new("ctr")
-                    .arg("--address")
-                    .arg(containerd_socket)
-                    .args(["-n", "k8s.io", "images", "import"])
-                    .arg(image.archive()),
-            )
-            .with_context(|| format!("importing {}", image.reference()))?;
-        }
         output(
             Command::new("skopeo")
                 .args(["copy", "--quiet", "--dest-tls-verify=false"])
@@ -255,8 +266,7 @@ pub(crate) fn load(containerd_socket: &Path) -> Result<()> {
                 .arg(format!("docker://{}", image.reference())),
         )
         .with_context(|| format!("pushing {}", image.reference()))?;
-        let loaded = if imported { "containerd and the registry" } else { "the registry" };
-        println!("loaded {} into {loaded}", image.reference());
+        println!("pushed {} into the registry", image.reference());
     }
     Ok(())
 }

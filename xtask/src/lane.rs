@@ -29,10 +29,8 @@ const COPY: &str = "target/ci-lane";
 
 /// The second run of `cargo xtask ci`, killed with its process group if dropped unjoined.
 pub(crate) struct Lane {
-    child: Option<Child>,
+    process: Background,
     steps: Vec<&'static str>,
-    log: PathBuf,
-    started: Instant,
 }
 
 impl Lane {
@@ -41,8 +39,6 @@ impl Lane {
         let root = project_root()?;
         let copy = root.join(COPY);
         copy_source(&root, &copy)?;
-        let log = root.join("target/ci-lane.log");
-        let file = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let mut command = Command::new("chrt");
         command
@@ -52,40 +48,57 @@ impl Lane {
             .current_dir(&copy)
             // The copy's own target directory, whatever this run was given.
             .env_remove("CARGO_TARGET_DIR")
-            .env_remove("CARGO_BUILD_TARGET_DIR")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .process_group(0);
-        let child = command.spawn().context("cannot start the compile-only steps (chrt, from util-linux)")?;
-        println!(
-            "started {} beside the real-runtime tests, at idle priority in {} (log: {})",
-            steps.join(", "),
-            copy.display(),
-            log.display()
-        );
-        Ok(Lane { child: Some(child), steps: steps.to_vec(), log, started: Instant::now() })
+            .env_remove("CARGO_BUILD_TARGET_DIR");
+        let log = root.join("target/ci-lane.log");
+        let process = Background::spawn(command, "the compile-only steps", log)
+            .context("cannot start the compile-only steps (chrt, from util-linux)")?;
+        println!("in {}, at idle priority", copy.display());
+        Ok(Lane { process, steps: steps.to_vec() })
     }
 
     /// Waits for the lane and returns each step's time as it reported it; prints the whole of its
     /// log when it failed, its summary otherwise.
-    pub(crate) fn join(mut self) -> Result<Vec<(&'static str, Duration)>> {
-        let mut child = self.child.take().context("the lane was joined twice")?;
-        let status = child.wait()?;
-        let log = fs::read_to_string(&self.log).unwrap_or_default();
-        if !status.success() {
-            println!("--- the compile-only steps' log ({}), {:.0} s in all ---", self.log.display(), self.elapsed());
-            print!("{log}");
-            println!("--- end of the compile-only steps' log ---");
-            bail!("the compile-only steps beside the real-runtime tests failed ({status}): see their log above");
-        }
-        println!(
-            "the compile-only steps passed; joined {:.0} s after they started (log: {})",
-            self.elapsed(),
-            self.log.display()
-        );
+    pub(crate) fn join(self) -> Result<Vec<(&'static str, Duration)>> {
+        let log = self.process.join()?;
         print!("{}", summary(&log).unwrap_or_default());
         Ok(self.steps.iter().filter_map(|step| Some((*step, reported_time(&log, step)?))).collect())
+    }
+}
+
+/// A process beside the real-runtime tests, in a process group of its own and with its output in
+/// a log file; killed with its group if dropped unjoined.
+pub(crate) struct Background {
+    child: Option<Child>,
+    /// What it runs, for the messages.
+    what: &'static str,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl Background {
+    /// Starts `command` as `what`, its output into `log`.
+    pub(crate) fn spawn(mut command: Command, what: &'static str, log: PathBuf) -> Result<Background> {
+        let file = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        command.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file).process_group(0);
+        let child = command.spawn()?;
+        println!("started {what} beside the real-runtime tests (log: {})", log.display());
+        Ok(Background { child: Some(child), what, log, started: Instant::now() })
+    }
+
+    /// Waits for it and returns its log; prints the whole log and fails when it failed.
+    pub(crate) fn join(mut self) -> Result<String> {
+        let mut child = self.child.take().context("joined twice")?;
+        let status = child.wait()?;
+        let log = fs::read_to_string(&self.log).unwrap_or_default();
+        let what = self.what;
+        if !status.success() {
+            println!("--- the log of {what} ({}), {:.0} s in all ---", self.log.display(), self.elapsed());
+            print!("{log}");
+            println!("--- end of the log of {what} ---");
+            bail!("{what} beside the real-runtime tests failed ({status}): see the log above");
+        }
+        println!("{what} passed; joined {:.0} s after they started (log: {})", self.elapsed(), self.log.display());
+        Ok(log)
     }
 
     fn elapsed(&self) -> f64 {
@@ -93,7 +106,7 @@ impl Lane {
     }
 }
 
-impl Drop for Lane {
+impl Drop for Background {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             if let Ok(pid) = i32::try_from(child.id()) {
@@ -101,7 +114,7 @@ impl Drop for Lane {
                 let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
             }
             let _ = child.wait();
-            println!("stopped the compile-only steps after {:.0} s (log: {})", self.elapsed(), self.log.display());
+            println!("stopped {} after {:.0} s (log: {})", self.what, self.elapsed(), self.log.display());
         }
     }
 }

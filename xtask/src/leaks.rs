@@ -1,15 +1,21 @@
 //! What pods leave on the host, counted by kind, so a chaos scenario can say what it leaked:
 //! network namespaces, IPAM reservations, veth interfaces, mounts, runtime shims and pod
 //! cgroups.
+//!
+//! Each containerd of the project's ([`Instance`]) counts its own, so that one's pods coming and
+//! going are never the other's leaks: the second's are those it can tell as its own (its
+//! network namespaces, reservations, bridge's veths, mounts below its directories, shims, pod
+//! cgroups under its agents' `cgroupRoot`), and the first's are all the others, so that its
+//! checks miss nothing.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
-use crate::layout::STATE_DIR;
+use crate::runtime::{Instance, instance};
 
 /// The host objects of each kind, by name.
 pub(crate) type HostObjects = BTreeMap<&'static str, BTreeSet<String>>;
@@ -50,15 +56,21 @@ pub(crate) fn leaked_after(baseline: &HostObjects, settle: Duration) -> BTreeMap
     }
 }
 
+/// Whether an object the second containerd does (`of_second`) or does not own is this process's
+/// instance's.
+fn ours(of_second: bool) -> bool {
+    of_second == (instance() == Instance::Second)
+}
+
 /// Named network namespaces (containerd's `cni-<id>`).
 fn network_namespaces() -> BTreeSet<String> {
-    names_in(Path::new("/var/run/netns"), |_| true)
+    names_in(&instance().netns_dir(), |_| true)
 }
 
 /// The host-local IPAM plugin's reservations: one file per address under its data directory.
 fn ipam_reservations() -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    let root = Path::new(STATE_DIR).join("cni-ipam");
+    let root = instance().state_dir().join("cni-ipam");
     for network in names_in(&root, |_| true) {
         let reserved = names_in(&root.join(&network), |n| n != "lock" && !n.starts_with("last_reserved_ip"));
         found.extend(reserved.into_iter().map(|ip| format!("{network}/{ip}")));
@@ -66,31 +78,48 @@ fn ipam_reservations() -> BTreeSet<String> {
     found
 }
 
-/// The host ends of pods' veth pairs.
+/// The host ends of pods' veth pairs: the second's are those on its bridge.
 fn veths() -> BTreeSet<String> {
-    names_in(Path::new("/sys/class/net"), |n| n.starts_with("veth"))
+    let on_second_bridge = |name: &str| {
+        let master = fs::read_link(Path::new("/sys/class/net").join(name).join("master")).ok();
+        master.is_some_and(|m| m.file_name().is_some_and(|m| m == Instance::Second.bridge()))
+    };
+    names_in(Path::new("/sys/class/net"), |n| n.starts_with("veth") && ours(on_second_bridge(n)))
 }
 
-/// Mount points (field 5 of `/proc/self/mountinfo`).
+/// Mount points (field 5 of `/proc/self/mountinfo`): the second's are those below its
+/// directories.
 fn mounts() -> BTreeSet<String> {
     let table = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    table.lines().filter_map(|line| line.split(' ').nth(4)).map(str::to_owned).collect()
+    let second = Instance::Second.roots();
+    let below_second = |mount: &str| second.iter().any(|root| Path::new(mount).starts_with(root));
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|m| ours(below_second(m)))
+        .map(str::to_owned)
+        .collect()
 }
 
-/// Runtime shim processes, as `<pid> <id>` (the `-id` it serves).
+/// Runtime shim processes, as `<pid> <id>` (the `-id` it serves): the second's are those
+/// serving its socket.
 fn shims() -> BTreeSet<String> {
     let is_shim = |pid: &str| {
         fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.starts_with("containerd-shim"))
     };
+    let second = Instance::Second.socket().display().to_string();
     let pids = names_in(Path::new("/proc"), |n| n.bytes().all(|b| b.is_ascii_digit()) && is_shim(n));
-    pids.into_iter().map(|pid| format!("{pid} {}", shim_id(&pid).unwrap_or_default())).collect()
+    pids.into_iter()
+        .filter(|pid| ours(shim_argument(pid, "-address").is_some_and(|a| a == second)))
+        .map(|pid| format!("{pid} {}", shim_argument(&pid, "-id").unwrap_or_default()))
+        .collect()
 }
 
-/// The `-id` argument of shim `pid`.
-fn shim_id(pid: &str) -> Option<String> {
+/// The argument after `flag` (`-id`, `-address`) in shim `pid`'s command line.
+fn shim_argument(pid: &str, flag: &str) -> Option<String> {
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let mut args = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned());
-    args.by_ref().find(|a| a == "-id")?;
+    args.by_ref().find(|a| a == flag)?;
     args.next()
 }
 
@@ -110,25 +139,35 @@ pub(crate) fn split_lost_netns(leaked: Vec<String>, in_use: &BTreeSet<String>) -
     leaked.into_iter().partition(|name| in_use.contains(name))
 }
 
-/// Whether mount point `mount` is the bind mount of one of the network namespaces `names`.
-pub(crate) fn is_netns_mount_of(mount: &str, names: &[String]) -> bool {
-    let name = mount.strip_prefix("/var/run/netns/").or_else(|| mount.strip_prefix("/run/netns/"));
+/// Whether mount point `mount` is the bind mount of one of the network namespaces `names` in
+/// `netns_dir` (`/run/netns`, which is also `/var/run/netns`, for the first containerd).
+pub(crate) fn is_netns_mount_of(mount: &str, names: &[String], netns_dir: &Path) -> bool {
+    let mount = Path::new(mount);
+    let dirs = [netns_dir.to_owned(), Path::new("/var").join(netns_dir.strip_prefix("/").unwrap_or(netns_dir))];
+    let name = dirs.iter().find_map(|dir| mount.strip_prefix(dir).ok()).and_then(Path::to_str);
     name.is_some_and(|name| names.iter().any(|n| n == name))
 }
 
-/// Removes the network namespaces `names` (unmounted and deleted, as `ip netns delete` does).
+/// Removes the network namespaces `names` of this process's instance (unmounted and deleted,
+/// as `ip netns delete` does).
 pub(crate) fn remove_netns(names: &[String]) {
+    let dir = instance().netns_dir();
     for name in names {
-        let _ = std::process::Command::new("ip").args(["netns", "delete", name]).status();
+        let path = dir.join(name);
+        let _ = std::process::Command::new("umount").arg("--lazy").arg(&path).status();
+        let _ = fs::remove_file(&path);
     }
 }
 
-/// Pod cgroups on the host, cgroup v1 (every controller) and v2: `…/kubepods/[qos/]pod<uid>`.
+/// Pod cgroups on the host, cgroup v1 (every controller) and v2:
+/// `…/<cgroupRoot>/kubepods/[qos/]pod<uid>`, with the `cgroupRoot` of this process's instance's
+/// agents.
 pub(crate) fn pod_cgroups() -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup/kubepods")];
+    let kubepods = Path::new(instance().cgroup_root().trim_start_matches('/')).join("kubepods");
+    let mut roots = vec![Path::new("/sys/fs/cgroup").join(&kubepods)];
     if let Ok(controllers) = fs::read_dir("/sys/fs/cgroup") {
-        roots.extend(controllers.filter_map(Result::ok).map(|c| c.path().join("kubepods")));
+        roots.extend(controllers.filter_map(Result::ok).map(|c| c.path().join(&kubepods)));
     }
     for root in roots {
         for dir in [root.clone(), root.join("besteffort"), root.join("burstable")] {
@@ -168,10 +207,14 @@ mod tests {
         let in_use = BTreeSet::from(["cni-a".to_owned()]);
         let (held, lost) = split_lost_netns(vec!["cni-a".to_owned(), "cni-b".to_owned()], &in_use);
         assert_eq!((held, lost.clone()), (vec!["cni-a".to_owned()], vec!["cni-b".to_owned()]));
-        assert!(is_netns_mount_of("/run/netns/cni-b", &lost));
-        assert!(is_netns_mount_of("/var/run/netns/cni-b", &lost));
-        assert!(!is_netns_mount_of("/run/netns/cni-a", &lost));
-        assert!(!is_netns_mount_of("/var/lib/kubelet/pods/cni-b", &lost));
+        let first = Path::new("/run/netns");
+        assert!(is_netns_mount_of("/run/netns/cni-b", &lost, first));
+        assert!(is_netns_mount_of("/var/run/netns/cni-b", &lost, first));
+        assert!(!is_netns_mount_of("/run/netns/cni-a", &lost, first));
+        assert!(!is_netns_mount_of("/var/lib/kubelet/pods/cni-b", &lost, first));
+        let second = Path::new("/run/second/netns");
+        assert!(is_netns_mount_of("/run/second/netns/cni-b", &lost, second));
+        assert!(!is_netns_mount_of("/run/netns/cni-b", &lost, second));
     }
 
     #[test]

@@ -44,6 +44,7 @@ commands:
   setup                   (root) install Debian packages and build the test images
   runtime start|stop|status
                           (root) the project's own containerd and local registry
+  runtime stop --second   (root) the second containerd, which CI's chaos scenarios run on
   cluster up|down|status  (root) etcd and upstream's kube-apiserver (KUBELET_RS_KUBE_APISERVER) on
                           loopback, with Node,RBAC authorization, NodeRestriction and node credentials
   images                  (root) rebuild the test images (and load them if the runtime runs)
@@ -59,7 +60,10 @@ commands:
                           xtask/bench-baseline.json, --save-baseline rewrites that file,
                           --widen-baseline keeps each figure's worse of it and this run
   bench criterion         every criterion benchmark (fake runtime; real ones when root)
-  chaos [--short]         (root) crash-consistency, runtime outage, churn and bad-input scenarios
+  chaos [--short] [--only SCENARIO] [--dev] [--second-runtime]
+                          (root) crash-consistency, runtime outage, churn and bad-input scenarios;
+                          CI runs --short --dev --second-runtime: the tests' build on the
+                          project's second containerd, beside the real-runtime tests
 ";
 
 fn main() -> Result<()> {
@@ -72,6 +76,7 @@ fn main() -> Result<()> {
         ["setup"] => setup::run_setup(),
         ["runtime", "start"] => runtime::start().map(drop),
         ["runtime", "stop"] => runtime::stop(),
+        ["runtime", "stop", "--second"] => runtime::select(runtime::Instance::Second).and_then(|()| runtime::stop()),
         ["runtime", "status"] => runtime::status(),
         ["cluster", "up"] => cluster::up(),
         ["cluster", "down"] => cluster::down(),

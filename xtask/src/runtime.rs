@@ -7,6 +7,13 @@
 //! The configuration follows `shared/reference/runtime-recipe.md`: `restrict_oom_score_adj`
 //! (no CAP_SYS_RESOURCE here), cgroupfs, no AppArmor, Debian's `/usr/lib/cni`, a `hosts.toml`
 //! for the plain-HTTP registry on 127.0.0.1.
+//!
+//! There are two containerds ([`Instance`]), sharing the registry: the first serves everything,
+//! and the second lets CI run the chaos scenarios beside the real-runtime tests. An agent owns the
+//! runtime it runs on (it removes the pods it did not make) and the pod cgroups under its
+//! `cgroupRoot`, so each containerd has its own directories, socket, CNI network, image
+//! filesystem and agents' `cgroupRoot`. An xtask process works on one of them, the first unless
+//! it [`select`]s the second at its start.
 
 use std::{
     fs,
@@ -27,40 +34,137 @@ use crate::{
     util::{have, is_root, output},
 };
 
-/// The CNI bridge of test pods.
-const BRIDGE: &str = "kubeletrs0";
-/// The pod subnet: no route on the machine may cover it.
-const POD_SUBNET: &str = "10.85.0.0/16";
+/// One of the project's two containerds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Instance {
+    /// Everything's, by default: the tests, the bench, the demo, the chaos scenarios.
+    First,
+    /// CI's chaos scenarios, beside the real-runtime tests on the first.
+    Second,
+}
 
-/// The filesystems the runtime owns, each a tmpfs of its own size: containerd's root (the image
-/// filesystem, `imagefs`) and the tests' scratch directory (their agents' root directories,
-/// `nodefs`). Their free space is then the tests' own, not whatever the host's disk has left,
-/// so upstream's default eviction thresholds (`nodefs.available<10%`, `imagefs.available<15%`)
-/// never see pressure the tests did not make.
-const OWN_FILESYSTEMS: [(&str, &str); 2] = [(IMAGE_FS.0, IMAGE_FS.1), ("test", "4g")];
-/// containerd's root below [`STATE_DIR`], the image filesystem, and its size.
+impl Instance {
+    /// Persistent state: containerd's root, its configuration, IPAM reservations.
+    pub(crate) fn state_dir(self) -> PathBuf {
+        match self {
+            Instance::First => PathBuf::from(STATE_DIR),
+            Instance::Second => PathBuf::from(format!("{STATE_DIR}-2")),
+        }
+    }
+
+    /// Runtime state: the socket, containerd's and runc's state.
+    fn run_dir(self) -> PathBuf {
+        match self {
+            Instance::First => PathBuf::from(RUN_DIR),
+            Instance::Second => PathBuf::from(format!("{RUN_DIR}-2")),
+        }
+    }
+
+    /// The CNI bridge of its pods.
+    pub(crate) fn bridge(self) -> &'static str {
+        match self {
+            Instance::First => "kubeletrs0",
+            Instance::Second => "kubeletrs1",
+        }
+    }
+
+    /// Its pods' subnet: no route on the machine may cover it.
+    fn subnet(self) -> &'static str {
+        match self {
+            Instance::First => "10.85.0.0/16",
+            Instance::Second => "10.86.0.0/16",
+        }
+    }
+
+    /// The `cgroupRoot` of the agents that run on it ("" is the host's root, upstream's default):
+    /// an agent removes every pod cgroup under its own that it did not make.
+    pub(crate) fn cgroup_root(self) -> &'static str {
+        match self {
+            Instance::First => "",
+            Instance::Second => "/kubelet-rs-dev-2",
+        }
+    }
+
+    fn daemon(self) -> &'static Daemon {
+        match self {
+            Instance::First => &CONTAINERD_DAEMON,
+            Instance::Second => &SECOND_CONTAINERD_DAEMON,
+        }
+    }
+
+    /// The filesystems it owns below its state directory, each a tmpfs of its own size:
+    /// containerd's root (the image filesystem, `imagefs`) and, on the first, the tests' scratch
+    /// directory (their agents' root directories, `nodefs`). Their free space is then the tests'
+    /// own, not whatever the host's disk has left, so upstream's default eviction thresholds
+    /// (`nodefs.available<10%`, `imagefs.available<15%`) never see pressure the tests did not
+    /// make.
+    fn own_filesystems(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Instance::First => &[IMAGE_FS, ("test", "4g")],
+            Instance::Second => &[IMAGE_FS],
+        }
+    }
+
+    /// The containerd socket.
+    pub(crate) fn socket(self) -> PathBuf {
+        self.run_dir().join("containerd.sock")
+    }
+
+    /// Where its network namespaces are mounted: the host's `/run/netns` for the first, as
+    /// containerd does by default; the second's below its own state, so that each can tell its
+    /// own apart.
+    pub(crate) fn netns_dir(self) -> PathBuf {
+        match self {
+            Instance::First => PathBuf::from("/run/netns"),
+            Instance::Second => self.run_dir().join("containerd/io.containerd.grpc.v1.cri/netns"),
+        }
+    }
+
+    /// The directories everything of its pods is below, mounts included (its state and runtime
+    /// state; the second's agents keep theirs below its state too).
+    pub(crate) fn roots(self) -> [PathBuf; 2] {
+        [self.state_dir(), self.run_dir()]
+    }
+}
+
+/// The instance this process works on, once [`select`]ed.
+static SELECTED: std::sync::OnceLock<Instance> = std::sync::OnceLock::new();
+
+/// Makes `instance` the one this process works on, before it touches any.
+pub(crate) fn select(instance: Instance) -> Result<()> {
+    SELECTED.set(instance).map_err(|_| anyhow::anyhow!("the runtime instance was selected twice"))?;
+    Ok(())
+}
+
+/// The instance this process works on: the first unless it [`select`]ed the second.
+pub(crate) fn instance() -> Instance {
+    SELECTED.get().copied().unwrap_or(Instance::First)
+}
+
+/// containerd's root below the state directory, the image filesystem, and its size.
 const IMAGE_FS: (&str, &str) = ("containerd", "4g");
 
 /// The runtime's image filesystem (containerd's root, a tmpfs of its own) and its size as
 /// mounted.
 pub(crate) fn image_fs() -> (PathBuf, &'static str) {
-    (Path::new(STATE_DIR).join(IMAGE_FS.0), IMAGE_FS.1)
+    (instance().state_dir().join(IMAGE_FS.0), IMAGE_FS.1)
 }
 
 /// The binaries the runtime needs (from `cargo xtask setup`).
 const BINARIES: [&str; 6] = ["containerd", "containerd-shim-runc-v2", "ctr", "runc", "docker-registry", "skopeo"];
 
-fn run_dir() -> PathBuf {
+/// Where the daemons' PID files are, the second containerd's too.
+fn pid_dir() -> PathBuf {
     PathBuf::from(RUN_DIR)
 }
 
 fn etc_dir() -> PathBuf {
-    Path::new(STATE_DIR).join("etc")
+    instance().state_dir().join("etc")
 }
 
 /// The containerd socket of the test runtime.
 pub(crate) fn socket() -> PathBuf {
-    run_dir().join("containerd.sock")
+    instance().socket()
 }
 
 /// The environment real-runtime tests read.
@@ -69,7 +173,7 @@ pub(crate) fn test_env() -> Vec<(&'static str, String)> {
         ("KUBELET_RS_CRI_ENDPOINT", format!("unix://{}", socket().display())),
         ("KUBELET_RS_TEST_BUSYBOX", images::BUSYBOX.reference()),
         ("KUBELET_RS_TEST_PAUSE", images::PAUSE.reference()),
-        ("KUBELET_RS_TEST_DIR", format!("{STATE_DIR}/test")),
+        ("KUBELET_RS_TEST_DIR", instance().state_dir().join("test").display().to_string()),
     ]
 }
 
@@ -99,6 +203,7 @@ pub(crate) struct Daemon {
 
 const REGISTRY_DAEMON: Daemon = Daemon::new("registry", "docker-registry");
 const CONTAINERD_DAEMON: Daemon = Daemon::new("containerd", "containerd");
+const SECOND_CONTAINERD_DAEMON: Daemon = Daemon::new("containerd-2", "containerd");
 
 impl Daemon {
     /// The daemon `name`, whose processes run `binary` (a file name, as in their `argv[0]`).
@@ -113,7 +218,7 @@ impl Daemon {
 
     /// Where the PID of the process started last is kept.
     pub(crate) fn pid_file(&self) -> PathBuf {
-        run_dir().join(format!("{}.pid", self.name))
+        pid_dir().join(format!("{}.pid", self.name))
     }
 
     pub(crate) fn log_file(&self) -> PathBuf {
@@ -133,7 +238,7 @@ impl Daemon {
     /// Starts `program` (whose file name is the daemon's binary) with `args`, logging to
     /// [`Daemon::log_file`], and writes its PID.
     pub(crate) fn spawn_program(&self, program: &Path, args: &[&str]) -> Result<u32> {
-        fs::create_dir_all(run_dir())?;
+        fs::create_dir_all(pid_dir())?;
         fs::create_dir_all(self.log_file().parent().context("log dir")?)?;
         let log = fs::OpenOptions::new().create(true).append(true).open(self.log_file())?;
         let child = Command::new(program)
@@ -241,24 +346,26 @@ fn ipv4_range(cidr: &str) -> Option<(u32, u32)> {
 
 /// Fails when an existing route (other than the default and our bridge's) overlaps the pod subnet.
 fn check_subnet() -> Result<()> {
-    let (ours_start, ours_end) = ipv4_range(POD_SUBNET).context("pod subnet")?;
+    let (subnet, bridge) = (instance().subnet(), instance().bridge());
+    let (ours_start, ours_end) = ipv4_range(subnet).context("pod subnet")?;
     for line in output(Command::new("ip").args(["-4", "route", "show"]))?.lines() {
         let mut words = line.split_whitespace();
         let Some(dest) = words.next() else { continue };
-        if dest == "default" || line.contains(&format!("dev {BRIDGE}")) {
+        if dest == "default" || line.contains(&format!("dev {bridge}")) {
             continue;
         }
         if let Some((start, end)) = ipv4_range(dest)
             && start <= ours_end
             && ours_start <= end
         {
-            bail!("the route `{line}` overlaps the test pod subnet {POD_SUBNET}; refusing to start");
+            bail!("the route `{line}` overlaps the test pod subnet {subnet}; refusing to start");
         }
     }
     Ok(())
 }
 
 fn write_config() -> Result<PathBuf> {
+    let this = instance();
     let etc = etc_dir();
     let certs = etc.join("certs.d").join(REGISTRY);
     fs::create_dir_all(&certs)?;
@@ -275,14 +382,14 @@ fn write_config() -> Result<PathBuf> {
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": BRIDGE,
+                "bridge": this.bridge(),
                 "isGateway": true,
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{ "subnet": POD_SUBNET }]],
+                    "ranges": [[{ "subnet": this.subnet() }]],
                     "routes": [{ "dst": "0.0.0.0/0" }],
-                    "dataDir": format!("{STATE_DIR}/cni-ipam"),
+                    "dataDir": this.state_dir().join("cni-ipam"),
                 },
             },
             { "type": "portmap", "capabilities": { "portMappings": true } },
@@ -296,10 +403,10 @@ fn write_config() -> Result<PathBuf> {
         ),
     )?;
     let runc = output(Command::new("sh").args(["-c", "command -v runc"]))?.trim().to_owned();
-    let run = RUN_DIR;
+    let (state, run) = (this.state_dir().display().to_string(), this.run_dir().display().to_string());
     let config = format!(
         r#"version = 2
-root = "{STATE_DIR}/containerd"
+root = "{state}/containerd"
 state = "{run}/containerd"
 [grpc]
   address = "{run}/containerd.sock"
@@ -312,6 +419,7 @@ state = "{run}/containerd"
   disable_hugetlb_controller = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  netns_mounts_under_state_dir = {netns_under_state}
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -330,6 +438,7 @@ state = "{run}/containerd"
 "#,
         pause = images::PAUSE.reference(),
         etc = etc.display(),
+        netns_under_state = this == Instance::Second,
     );
     let path = etc.join("containerd.toml");
     fs::write(&path, config)?;
@@ -337,12 +446,15 @@ state = "{run}/containerd"
 }
 
 /// Starts the registry and containerd unless they already run; returns whether it started anything.
+/// The second containerd pulls from the registry the first one's start runs, and starts no
+/// registry of its own.
 pub(crate) fn start() -> Result<bool> {
     if let Some(why) = missing_prerequisites() {
         bail!("cannot start the test runtime: {why}");
     }
-    fs::create_dir_all(run_dir())?;
-    if CONTAINERD_DAEMON.running_pid().is_none() {
+    let this = instance();
+    fs::create_dir_all(this.run_dir())?;
+    if this.daemon().running_pid().is_none() {
         mount_own_filesystems()?;
         mount_hugetlb_hierarchy()?;
     }
@@ -350,6 +462,8 @@ pub(crate) fn start() -> Result<bool> {
 
     if let Some(pid) = REGISTRY_DAEMON.running_pid() {
         println!("registry already running (pid {pid})");
+    } else if this == Instance::Second {
+        bail!("the second containerd pulls from the first one's registry, which is not running: start it first");
     } else {
         if registry_answers() {
             bail!("something else already listens on {REGISTRY}; stop it or free the port");
@@ -363,15 +477,18 @@ pub(crate) fn start() -> Result<bool> {
         started = true;
     }
 
-    if let Some(pid) = CONTAINERD_DAEMON.running_pid() {
-        println!("containerd already running (pid {pid})");
+    if let Some(pid) = this.daemon().running_pid() {
+        println!("{} already running (pid {pid})", this.daemon().name);
     } else {
         start_containerd()?;
         started = true;
     }
 
     if started {
-        images::load(&socket())?;
+        images::import(&socket())?;
+        if this == Instance::First {
+            images::push()?;
+        }
     }
     Ok(started)
 }
@@ -382,16 +499,17 @@ pub(crate) fn start_containerd() -> Result<()> {
     let config = write_config()?;
     // A socket left by a daemon that died would make the readiness check pass too early.
     let _ = fs::remove_file(socket());
-    let pid = CONTAINERD_DAEMON.spawn(&["--config", &config.to_string_lossy()])?;
+    let daemon = instance().daemon();
+    let pid = daemon.spawn(&["--config", &config.to_string_lossy()])?;
     wait_until("containerd", Duration::from_secs(30), containerd_answers)
-        .with_context(|| format!("see {}", CONTAINERD_DAEMON.log_file().display()))?;
+        .with_context(|| format!("see {}", daemon.log_file().display()))?;
     println!("started containerd on {} (pid {pid})", socket().display());
     Ok(())
 }
 
 /// Stops containerd alone, as an outage would: its containers keep running under their shims.
 pub(crate) fn stop_containerd() -> Result<()> {
-    CONTAINERD_DAEMON.stop()
+    instance().daemon().stop()
 }
 
 /// The IDs of every container (sandboxes included) containerd holds in the CRI namespace.
@@ -428,7 +546,7 @@ pub(crate) fn network_namespaces_in_use() -> std::collections::BTreeSet<String> 
 /// Kills containerd with SIGKILL, as a crash would: its containers keep running under their
 /// shims.
 pub(crate) fn kill_containerd() -> Result<()> {
-    CONTAINERD_DAEMON.kill()
+    instance().daemon().kill()
 }
 
 /// The CNI configuration directory containerd reads.
@@ -436,9 +554,11 @@ pub(crate) fn cni_conf_dir() -> PathBuf {
     etc_dir().join("net.d")
 }
 
-/// Stops the daemons this project started (by PID), containerd first.
+/// Stops the daemons this project started (by PID), containerd first; the registry with the
+/// first containerd.
 pub(crate) fn stop() -> Result<()> {
-    if CONTAINERD_DAEMON.running_pid().is_some() {
+    let this = instance();
+    if this.daemon().running_pid().is_some() {
         let leftovers =
             output(Command::new("ctr").arg("--address").arg(socket()).args(["-n", "k8s.io", "tasks", "ls", "-q"]))
                 .unwrap_or_default();
@@ -455,27 +575,44 @@ pub(crate) fn stop() -> Result<()> {
             }
         }
     }
-    CONTAINERD_DAEMON.stop()?;
+    this.daemon().stop()?;
     stop_shims();
-    REGISTRY_DAEMON.stop()?;
     // What the runtime and the tests leave on the host: the CNI bridge and the tests' scratch
     // files (containers, sandboxes and images stay in the state directory for the next start).
-    if Path::new("/sys/class/net").join(BRIDGE).exists() {
-        let _ = output(Command::new("ip").args(["link", "delete", BRIDGE]));
+    if Path::new("/sys/class/net").join(this.bridge()).exists() {
+        let _ = output(Command::new("ip").args(["link", "delete", this.bridge()]));
     }
     unmount_own_filesystems();
+    if this == Instance::Second {
+        remove_cgroup_root(this.cgroup_root());
+        return Ok(());
+    }
+    REGISTRY_DAEMON.stop()?;
     unmount_hugetlb_hierarchy();
-    let scratch = Path::new(STATE_DIR).join("test");
+    let scratch = this.state_dir().join("test");
     if scratch.exists() {
         fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
     }
     Ok(())
 }
 
-/// Mounts [`OWN_FILESYSTEMS`] where they are not mounted yet.
+/// Removes the empty cgroups of the QoS hierarchy the agents made under `root` in every
+/// controller, and `root` itself (the first's agents keep upstream's `/kubepods`, as a node does).
+fn remove_cgroup_root(root: &str) {
+    let Ok(controllers) = fs::read_dir("/sys/fs/cgroup") else { return };
+    for controller in controllers.filter_map(Result::ok) {
+        let root = controller.path().join(root.trim_start_matches('/'));
+        let kubepods = root.join("kubepods");
+        for dir in [kubepods.join("besteffort"), kubepods.join("burstable"), kubepods, root] {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Mounts [`Instance::own_filesystems`] where they are not mounted yet.
 fn mount_own_filesystems() -> Result<()> {
-    for (dir, size) in OWN_FILESYSTEMS {
-        let path = Path::new(STATE_DIR).join(dir);
+    for (dir, size) in instance().own_filesystems() {
+        let path = instance().state_dir().join(dir);
         fs::create_dir_all(&path)?;
         if is_mount_point(&path) {
             continue;
@@ -488,11 +625,11 @@ fn mount_own_filesystems() -> Result<()> {
     Ok(())
 }
 
-/// Unmounts [`OWN_FILESYSTEMS`]; one still held by a process that outlived the runtime is
-/// detached now and freed when it lets go.
+/// Unmounts [`Instance::own_filesystems`]; one still held by a process that outlived the runtime
+/// is detached now and freed when it lets go.
 fn unmount_own_filesystems() {
-    for (dir, _) in OWN_FILESYSTEMS {
-        let path = Path::new(STATE_DIR).join(dir);
+    for (dir, _) in instance().own_filesystems() {
+        let path = instance().state_dir().join(dir);
         if !is_mount_point(&path) {
             continue;
         }
@@ -508,7 +645,7 @@ const HUGETLB_HIERARCHY: &str = "/sys/fs/cgroup/hugetlb";
 
 /// The file saying that [`HUGETLB_HIERARCHY`] was mounted here, and so is unmounted at stop.
 fn hugetlb_marker() -> PathBuf {
-    run_dir().join("hugetlb-mounted")
+    pid_dir().join("hugetlb-mounted")
 }
 
 /// On a cgroup v1 host whose kernel has the hugetlb controller unmounted (a host without systemd
@@ -590,7 +727,7 @@ pub(crate) fn container_count() -> usize {
 
 /// Whether the test containerd we started is running.
 pub(crate) fn containerd_running() -> bool {
-    CONTAINERD_DAEMON.running_pid().is_some()
+    instance().daemon().running_pid().is_some()
 }
 
 /// Prints what runs.
@@ -598,7 +735,7 @@ pub(crate) fn status() -> Result<()> {
     if let Some(why) = missing_prerequisites() {
         println!("prerequisites: {why}");
     }
-    for daemon in [&CONTAINERD_DAEMON, &REGISTRY_DAEMON] {
+    for daemon in [&CONTAINERD_DAEMON, &SECOND_CONTAINERD_DAEMON, &REGISTRY_DAEMON] {
         match daemon.running_pid() {
             Some(pid) => println!("{}: running (pid {pid}), log {}", daemon.name, daemon.log_file().display()),
             None => println!("{}: not running", daemon.name),
