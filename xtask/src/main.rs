@@ -44,7 +44,9 @@ commands:
   setup                   (root) install Debian packages and build the test images
   runtime start|stop|status
                           (root) the project's own containerd and local registry
-  runtime stop --second   (root) the second containerd, which CI's chaos scenarios run on
+  runtime start|stop --second
+                          (root) the second containerd, which CI's chaos scenarios run on (it
+                          needs the first's registry running)
   cluster up|down|status  (root) etcd and upstream's kube-apiserver (KUBELET_RS_KUBE_APISERVER) on
                           loopback, with Node,RBAC authorization, NodeRestriction and node credentials
   images                  (root) rebuild the test images (and load them if the runtime runs)
@@ -76,6 +78,9 @@ fn main() -> Result<()> {
         ["setup"] => setup::run_setup(),
         ["runtime", "start"] => runtime::start().map(drop),
         ["runtime", "stop"] => runtime::stop(),
+        ["runtime", "start", "--second"] => {
+            runtime::select(runtime::Instance::Second).and_then(|()| runtime::start().map(drop))
+        }
         ["runtime", "stop", "--second"] => runtime::select(runtime::Instance::Second).and_then(|()| runtime::stop()),
         ["runtime", "status"] => runtime::status(),
         ["cluster", "up"] => cluster::up(),

@@ -6,11 +6,13 @@
 //! decoded is skipped with an error naming it while the others still apply.
 //! A missing path is an empty snapshot, so the source still counts as seen.
 //! Changes are picked up at once through inotify (the `notify` crate) and by a periodic rescan
-//! (`fileCheckFrequency`, 20 s) as a safety net; each scan sends the whole snapshot.
+//! (`fileCheckFrequency`, 20 s) as a safety net; each scan that found a change sends the whole
+//! snapshot.
 //! Only events that may change content wake the source (create, write, delete, moves): opening
 //! or reading a file does not, so the source's own reads never wake it.
 //! A scan decodes only the files whose identity (device, inode, size, modification time)
-//! changed since they were last decoded; an idle directory costs one `stat` per file per rescan.
+//! changed since they were last decoded; an idle directory costs one `stat` per file per rescan,
+//! and a scan that found every manifest as it was sends nothing.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -73,6 +75,8 @@ pub struct Scan {
     pub pods: Vec<Pod>,
     /// One error per manifest that was skipped.
     pub errors: Vec<ManifestError>,
+    /// Whether the pods may differ from the scan before (a manifest decoded again, or one gone).
+    changed: bool,
 }
 
 /// A file as it was when last decoded: its identity, to tell whether it changed since.
@@ -135,6 +139,7 @@ fn read_manifest(
         Ok(pods) => {
             next.files.insert(path.to_path_buf(), (id, pods.clone()));
             scan.pods.extend(pods);
+            scan.changed = true;
         }
         Err(err) => scan.errors.push(err),
     }
@@ -149,6 +154,15 @@ pub fn scan(path: &Path, node_name: &str) -> Scan {
 /// (blocking IO); `decoded` then holds exactly the good files of this scan.
 fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded) -> Scan {
     let previous = std::mem::take(decoded);
+    let mut scan = read_path(path, node_name, &previous, decoded);
+    // Every manifest decoded before was taken as it was, and no other: the same pods.
+    scan.changed |= decoded.files.len() != previous.files.len();
+    scan
+}
+
+/// [`scan_with`]'s reading: the manifests under `path`, each taken from `previous` when its file
+/// is unchanged, and kept in `decoded`.
+fn read_path(path: &Path, node_name: &str, previous: &Decoded, decoded: &mut Decoded) -> Scan {
     let mut scan = Scan::default();
     let metadata = match std::fs::metadata(path) {
         Ok(metadata) => metadata,
@@ -162,7 +176,7 @@ fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded) -> Scan {
         }
     };
     if !metadata.is_dir() {
-        read_manifest(path, &metadata, node_name, &mut scan, &previous, decoded);
+        read_manifest(path, &metadata, node_name, &mut scan, previous, decoded);
         return scan;
     }
     let entries = match std::fs::read_dir(path) {
@@ -181,7 +195,7 @@ fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded) -> Scan {
         }
         match std::fs::metadata(&file) {
             Ok(m) if m.is_dir() => info!(path = %file.display(), "not recursing into manifest subdirectory"),
-            Ok(m) if m.is_file() => read_manifest(&file, &m, node_name, &mut scan, &previous, decoded),
+            Ok(m) if m.is_file() => read_manifest(&file, &m, node_name, &mut scan, previous, decoded),
             Ok(_) => debug!(path = %file.display(), "skipping non-regular file"),
             // The file vanished between listing and reading: the next event rescans.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
@@ -270,6 +284,7 @@ impl FileSource {
         rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reported: HashSet<String> = HashSet::new();
         let mut decoded = Decoded::default();
+        let mut sent_any = false;
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
@@ -308,9 +323,15 @@ impl FileSource {
                 }
             }
             reported = errors;
+            // A rescan that found every manifest as it was sends nothing: the pod configuration
+            // already has these pods, and comparing them all again would cost every 20 s per pod.
+            if sent_any && !scan.changed {
+                continue;
+            }
             if self.sender.set(scan.pods).await.is_err() {
                 return;
             }
+            sent_any = true;
         }
     }
 }

@@ -10,7 +10,10 @@
 use std::{
     collections::{HashSet, VecDeque},
     mem::discriminant,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -60,6 +63,9 @@ pub struct Cleanups<R> {
     /// Pods whose removal failed: housekeeping asks again every 2 s, and the runtime is asked
     /// (and the failure logged) only when their backoff allows it.
     retries: Arc<Backoff>,
+    /// Whether the last orphaned-directory sweep left an orphan's directory behind, which the
+    /// next housekeeping sweeps again.
+    orphaned_dirs_left: Arc<AtomicBool>,
 }
 
 /// The first wait after a failed pod removal, doubling up to [`RETRY_MAX`].
@@ -74,6 +80,7 @@ impl<R> Clone for Cleanups<R> {
             queue: self.queue.clone(),
             known_now: self.known_now.clone(),
             retries: self.retries.clone(),
+            orphaned_dirs_left: self.orphaned_dirs_left.clone(),
         }
     }
 }
@@ -94,7 +101,13 @@ impl<R: Runtime> Cleanups<R> {
     /// Removals for `sync`'s pods, each skipped for a pod `known_now` says the kubelet knows.
     pub(crate) fn new(sync: Arc<PodSync<R>>, known_now: KnownNow) -> Self {
         let retries = Arc::new(Backoff::new(RETRY_INITIAL, RETRY_MAX));
-        Cleanups { sync, queue: Arc::default(), known_now, retries }
+        Cleanups { sync, queue: Arc::default(), known_now, retries, orphaned_dirs_left: Arc::default() }
+    }
+
+    /// Whether the last orphaned-directory sweep left an orphan's directory behind (something
+    /// still mounted below it, or the runtime not done with the pod), to be swept again.
+    pub(crate) fn orphaned_dirs_left(&self) -> bool {
+        self.orphaned_dirs_left.load(Ordering::Relaxed)
     }
 
     /// Whether `uid` is a pod nobody knows now: neither in `keep` (what housekeeping knew) nor
@@ -238,8 +251,14 @@ impl<R: Runtime> Cleanups<R> {
     /// Upstream's orphaned pod directory cleanup: a directory with anything mounted below it is
     /// left alone (removing it would delete the mounted data), with a warning.
     async fn remove_orphaned_pod_dirs(&self, keep: &HashSet<PodUid>) {
+        let left = self.sweep_orphaned_pod_dirs(keep).await;
+        self.orphaned_dirs_left.store(left, Ordering::Relaxed);
+    }
+
+    /// [`Cleanups::remove_orphaned_pod_dirs`]' sweep: whether it left an orphan's directory.
+    async fn sweep_orphaned_pod_dirs(&self, keep: &HashSet<PodUid>) -> bool {
         let root = self.sync.config.root_dir.join("pods");
-        let Ok(mut entries) = tokio::fs::read_dir(&root).await else { return };
+        let Ok(mut entries) = tokio::fs::read_dir(&root).await else { return false };
         let mut orphans = Vec::new();
         while let Ok(Some(entry)) = entries.next_entry().await {
             let uid = PodUid::new(entry.file_name().to_string_lossy());
@@ -249,15 +268,16 @@ impl<R: Runtime> Cleanups<R> {
             }
         }
         if orphans.is_empty() {
-            return;
+            return false;
         }
         let mountinfo = match tokio::fs::read_to_string("/proc/self/mountinfo").await {
             Ok(text) => text,
             Err(err) => {
                 warn!(error = %err, "cannot read /proc/self/mountinfo; leaving orphaned pod directories alone");
-                return;
+                return true;
             }
         };
+        let mut left = false;
         for (uid, dir) in orphans {
             // Volumes this agent set up (a pod gone while the agent was down) are torn down first.
             if let Some(volumes) = &self.sync.volumes
@@ -274,6 +294,7 @@ impl<R: Runtime> Cleanups<R> {
                 warn!(pod.uid = %uid, mount = %mount, "{message}");
                 let object = ObjectRef::other("Node", self.sync.config.node_name.clone());
                 self.sync.recorder.record(Event::new(EventType::Warning, "OrphanedPodMounted", message, object));
+                left = true;
                 continue;
             }
             // The directory goes last: while the runtime still holds something of the pod, or
@@ -281,12 +302,15 @@ impl<R: Runtime> Cleanups<R> {
             // next housekeeping tries again.
             if let Err(err) = self.sync.runtime.remove_pod_content(&uid).await {
                 debug!(pod.uid = %uid, error = %ErrorChain(&err), "orphaned pod not removed yet; trying again later");
+                left = true;
                 continue;
             }
             debug!(pod.uid = %uid, dir = %dir.display(), "removing an orphaned pod directory");
             if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
                 warn!(error = %err, dir = %dir.display(), "cannot remove an orphaned pod directory");
+                left = true;
             }
         }
+        left
     }
 }

@@ -316,10 +316,15 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         let keep: HashSet<PodUid> = desired_uids.into_iter().chain(workers.into_keys()).collect();
         // Pod cgroups nobody claims: those a crash left, looked for at the first housekeeping,
         // and those of pods that went since, not every round (idle costs nothing per pod).
+        // Orphaned pod directories alike, and again while the last sweep left one behind
+        // (something still mounted below it, or the runtime not done with the pod).
         let first = self.housekeepings.load(Ordering::Relaxed) == 0;
         let sweep_cgroups = self.sync.cgroups.is_some() && (first || forgot_any);
+        let sweep_dirs = first || forgot_any || self.cleanups.orphaned_dirs_left();
         let keep_cgroups = sweep_cgroups.then(|| keep.iter().chain(&in_runtime).cloned().collect());
-        self.cleanups.push(Job::RemoveOrphanedPodDirs { keep });
+        if sweep_dirs {
+            self.cleanups.push(Job::RemoveOrphanedPodDirs { keep });
+        }
         if let Some(keep) = keep_cgroups {
             self.cleanups.push(Job::RemoveOrphanedPodCgroups { keep });
         }

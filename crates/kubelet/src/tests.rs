@@ -669,6 +669,48 @@ async fn housekeeping_removes_pod_cgroups_nobody_claims_at_start_and_when_a_pod_
 }
 
 #[tokio::test(start_paused = true)]
+async fn orphaned_pod_directories_are_swept_when_a_pod_went_not_at_every_housekeeping() {
+    let f = fixture();
+    let (k, _, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    let pods = f.root.path().join("pods");
+    let housekeeping = || async {
+        k.handle_pod_cleanups().await.unwrap();
+        k.cleanups().run_queued().await;
+    };
+
+    // The first housekeeping looks for what a crash left.
+    std::fs::create_dir_all(pods.join("crashed")).unwrap();
+    housekeeping().await;
+    assert!(!pods.join("crashed").exists());
+
+    // Nothing went since: the directory is not listed again.
+    std::fs::create_dir_all(pods.join("stray")).unwrap();
+    housekeeping().await;
+    assert!(pods.join("stray").exists(), "an idle housekeeping lists no pod directories");
+
+    // A pod went: the directories are swept. The runtime is not done with the stray pod yet (nor
+    // with the pod that went, asked first), so its directory stays, and the next housekeepings
+    // sweep again until it goes.
+    for _ in 0..2 {
+        f.runtime.fail_next(
+            kubelet_core::fake::Method::RemovePodContent,
+            kubelet_core::fake::FakeError::new(kubelet_core::fake::Code::Internal, "a task is left"),
+        );
+    }
+    f.sync.statuses().set(&pod("brief", "Always", &["c"]), ApiPodStatus::default());
+    housekeeping().await;
+    assert!(pods.join("stray").exists(), "the runtime refused to let it go");
+    housekeeping().await;
+    assert!(!pods.join("stray").exists(), "swept again, with no other pod gone");
+
+    // Nothing left behind: idle again.
+    std::fs::create_dir_all(pods.join("later")).unwrap();
+    housekeeping().await;
+    assert!(pods.join("later").exists());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_pod_added_after_housekeeping_queued_its_sweeps_keeps_its_directory_and_cgroup() {
     let f = fixture();
     let cgroups = Arc::new(LeftCgroups { unclaimed: vec![PodUid::new("late")], ..LeftCgroups::default() });
@@ -833,6 +875,10 @@ async fn real_an_orphaned_pod_directory_with_a_tmpfs_below_survives() {
     let warning = events.iter().find(|e| e.reason == "OrphanedPodMounted").expect("a warning event");
     assert!(warning.message.contains("mounted below"), "{}", warning.message);
     assert!(unmounted.is_ok_and(|s| s.success()));
+    // Left behind, it is swept again at the next housekeeping, with no pod gone since.
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    assert!(!pods.join("mounted").exists(), "unmounted, the orphan's directory goes");
 }
 
 #[tokio::test(start_paused = true)]

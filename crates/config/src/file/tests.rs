@@ -236,6 +236,29 @@ fn scan_reports_the_pods_and_errors_of_a_directory() {
 }
 
 #[test]
+fn a_scan_that_finds_every_manifest_as_it_was_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.yaml"), manifest("a", "i")).unwrap();
+    fs::write(dir.path().join("broken.yaml"), "kind: [").unwrap();
+    let mut decoded = Decoded::default();
+    let mut rescan = || scan_with(dir.path(), "n", &mut decoded);
+    assert!(rescan().changed, "the first scan decodes");
+    let again = rescan();
+    assert!(!again.changed, "nothing changed, and a broken manifest is still broken");
+    assert_eq!((again.pods.len(), again.errors.len()), (1, 1), "the same pods and errors all the same");
+    write_atomic(&dir.path().join("b.yaml"), &manifest("b", "i"));
+    assert!(rescan().changed, "a new manifest");
+    assert!(!rescan().changed);
+    write_atomic(&dir.path().join("b.yaml"), &manifest("b", "j"));
+    assert!(rescan().changed, "an edited manifest");
+    fs::remove_file(dir.path().join("a.yaml")).unwrap();
+    assert!(rescan().changed, "a manifest gone");
+    write_atomic(&dir.path().join("b.yaml"), "kind: [");
+    assert!(rescan().changed, "a manifest broken");
+    assert!(!rescan().changed);
+}
+
+#[test]
 fn only_events_that_may_change_content_wake_the_source() {
     use notify::event::{
         AccessKind, AccessMode, CreateKind, DataChange, EventKind, MetadataKind, ModifyKind, RemoveKind, RenameMode,
