@@ -23,7 +23,7 @@ use crate::{
     cluster, demo, dist, harness,
     lane::{Background, Lane},
     leaks, runtime, tidy,
-    util::{have, in_ci, project_root, run},
+    util::{have, in_ci, output, project_root, run},
 };
 
 /// Test functions whose names match this run only in the real-runtime step.
@@ -231,7 +231,7 @@ fn check_feature_combinations() -> Result<()> {
     if !tool("cargo-hack")? {
         return Ok(());
     }
-    let metadata = crate::util::output(cargo().args(["metadata", "--no-deps", "--format-version", "1", "--locked"]))?;
+    let metadata = output(cargo().args(["metadata", "--no-deps", "--format-version", "1", "--locked"]))?;
     let metadata: serde_json::Value = serde_json::from_str(&metadata).context("cargo metadata printed no JSON")?;
     let uncovered = defaults_outside_powerset(&metadata);
     if !uncovered.is_empty() {
@@ -311,7 +311,7 @@ fn check_toolchain() -> Result<()> {
         .find_map(|l| l.strip_prefix("rust-version = \""))
         .and_then(|v| v.strip_suffix('"'))
         .context("no rust-version in Cargo.toml")?;
-    let rustc = crate::util::output(Command::new("rustc").arg("--version"))?;
+    let rustc = output(Command::new("rustc").arg("--version"))?;
     let used = rustc.split_whitespace().nth(1).context("rustc --version")?;
     let version = |v: &str| v.split('.').map(|n| n.parse::<u32>().unwrap_or(0)).collect::<Vec<_>>();
     let (declared_v, used_v) = (version(declared), version(used));

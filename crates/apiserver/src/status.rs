@@ -295,6 +295,8 @@ const SENDS_IN_FLIGHT: usize = 8;
 /// UID as a precondition) once its last status is sent. A pod the API no longer has is forgotten.
 /// A static pod's status goes to its mirror, at each resync until the mirror is there, and is
 /// forgotten when the kubelet removes the pod ([`Report::Removed`]).
+/// A status heard in the same round as its pod's removal goes with it: the API pod is gone by
+/// then, or the mirror is being deleted.
 pub async fn report(
     client: Client,
     mut reports: mpsc::UnboundedReceiver<Report>,
@@ -564,6 +566,21 @@ mod tests {
         crate::testing::strategic_merge(&mut api, &patch["status"]);
         assert_eq!(api["conditions"], json!([{"type": "Ready", "status": "True"}]));
         assert!(api.get("nominatedNodeName").is_none(), "{api}");
+    }
+
+    #[test]
+    fn a_status_heard_with_its_pods_removal_goes_with_it() {
+        // The kubelet removes a pod it forgot: an API pod the API already deleted (its last
+        // status went before the deletion), or a static pod whose mirror housekeeping deletes.
+        // A status heard in the same round has nothing left to go to.
+        let mut pods = HashMap::new();
+        let change = Change::new(&api_pod("u1", PodStatus::default()), running("True"));
+        assert_eq!(hear(&mut pods, Report::Status(change.clone())), ["u1"]);
+        assert_eq!(hear(&mut pods, Report::Removed("u1".into())), Vec::<String>::new());
+        assert!(pods.is_empty(), "nothing is kept, so the round sends nothing for it");
+        // A status after the removal is a pod that came back with its UID: heard afresh.
+        assert_eq!(hear(&mut pods, Report::Status(change)), ["u1"]);
+        assert!(pods["u1"].due());
     }
 
     #[test]
