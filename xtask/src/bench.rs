@@ -916,8 +916,9 @@ fn stop_pods(agent: &mut Agent, tool: &CriTool) -> Result<f64> {
 }
 
 /// Waits (at most 30 s) until the pod cgroups are back to `before`: the agent's housekeeping
-/// removes a removed pod's cgroup within 2 s of the runtime's sandbox going, and the next round
-/// then starts on a node as quiet as the floor's, not beside the last round's cleanup.
+/// queues a stopped pod's removal within 2 s, its background task removes one pod after
+/// another, and the next round then starts on a node as quiet as the floor's, not beside the
+/// last round's cleanup.
 fn wait_for_pod_cgroups(before: &BTreeSet<String>) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -896,16 +896,21 @@ async fn escape_test(rt: &RealRuntime, cluster: Arc<Cluster>, node: &str) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Removes from the runtime every pod `ours` says is the test's, then unmounts whatever is
-/// still mounted below `dir`: what a failed test leaves would otherwise confuse the next one.
-async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, ours: impl Fn(&kubelet_core::runtime::Pod) -> bool) {
+/// The real runtime as the agent under `dir` sees it, for the test to ask and clean up.
+fn cri_runtime(rt: &RealRuntime, dir: &Path) -> cri_client::manager::CriRuntime {
     let client = cri_client::Client::connect(&cri_client::Config::new(&rt.endpoint)).unwrap();
     let config = cri_client::manager::Config::new("cleanup")
         .pods_dir(dir.join("root/pods"))
         .pod_logs_dir(dir.join("pods"))
         .container_logs_dir(dir.join("containers"));
     let recorder = std::sync::Arc::new(kubelet_core::events::RingRecorder::default());
-    let runtime = cri_client::manager::CriRuntime::new(client, config, recorder);
+    cri_client::manager::CriRuntime::new(client, config, recorder)
+}
+
+/// Removes from the runtime every pod `ours` says is the test's, then unmounts whatever is
+/// still mounted below `dir`: what a failed test leaves would otherwise confuse the next one.
+async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, ours: impl Fn(&kubelet_core::runtime::Pod) -> bool) {
+    let runtime = cri_runtime(rt, dir);
     for pod in runtime.get_pods(true).await.unwrap().into_iter().filter(|p| ours(p)) {
         let mut api = Pod::default();
         api.metadata.name = Some(pod.name.clone());
@@ -1576,6 +1581,103 @@ async fn follow_object_changes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     cluster.put_secret("db", &[("password", b"letmein")]).await;
     wait_for_text(&log, "seen: bye letmein bye").await;
     eprintln!("the changes reached the container {:?} after the API", changed.elapsed());
+}
+
+#[tokio::test]
+async fn real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver() {
+    let test = "real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver";
+    on_node_3(test, "deleted-in-rounds", None, delete_in_rounds).await;
+}
+
+/// The body of [`real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver`]:
+/// rounds of pods created together and deleted together, each round as soon as the last is gone
+/// from the API, so the node removes one round's leftovers while it starts the next. Once the
+/// last round is gone, nothing of any of them stays on the node: no sandbox or container in the
+/// runtime, no pod cgroup, no pod or log directory.
+async fn delete_in_rounds(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    const ROUNDS: usize = 3;
+    const PODS: usize = 40;
+    std::fs::write(
+        dir.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nkubeAPIQPS: 50\nkubeAPIBurst: 100\n",
+    )
+    .unwrap();
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &[]);
+    let ns = cluster.namespace().to_owned();
+    let names: Vec<String> = (0..PODS).map(|i| format!("churn-{i}")).collect();
+    let mut uids = std::collections::BTreeSet::new();
+    for round in 1..=ROUNDS {
+        let pods = names.iter().map(|name| writer_pod(name, &node, &rt.busybox_image, "true", None, json!({})));
+        futures::future::join_all(pods.map(|pod| cluster.create_pod(pod))).await;
+        let running = until(&cluster, &node, &dir, &format!("round {round}'s pods to run"), |v| {
+            let running: Vec<String> = names
+                .iter()
+                .filter_map(|name| v.pods.get(&format!("{ns}/{name}")).filter(|p| phase(p) == "Running"))
+                .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+                .collect();
+            (running.len() == PODS).then_some(running)
+        })
+        .await;
+        uids.extend(running);
+        futures::future::join_all(names.iter().map(|name| cluster.delete_pod(name, 2))).await;
+        until(&cluster, &node, &dir, &format!("round {round}'s pods to go from the API"), |v| {
+            (!names.iter().any(|name| v.pods.contains_key(&format!("{ns}/{name}")))).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(uids.len(), ROUNDS * PODS, "each round's pods are new pods");
+    let runtime = cri_runtime(&rt, &dir);
+    let cleared = tokio::time::Instant::now();
+    let deadline = cleared + Duration::from_secs(30);
+    loop {
+        let mut left: Vec<String> = runtime
+            .get_pods(true)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|pod| uids.contains(pod.uid.as_str()))
+            .map(|pod| format!("{} in the runtime", pod.uid))
+            .collect();
+        left.extend(uids.iter().flat_map(|uid| leftovers_on_host(&dir, uid)));
+        if left.is_empty() {
+            eprintln!(
+                "the node held nothing of the {} pods {:?} after the last round was gone",
+                uids.len(),
+                cleared.elapsed()
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "30 s after the last round was gone from the API, the node still held {left:#?}\nagent log:\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// What of pod `uid` is on the host beside the runtime: its pod cgroup under any hierarchy and
+/// QoS class, its pod directory and its log directory.
+fn leftovers_on_host(dir: &Path, uid: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().filter_map(Result::ok) {
+        for class in ["", "burstable/", "besteffort/"] {
+            let cgroup = hierarchy.path().join(format!("kubepods/{class}pod{uid}"));
+            if cgroup.exists() {
+                left.push(cgroup.display().to_string());
+            }
+        }
+    }
+    let pod_dir = dir.join("root/pods").join(uid);
+    if pod_dir.exists() {
+        left.push(pod_dir.display().to_string());
+    }
+    let logs = std::fs::read_dir(dir.join("pods")).into_iter().flatten().filter_map(Result::ok);
+    left.extend(
+        logs.filter(|e| e.file_name().to_string_lossy().ends_with(&format!("_{uid}")))
+            .map(|e| e.path().display().to_string()),
+    );
+    left
 }
 
 /// The directory of `cargo xtask cluster up`'s certificates (the admin kubeconfig's CA's).

@@ -44,6 +44,11 @@ struct FakeCri {
     finished: Arc<Mutex<Vec<&'static str>>>,
     /// What `ListContainers` answers; `RemoveContainer` removes from it.
     containers: Arc<Mutex<Vec<pb::Container>>>,
+    /// What `ListPodSandbox` answers (its filter aside) and `PodSandboxStatus` looks up;
+    /// `RemovePodSandbox` removes from it.
+    sandboxes: Arc<Mutex<Vec<pb::PodSandbox>>>,
+    /// The filter of every `ListPodSandbox`, in order.
+    sandbox_filters: Arc<Mutex<Vec<Option<pb::PodSandboxFilter>>>>,
     /// What `ContainerStatus` answers; unimplemented when unset.
     container_status: Arc<Mutex<Option<pb::ContainerStatus>>>,
     /// The timeout of every `StopContainer`, in order.
@@ -147,10 +152,39 @@ impl pb::runtime_service_server::RuntimeService for FakeCri {
 
     async fn list_pod_sandbox(
         &self,
-        _: Request<pb::ListPodSandboxRequest>,
+        request: Request<pb::ListPodSandboxRequest>,
     ) -> Result<Response<pb::ListPodSandboxResponse>, Status> {
         self.enter("list_pod_sandbox").await?;
-        Ok(Response::new(pb::ListPodSandboxResponse { items: vec![] }))
+        self.sandbox_filters.lock().unwrap().push(request.into_inner().filter);
+        Ok(Response::new(pb::ListPodSandboxResponse { items: self.sandboxes.lock().unwrap().clone() }))
+    }
+
+    async fn pod_sandbox_status(
+        &self,
+        request: Request<pb::PodSandboxStatusRequest>,
+    ) -> Result<Response<pb::PodSandboxStatusResponse>, Status> {
+        self.enter("pod_sandbox_status").await?;
+        let id = request.into_inner().pod_sandbox_id;
+        let sandboxes = self.sandboxes.lock().unwrap();
+        let sandbox = sandboxes.iter().find(|s| s.id == id).ok_or_else(|| Status::not_found("no such sandbox"))?;
+        let status = pb::PodSandboxStatus {
+            id: sandbox.id.clone(),
+            metadata: sandbox.metadata.clone(),
+            state: sandbox.state,
+            labels: sandbox.labels.clone(),
+            ..Default::default()
+        };
+        Ok(Response::new(pb::PodSandboxStatusResponse { status: Some(status), ..Default::default() }))
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        request: Request<pb::RemovePodSandboxRequest>,
+    ) -> Result<Response<pb::RemovePodSandboxResponse>, Status> {
+        self.enter("remove_pod_sandbox").await?;
+        let id = request.into_inner().pod_sandbox_id;
+        self.sandboxes.lock().unwrap().retain(|s| s.id != id);
+        Ok(Response::new(pb::RemovePodSandboxResponse {}))
     }
 
     async fn list_containers(
@@ -190,8 +224,6 @@ impl pb::runtime_service_server::RuntimeService for FakeCri {
     }
 
     unimplemented_rpcs! {
-        remove_pod_sandbox: pb::RemovePodSandboxRequest => pb::RemovePodSandboxResponse,
-        pod_sandbox_status: pb::PodSandboxStatusRequest => pb::PodSandboxStatusResponse,
         create_container: pb::CreateContainerRequest => pb::CreateContainerResponse,
         start_container: pb::StartContainerRequest => pb::StartContainerResponse,
         update_container_resources: pb::UpdateContainerResourcesRequest => pb::UpdateContainerResourcesResponse,
@@ -390,6 +422,85 @@ async fn a_pod_the_runtime_holds_nothing_of_leaves_no_log_directory_or_cgroup() 
     assert!(!logs.join("ns_p_u").exists(), "its log directory is removed");
     assert!(!cgroups.join("memory/kubepods/besteffort/podu").exists(), "its cgroup is removed");
     assert!(logs.join("ns_other_v").exists() && cgroups.join("memory/kubepods/besteffort/podv").exists());
+    f.server.abort();
+}
+
+/// A pod that has stopped, as the runtime holds it until its removal: sandbox `s1`, not ready,
+/// and container `c1`, exited.
+fn stopped_pod(fake: &FakeCri) {
+    let labels: HashMap<String, String> = [
+        ("io.kubernetes.pod.uid", "u"),
+        ("io.kubernetes.pod.name", "p"),
+        ("io.kubernetes.pod.namespace", "ns"),
+        ("io.kubernetes.container.name", "app"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let metadata = pb::PodSandboxMetadata { name: "p".into(), uid: "u".into(), namespace: "ns".into(), attempt: 0 };
+    fake.sandboxes.lock().unwrap().push(pb::PodSandbox {
+        id: "s1".into(),
+        metadata: Some(metadata),
+        state: pb::PodSandboxState::SandboxNotready as i32,
+        labels: labels.clone(),
+        ..Default::default()
+    });
+    fake.containers.lock().unwrap().push(pb::Container {
+        id: "c1".into(),
+        pod_sandbox_id: "s1".into(),
+        state: pb::ContainerState::ContainerExited as i32,
+        labels: labels.clone(),
+        ..Default::default()
+    });
+    *fake.container_status.lock().unwrap() = Some(pb::ContainerStatus {
+        id: "c1".into(),
+        state: pb::ContainerState::ContainerExited as i32,
+        labels,
+        ..Default::default()
+    });
+}
+
+#[tokio::test]
+async fn a_stopped_pods_removal_asks_for_that_pod_alone_and_stops_nothing_again() {
+    let f = start();
+    stopped_pod(&f.fake);
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let runtime = CriRuntime::new(client, manager_config(f.dir.path()), Arc::new(RingRecorder::default()));
+    runtime.remove_pod_content(&PodUid::new("u")).await.unwrap();
+    let calls = f.fake.calls.lock().unwrap().clone();
+    assert!(!calls.contains(&"stop_pod_sandbox") && !calls.contains(&"stop_container"), "{calls:?}");
+    assert!(calls.contains(&"remove_container") && calls.contains(&"remove_pod_sandbox"), "{calls:?}");
+    assert!(f.fake.sandboxes.lock().unwrap().is_empty() && f.fake.containers.lock().unwrap().is_empty());
+    // Every listing named the pod: a node's whole listing grows with its pods.
+    for filter in f.fake.sandbox_filters.lock().unwrap().iter() {
+        let selector = filter.as_ref().map(|f| f.label_selector.clone()).unwrap_or_default();
+        assert_eq!(selector.get("io.kubernetes.pod.uid").map(String::as_str), Some("u"), "{filter:?}");
+    }
+    f.server.abort();
+}
+
+#[tokio::test]
+async fn a_stopped_sandbox_the_runtime_will_not_remove_is_stopped_again_then_removed() {
+    let f = start();
+    stopped_pod(&f.fake);
+    // containerd's answer while a stopped sandbox's network teardown has not succeeded.
+    let message = "sandbox network namespace \"/var/run/netns/cni-1\" is not fully closed";
+    f.fake.fail("remove_pod_sandbox", Status::unknown(message));
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let runtime = CriRuntime::new(client, manager_config(f.dir.path()), Arc::new(RingRecorder::default()));
+    runtime.remove_pod_content(&PodUid::new("u")).await.unwrap();
+    let calls = f.fake.calls.lock().unwrap().clone();
+    let tail: Vec<&str> =
+        calls.iter().copied().filter(|c| c.contains("pod_sandbox") && !c.starts_with("list")).collect();
+    assert_eq!(tail, ["pod_sandbox_status", "remove_pod_sandbox", "stop_pod_sandbox", "remove_pod_sandbox"]);
+    assert!(f.fake.sandboxes.lock().unwrap().is_empty());
+
+    // A runtime that refuses again: the removal fails, and the caller tries again later.
+    stopped_pod(&f.fake);
+    f.fake.fail("remove_pod_sandbox", Status::unknown(message));
+    f.fake.fail("remove_pod_sandbox", Status::unknown(message));
+    let err = runtime.remove_pod_content(&PodUid::new("u")).await.unwrap_err();
+    assert!(err.to_string().contains("RemovePodSandbox"), "{err}");
     f.server.abort();
 }
 

@@ -197,8 +197,12 @@ impl<R: Runtime> Cleanups<R> {
             debug!(pod.uid = %uid, "removal of a pod that is gone failed before; waiting to try again");
             return;
         }
+        debug!(pod.uid = %uid, "removing what is left of a pod that is gone");
         match self.sync.runtime.remove_pod_content(uid).await {
-            Ok(()) => self.retries.reset(uid.as_str()),
+            Ok(()) => {
+                debug!(pod.uid = %uid, took = ?now.elapsed(), "removed what was left of a pod that is gone");
+                self.retries.reset(uid.as_str());
+            }
             Err(err) => {
                 self.retries.next(uid.as_str(), now);
                 let retry_in = self.retries.get(uid.as_str());

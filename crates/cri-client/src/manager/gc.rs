@@ -66,8 +66,10 @@ impl CriRuntime {
     /// Removes a pod's cgroup and log directory once nothing of it remains in the runtime.
     pub(super) async fn cleanup_pod(&self, uid: &str, name: &str, namespace: &str, qos_parents: &[String]) {
         for parent in qos_parents {
-            if let Err(err) = self.remove_pod_cgroup(parent).await {
-                debug!(error = %err, parent, "pod cgroup not removed");
+            match self.remove_pod_cgroup(parent).await {
+                Ok(0) => {}
+                Ok(hierarchies) => debug!(parent, hierarchies, "pod cgroup removed"),
+                Err(err) => debug!(error = %err, parent, "pod cgroup not removed"),
             }
         }
         let dir = sandbox::pod_log_dir(&self.config.pod_logs_dir, namespace, name, uid);
@@ -96,25 +98,45 @@ impl CriRuntime {
 }
 
 pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<(), Error> {
-    let pods = rt.get_pods(true).await?;
-    let Some(pod) = pods.into_iter().find(|p| p.uid == *uid) else {
+    // Only this pod's sandboxes and containers are asked for: a node's whole listing grows
+    // with its pods, and a node that churns pods removes one after another.
+    let mut status = rt.get_pod_status(uid, "", "").await?;
+    if status.sandbox_statuses.is_empty() && status.container_statuses.is_empty() {
         return rt.remove_leftovers(uid).await;
-    };
-    if pod.containers.iter().any(|c| c.state == ContainerState::Running)
-        || pod.sandboxes.iter().any(|s| s.state == SandboxState::Ready)
+    }
+    if status.container_statuses.iter().any(|c| c.state == ContainerState::Running)
+        || status.sandbox_statuses.iter().any(|s| s.state == SandboxState::Ready)
     {
         return Err(Error::PodStillRuns { uid: uid.to_string() });
     }
-    let api = ApiPod {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(pod.name),
-            namespace: Some(pod.namespace),
-            uid: Some(uid.to_string()),
-            ..Default::default()
-        },
-        ..ApiPod::default()
+    if status.name.is_empty() {
+        // Containers without a sandbox: their labels name the pod, for its log directory.
+        let pods = rt.get_pods(true).await?;
+        if let Some(pod) = pods.into_iter().find(|p| p.uid == *uid) {
+            status.name = pod.name;
+            status.namespace = pod.namespace;
+        }
+    }
+    rt.remove_pod_with_status(None, &status).await
+}
+
+/// RemovePodSandbox. A runtime that could not tear a stopped sandbox's network down keeps the
+/// sandbox (containerd: "network namespace is not fully closed"): it is stopped again, which
+/// tries the teardown again, and removed once more.
+async fn remove_pod_sandbox(rt: &CriRuntime, id: &str) -> Result<(), Error> {
+    let remove = || async {
+        let request = pb::RemovePodSandboxRequest { pod_sandbox_id: id.to_owned() };
+        rt.client.runtime_service().remove_pod_sandbox(request).await
     };
-    rt.remove_pod(&api).await
+    match remove().await {
+        Ok(_) => Ok(()),
+        Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+        Err(status) => {
+            debug!(sandbox.id = id, error = %status.message(), "sandbox not removed; stopping it again first");
+            super::kill::stop_pod_sandbox(rt, id).await?;
+            remove().await.map(|_| ()).map_err(|st| Error::status("RemovePodSandbox", st))
+        }
+    }
 }
 
 /// The longest wait between two tries at removing a busy pod cgroup.
@@ -319,20 +341,24 @@ impl CriRuntime {
     /// its log directory (upstream leaves these to GC and housekeeping; this does all at once).
     pub async fn remove_pod(&self, pod: &ApiPod) -> Result<(), Error> {
         let (name, namespace, uid) = pod_meta(pod);
-        let uid_key = PodUid::new(uid);
-        let status = self.get_pod_status(&uid_key, name, namespace).await?;
-        let running = status.to_running_pod();
-        self.kill_pod(Some(pod), &running, Some(0)).await?;
+        let status = self.get_pod_status(&PodUid::new(uid), name, namespace).await?;
+        self.remove_pod_with_status(Some(pod), &status).await
+    }
+
+    /// [`CriRuntime::remove_pod`] for the pod whose runtime status is `status`.
+    async fn remove_pod_with_status(&self, pod: Option<&ApiPod>, status: &PodStatus) -> Result<(), Error> {
+        let (uid, name, namespace) = (status.uid.as_str(), status.name.as_str(), status.namespace.as_str());
+        // What still runs is killed first. A stopped sandbox is not stopped again: that would
+        // tear its network down a second time, and the runtime's removal stops what it removes.
+        let mut running = status.to_running_pod();
+        running.containers.retain(|c| c.state != ContainerState::Exited);
+        running.sandboxes.retain(|s| s.state == SandboxState::Ready);
+        self.kill_pod(pod, &running, Some(0)).await?;
         for c in &status.container_statuses {
             delete_container_keeping_logs(self, &c.id).await?;
         }
         for s in &status.sandbox_statuses {
-            let request = pb::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() };
-            self.client
-                .runtime_service()
-                .remove_pod_sandbox(request)
-                .await
-                .map_err(|st| Error::status("RemovePodSandbox", st))?;
+            remove_pod_sandbox(self, &s.id).await?;
         }
         self.cleanup_pod(uid, name, namespace, &self.pod_cgroup_parents(uid)).await;
         // Never through a mount: a volume or subPath still mounted below keeps the directory

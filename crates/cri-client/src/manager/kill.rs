@@ -157,7 +157,7 @@ pub(super) async fn kill_pod(
 /// killed while it wrote it leaves it empty, and then fails every stop, for good), that file
 /// is removed and the stop tried once more, now without the cached result, as for a sandbox
 /// whose network was never cached.
-async fn stop_pod_sandbox(rt: &CriRuntime, id: &str) -> Result<(), Error> {
+pub(super) async fn stop_pod_sandbox(rt: &CriRuntime, id: &str) -> Result<(), Error> {
     let stop = || async {
         let request = pb::StopPodSandboxRequest { pod_sandbox_id: id.to_owned() };
         rt.client.runtime_service().stop_pod_sandbox(request).await
