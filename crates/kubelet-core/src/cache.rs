@@ -39,6 +39,8 @@ struct Subscriber {
 #[derive(Default)]
 struct Inner {
     pods: HashMap<PodUid, Entry>,
+    /// Moves whenever a pod's entry is stored or forgotten (not when only the timestamp moves).
+    generation: u64,
     timestamp: Option<Instant>,
     subscribers: HashMap<PodUid, Vec<Subscriber>>,
 }
@@ -106,6 +108,7 @@ impl Cache {
         }
         let cached = CachedStatus { status: Arc::new(status), error };
         inner.pods.insert(uid.clone(), Entry { cached, modified: timestamp });
+        inner.generation += 1;
         inner.notify(uid, timestamp);
         true
     }
@@ -118,7 +121,17 @@ impl Cache {
 
     /// Forgets `uid`.
     pub fn delete(&self, uid: &PodUid) {
-        lock(&self.inner).pods.remove(uid);
+        let mut inner = lock(&self.inner);
+        if inner.pods.remove(uid).is_some() {
+            inner.generation += 1;
+        }
+    }
+
+    /// A number that moves whenever a pod's entry is stored or forgotten, and only then (not
+    /// when a relist finds nothing changed and moves the timestamp alone): housekeeping walks
+    /// the pods again only when something it reads moved.
+    pub fn generation(&self) -> u64 {
+        lock(&self.inner).generation
     }
 
     /// Declares every entry at least as fresh as `timestamp` and wakes the waiters it satisfies.
@@ -222,6 +235,25 @@ mod tests {
         assert_eq!(got.status.uid, uid);
         assert!(got.status.ips.is_empty());
         assert!(got.error.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_generation_moves_when_an_entry_is_stored_or_forgotten_and_only_then() {
+        let cache = Cache::new();
+        let uid = PodUid::new("a");
+        let t0 = Instant::now();
+        let start = cache.generation();
+        assert!(cache.set(&uid, status(&uid, "10.0.0.2"), None, t0 + Duration::from_secs(2)));
+        let stored = cache.generation();
+        assert_ne!(stored, start);
+        assert!(!cache.set(&uid, status(&uid, "10.0.0.3"), None, t0));
+        cache.update_time(t0 + Duration::from_secs(3));
+        assert_eq!(cache.generation(), stored, "an older status and a relist that found nothing move nothing");
+        cache.delete(&uid);
+        let forgotten = cache.generation();
+        assert_ne!(forgotten, stored);
+        cache.delete(&uid);
+        assert_eq!(cache.generation(), forgotten, "forgetting what is gone moves nothing");
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,6 +19,8 @@ struct Inner {
     by_full_name: HashMap<String, Arc<Pod>>,
     mirror_by_uid: HashMap<PodUid, Arc<Pod>>,
     mirror_by_full_name: HashMap<String, Arc<Pod>>,
+    /// Moves with every change.
+    generation: u64,
 }
 
 /// Thread-safe store of the pods the kubelet should run.
@@ -48,6 +50,7 @@ impl PodManager {
         let uid = PodUid::of(&pod);
         let full_name = pod_full_name(&pod);
         let mut inner = self.write();
+        inner.generation += 1;
         if is_mirror_pod(&pod) {
             inner.mirror_by_uid.insert(uid, pod.clone());
             inner.mirror_by_full_name.insert(full_name, pod);
@@ -67,6 +70,7 @@ impl PodManager {
         let uid = PodUid::of(pod);
         let full_name = pod_full_name(pod);
         let mut inner = self.write();
+        inner.generation += 1;
         let (by_uid, by_name) = if is_mirror_pod(pod) {
             let Inner { mirror_by_uid, mirror_by_full_name, .. } = &mut *inner;
             (mirror_by_uid, mirror_by_full_name)
@@ -83,10 +87,18 @@ impl PodManager {
 
     /// Replaces the whole content with `pods`.
     pub fn set_pods(&self, pods: Vec<Arc<Pod>>) {
-        *self.write() = Inner::default();
+        let mut inner = self.write();
+        *inner = Inner { generation: inner.generation + 1, ..Inner::default() };
+        drop(inner);
         for pod in pods {
             self.add_pod(pod);
         }
+    }
+
+    /// A number that moves with every addition, update and removal of a pod or mirror pod:
+    /// housekeeping walks the pods again only when something it reads moved.
+    pub fn generation(&self) -> u64 {
+        self.read().generation
     }
 
     /// Every regular (non-mirror) pod.
@@ -221,5 +233,23 @@ mod tests {
         pm.set_pods(vec![pod("u2", "b", &[])]);
         assert!(pm.pod_by_uid(&PodUid::new("u1")).is_none());
         assert!(pm.pod_by_uid(&PodUid::new("u2")).is_some());
+    }
+
+    #[test]
+    fn the_generation_moves_with_each_addition_update_and_removal() {
+        let pm = PodManager::new();
+        let mut seen = vec![pm.generation()];
+        let web = pod("u1", "web", &[]);
+        pm.add_pod(web.clone());
+        seen.push(pm.generation());
+        pm.update_pod(web.clone());
+        seen.push(pm.generation());
+        pm.remove_pod(&web);
+        seen.push(pm.generation());
+        pm.set_pods(vec![web]);
+        seen.push(pm.generation());
+        let distinct: std::collections::BTreeSet<u64> = seen.iter().copied().collect();
+        assert_eq!(distinct.len(), seen.len(), "every change moved it: {seen:?}");
+        assert_eq!(pm.generation(), *seen.last().unwrap(), "reading moves nothing");
     }
 }

@@ -132,6 +132,10 @@ pub struct RecordingWorkers {
     pub updates: std::sync::Mutex<Vec<crate::UpdatePodOptions>>,
     /// The workers `sync_known_pods` reports.
     pub known: std::sync::Mutex<std::collections::HashMap<crate::PodUid, crate::WorkerSync>>,
+    /// What `lifecycle_generation` answers (`None`, the default: housekeeping walks every time).
+    pub lifecycle: std::sync::Mutex<Option<u64>>,
+    /// How many times `sync_known_pods` was called: once for each walk of housekeeping's.
+    pub known_syncs: std::sync::atomic::AtomicUsize,
 }
 
 impl RecordingWorkers {
@@ -154,7 +158,11 @@ impl crate::PodWorkers for RecordingWorkers {
         &self,
         _desired: &[std::sync::Arc<Pod>],
     ) -> std::collections::HashMap<crate::PodUid, crate::WorkerSync> {
+        self.known_syncs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         crate::util::lock(&self.known).clone()
+    }
+    fn lifecycle_generation(&self) -> Option<u64> {
+        *crate::util::lock(&self.lifecycle)
     }
     fn is_pod_known(&self, uid: &crate::PodUid) -> bool {
         crate::util::lock(&self.known).contains_key(uid)

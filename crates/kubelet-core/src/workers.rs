@@ -173,6 +173,18 @@ pub trait PodWorkers: Send + Sync + 'static {
     /// finished workers of pods no longer desired, and reports every remaining worker.
     fn sync_known_pods(&self, desired: &[Arc<Pod>]) -> HashMap<PodUid, WorkerSync>;
 
+    /// A number that moves whenever a worker's lifecycle changes (it is added or removed, its
+    /// work type moves from sync to terminating to terminated, it finishes, a restart is asked
+    /// for, it learns the pod's config), and not for routine syncs; `None` while something
+    /// that comes with time alone may change what [`sync_known_pods`](Self::sync_known_pods)
+    /// does (a termination under way, retried after its backoff).
+    ///
+    /// Housekeeping walks the pods again only when something it reads moved; `None`, the
+    /// default, walks every time.
+    fn lifecycle_generation(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether the worker for `uid` exists.
     fn is_pod_known(&self, uid: &PodUid) -> bool;
 

@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 use crate::{
     admission::{NodeUsage, Rejection, admit_to},
     cleanup::{Cleanups, Job, KnownNow},
+    lock,
     pod_sync::{Error, PodSync},
     status,
     status_store::StatusStore,
@@ -39,6 +40,19 @@ pub struct Kubelet<R, W> {
     sources: Arc<SourcesReady>,
     pressure: Arc<NodePressure>,
     housekeepings: AtomicU64,
+    /// What the last walk over the pods read, when it found nothing to do: until something
+    /// moves, the next walk would find nothing either.
+    settled_on: std::sync::Mutex<Option<WalkInputs>>,
+}
+
+/// What housekeeping's walk over the pods reads, by generation: the desired pods, what the
+/// runtime held at the last relist, the statuses, and the workers' lifecycles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WalkInputs {
+    pods: u64,
+    cache: u64,
+    statuses: u64,
+    workers: u64,
 }
 
 impl<R, W> std::fmt::Debug for Kubelet<R, W> {
@@ -90,7 +104,17 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
         };
         let cleanups = Cleanups::new(sync.clone(), known_now);
         let pressure = Arc::new(NodePressure::new());
-        Kubelet { sync, cache, cleanups, workers, pods, sources, pressure, housekeepings: AtomicU64::new(0) }
+        Kubelet {
+            sync,
+            cache,
+            cleanups,
+            workers,
+            pods,
+            sources,
+            pressure,
+            housekeepings: AtomicU64::new(0),
+            settled_on: std::sync::Mutex::default(),
+        }
     }
 
     /// The removals the kubelet queues (dead containers, what is left of pods that are gone,
@@ -251,6 +275,46 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
     }
 
     async fn handle_pod_cleanups(&self) -> Result<(), Error> {
+        let first = self.housekeepings.load(Ordering::Relaxed) == 0;
+        // Read before the walk: whatever changes during it makes the next one walk again.
+        let inputs = self.walk_inputs();
+        let settled = inputs.is_some() && *lock(&self.settled_on) == inputs;
+        if first || !settled || self.cleanups.orphaned_dirs_left() {
+            let acted = self.walk_pods(first);
+            *lock(&self.settled_on) = if acted { None } else { inputs };
+        }
+        self.sync.backoff.gc(Instant::now());
+        if self.housekeepings.fetch_add(1, Ordering::Relaxed).is_multiple_of(GC_EVERY) {
+            self.cleanups.push(Job::CollectGarbage { all_sources_ready: self.sources.all_ready() });
+        }
+        Ok(())
+    }
+
+    async fn handle_container_died(&self, uid: &PodUid, _container_id: &str) {
+        self.cleanups.push(Job::ContainerDied(uid.clone()));
+    }
+}
+
+impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
+    /// The generations of what [`Kubelet::walk_pods`] reads, or `None` when the workers cannot
+    /// say (their lifecycle generation is withheld while a termination is under way).
+    fn walk_inputs(&self) -> Option<WalkInputs> {
+        Some(WalkInputs {
+            pods: self.pods.generation(),
+            cache: self.cache.generation(),
+            statuses: self.sync.statuses.generation(),
+            workers: self.workers.lifecycle_generation()?,
+        })
+    }
+
+    /// Housekeeping's walk over the pods (upstream `HandlePodCleanups`): the workers of pods
+    /// that are gone stop and are forgotten, desired pods no worker knows start, orphans in the
+    /// runtime are killed and what is left of stopped ones is removed, and what is kept about
+    /// pods that are gone is forgotten. Returns whether it acted (killed, restarted, removed
+    /// or forgot a pod, or waited on one the PLEG could not inspect): then the next
+    /// housekeeping walks again, whatever moved.
+    fn walk_pods(&self, first: bool) -> bool {
+        let mut acted = false;
         let desired = self.pods.pods();
         let desired_uids: HashSet<PodUid> = desired.iter().map(|p| PodUid::of(p)).collect();
         let workers = self.workers.sync_known_pods(&desired);
@@ -260,6 +324,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             let uid = PodUid::of(&pod);
             if !workers.contains_key(&uid) && !is_mirror_pod(&pod) {
                 info!(pod = %pod_full_name(&pod), pod.uid = %uid, "pod will be restarted: it is desired and not known to the pod workers (likely a reused UID)");
+                acted = true;
                 if let Some(prober) = &self.sync.prober {
                     prober.add_pod(&pod);
                 }
@@ -275,6 +340,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
             if workers.contains_key(&uid) || desired_uids.contains(&uid) {
                 continue;
             }
+            acted = true;
             if let Some(err) = &cached.error {
                 debug!(pod.uid = %uid, error = %err, "not inspected at the last relist; housekeeping waits");
                 continue;
@@ -310,6 +376,7 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                     let meta = &mirror.metadata;
                     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_owned());
                     self.cleanups.push(Job::DeleteMirrorPod { namespace, name: meta.name.clone().unwrap_or_default() });
+                    acted = true;
                 }
             }
         }
@@ -318,7 +385,6 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         // and those of pods that went since, not every round (idle costs nothing per pod).
         // Orphaned pod directories alike, and again while the last sweep left one behind
         // (something still mounted below it, or the runtime not done with the pod).
-        let first = self.housekeepings.load(Ordering::Relaxed) == 0;
         let sweep_cgroups = self.sync.cgroups.is_some() && (first || forgot_any);
         let sweep_dirs = first || forgot_any || self.cleanups.orphaned_dirs_left();
         let keep_cgroups = sweep_cgroups.then(|| keep.iter().chain(&in_runtime).cloned().collect());
@@ -328,14 +394,6 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
         if let Some(keep) = keep_cgroups {
             self.cleanups.push(Job::RemoveOrphanedPodCgroups { keep });
         }
-        self.sync.backoff.gc(Instant::now());
-        if self.housekeepings.fetch_add(1, Ordering::Relaxed).is_multiple_of(GC_EVERY) {
-            self.cleanups.push(Job::CollectGarbage { all_sources_ready: self.sources.all_ready() });
-        }
-        Ok(())
-    }
-
-    async fn handle_container_died(&self, uid: &PodUid, _container_id: &str) {
-        self.cleanups.push(Job::ContainerDied(uid.clone()));
+        acted || forgot_any
     }
 }

@@ -43,6 +43,8 @@ pub struct StoredStatus {
 #[derive(Default)]
 pub struct StatusStore {
     statuses: Mutex<HashMap<PodUid, StoredStatus>>,
+    /// Moves with every change of a status, its termination or its removal.
+    generation: std::sync::atomic::AtomicU64,
     sinks: Mutex<Vec<std::sync::Arc<dyn StatusSink>>>,
 }
 
@@ -112,6 +114,7 @@ impl StatusStore {
         };
         let terminated = statuses.get(&uid).is_some_and(|old| old.terminated);
         statuses.insert(uid, StoredStatus { version, status: status.clone(), terminated });
+        self.moved();
         drop(statuses);
         for sink in lock(&self.sinks).iter() {
             sink.status_changed(pod, &status, version);
@@ -123,6 +126,7 @@ impl StatusStore {
     pub fn terminated(&self, pod: &Pod) {
         if let Some(stored) = lock(&self.statuses).get_mut(&PodUid::of(pod)) {
             stored.terminated = true;
+            self.moved();
         }
         for sink in lock(&self.sinks).iter() {
             sink.pod_terminated(pod);
@@ -142,10 +146,22 @@ impl StatusStore {
 
     /// Forgets `uid`, and tells the sinks ([`StatusSink::pod_removed`]).
     pub fn remove(&self, uid: &PodUid) {
-        lock(&self.statuses).remove(uid);
+        if lock(&self.statuses).remove(uid).is_some() {
+            self.moved();
+        }
         for sink in lock(&self.sinks).iter() {
             sink.pod_removed(uid);
         }
+    }
+
+    /// A number that moves with every change of a status, every termination and every
+    /// removal: housekeeping walks the pods again only when something it reads moved.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn moved(&self) {
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Every UID with a stored status.
@@ -192,5 +208,27 @@ mod tests {
         store.remove(&PodUid::of(&pod));
         assert_eq!(store.get(&PodUid::of(&pod)), None);
         assert_eq!(*lock(&sink.0), ["changed u1 Running v1", "changed u1 Succeeded v2", "terminated u1", "removed u1"]);
+    }
+
+    #[test]
+    fn the_generation_moves_with_each_change_and_only_then() {
+        let store = StatusStore::new();
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        let phase = |p: &str| ApiPodStatus { phase: Some(p.into()), ..ApiPodStatus::default() };
+        let start = store.generation();
+        store.set(&pod, phase("Running"));
+        let running = store.generation();
+        assert_ne!(running, start);
+        store.set(&pod, phase("Running"));
+        assert_eq!(store.generation(), running, "the same status again moves nothing");
+        store.terminated(&pod);
+        let terminated = store.generation();
+        assert_ne!(terminated, running);
+        store.remove(&PodUid::of(&pod));
+        let removed = store.generation();
+        assert_ne!(removed, terminated);
+        store.remove(&PodUid::of(&pod));
+        assert_eq!(store.generation(), removed, "removing what is gone moves nothing");
     }
 }

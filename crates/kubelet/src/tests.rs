@@ -583,6 +583,90 @@ async fn housekeeping_kills_orphans_and_forgets_what_is_gone() {
     assert!(f.root.path().join("pods/kept").exists());
 }
 
+/// How many walks over the pods housekeeping made so far.
+fn walks(w: &Recorded) -> usize {
+    w.known_syncs.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Runs housekeeping `times` times; how many walks over the pods it made in all.
+async fn housekeep(k: &Kubelet<FakeRuntime, Recorded>, w: &Recorded, times: usize) -> usize {
+    for _ in 0..times {
+        k.handle_pod_cleanups().await.unwrap();
+    }
+    walks(w)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_housekeeping_walks_no_pod_until_something_changes() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    *w.lifecycle.lock().unwrap() = Some(0);
+    let kept = pod("kept", "Always", &["c"]);
+    k.handle_pod_additions(vec![kept.clone()]).await;
+    f.sync(&kept).await.unwrap();
+    w.know(PodUid::new("kept"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
+    f.relist().await;
+    assert_eq!(housekeep(&k, &w, 1).await, 1, "the first housekeeping walks");
+    assert_eq!(housekeep(&k, &w, 3).await, 1, "nothing moved: no walk");
+
+    // Each input that moves brings one walk, which finds nothing to do.
+    let other = pod("other", "Always", &["c"]);
+    k.handle_pod_additions(vec![other.clone()]).await;
+    w.know(PodUid::new("other"), WorkerSync::new(kubelet_core::WorkerState::Syncing, false, true, false));
+    assert_eq!(housekeep(&k, &w, 2).await, 2, "a pod added");
+    f.sync(&other).await.unwrap();
+    f.relist().await;
+    assert_eq!(housekeep(&k, &w, 2).await, 3, "the runtime changed (and the status with it)");
+    *w.lifecycle.lock().unwrap() = Some(1);
+    assert_eq!(housekeep(&k, &w, 2).await, 4, "a worker's lifecycle moved");
+    f.sync
+        .statuses()
+        .set(&kept, k8s_openapi::api::core::v1::PodStatus { message: Some("x".into()), ..Default::default() });
+    assert_eq!(housekeep(&k, &w, 2).await, 5, "a status changed");
+    // Workers that cannot say (a termination under way): every housekeeping walks.
+    *w.lifecycle.lock().unwrap() = None;
+    assert_eq!(housekeep(&k, &w, 2).await, 7);
+    assert!(updates(&w).iter().all(|(kind, _)| *kind != SyncPodType::Kill), "nothing was killed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn housekeeping_walks_every_time_while_an_orphan_is_left_and_settles_once_it_is_gone() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    *w.lifecycle.lock().unwrap() = Some(0);
+    let ghost = pod("ghost", "Always", &["c"]);
+    f.sync(&ghost).await.unwrap();
+    f.relist().await;
+    k.handle_pod_cleanups().await.unwrap();
+    assert_eq!(updates(&w), [(SyncPodType::Kill, "ghost".to_owned())]);
+    // The kill has not reached the runtime yet (these workers only record it): nothing moved,
+    // and still each housekeeping walks and asks again, since the last walk acted.
+    for round in 2..=4 {
+        k.handle_pod_cleanups().await.unwrap();
+        assert_eq!(walks(&w), round);
+        assert_eq!(updates(&w), [(SyncPodType::Kill, "ghost".to_owned())]);
+    }
+    // Stopped: what is left of it is removed, and the walks go on until the runtime holds
+    // nothing of it.
+    let status = f.runtime_status(&ghost).await;
+    f.sync.sync_terminating_pod(&ghost, &status, 0, None).await.unwrap();
+    f.relist().await;
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    f.relist().await;
+    assert!(f.runtime.get_pods(true).await.unwrap().is_empty(), "the runtime holds nothing of it");
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    let settled = walks(&w);
+    for _ in 0..3 {
+        k.handle_pod_cleanups().await.unwrap();
+    }
+    assert_eq!(walks(&w), settled, "nothing is left: no walk");
+    assert!(!f.root.path().join("pods/ghost").exists());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_pod_gone_before_the_runtime_held_anything_of_it_has_its_leftovers_removed() {
     let f = fixture();

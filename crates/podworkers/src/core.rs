@@ -201,6 +201,34 @@ pub(crate) struct Core {
     /// Idle workers that have work again (a static pod whose full name was released, a
     /// termination to retry): the caller wakes them.
     wakeups: Vec<PodUid>,
+    /// How many lifecycle changes the workers went through ([`Core::lifecycle_generation`]).
+    lifecycle: u64,
+    /// How many workers are terminating and not finished.
+    terminations_under_way: usize,
+}
+
+/// What of a worker's status housekeeping's walk depends on: its work type, whether it has
+/// started, finished or was asked to restart, and whether it knows only the runtime's pod.
+/// A routine sync changes none of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Lifecycle {
+    kind: WorkType,
+    started: bool,
+    finished: bool,
+    restart_requested: bool,
+    runtime_only: bool,
+}
+
+impl Lifecycle {
+    /// A termination was asked for and has not finished.
+    fn terminating(self) -> bool {
+        self.kind != WorkType::Sync && !self.finished
+    }
+}
+
+/// The pod an update is for: its config's UID, or the runtime pod's.
+fn update_uid(options: &UpdatePodOptions) -> Option<PodUid> {
+    options.pod.as_deref().map(PodUid::of).or_else(|| options.running_pod.as_ref().map(|r| r.uid.clone()))
 }
 
 /// The effective grace period of a terminating pod, and whether it shrank (upstream
@@ -261,12 +289,58 @@ impl Core {
         (self.statuses.len(), self.waiting_static.len(), self.started_static.len())
     }
 
+    /// The number of lifecycle changes so far ([`Lifecycle`]: a worker added or forgotten, a
+    /// work type, start, finish, restart request or runtime-only flag changed), or `None` while
+    /// a termination is under way, whose retry comes with time alone.
+    pub(crate) fn lifecycle_generation(&self) -> Option<u64> {
+        (self.terminations_under_way == 0).then_some(self.lifecycle)
+    }
+
+    fn lifecycle_of(&self, uid: &PodUid) -> Option<Lifecycle> {
+        self.statuses.get(uid).map(|status| Lifecycle {
+            kind: status.work_type(),
+            started: status.is_started(),
+            finished: status.finished,
+            restart_requested: status.restart_requested,
+            runtime_only: status.runtime_only,
+        })
+    }
+
+    /// Runs `change` and counts a lifecycle change if pod `uid`'s lifecycle moved, and a
+    /// termination that started or ended.
+    fn tracking<T>(&mut self, uid: Option<&PodUid>, change: impl FnOnce(&mut Self) -> T) -> T {
+        let Some(uid) = uid else { return change(self) };
+        let before = self.lifecycle_of(uid);
+        let result = change(self);
+        let after = self.lifecycle_of(uid);
+        if before != after {
+            self.lifecycle += 1;
+        }
+        match (before.is_some_and(Lifecycle::terminating), after.is_some_and(Lifecycle::terminating)) {
+            (false, true) => self.terminations_under_way += 1,
+            (true, false) => self.terminations_under_way -= 1,
+            _ => {}
+        }
+        result
+    }
+
+    /// Applies an update (upstream `UpdatePod`), counting the lifecycle change it makes.
+    pub(crate) fn update_pod(
+        &mut self,
+        options: UpdatePodOptions,
+        now: Instant,
+        runtime_terminal: impl FnOnce() -> bool,
+    ) -> UpdateEffect {
+        let uid = update_uid(&options);
+        self.tracking(uid.as_ref(), |core| core.apply_update(options, now, runtime_terminal))
+    }
+
     /// Applies an update (upstream `UpdatePod`).
     ///
     /// `runtime_terminal` says whether the status cache shows nothing running for the pod; it is
     /// asked only the first time a pod is seen with a terminal phase, to record such a pod as
     /// terminated at once after a restart.
-    pub(crate) fn update_pod(
+    fn apply_update(
         &mut self,
         mut options: UpdatePodOptions,
         now: Instant,
@@ -403,8 +477,13 @@ impl Core {
         UpdateEffect::Queued { spawn, cancel: became_terminating || grace_shortened }
     }
 
-    /// Takes the pending update for a woken worker (upstream `startPodSync`).
+    /// Takes the pending update for a woken worker (upstream `startPodSync`), counting the
+    /// lifecycle change it makes.
     pub(crate) fn start_pod_sync(&mut self, uid: &PodUid, now: Instant) -> Start {
+        self.tracking(Some(uid), |core| core.take_pending(uid, now))
+    }
+
+    fn take_pending(&mut self, uid: &PodUid, now: Instant) -> Start {
         let Some(status) = self.statuses.get_mut(uid) else { return Start::Exit };
         let Some(options) = status.pending.take() else {
             status.working = false;
@@ -547,7 +626,12 @@ impl Core {
     /// What follows a sync of `work` that ended with `outcome` (upstream's tail of
     /// `podWorkerLoop`, `completeSync`, `completeTerminating`, `completeTerminated`,
     /// `completeTerminatingRuntimePod` and `completeWork`).
+    /// Counts the lifecycle change it makes.
     pub(crate) fn complete(&mut self, uid: &PodUid, work: &Work, outcome: Outcome, now: Instant) -> Completion {
+        self.tracking(Some(uid), |core| core.complete_work(uid, work, outcome, now))
+    }
+
+    fn complete_work(&mut self, uid: &PodUid, work: &Work, outcome: Outcome, now: Instant) -> Completion {
         let mut requeue = match outcome {
             Outcome::Failed { network_not_ready: true } => Requeue::NetworkBackoff,
             Outcome::Failed { network_not_ready: false } | Outcome::Cancelled => Requeue::Backoff,
@@ -617,6 +701,7 @@ impl Core {
                 status.on_complete.drain(..).for_each(|done| done());
                 let full_name = status.full_name.clone();
                 self.statuses.remove(uid);
+                self.lifecycle += 1;
                 self.forget_started_static(&full_name, uid);
                 if let Some(waiting) = self.waiting_static.get_mut(&full_name) {
                     waiting.retain(|u| u != uid);

@@ -259,6 +259,10 @@ impl<S: PodSyncer> kubelet_core::PodWorkers for PodWorkers<S> {
         report
     }
 
+    fn lifecycle_generation(&self) -> Option<u64> {
+        self.shared.lock().core.lifecycle_generation()
+    }
+
     fn is_pod_known(&self, uid: &PodUid) -> bool {
         self.shared.lock().core.is_pod_known(uid)
     }

@@ -3,7 +3,9 @@
 //!
 //! Invariants: never two workers (so never two syncs) for one pod; the newest update is the one
 //! that runs; a kill is never lost; the grace period only shrinks; a finished UID never syncs
-//! again until housekeeping forgets it; one started static pod per full name.
+//! again until housekeeping forgets it; one started static pod per full name; the lifecycle
+//! generation moves exactly when a worker's lifecycle did, and is withheld exactly while a
+//! termination is under way.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -147,12 +149,28 @@ fn check_static(core: &Core) {
     assert!(started <= 1, "two static pods with one full name are started");
 }
 
+/// Every pod's lifecycle, known or not.
+fn lifecycles(core: &Core) -> Vec<Option<Lifecycle>> {
+    PODS.iter().map(|(uid, _, _)| core.lifecycle_of(&PodUid::new(uid))).collect()
+}
+
+/// The lifecycle generation moved exactly when some pod's lifecycle did, and it is withheld
+/// exactly while some pod is terminating and not finished.
+fn check_lifecycle(core: &Core, before: &[Option<Lifecycle>], counted_before: u64) {
+    let after = lifecycles(core);
+    let moved = core.lifecycle != counted_before;
+    assert_eq!(moved, before != after.as_slice(), "lifecycles {before:?} -> {after:?}; counted {moved}");
+    let terminating = after.iter().flatten().any(|l| l.terminating());
+    assert_eq!(core.lifecycle_generation().is_none(), terminating, "withheld exactly while terminating: {after:?}");
+}
+
 fn run_ops(ops: Vec<Op>) {
     let mut core = Core::default();
     let mut models: HashMap<usize, Model> = HashMap::new();
     let mut version = 0u64;
     let now = Instant::now();
     for op in ops {
+        let (before, counted_before) = (lifecycles(&core), core.lifecycle);
         match op {
             Op::Update { pod, kind } => {
                 version += 1;
@@ -241,6 +259,7 @@ fn run_ops(ops: Vec<Op>) {
             }
         }
         check_static(&core);
+        check_lifecycle(&core, &before, counted_before);
     }
 }
 
