@@ -6,7 +6,8 @@
 //! is min/median/max over repeated runs (or over idle windows), and the machine's load is noted
 //! before and after.
 //! - The floor: the CRI calls a kubelet cannot avoid (`cri_bench floor`), one pod at a time and all
-//!   pods at once (the agent's parallelism: one worker per pod).
+//!   pods at once (the agent's parallelism: one worker per pod), measured in each round just
+//!   before the agent's start-up of the same size, with the agent paused.
 //! - Start-up of N static pods (1, 10, 50 and 110; 1 and 10 with `--quick`): from writing the
 //!   manifests until every container runs in the CRI, and until every pod is Running in `/pods`,
 //!   with its breakdown ([`breakdown`]).
@@ -423,39 +424,20 @@ fn measure(options: &Options) -> Result<Results> {
     let mut results = Results { load_before: harness::load(), ..Results::default() };
     let largest = options.sizes.iter().copied().max().unwrap_or(1);
 
-    // The floor first: an agent would remove the floor's pods as orphans.
-    let mut floors = Vec::new();
-    for &n in &options.sizes {
-        let (mut seq, mut par, mut seq_stop, mut par_stop) = (vec![], vec![], vec![], vec![]);
-        let mut par_calls: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for round in 1..=options.repeat {
-            progress(&format!("floor, {n} pods, run {round} of {}", options.repeat));
-            let one_at_a_time = tool.floor(n, 1, &dir)?;
-            seq.push(one_at_a_time.start);
-            seq_stop.push(one_at_a_time.stop);
-            let all_at_once = tool.floor(n, n, &dir)?;
-            par.push(all_at_once.start);
-            par_stop.push(all_at_once.stop);
-            for (call, mean) in all_at_once.calls {
-                par_calls.entry(call).or_default().push(mean);
-            }
-        }
-        floors.push((n, Stat::of(&seq), Stat::of(&par), Stat::of(&seq_stop), Stat::of(&par_stop), par_calls));
-    }
-
     progress("starting the agent, with its kubelet API served");
     let agent_dir = dir.join("agent");
     let config = kubelet_api_config(&agent_dir)?;
     let cert_dir = agent_dir.join("pki");
     let served = ["--config", path_str(&config)?, "--cert-dir", path_str(&cert_dir)?];
     let mut agent = Agent::start(&binaries.agent, &agent_dir, &served)?;
-    let measured = agent_figures(options, &mut agent, &tool, largest);
+    let measured = agent_figures(options, &mut agent, &tool, &dir, largest);
     agent.stop(Duration::from_secs(10))?;
     let runs = measured?;
     let api_pods = largest.min(CLUSTER_PODS);
     let cluster_runs = cluster::measure(&binaries.agent, &binaries.api_tool, &dir.join("cluster"), api_pods, options)?;
 
-    for (n, seq, par, seq_stop, par_stop, par_calls) in &floors {
+    let floors: Vec<_> = runs.floors.iter().map(|(n, floor)| (*n, floor.stats())).collect();
+    for (n, FloorStats { seq, par, seq_stop, par_stop, par_calls }) in &floors {
         let api = runs.api.get(n).map(Vec::as_slice).unwrap_or_default();
         let cri = runs.cri.get(n).map(Vec::as_slice).unwrap_or_default();
         let teardown = runs.teardown.get(n).map(Vec::as_slice).unwrap_or_default();
@@ -490,7 +472,7 @@ fn measure(options: &Options) -> Result<Results> {
     if let Some(cluster_runs) = &cluster_runs {
         let medians = |samples: &Samples| samples.iter().map(|(&n, s)| (n, Stat::of(s).median)).collect();
         let standalone = cluster::Standalone {
-            floor_one: floors.iter().find(|floor| floor.0 == 1).map(|floor| floor.2.median),
+            floor_one: floors.iter().find(|(n, _)| *n == 1).map(|(_, floor)| floor.par.median),
             startup: medians(&runs.api),
             teardown: medians(&runs.teardown),
         };
@@ -648,9 +630,72 @@ struct AgentRuns {
     idle: Vec<(usize, Idle)>,
     /// The agent probing 100 containers.
     probing: Probing,
+    /// The floor of each pod count, measured in the same rounds as the agent's start-ups.
+    floors: BTreeMap<usize, FloorRuns>,
 }
 
-fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: usize) -> Result<AgentRuns> {
+/// The floor's runs of one pod count: one pod at a time and all at once, start and stop, and the
+/// mean time of each start call of the runs all at once.
+#[derive(Debug, Default)]
+struct FloorRuns {
+    seq: Vec<f64>,
+    par: Vec<f64>,
+    seq_stop: Vec<f64>,
+    par_stop: Vec<f64>,
+    par_calls: BTreeMap<String, Vec<f64>>,
+}
+
+/// [`FloorRuns`] summed up.
+struct FloorStats {
+    seq: Stat,
+    par: Stat,
+    seq_stop: Stat,
+    par_stop: Stat,
+    par_calls: BTreeMap<String, Vec<f64>>,
+}
+
+impl FloorRuns {
+    fn stats(&self) -> FloorStats {
+        FloorStats {
+            seq: Stat::of(&self.seq),
+            par: Stat::of(&self.par),
+            seq_stop: Stat::of(&self.seq_stop),
+            par_stop: Stat::of(&self.par_stop),
+            par_calls: self.par_calls.clone(),
+        }
+    }
+}
+
+/// One round of the floor for `n` pods, one at a time then all at once, with the agent paused
+/// (SIGSTOP), which would otherwise remove the floor's pods as orphans. Measured just before the
+/// agent's own round of the same size, so that both meet the machine in the same state: on this
+/// 2-core VM the runtime's own calls run up to twice as slow for minutes at a time, and floors
+/// measured all first, ten minutes before the agent's rounds, put the same build's start-up at
+/// 1.1× the floor in one run and 2× in the next.
+fn floor_round(agent: &Agent, tool: &CriTool, dir: &Path, n: usize, floor: &mut FloorRuns) -> Result<()> {
+    let paused = agent.pause();
+    let one_at_a_time = tool.floor(n, 1, dir)?;
+    let all_at_once = tool.floor(n, n, dir)?;
+    drop(paused);
+    floor.seq.push(one_at_a_time.start);
+    floor.seq_stop.push(one_at_a_time.stop);
+    floor.par.push(all_at_once.start);
+    floor.par_stop.push(all_at_once.stop);
+    for (call, mean) in all_at_once.calls {
+        floor.par_calls.entry(call).or_default().push(mean);
+    }
+    // The agent hears of the floor's pods, all gone by now, when it resumes.
+    agent.wait_quiet(Duration::from_secs(10));
+    Ok(())
+}
+
+fn agent_figures(
+    options: &Options,
+    agent: &mut Agent,
+    tool: &CriTool,
+    dir: &Path,
+    largest: usize,
+) -> Result<AgentRuns> {
     agent.wait_healthy(Duration::from_secs(30))?;
     let mut runs = AgentRuns::default();
     progress(&format!("idle, 0 pods: {} windows of {:?}", options.windows, options.window));
@@ -658,6 +703,8 @@ fn agent_figures(options: &Options, agent: &mut Agent, tool: &CriTool, largest: 
     runs.idle.push((0, idle_windows(agent, options)?));
     for round in 1..=options.repeat {
         for &n in &options.sizes {
+            progress(&format!("floor, {n} pods, run {round} of {}", options.repeat));
+            floor_round(agent, tool, dir, n, runs.floors.entry(n).or_default())?;
             progress(&format!("agent start-up, {n} pods, run {round} of {}", options.repeat));
             let cgroups_before = leaks::pod_cgroups();
             let started = start_pods(agent, tool, n, round)?;

@@ -365,6 +365,27 @@ impl Agent {
         Ok(by_label)
     }
 
+    /// Stops the agent (SIGSTOP) until the guard is dropped (SIGCONT): it holds its state and
+    /// its connections, and touches nothing meanwhile.
+    pub(crate) fn pause(&self) -> Paused {
+        signal(self.pid(), "STOP");
+        Paused { pid: self.pid() }
+    }
+
+    /// Waits until the agent used less than 2 % of a CPU over half a second, for at most
+    /// `timeout` (then goes on: the figures after it show a busy agent).
+    pub(crate) fn wait_quiet(&self, timeout: Duration) {
+        let window = Duration::from_millis(500);
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let before = self.cpu_ns();
+            std::thread::sleep(window);
+            if self.cpu_ns().saturating_sub(before) < 10_000_000 {
+                return;
+            }
+        }
+    }
+
     /// SIGTERM, then SIGKILL after `grace`.
     pub(crate) fn stop(&mut self, grace: Duration) -> Result<()> {
         signal(self.pid(), "TERM");
@@ -384,6 +405,17 @@ impl Agent {
     pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A paused agent ([`Agent::pause`]), resumed when this is dropped.
+pub(crate) struct Paused {
+    pid: u32,
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        signal(self.pid, "CONT");
     }
 }
 

@@ -227,7 +227,7 @@ impl Lifecycle {
 }
 
 /// The pod an update is for: its config's UID, or the runtime pod's.
-fn update_uid(options: &UpdatePodOptions) -> Option<PodUid> {
+pub(crate) fn update_uid(options: &UpdatePodOptions) -> Option<PodUid> {
     options.pod.as_deref().map(PodUid::of).or_else(|| options.running_pod.as_ref().map(|r| r.uid.clone()))
 }
 

@@ -16,7 +16,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::{
-    core::{Core, Outcome, Requeue, Start, UpdateEffect, Work, WorkType},
+    core::{self, Core, Outcome, Requeue, Start, UpdateEffect, Work, WorkType},
     metrics,
 };
 
@@ -213,9 +213,7 @@ fn wake<S: PodSyncer>(shared: &Arc<Shared<S>>, inner: &mut Inner) {
 
 impl<S: PodSyncer> kubelet_core::PodWorkers for PodWorkers<S> {
     fn update_pod(&self, options: UpdatePodOptions) {
-        let Some(uid) =
-            options.pod.as_deref().map(PodUid::of).or_else(|| options.running_pod.as_ref().map(|r| r.uid.clone()))
-        else {
+        let Some(uid) = core::update_uid(&options) else {
             warn!("pod update names no pod");
             return;
         };
