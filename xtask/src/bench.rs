@@ -434,7 +434,8 @@ fn measure(options: &Options) -> Result<Results> {
     agent.stop(Duration::from_secs(10))?;
     let runs = measured?;
     let api_pods = largest.min(CLUSTER_PODS);
-    let cluster_runs = cluster::measure(&binaries.agent, &binaries.api_tool, &dir.join("cluster"), api_pods, options)?;
+    let cluster_runs =
+        cluster::measure(&binaries.agent, &binaries.api_tool, &tool, &dir.join("cluster"), api_pods, options)?;
 
     let floors: Vec<_> = runs.floors.iter().map(|(n, floor)| (*n, floor.stats())).collect();
     for (n, FloorStats { seq, par, seq_stop, par_stop, par_calls }) in &floors {
@@ -471,11 +472,7 @@ fn measure(options: &Options) -> Result<Results> {
     }
     if let Some(cluster_runs) = &cluster_runs {
         let medians = |samples: &Samples| samples.iter().map(|(&n, s)| (n, Stat::of(s).median)).collect();
-        let standalone = cluster::Standalone {
-            floor_one: floors.iter().find(|(n, _)| *n == 1).map(|(_, floor)| floor.par.median),
-            startup: medians(&runs.api),
-            teardown: medians(&runs.teardown),
-        };
+        let standalone = cluster::Standalone { startup: medians(&runs.api), teardown: medians(&runs.teardown) };
         results.figures.extend(cluster::figures(cluster_runs, &standalone));
     }
     results.figures.push(

@@ -11,6 +11,9 @@
 //!     map N times, and prints
 //!     {"update_s": [..]}: for each change, from the update until the file in the pod's volume,
 //!     under the agent's root directory DIR, holds the new value
+//! api_bench forget-node --kubeconfig FILE --node NODE
+//!     deletes the Node NODE, as an administrator does with a node taken out, once its agent
+//!     has stopped
 //! ```
 //!
 //! The pods run what the bench's static pods run (`sh` that exits on SIGTERM, so the deletion
@@ -108,8 +111,17 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
             println!("{}", json!({ "update_s": seconds }));
             Ok(())
         }
+        Some("forget-node") => {
+            let client = client(Path::new(required(args, "--kubeconfig")?)).await?;
+            let node = required(args, "--node")?;
+            match Api::<Node>::all(client).delete(node, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+                Err(err) => Err(err.into()),
+            }
+        }
         _ => Err("usage: api_bench pods|configmap --kubeconfig FILE --node NODE --namespace NS --image IMG \
-                  (--pods N | --root-dir DIR --updates N)"
+                  (--pods N | --root-dir DIR --updates N); api_bench forget-node --kubeconfig FILE --node NODE"
             .into()),
     }
 }

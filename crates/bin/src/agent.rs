@@ -52,9 +52,9 @@ pub(crate) async fn run(
             let Some(client) = cancel.run_until_cancelled(crate::cluster::connect(&settings)).await else {
                 return Ok(());
             };
-            let (client, credentials) = client?;
-            let objects = ApiObjects::new(client.clone(), watches.clone(), cancel.child_token());
-            Some(Cluster { client, credentials, objects: Arc::new(objects) })
+            let clients = client?;
+            let objects = ApiObjects::new(clients.api.clone(), watches.clone(), cancel.child_token());
+            Some(Cluster { clients, objects: Arc::new(objects) })
         }
         None => None,
     };
@@ -66,11 +66,9 @@ pub(crate) async fn run(
     result
 }
 
-/// The API server's client and the objects read through it, in cluster mode.
+/// The API server's clients and the objects read through them, in cluster mode.
 struct Cluster {
-    client: kube::Client,
-    /// The credentials `client` reads, rotated with `rotateCertificates`.
-    credentials: kubelet_cluster::credentials::NodeCredentials,
+    clients: crate::cluster::Clients,
     objects: Arc<ApiObjects>,
 }
 
@@ -399,7 +397,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     if file.static_pod_url.is_some() {
         sources.push(Source::Http);
     }
-    let api_client = client.as_ref().map(|cluster| cluster.client.clone());
+    let api_client = client.as_ref().map(|cluster| cluster.clients.api.clone());
     let cluster = client.map(|client| {
         sources.push(Source::Api);
         (client, crate::cluster::facts(&settings, version))
@@ -429,8 +427,8 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         builder = builder.pod_cgroups(cgroups);
     }
     let mut volumes = volumes::Manager::new(settings.root_dir.join("pods")).allocatable(allocatable);
-    if let Some((Cluster { client, objects, .. }, _)) = &cluster {
-        builder = builder.mirror_client(crate::cluster::ApiMirrors::new(client.clone(), &settings.node_name));
+    if let Some((Cluster { clients, objects, .. }, _)) = &cluster {
+        builder = builder.mirror_client(crate::cluster::ApiMirrors::new(clients.api.clone(), &settings.node_name));
         // configMap, secret and projected volumes read the API server.
         volumes = volumes.objects(objects.clone());
     }
@@ -524,7 +522,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         let source = http::HttpSource::new(http_config, pod_config.source(Source::Http), recorder.clone());
         tracker.spawn(source.run(cancel.child_token()).instrument(info_span!("http_source")));
     }
-    if let Some((Cluster { client, credentials, .. }, facts)) = cluster {
+    if let Some((Cluster { clients, .. }, facts)) = cluster {
         info!(node = %settings.node_name, "joining the cluster of --kubeconfig");
         let images = Arc::new(std::sync::Mutex::new(Vec::new()));
         let lister = crate::cluster::list_images(agent.runtime().clone(), images.clone(), cancel.child_token());
@@ -536,8 +534,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         };
         crate::cluster::spawn(
             &tracker,
-            client,
-            credentials,
+            clients,
             facts,
             &settings,
             agent.statuses(),

@@ -64,10 +64,20 @@ pub(crate) async fn list_images<R: Runtime>(
     }
 }
 
-/// A client for the cluster of `--kubeconfig`, whose client certificate is first asked for with
-/// `--bootstrap-kubeconfig` when given and needed ([`bootstrap::load_client_cert`]), and the
-/// credentials it reads (rotated with `rotateCertificates`, see [`spawn`]).
-pub(crate) async fn connect(settings: &Settings) -> Result<(Client, NodeCredentials)> {
+/// The clients of cluster mode, as upstream's `KubeClient` and `EventClient`.
+pub(crate) struct Clients {
+    /// Everything but events and heartbeats, held to `kubeAPIQPS` and `kubeAPIBurst`.
+    pub(crate) api: Client,
+    /// Events, held to a budget of their own (`eventRecordQPS`, `eventBurst`), so that a burst
+    /// of them (four for each pod started) never holds back pod statuses, nor they events.
+    pub(crate) events: Client,
+    /// The credentials both read (rotated with `rotateCertificates`, see [`spawn`]).
+    pub(crate) credentials: NodeCredentials,
+}
+
+/// The clients for the cluster of `--kubeconfig`, whose client certificate is first asked for
+/// with `--bootstrap-kubeconfig` when given and needed ([`bootstrap::load_client_cert`]).
+pub(crate) async fn connect(settings: &Settings) -> Result<Clients> {
     let Some(path) = &settings.kubeconfig else { anyhow::bail!("cluster mode without --kubeconfig") };
     if let Some(bootstrap) = &settings.bootstrap_kubeconfig {
         bootstrap::load_client_cert(path, bootstrap, &settings.cert_dir, &settings.node_name)
@@ -80,15 +90,20 @@ pub(crate) async fn connect(settings: &Settings) -> Result<(Client, NodeCredenti
     } else {
         NodeCredentials::new(path)
     };
-    let client =
-        heartbeat::connect_node(&credentials, file.kube_api_qps, file.kube_api_burst).await.with_context(|| {
-            format!(
-                "cannot join the cluster with --kubeconfig {}: it must exist and hold the node's credentials, or \
+    let cannot_join = || {
+        format!(
+            "cannot join the cluster with --kubeconfig {}: it must exist and hold the node's credentials, or \
              --bootstrap-kubeconfig must give credentials to ask for them with",
-                path.display()
-            )
-        })?;
-    Ok((client, credentials))
+            path.display()
+        )
+    };
+    let api = heartbeat::connect_node(&credentials, file.kube_api_qps, file.kube_api_burst)
+        .await
+        .with_context(cannot_join)?;
+    let events = heartbeat::connect_node(&credentials, file.event_record_qps, file.event_burst)
+        .await
+        .with_context(cannot_join)?;
+    Ok(Clients { api, events, credentials })
 }
 
 /// What the node says of itself when it registers.
@@ -181,8 +196,7 @@ impl MirrorClient for ApiMirrors {
 #[allow(clippy::too_many_arguments)] // Reason: one call site, each part named.
 pub(crate) fn spawn(
     tracker: &TaskTracker,
-    client: Client,
-    credentials: NodeCredentials,
+    clients: Clients,
     facts: Facts,
     settings: &Settings,
     statuses: &kubelet::StatusStore,
@@ -191,10 +205,11 @@ pub(crate) fn spawn(
     recorder: &Arc<RingRecorder>,
     cancel: &CancellationToken,
 ) {
+    let Clients { api: client, events: event_client, credentials } = clients;
     let (events, pending) = mpsc::channel(kubelet_cluster::events::QUEUE);
     recorder.forward_to(Arc::new(ApiEvents(events)));
     tracker.spawn(
-        kubelet_cluster::events::send(client.clone(), settings.node_name.clone(), pending, cancel.child_token())
+        kubelet_cluster::events::send(event_client, settings.node_name.clone(), pending, cancel.child_token())
             .instrument(info_span!("event_sink")),
     );
     let recorder: Arc<dyn EventRecorder> = recorder.clone();

@@ -27,6 +27,10 @@ pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 /// The only `kind` accepted.
 pub const KIND: &str = "KubeletConfiguration";
 
+/// The requests per second client-go gives a client whose configuration says 0, which is what
+/// upstream's `eventRecordQPS: 0` comes to (its `--event-qps` help: "If 0 will use DefaultQPS: 5").
+const CLIENT_GO_DEFAULT_QPS: f64 = 5.0;
+
 /// A configuration file that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}{}{message}", field.as_ref().map(|f| format!("field {f}: ")).unwrap_or_default(), line.map(|l| format!("line {l}: ")).unwrap_or_default())]
@@ -128,6 +132,11 @@ pub struct KubeletConfiguration {
     pub kube_api_qps: f64,
     /// `kubeAPIBurst` (100): the API client's burst (0: the default).
     pub kube_api_burst: u32,
+    /// `eventRecordQPS` (50): the event client's average event creations per second, a budget
+    /// of its own beside `kubeAPIQPS` (0: client-go's default of 5, as upstream's flag says).
+    pub event_record_qps: f64,
+    /// `eventBurst` (100): the event client's burst (0: the default).
+    pub event_burst: u32,
     /// `imageGCHighThresholdPercent` (85): image GC starts at this image filesystem usage; 100
     /// turns it off.
     pub image_gc_high_threshold_percent: u32,
@@ -223,6 +232,8 @@ impl Default for KubeletConfiguration {
             node_lease_duration_seconds: 40,
             kube_api_qps: 50.0,
             kube_api_burst: 100,
+            event_record_qps: 50.0,
+            event_burst: 100,
             register_with_taints: Vec::new(),
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
@@ -298,6 +309,9 @@ struct Raw {
     kube_api_qps: Option<f64>,
     #[serde(rename = "kubeAPIBurst")]
     kube_api_burst: Option<u32>,
+    #[serde(rename = "eventRecordQPS")]
+    event_record_qps: Option<f64>,
+    event_burst: Option<u32>,
     register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
     node_status_update_frequency: Option<String>,
     node_status_report_frequency: Option<String>,
@@ -449,6 +463,13 @@ impl KubeletConfiguration {
             _ => {}
         }
         config.kube_api_burst = raw.kube_api_burst.filter(|b| *b > 0).unwrap_or(config.kube_api_burst);
+        match raw.event_record_qps {
+            Some(qps) if qps < 0.0 => return Err(at("eventRecordQPS", format!("{qps} is negative"))),
+            Some(0.0) => config.event_record_qps = CLIENT_GO_DEFAULT_QPS,
+            Some(qps) => config.event_record_qps = qps,
+            None => {}
+        }
+        config.event_burst = raw.event_burst.filter(|b| *b > 0).unwrap_or(config.event_burst);
         config.register_with_taints = raw.register_with_taints.unwrap_or_default();
         for taint in &config.register_with_taints {
             if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") || taint.key.is_empty()
@@ -765,6 +786,19 @@ mod tests {
         assert_eq!(config.max_pods, 110);
         assert_eq!(config.healthz_port, 10248);
         assert_eq!(config.image_pull_limit(), Some(1));
+        assert_eq!((config.event_record_qps, config.event_burst), (50.0, 100));
+    }
+
+    #[test]
+    fn the_event_client_has_a_budget_of_its_own() {
+        let config = parse("kubeAPIQPS: 10\nkubeAPIBurst: 20\neventRecordQPS: 3\neventBurst: 7\n").unwrap();
+        assert_eq!((config.kube_api_qps, config.kube_api_burst), (10.0, 20));
+        assert_eq!((config.event_record_qps, config.event_burst), (3.0, 7));
+        // 0 is client-go's default, as upstream's `--event-qps` says; a burst of 0 is the default.
+        let zero = parse("eventRecordQPS: 0\neventBurst: 0\n").unwrap();
+        assert_eq!((zero.event_record_qps, zero.event_burst), (5.0, 100));
+        let err = parse("eventRecordQPS: -1\n").unwrap_err().to_string();
+        assert!(err.contains("eventRecordQPS"), "{err}");
     }
 
     #[test]

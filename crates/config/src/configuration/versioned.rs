@@ -134,6 +134,8 @@ impl KubeletConfiguration {
             "nodeStatusMaxImages": max_images,
             "kubeAPIQPS": whole_if_whole(self.kube_api_qps),
             "kubeAPIBurst": self.kube_api_burst,
+            "eventRecordQPS": whole_if_whole(self.event_record_qps),
+            "eventBurst": self.event_burst,
         })
     }
 
