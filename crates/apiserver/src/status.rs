@@ -28,7 +28,7 @@ use kubelet_core::types::{annotations, config_hash};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, trace, warn};
 
 /// The pod conditions the kubelet owns; the others (readiness gates, a scheduler's) stay as the
 /// API has them.
@@ -271,11 +271,29 @@ struct Entry {
     /// The latest copy of the API's pod the sink knows (from the API pod source, or the answer
     /// to its own patch); never for a static pod, whose status goes to its mirror.
     copy: Option<ApiCopy>,
+    /// The status last sent and the API's status in the answer.
+    settled: Option<Settled>,
+}
+
+/// A status the API took, as the sink sent it (`ours`) and as the API answered it (`theirs`).
+/// An API server may store a status other than the one patched: an older one drops fields it
+/// does not know (`hostIPs` before v1.28), and every one fills in some (`lastState: {}`). While
+/// both are still these, the API has the kubelet's status, however the two differ: without this,
+/// every change of the pod (its deletion asked for, say) patched the same status again.
+#[derive(Clone, Debug, PartialEq)]
+struct Settled {
+    ours: PodStatus,
+    theirs: Option<PodStatus>,
 }
 
 impl Entry {
     fn due(&self) -> bool {
         self.change.is_some() && (!self.sent || (self.terminated && self.deleting))
+    }
+
+    /// Whether the API's `copy` still holds `change` as the API took it last.
+    fn settled_on(&self, change: &Change, copy: &ApiCopy) -> bool {
+        self.settled.as_ref().is_some_and(|s| s.ours == change.status && s.theirs == copy.status)
     }
 }
 
@@ -328,8 +346,15 @@ pub async fn report(
 
 /// Takes `report` into `pods`; the pods whose status may be due now.
 fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
-    let new_entry =
-        || Entry { change: None, sent: false, sent_to: None, terminated: false, deleting: false, copy: None };
+    let new_entry = || Entry {
+        change: None,
+        sent: false,
+        sent_to: None,
+        terminated: false,
+        deleting: false,
+        copy: None,
+        settled: None,
+    };
     match report {
         Report::Status(change) => {
             let uid = change.uid.clone();
@@ -367,7 +392,9 @@ fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
                 if entry.copy.as_ref().is_none_or(|copy| seen.copy.is_later_than(copy)) {
                     // The API's status changed under the kubelet's (another writer, a restored
                     // API server): the kubelet's is sent again.
-                    if entry.sent && entry.change.as_ref().is_some_and(|c| c.patch_against(&seen.copy).is_some()) {
+                    let differs =
+                        |c: &Change| c.patch_against(&seen.copy).is_some() && !entry.settled_on(c, &seen.copy);
+                    if entry.sent && entry.change.as_ref().is_some_and(differs) {
                         entry.sent = false;
                     }
                     entry.copy = Some(seen.copy);
@@ -382,35 +409,40 @@ fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
 /// Sends the latest status of each pod of `due` that still needs it, [`SENDS_IN_FLIGHT`] at a
 /// time, and records what became of each.
 async fn send_due(client: &Client, pods: &mut HashMap<String, Entry>, due: BTreeSet<String>) {
-    let round: Vec<(String, Change, bool, Option<ApiCopy>)> = due
+    let round: Vec<(String, Change, Due)> = due
         .into_iter()
         .filter_map(|uid| {
             let entry = pods.get(&uid).filter(|e| e.due())?;
+            let change = entry.change.clone()?;
+            let settled = entry.copy.as_ref().is_some_and(|copy| entry.settled_on(&change, copy));
             let delete = entry.terminated && entry.deleting;
-            Some((uid, entry.change.clone()?, delete, entry.copy.clone()))
+            Some((uid, change, Due { copy: entry.copy.clone(), settled, delete }))
         })
         .collect();
     let sent: Vec<_> = futures::stream::iter(round)
-        .map(|(uid, change, delete, copy)| async move {
-            let result = send(client, &change, delete, copy).await;
-            (uid, change.name, result)
+        .map(|(uid, change, due)| async move {
+            let result = send(client, &change, due).await;
+            (uid, change, result)
         })
         .buffer_unordered(SENDS_IN_FLIGHT)
         .collect()
         .await;
-    for (uid, name, result) in sent {
+    for (uid, change, result) in sent {
         match result {
             Ok(Sent::Kept(to, copy)) => {
                 if let Some(entry) = pods.get_mut(&uid) {
                     (entry.sent, entry.sent_to) = (true, Some(to));
-                    if let Some(copy) = copy.filter(|copy| entry.copy.as_ref().is_none_or(|c| copy.is_later_than(c))) {
-                        entry.copy = Some(*copy);
+                    if let Some(copy) = copy {
+                        entry.settled = Some(Settled { ours: change.status, theirs: copy.status.clone() });
+                        if entry.copy.as_ref().is_none_or(|c| copy.is_later_than(c)) {
+                            entry.copy = Some(*copy);
+                        }
                     }
                 }
             }
             Ok(Sent::NoMirror) => {}
             Ok(Sent::Gone) => _ = pods.remove(&uid),
-            Err(err) => warn!(pod = %name, error = %err, "cannot update the pod's status; trying again"),
+            Err(err) => warn!(pod = %change.name, error = %err, "cannot update the pod's status; trying again"),
         }
     }
 }
@@ -426,12 +458,24 @@ enum Sent {
     Gone,
 }
 
-/// Sends one change, patched against `copy` (the API's copy of a regular pod the sink has) or
-/// else against the pod read first, then deletes the pod when `delete`.
-async fn send(client: &Client, change: &Change, delete: bool, copy: Option<ApiCopy>) -> Result<Sent, kube::Error> {
+/// What the sink knows of a pod whose status is due.
+struct Due {
+    /// The API's copy of a regular pod, if the sink has one.
+    copy: Option<ApiCopy>,
+    /// Whether that copy holds the status as the API took it last ([`Settled`]).
+    settled: bool,
+    /// Whether the pod is to be deleted once its status is sent.
+    delete: bool,
+}
+
+/// Sends one change, patched against `due.copy` (the API's copy of a regular pod the sink has)
+/// or else against the pod read first, then deletes the pod when `due.delete`. A copy that holds
+/// the status as the API took it last needs no patch.
+async fn send(client: &Client, change: &Change, due: Due) -> Result<Sent, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &change.namespace);
-    let copy = copy.filter(|c| change.mirror_hash.is_none() && c.uid == change.uid);
+    let copy = due.copy.filter(|c| change.mirror_hash.is_none() && c.uid == change.uid);
     let sent = match copy {
+        Some(_) if due.settled => Sent::Kept(change.uid.clone(), None),
         Some(copy) => match patch_on_copy(&pods, change, copy).await? {
             Some(sent) => sent,
             None => read_and_patch(&pods, change).await?,
@@ -439,7 +483,7 @@ async fn send(client: &Client, change: &Change, delete: bool, copy: Option<ApiCo
         None => read_and_patch(&pods, change).await?,
     };
     match sent {
-        Sent::Kept(uid, _) if delete => delete_terminated(&pods, change, uid).await,
+        Sent::Kept(uid, _) if due.delete => delete_terminated(&pods, change, uid).await,
         sent => Ok(sent),
     }
 }
@@ -452,6 +496,7 @@ async fn patch_on_copy(pods: &Api<Pod>, change: &Change, copy: ApiCopy) -> Resul
     };
     patch["metadata"]["resourceVersion"] = json!(copy.resource_version);
     debug!(pod = %change.name, "patching the pod's status");
+    trace!(pod = %change.name, %patch, "the status patch");
     match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
         Ok(api) => Ok(Some(Sent::Kept(change.uid.clone(), Some(Box::new(ApiCopy::of(&api)))))),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(Some(Sent::Gone)),
@@ -472,6 +517,7 @@ async fn read_and_patch(pods: &Api<Pod>, change: &Change) -> Result<Sent, kube::
         return Ok(Sent::Kept(uid, regular.then(|| Box::new(ApiCopy::of(&api)))));
     };
     debug!(pod = %change.name, "patching the pod's status");
+    trace!(pod = %change.name, %patch, "the status patch");
     match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
         Ok(api) => Ok(Sent::Kept(uid, regular.then(|| Box::new(ApiCopy::of(&api))))),
         // The UID precondition failed: the pod was re-created meanwhile.

@@ -86,6 +86,9 @@ pub struct Objects {
     pub objects: BTreeMap<String, Value>,
     /// The TokenRequests served, as `namespace/serviceaccount` with the bound pod's name.
     pub token_requests: Vec<(String, String)>,
+    /// Pod status fields this server does not store, dropped from every status patch, as an API
+    /// server older than the field drops it (`hostIPs` before v1.28).
+    pub unknown_status_fields: Vec<&'static str>,
 }
 
 impl Objects {
@@ -535,6 +538,11 @@ async fn patch_pod_status(
     // The status subresource takes only the status from a patch.
     if let Some(status) = patch.get("status") {
         patch_type.apply(&mut pod["status"], status);
+    }
+    if let Some(status) = pod["status"].as_object_mut() {
+        for field in &objects.unknown_status_fields {
+            status.remove(*field);
+        }
     }
     if let Some(message) = invalid_pod_ips(&name, &pod["status"]) {
         return failure(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);

@@ -335,3 +335,41 @@ async fn statuses_are_patched_against_the_watched_copy_and_a_stale_copy_is_read_
 
     sink.stop().await;
 }
+
+/// An API server that stores a status other than the one patched (here an older one, which
+/// drops `hostIPs`) is patched once per status: the pod's deletion asked for, which shows the
+/// sink a later copy of the pod and the kubelet's status again, patches nothing; a change of the
+/// kubelet's status still goes.
+#[tokio::test]
+async fn a_status_the_api_stores_otherwise_is_not_patched_again_when_nothing_changed() {
+    let server = ApiServer::start().await;
+    server.objects.lock().unwrap().unknown_status_fields = vec!["hostIPs"];
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let sink = Sink::start(&server, rx, Duration::from_secs(3600)).await;
+    server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
+    let web = api_pod(&server, "default/web");
+    let with_host_ips = |ready: &str| PodStatus {
+        host_ip: Some("192.0.2.2".into()),
+        host_ips: Some(vec![k8s_openapi::api::core::v1::HostIP { ip: "192.0.2.2".into() }]),
+        ..running(ready)
+    };
+    tx.send(status::Report::bound(std::slice::from_ref(&web))).unwrap();
+    tx.send(status::Report::Status(status::Change::new(&web, with_host_ips("True")))).unwrap();
+    wait_for_ready(&server, "default/web", "True").await;
+    assert_eq!(server.requests("PATCH pods/status"), 1);
+    assert!(server.objects.lock().unwrap().pods["default/web"]["status"].get("hostIPs").is_none());
+
+    // The deletion is asked for: the API pod source shows the new copy, and the kubelet sets
+    // its unchanged status again, as it does for a pod being deleted.
+    server.request_deletion("default", "web", 30);
+    tx.send(status::Report::bound(&[api_pod(&server, "default/web")])).unwrap();
+    tx.send(status::Report::Status(status::Change::new(&web, with_host_ips("True")))).unwrap();
+    barrier(&server, &tx, 1).await;
+    assert_eq!(server.requests("PATCH pods/status"), 1 + 2, "web's status is not patched again (the barrier's two)");
+
+    tx.send(status::Report::Status(status::Change::new(&web, with_host_ips("False")))).unwrap();
+    wait_for_ready(&server, "default/web", "False").await;
+    assert_eq!(server.requests("PATCH pods/status"), 1 + 2 + 1, "a change goes");
+    sink.stop().await;
+}
