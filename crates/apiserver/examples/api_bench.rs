@@ -3,8 +3,10 @@
 //! ```text
 //! api_bench pods --kubeconfig FILE --node NODE --namespace NS --image IMG --pods N
 //!     waits (60 s at most) for NODE to be Ready, creates N one-container pods bound to it all at
-//!     once, and prints {"running_s": .., "gone_s": ..}: from the first create until the API
-//!     shows every pod Running, then from the first delete until the API has none of them
+//!     once, and prints {"running_s": .., "deletes_answered_s": .., "marked_s": ..,
+//!     "terminal_s": .., "gone_s": ..}: from the first create until the API shows every pod
+//!     Running, then from the first delete until the API answered every delete, showed every pod
+//!     marked for deletion, showed every pod's terminal status (the node's), and had none of them
 //! api_bench configmap --kubeconfig FILE --node NODE --namespace NS --image IMG --root-dir DIR
 //!         --updates N
 //!     runs one pod on NODE with a config map mounted, and once it is Running, changes the config
@@ -92,8 +94,16 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
                 image: required(args, "--image")?,
                 pods,
             };
-            let (running, gone) = run.measure(&client).await?;
-            println!("{}", json!({ "running_s": running.as_secs_f64(), "gone_s": gone.as_secs_f64() }));
+            let times = run.measure(&client).await?;
+            let seconds = |d: Duration| d.as_secs_f64();
+            let printed = json!({
+                "running_s": seconds(times.running),
+                "deletes_answered_s": seconds(times.answered),
+                "marked_s": seconds(times.marked),
+                "terminal_s": seconds(times.terminal),
+                "gone_s": seconds(times.gone),
+            });
+            println!("{printed}");
             Ok(())
         }
         Some("configmap") => {
@@ -132,6 +142,42 @@ async fn client(kubeconfig: &Path) -> Result<Client, BoxError> {
     Ok(Client::try_from(config)?)
 }
 
+/// One round's times: from the first create until all Running; and from the first delete until
+/// every delete was answered, every pod was seen marked for deletion, every pod was seen
+/// terminal (its final status from the node), and every pod was gone.
+struct Times {
+    running: Duration,
+    answered: Duration,
+    marked: Duration,
+    terminal: Duration,
+    gone: Duration,
+}
+
+/// What the watch has shown of the pods' deletion.
+#[derive(Default)]
+struct Deletion {
+    marked: BTreeSet<String>,
+    terminal: BTreeSet<String>,
+    gone: BTreeSet<String>,
+    last_marked: Duration,
+    last_terminal: Duration,
+}
+
+impl Deletion {
+    /// A pod changed, `at` after the first delete: the first time it shows a deletion timestamp,
+    /// and the first time it shows a terminal phase.
+    fn modified(&mut self, pod: &Pod, at: Duration) {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if pod.metadata.deletion_timestamp.is_some() && self.marked.insert(name.clone()) {
+            self.last_marked = at;
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) && self.terminal.insert(name) {
+            self.last_terminal = at;
+        }
+    }
+}
+
 /// One measured round: N pods created, Running, deleted and gone.
 struct Run<'a> {
     node: &'a str,
@@ -141,7 +187,7 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    async fn measure(&self, client: &Client) -> Result<(Duration, Duration), BoxError> {
+    async fn measure(&self, client: &Client) -> Result<Times, BoxError> {
         wait_node_ready(client, self.node).await?;
         self.make_namespace(client).await?;
         let api: Api<Pod> = Api::namespaced(client.clone(), self.namespace);
@@ -187,18 +233,34 @@ impl Run<'_> {
         let running_took = began.elapsed();
 
         let began = Instant::now();
-        try_join_all(names.iter().map(|name| api.delete(name, &delete))).await?;
-        let mut gone = BTreeSet::new();
-        while gone.len() < self.pods {
+        let deletes = tokio::spawn({
+            let api = api.clone();
+            let names = names.clone();
+            async move {
+                try_join_all(names.iter().map(|name| api.delete(name, &delete))).await?;
+                Ok::<_, kube::Error>(began.elapsed())
+            }
+        });
+        let mut deletion = Deletion::default();
+        while deletion.gone.len() < self.pods {
             match next_event(&mut events, began).await? {
+                WatchEvent::Modified(pod) => deletion.modified(&pod, began.elapsed()),
                 WatchEvent::Deleted(pod) => {
-                    gone.insert(pod.metadata.name.unwrap_or_default());
+                    deletion.gone.insert(pod.metadata.name.unwrap_or_default());
                 }
                 WatchEvent::Error(err) => return Err(format!("the watch failed: {err}").into()),
                 _ => {}
             }
         }
-        Ok((running_took, began.elapsed()))
+        let gone_took = began.elapsed();
+        let answered = deletes.await??;
+        Ok(Times {
+            running: running_took,
+            answered,
+            marked: deletion.last_marked,
+            terminal: deletion.last_terminal,
+            gone: gone_took,
+        })
     }
 
     /// One pod with config map [`CONFIG_MAP`] mounted: each of `updates` changes of the map,

@@ -376,6 +376,10 @@ impl Runtime for CriRuntime {
         status::get_pod_status(self, uid, name, namespace).await
     }
 
+    async fn get_listed_pod_status(&self, pod: &runtime::Pod) -> Result<PodStatus, Error> {
+        status::get_listed_pod_status(self, pod).await
+    }
+
     async fn sync_pod(
         &self,
         pod: &ApiPod,

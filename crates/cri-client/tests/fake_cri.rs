@@ -480,6 +480,37 @@ async fn a_stopped_pods_removal_asks_for_that_pod_alone_and_stops_nothing_again(
 }
 
 #[tokio::test]
+async fn a_listed_pod_is_inspected_without_listing_it_again() {
+    let f = start();
+    stopped_pod(&f.fake);
+    // The pod's newer sandbox, ready, beside the stopped one.
+    let mut newer = f.fake.sandboxes.lock().unwrap()[0].clone();
+    newer.id = "s2".into();
+    newer.state = pb::PodSandboxState::SandboxReady as i32;
+    newer.created_at = 2;
+    f.fake.sandboxes.lock().unwrap().push(newer);
+    let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
+    let runtime = CriRuntime::new(client, manager_config(f.dir.path()), Arc::new(RingRecorder::default()));
+    let listed = runtime.get_pods(true).await.unwrap().remove(0);
+    f.fake.calls.lock().unwrap().clear();
+
+    let status = runtime.get_listed_pod_status(&listed).await.unwrap();
+    let calls = f.fake.calls.lock().unwrap().clone();
+    assert_eq!(calls, ["pod_sandbox_status", "pod_sandbox_status", "container_status"], "statuses alone");
+    let sandboxes: Vec<&str> = status.sandbox_statuses.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(sandboxes, ["s2", "s1"], "newest first");
+    assert_eq!(status, runtime.get_pod_status(&PodUid::new("u"), "p", "ns").await.unwrap(), "as a fresh inspection");
+
+    // A sandbox removed since the listing is left out.
+    f.fake.sandboxes.lock().unwrap().retain(|s| s.id != "s2");
+    let status = runtime.get_listed_pod_status(&listed).await.unwrap();
+    let sandboxes: Vec<&str> = status.sandbox_statuses.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(sandboxes, ["s1"]);
+    assert_eq!(status.container_statuses.len(), 1);
+    f.server.abort();
+}
+
+#[tokio::test]
 async fn a_stopped_sandbox_the_runtime_will_not_remove_is_stopped_again_then_removed() {
     let f = start();
     stopped_pod(&f.fake);

@@ -312,6 +312,15 @@ impl<R: Runtime, N: NetworkPlugin> Runtime for Networked<R, N> {
         })
     }
 
+    async fn get_listed_pod_status(&self, pod: &Pod) -> Result<PodStatus, Self::Error> {
+        let listed = without_network(pod);
+        let status = self.runtime.get_listed_pod_status(&listed).await.map_err(NetworkedError::Runtime)?;
+        Ok(match self.plugin.pod_network(&pod.uid) {
+            Some(network) => with_network(&status, &network),
+            None => status,
+        })
+    }
+
     /// Sets the pod's network up (or checks it), then lets the runtime sync the pod in it.
     async fn sync_pod(
         &self,

@@ -858,6 +858,16 @@ pub trait Runtime: Send + Sync + 'static {
         namespace: &str,
     ) -> impl Future<Output = Result<PodStatus, Self::Error>> + Send;
 
+    /// Inspects one pod as [`get_pods`](Self::get_pods)`(true)` has just listed it.
+    ///
+    /// A runtime may read the statuses of the listed sandboxes and containers alone, without
+    /// listing the pod again: one created since the listing is then missing from the status
+    /// until the next listing finds it.
+    /// The default inspects the pod afresh with [`get_pod_status`](Self::get_pod_status).
+    fn get_listed_pod_status(&self, pod: &Pod) -> impl Future<Output = Result<PodStatus, Self::Error>> + Send {
+        self.get_pod_status(&pod.uid, &pod.name, &pod.namespace)
+    }
+
     /// Brings the pod's sandbox and containers in line with its spec; `backoff` is the crash-loop
     /// backoff, and a running container that failed its liveness or startup probe in `probes` is
     /// killed and started again (an agent without a prober passes an empty store); `volumes` are

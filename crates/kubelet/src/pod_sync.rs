@@ -571,11 +571,15 @@ impl<R: Runtime> PodSyncer for PodSync<R> {
             .await
             .map_err(|e| Error::runtime("kill_pod", e))?;
         self.changed();
-        let after = self
+        let mut after = self
             .runtime
             .get_pod_status(&uid, &runtime_status.name, &runtime_status.namespace)
             .await
             .map_err(|e| Error::runtime("get_pod_status", e))?;
+        // A stopped sandbox reports no IP; the pod keeps the ones it had (upstream
+        // `preserveDataFromBeforeStopping`), as the PLEG's cache does, so the terminal status
+        // is sent once, not once without them and again with them.
+        after.ips.clone_from(&runtime_status.ips);
         let still: Vec<&str> = after
             .container_statuses
             .iter()

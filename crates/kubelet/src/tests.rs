@@ -243,6 +243,13 @@ async fn terminating_kills_with_the_grace_and_records_the_final_status() {
     let stored = f.stored(&p);
     assert_eq!(stored.reason.as_deref(), Some("Evicted"));
     assert_eq!(stored.phase.as_deref(), Some("Failed"), "a killed Always pod ends Failed");
+    assert!(f.runtime_status(&p).await.ips.is_empty(), "a stopped sandbox reports no IP");
+    assert_eq!(
+        stored.pod_ip,
+        status.ips.first().cloned(),
+        "the IP it had, kept (upstream preserveDataFromBeforeStopping)"
+    );
+    assert!(stored.pod_ip.is_some());
     f.sync.sync_terminated_pod(&p, &f.runtime_status(&p).await).await.unwrap();
     let orphan = runtime::Pod::new(PodUid::new("ghost"), "ghost", "default");
     f.sync.sync_terminating_runtime_pod(&orphan).await.unwrap();

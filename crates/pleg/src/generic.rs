@@ -289,10 +289,10 @@ impl<R: Runtime> GenericPleg<R> {
         }
     }
 
-    /// Inspects one pod: `Ok` with its status, or the error to record; a pod gone from the
-    /// listing needs no inspection.
+    /// Inspects one pod as the relist listed it: `Ok` with its status, or the error to record;
+    /// a pod gone from the listing needs no inspection.
     async fn inspect(&self, pod: &runtime::Pod) -> Result<PodStatus, StatusError> {
-        let fetch = self.runtime.get_pod_status(&pod.uid, &pod.name, &pod.namespace);
+        let fetch = self.runtime.get_listed_pod_status(pod);
         match tokio::time::timeout(self.config.inspect_timeout, fetch).await {
             Ok(Ok(status)) => Ok(status),
             Ok(Err(err)) => Err(Arc::new(err)),

@@ -40,9 +40,20 @@ use crate::{
 pub(super) struct ClusterRuns {
     running: BTreeMap<usize, Vec<f64>>,
     gone: BTreeMap<usize, Vec<f64>>,
+    /// Where a deletion's seconds went, by pod count.
+    deletion: BTreeMap<usize, Vec<DeletionTimes>>,
     config_map_updates: Vec<f64>,
     /// The CRI floor of one pod, all at once, measured in each round with the agent paused.
     floor_one: Vec<f64>,
+}
+
+/// One round's deletion as the API showed it, seconds from the first delete: every delete
+/// answered, every pod marked for deletion, every pod's terminal status in, every pod gone.
+#[derive(Debug, Clone, Copy)]
+struct DeletionTimes {
+    answered: f64,
+    marked: f64,
+    terminal: f64,
 }
 
 /// What the cluster figures are held to, from the same run's standalone figures.
@@ -120,9 +131,10 @@ fn measure_on_cluster(
                     agent.wait_quiet(Duration::from_secs(10));
                 }
                 progress(&format!("cluster mode, {pods} API pods, run {round} of {}", options.repeat));
-                let (running, gone) = api_pods(api_tool, &node, pods)?;
-                runs.running.entry(pods).or_default().push(running);
-                runs.gone.entry(pods).or_default().push(gone);
+                let round = api_pods(api_tool, &node, pods)?;
+                runs.running.entry(pods).or_default().push(round.running);
+                runs.gone.entry(pods).or_default().push(round.gone);
+                runs.deletion.entry(pods).or_default().push(round.deletion);
                 // The next round starts on a node that has removed these pods, as the standalone
                 // rounds do: a 1-pod round right after 50 pods were deleted ran beside their
                 // removal (sandboxes, cgroups, directories), 0.25-0.31 s where it takes
@@ -180,11 +192,24 @@ fn config(dir: &Path) -> Result<std::path::PathBuf> {
     Ok(config)
 }
 
-/// One round of `pods` API pods: (created → all Running, deleted → all gone), seconds.
-fn api_pods(api_tool: &Path, node: &str, pods: usize) -> Result<(f64, f64)> {
+/// One round of API pods, seconds: created → all Running, deleted → all gone, and the deletion's
+/// steps.
+struct ApiRound {
+    running: f64,
+    gone: f64,
+    deletion: DeletionTimes,
+}
+
+/// One round of `pods` API pods.
+fn api_pods(api_tool: &Path, node: &str, pods: usize) -> Result<ApiRound> {
     let times = run_api_tool(api_tool, "pods", node, |tool| tool.args(["--pods", &pods.to_string()]))?;
     let seconds = |key: &str| times[key].as_f64().with_context(|| format!("api_bench printed no {key}: {times}"));
-    Ok((seconds("running_s")?, seconds("gone_s")?))
+    let deletion = DeletionTimes {
+        answered: seconds("deletes_answered_s")?,
+        marked: seconds("marked_s")?,
+        terminal: seconds("terminal_s")?,
+    };
+    Ok(ApiRound { running: seconds("running_s")?, gone: seconds("gone_s")?, deletion })
 }
 
 /// `updates` changes of a config map a pod mounts, each until the file in the pod's volume under
@@ -239,12 +264,35 @@ pub(super) fn figures(runs: &ClusterRuns, standalone: &Standalone) -> Vec<Figure
         // Reported, not held to the baseline: the same build's deletion of 10 API pods took
         // 0.95 to 1.29 s over 20 runs, a spread wider than the check's 20 %.
         figures.push(with_floor(figure, standalone.teardown.get(&pods)).unchecked());
+        figures.extend(deletion_breakdown(pods, runs.deletion.get(&pods).map_or(&[], Vec::as_slice)));
     }
     if !runs.config_map_updates.is_empty() {
         let name = "cluster, a configMap changed in the API → the file changed in the pod's volume";
         figures.push(Figure::new(name, "s", &runs.config_map_updates).target(Target::EachAtMost(2.0)));
     }
     figures
+}
+
+/// Where a deletion of `pods` API pods spent its seconds: the API server's part (answering
+/// the deletes, and marking the pods, which the agent's watch then sees) and the agent's
+/// (killing the pods and sending their terminal statuses; then deleting them from the API).
+fn deletion_breakdown(pods: usize, rounds: &[DeletionTimes]) -> Vec<Figure> {
+    if rounds.is_empty() {
+        return Vec::new();
+    }
+    let samples = |step: fn(&DeletionTimes) -> f64| rounds.iter().map(step).collect::<Vec<f64>>();
+    let steps = [
+        ("every delete answered", samples(|t| t.answered)),
+        ("every pod marked for deletion in the watch", samples(|t| t.marked)),
+        ("every pod's terminal status in the API", samples(|t| t.terminal)),
+    ];
+    steps
+        .into_iter()
+        .map(|(step, samples)| {
+            let name = format!("cluster, {pods} API pods, breakdown: deleted → {step}");
+            Figure::new(name, "s", &samples).unchecked()
+        })
+        .collect()
 }
 
 fn with_floor(figure: Figure, floor: Option<&f64>) -> Figure {

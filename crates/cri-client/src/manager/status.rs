@@ -125,14 +125,37 @@ pub(super) async fn get_pod_status(
     namespace: &str,
 ) -> Result<PodStatus, Error> {
     let selector = CriRuntime::uid_selector(uid);
-    let sandboxes = rt
-        .list_sandboxes(Some(pb::PodSandboxFilter { label_selector: selector.clone(), ..Default::default() }))
-        .await?;
-    let mut sandboxes: Vec<_> = sandboxes.into_iter().collect();
+    let sandbox_filter = pb::PodSandboxFilter { label_selector: selector.clone(), ..Default::default() };
+    let container_filter = pb::ContainerFilter { label_selector: selector, ..Default::default() };
+    let (mut sandboxes, containers) =
+        futures::try_join!(rt.list_sandboxes(Some(sandbox_filter)), rt.list_containers(Some(container_filter)))?;
     sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
-    let mut status = PodStatus::new(uid.clone(), name, namespace);
-    for (i, s) in sandboxes.iter().enumerate() {
-        let request = pb::PodSandboxStatusRequest { pod_sandbox_id: s.id.clone(), verbose: false };
+    let sandbox_ids: Vec<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+    let container_ids: Vec<&str> = containers.iter().map(|c| c.id.as_str()).collect();
+    let status = PodStatus::new(uid.clone(), name, namespace);
+    read_statuses(rt, status, &sandbox_ids, &container_ids).await
+}
+
+/// The status of a pod [`get_pods`] has just listed: the listed sandboxes' and containers'
+/// statuses alone, without listing the pod again.
+pub(super) async fn get_listed_pod_status(rt: &CriRuntime, pod: &runtime::Pod) -> Result<PodStatus, Error> {
+    let sandbox_ids: Vec<&str> = pod.sandboxes.iter().map(|s| s.id.as_str()).collect();
+    let container_ids: Vec<&str> = pod.containers.iter().map(|c| c.id.as_str()).collect();
+    let status = PodStatus::new(pod.uid.clone(), &pod.name, &pod.namespace);
+    read_statuses(rt, status, &sandbox_ids, &container_ids).await
+}
+
+/// Fills `status` with the statuses of the pod's sandboxes (`sandbox_ids` newest first: the
+/// pod's IPs are the newest sandbox's while it is ready) and containers; one removed since it
+/// was listed is left out.
+async fn read_statuses(
+    rt: &CriRuntime,
+    mut status: PodStatus,
+    sandbox_ids: &[&str],
+    container_ids: &[&str],
+) -> Result<PodStatus, Error> {
+    for (i, id) in sandbox_ids.iter().enumerate() {
+        let request = pb::PodSandboxStatusRequest { pod_sandbox_id: (*id).to_owned(), verbose: false };
         let response = match rt.client.runtime_service().pod_sandbox_status(request).await {
             Ok(response) => response.into_inner(),
             Err(e) if e.code() == tonic::Code::NotFound => continue,
@@ -151,11 +174,9 @@ pub(super) async fn get_pod_status(
         }
         status.sandbox_statuses.push(converted);
     }
-    let containers =
-        rt.list_containers(Some(pb::ContainerFilter { label_selector: selector, ..Default::default() })).await?;
     let mut statuses = Vec::new();
-    for c in containers {
-        let request = pb::ContainerStatusRequest { container_id: c.id.clone(), verbose: false };
+    for id in container_ids {
+        let request = pb::ContainerStatusRequest { container_id: (*id).to_owned(), verbose: false };
         match rt.client.runtime_service().container_status(request).await {
             Ok(response) => {
                 if let Some(s) = response.into_inner().status {
@@ -169,7 +190,6 @@ pub(super) async fn get_pod_status(
                     statuses.push((s.created_at, converted));
                 }
             }
-            // Removed between the listing and the inspection.
             Err(e) if e.code() == tonic::Code::NotFound => {}
             Err(e) => return Err(Error::status("ContainerStatus", e)),
         }
