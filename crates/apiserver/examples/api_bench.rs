@@ -233,17 +233,22 @@ impl Run<'_> {
         let running_took = began.elapsed();
 
         let began = Instant::now();
-        let deletes = tokio::spawn({
-            let api = api.clone();
-            let names = names.clone();
-            async move {
-                try_join_all(names.iter().map(|name| api.delete(name, &delete))).await?;
-                Ok::<_, kube::Error>(began.elapsed())
-            }
-        });
+        let deletes = try_join_all(names.iter().map(|name| api.delete(name, &delete)));
+        let mut deletes = std::pin::pin!(deletes);
+        let mut answered = None;
         let mut deletion = Deletion::default();
         while deletion.gone.len() < self.pods {
-            match next_event(&mut events, began).await? {
+            // The deletes are answered while the watch is read, so its times are the API's; a
+            // delete that fails ends the round at once.
+            let event = tokio::select! {
+                result = &mut deletes, if answered.is_none() => {
+                    result?;
+                    answered = Some(began.elapsed());
+                    continue;
+                }
+                event = next_event(&mut events, began) => event?,
+            };
+            match event {
                 WatchEvent::Modified(pod) => deletion.modified(&pod, began.elapsed()),
                 WatchEvent::Deleted(pod) => {
                     deletion.gone.insert(pod.metadata.name.unwrap_or_default());
@@ -253,7 +258,13 @@ impl Run<'_> {
             }
         }
         let gone_took = began.elapsed();
-        let answered = deletes.await??;
+        let answered = match answered {
+            Some(answered) => answered,
+            None => {
+                deletes.await?;
+                began.elapsed()
+            }
+        };
         Ok(Times {
             running: running_took,
             answered,

@@ -154,6 +154,14 @@ pub struct Networked<R, N> {
 }
 
 impl<R: Runtime, N: NetworkPlugin> Networked<R, N> {
+    /// The runtime's `status` of pod `uid`, with the pod's network as its sandbox, if it has one.
+    fn with_pod_network(&self, uid: &PodUid, status: PodStatus) -> PodStatus {
+        match self.plugin.pod_network(uid) {
+            Some(network) => with_network(&status, &network),
+            None => status,
+        }
+    }
+
     /// `runtime`, its pods networked by `plugin`.
     pub fn new(runtime: R, plugin: N) -> Self {
         Networked {
@@ -306,19 +314,13 @@ impl<R: Runtime, N: NetworkPlugin> Runtime for Networked<R, N> {
 
     async fn get_pod_status(&self, uid: &PodUid, name: &str, namespace: &str) -> Result<PodStatus, Self::Error> {
         let status = self.runtime.get_pod_status(uid, name, namespace).await.map_err(NetworkedError::Runtime)?;
-        Ok(match self.plugin.pod_network(uid) {
-            Some(network) => with_network(&status, &network),
-            None => status,
-        })
+        Ok(self.with_pod_network(uid, status))
     }
 
     async fn get_listed_pod_status(&self, pod: &Pod) -> Result<PodStatus, Self::Error> {
         let listed = without_network(pod);
         let status = self.runtime.get_listed_pod_status(&listed).await.map_err(NetworkedError::Runtime)?;
-        Ok(match self.plugin.pod_network(&pod.uid) {
-            Some(network) => with_network(&status, &network),
-            None => status,
-        })
+        Ok(self.with_pod_network(&pod.uid, status))
     }
 
     /// Sets the pod's network up (or checks it), then lets the runtime sync the pod in it.
