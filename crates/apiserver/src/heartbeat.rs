@@ -15,6 +15,7 @@ use kubelet_core::{
     clock::wall_now,
     events::{Event, EventRecorder, EventType, ObjectRef},
 };
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tower::timeout::TimeoutLayer;
 use tracing::{info, warn};
@@ -220,6 +221,10 @@ fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Error {
 /// Runs the status and lease heartbeats of the registered `node` until `cancel`: the status is
 /// computed every `status_update` from `facts` and `health()`, and patched when it changed or
 /// `status_report` has passed; the lease is created if need be and renewed every `lease_renew`.
+/// A renewal that succeeds after one failed notifies `api_back`: the API server answers again,
+/// and what waits on it (the pod source's watch) need not wait for its own backoff.
+// Reason: each is a separate part of the heartbeats; a struct would only name them again.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     node: Node,
@@ -227,10 +232,12 @@ pub async fn run(
     health: impl Fn() -> Health + Send + Sync + 'static,
     recorder: Arc<dyn EventRecorder>,
     config: Config,
+    api_back: Arc<Notify>,
     cancel: CancellationToken,
 ) {
     let uid = node.metadata.uid.clone();
-    let leases = tokio::spawn(renew_lease(client.clone(), facts.name.clone(), uid, config.clone(), cancel.clone()));
+    let renewals = renew_lease(client.clone(), facts.name.clone(), uid, config.clone(), api_back, cancel.clone());
+    let leases = tokio::spawn(renewals);
     report_status(client, node, facts, health, recorder, config, cancel).await;
     let _ = leases.await;
 }
@@ -275,10 +282,18 @@ async fn report_status(
     }
 }
 
-async fn renew_lease(client: Client, node: String, uid: Option<String>, config: Config, cancel: CancellationToken) {
+async fn renew_lease(
+    client: Client,
+    node: String,
+    uid: Option<String>,
+    config: Config,
+    api_back: Arc<Notify>,
+    cancel: CancellationToken,
+) {
     let leases: Api<Lease> = Api::namespaced(client, lease::NAMESPACE);
     let mut base: Option<Lease> = None;
     let mut failures = 0;
+    let mut renewed_last_time = true;
     loop {
         let current = match base.take() {
             Some(lease) => Ok(lease),
@@ -288,12 +303,18 @@ async fn renew_lease(client: Client, node: String, uid: Option<String>, config: 
             Err(err) => {
                 let wait = lease::backoff(failures);
                 failures += 1;
+                renewed_last_time = false;
                 warn!(node = %node, error = %err, retry_in = ?wait, "cannot read or create the node lease");
                 wait
             }
             Ok(current) => {
                 failures = 0;
                 base = update_lease(&leases, &node, uid.as_deref(), config.lease_duration_seconds, current).await;
+                let renewed = base.is_some();
+                if renewed && !renewed_last_time {
+                    api_back.notify_one();
+                }
+                renewed_last_time = renewed;
                 config.lease_renew
             }
         };

@@ -21,9 +21,10 @@
 //! [`heartbeat`] puts them to work over a kube-rs client: [`heartbeat::connect`] reads a
 //! kubeconfig, [`heartbeat::register`] creates the Node or adopts the one there (putting the
 //! kubelet's labels back), and [`heartbeat::run`] reports the status on change (or every
-//! report period) and renews the lease until cancelled. [`source::watch_pods`] is the API pod
-//! source: the pods bound to the node, as snapshots for the config merger, the first once the
-//! initial list is complete. [`testing`] (feature `test-util`) is an in-process API server that
+//! report period) and renews the lease until cancelled, telling when the API server answers
+//! again after an outage. [`source::watch_pods`] is the API pod source: the pods bound to the
+//! node, as snapshots for the config merger, the first once the initial list is complete, and
+//! afresh when told the API server answers again. [`testing`] (feature `test-util`) is an in-process API server that
 //! speaks the wire protocol of these requests (list and watch with 410 included), for tests.
 //! [`status`] is the pod status sink: [`status::status_patch`] holds its rules (the UID
 //! precondition, terminal phases kept, others' conditions kept), [`status::report`] sends the

@@ -10,7 +10,7 @@
 //! grace 0 and its UID as a precondition. A static pod's status goes to its mirror pod.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     time::Duration,
 };
 
@@ -262,6 +262,9 @@ struct Entry {
     change: Option<Change>,
     /// Whether the API has that status.
     sent: bool,
+    /// Bumped each time the status is no longer sent ([`Entry::unsent`]): a send that began
+    /// before marks nothing sent when it ends.
+    generation: u64,
     /// The UID of the API's pod that has it: the pod's own, or a static pod's mirror.
     sent_to: Option<String>,
     /// Whether nothing of it runs any more.
@@ -287,8 +290,27 @@ struct Settled {
 }
 
 impl Entry {
+    fn new() -> Self {
+        Entry {
+            change: None,
+            sent: false,
+            generation: 0,
+            sent_to: None,
+            terminated: false,
+            deleting: false,
+            copy: None,
+            settled: None,
+        }
+    }
+
     fn due(&self) -> bool {
         self.change.is_some() && (!self.sent || (self.terminated && self.deleting))
+    }
+
+    /// The API no longer has the latest status, or never had it.
+    fn unsent(&mut self) {
+        self.sent = false;
+        self.generation += 1;
     }
 
     /// Whether the API's `copy` still holds `change` as the API took it last.
@@ -297,73 +319,150 @@ impl Entry {
     }
 }
 
-/// How many pods' statuses are sent at once, each its own patch (the client's rate limit,
-/// `kubeAPIQPS`, still holds).
-const SENDS_IN_FLIGHT: usize = 8;
+/// How many pods' statuses [`report`] sends at once by default, each its own patch (the client's
+/// rate limit, `kubeAPIQPS`, still holds).
+pub const SENDS_IN_FLIGHT: usize = 8;
 
 /// Sends pod statuses to the API server until `cancel` or until `reports` closes: each change
 /// at once, and every `resync` (upstream's 10 s) each pod whose latest status is not yet sent.
-/// Reports that come while statuses are being sent merge: the next round sends each pod's latest
-/// status once, however many it had meanwhile, and up to 8 pods at a time (upstream sends every
-/// status it hears, one at a time). A regular pod's status is patched against the sink's copy
-/// of the API's pod, from the API pod source ([`Report::Bound`]) or the answer to its last
-/// patch, and sent again when the API pod source shows another writer changed what the kubelet
-/// says.
+/// Up to `sends_in_flight` pods' statuses are sent at a time, the next due pod starting as soon
+/// as one is done, one send at a time for each pod. Reports that come while a pod's status is
+/// being sent merge: its latest status goes next, once, however many it had meanwhile (upstream
+/// sends every status it hears, one at a time). A regular pod's status is patched against the
+/// sink's copy of the API's pod, from the API pod source ([`Report::Bound`]) or the answer to its
+/// last patch, and sent again when the API pod source shows another writer changed what the
+/// kubelet says.
 /// A pod that has terminated and whose deletion the API asked for is deleted (grace 0, with its
 /// UID as a precondition) once its last status is sent. A pod the API no longer has is forgotten.
 /// A static pod's status goes to its mirror, at each resync until the mirror is there, and is
 /// forgotten when the kubelet removes the pod ([`Report::Removed`]).
-/// A status heard in the same round as its pod's removal goes with it: the API pod is gone by
-/// then, or the mirror is being deleted.
+/// A status heard before its pod's removal and not yet being sent goes with it: the API pod is
+/// gone by then, or the mirror is being deleted.
 pub async fn report(
     client: Client,
     mut reports: mpsc::UnboundedReceiver<Report>,
     resync: Duration,
+    sends_in_flight: usize,
     cancel: CancellationToken,
 ) {
-    let mut pods: HashMap<String, Entry> = HashMap::new();
+    let mut sink = Sink::default();
+    let mut sends = futures::stream::FuturesUnordered::new();
     let mut tick = tokio::time::interval(resync);
     loop {
-        let mut due = BTreeSet::new();
+        while sends.len() < sends_in_flight.max(1) {
+            let Some(sending) = sink.next_send() else { break };
+            sends.push(sending.send(client.clone()));
+        }
         tokio::select! {
             () = cancel.cancelled() => return,
             report = reports.recv() => match report {
                 None => return,
-                Some(report) => due.extend(hear(&mut pods, report)),
+                Some(report) => {
+                    sink.hear(report);
+                    // What came meanwhile merges before anything more is sent.
+                    while let Ok(report) = reports.try_recv() {
+                        sink.hear(report);
+                    }
+                }
             },
-            _ = tick.tick() => due.extend(pods.iter().filter(|(_, e)| e.due()).map(|(uid, _)| uid.clone())),
+            _ = tick.tick() => sink.queue_every_due(),
+            Some(done) = sends.next(), if !sends.is_empty() => sink.record(done),
         }
-        // What came while the last round was being sent merges into this one.
-        while let Ok(report) = reports.try_recv() {
-            due.extend(hear(&mut pods, report));
+    }
+}
+
+/// What [`report`] keeps: each pod's entry, the pods whose status may be due in the order they
+/// became so, and the pods whose status is being sent.
+#[derive(Default)]
+struct Sink {
+    pods: HashMap<String, Entry>,
+    waiting: VecDeque<String>,
+    /// The pods in `waiting`.
+    queued: HashSet<String>,
+    in_flight: HashSet<String>,
+}
+
+impl Sink {
+    /// Takes `report` in, and queues the pods whose status may be due now.
+    fn hear(&mut self, report: Report) {
+        for uid in hear(&mut self.pods, report) {
+            self.queue(uid);
         }
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = send_due(&client, &mut pods, due) => {}
+    }
+
+    /// Queues every pod whose status is due (the resync).
+    fn queue_every_due(&mut self) {
+        let due: Vec<String> = self.pods.iter().filter(|(_, e)| e.due()).map(|(uid, _)| uid.clone()).collect();
+        for uid in due {
+            self.queue(uid);
+        }
+    }
+
+    /// Queues `uid` once; a pod being sent is looked at again when its send ends.
+    fn queue(&mut self, uid: String) {
+        if !self.in_flight.contains(&uid) && self.queued.insert(uid.clone()) {
+            self.waiting.push_back(uid);
+        }
+    }
+
+    /// The next queued pod whose status is due, now in flight.
+    fn next_send(&mut self) -> Option<Sending> {
+        while let Some(uid) = self.waiting.pop_front() {
+            self.queued.remove(&uid);
+            let Some(entry) = self.pods.get(&uid).filter(|e| e.due()) else { continue };
+            let Some(change) = entry.change.clone() else { continue };
+            let settled = entry.copy.as_ref().is_some_and(|copy| entry.settled_on(&change, copy));
+            let delete = entry.terminated && entry.deleting;
+            let due = Due { copy: entry.copy.clone(), settled, delete };
+            let generation = entry.generation;
+            self.in_flight.insert(uid.clone());
+            return Some(Sending { uid, change, generation, due });
+        }
+        None
+    }
+
+    /// Records what became of a send, and queues its pod again if a later status came meanwhile
+    /// (or its deletion is now due).
+    fn record(&mut self, done: Done) {
+        let Done { uid, change, generation, result } = done;
+        self.in_flight.remove(&uid);
+        match result {
+            Ok(Sent::Kept(to, copy)) => {
+                let Some(entry) = self.pods.get_mut(&uid) else { return };
+                entry.sent_to = Some(to);
+                if entry.generation == generation {
+                    entry.sent = true;
+                }
+                if let Some(copy) = copy {
+                    entry.settled = Some(Settled { ours: change.status, theirs: copy.status.clone() });
+                    if entry.copy.as_ref().is_none_or(|c| copy.is_later_than(c)) {
+                        entry.copy = Some(*copy);
+                    }
+                }
+                if entry.due() {
+                    self.queue(uid);
+                }
+            }
+            // At the next resync.
+            Ok(Sent::NoMirror) => {}
+            Ok(Sent::Gone) => _ = self.pods.remove(&uid),
+            Err(err) => warn!(pod = %change.name, error = %err, "cannot update the pod's status; trying again"),
         }
     }
 }
 
 /// Takes `report` into `pods`; the pods whose status may be due now.
 fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
-    let new_entry = || Entry {
-        change: None,
-        sent: false,
-        sent_to: None,
-        terminated: false,
-        deleting: false,
-        copy: None,
-        settled: None,
-    };
     match report {
         Report::Status(change) => {
             let uid = change.uid.clone();
-            let entry = pods.entry(uid.clone()).or_insert_with(new_entry);
-            (entry.change, entry.sent) = (Some(change), false);
+            let entry = pods.entry(uid.clone()).or_insert_with(Entry::new);
+            entry.change = Some(change);
+            entry.unsent();
             vec![uid]
         }
         Report::Terminated(uid) => {
-            pods.entry(uid.clone()).or_insert_with(new_entry).terminated = true;
+            pods.entry(uid.clone()).or_insert_with(Entry::new).terminated = true;
             vec![uid]
         }
         Report::Removed(uid) => {
@@ -379,12 +478,12 @@ fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
             for (uid, entry) in pods.iter_mut().filter(|(_, e)| is_static(e)) {
                 // A static pod's mirror that came, or was replaced, gets the status.
                 if entry.sent_to.as_ref().is_none_or(|to| !bound.contains_key(to)) {
-                    entry.sent = false;
+                    entry.unsent();
                     due.push(uid.clone());
                 }
             }
             for (uid, seen) in bound {
-                let entry = pods.entry(uid.clone()).or_insert_with(new_entry);
+                let entry = pods.entry(uid.clone()).or_insert_with(Entry::new);
                 if is_static(entry) {
                     continue;
                 }
@@ -395,7 +494,7 @@ fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
                     let differs =
                         |c: &Change| c.patch_against(&seen.copy).is_some() && !entry.settled_on(c, &seen.copy);
                     if entry.sent && entry.change.as_ref().is_some_and(differs) {
-                        entry.sent = false;
+                        entry.unsent();
                     }
                     entry.copy = Some(seen.copy);
                 }
@@ -406,45 +505,31 @@ fn hear(pods: &mut HashMap<String, Entry>, report: Report) -> Vec<String> {
     }
 }
 
-/// Sends the latest status of each pod of `due` that still needs it, [`SENDS_IN_FLIGHT`] at a
-/// time, and records what became of each.
-async fn send_due(client: &Client, pods: &mut HashMap<String, Entry>, due: BTreeSet<String>) {
-    let round: Vec<(String, Change, Due)> = due
-        .into_iter()
-        .filter_map(|uid| {
-            let entry = pods.get(&uid).filter(|e| e.due())?;
-            let change = entry.change.clone()?;
-            let settled = entry.copy.as_ref().is_some_and(|copy| entry.settled_on(&change, copy));
-            let delete = entry.terminated && entry.deleting;
-            Some((uid, change, Due { copy: entry.copy.clone(), settled, delete }))
-        })
-        .collect();
-    let sent: Vec<_> = futures::stream::iter(round)
-        .map(|(uid, change, due)| async move {
-            let result = send(client, &change, due).await;
-            (uid, change, result)
-        })
-        .buffer_unordered(SENDS_IN_FLIGHT)
-        .collect()
-        .await;
-    for (uid, change, result) in sent {
-        match result {
-            Ok(Sent::Kept(to, copy)) => {
-                if let Some(entry) = pods.get_mut(&uid) {
-                    (entry.sent, entry.sent_to) = (true, Some(to));
-                    if let Some(copy) = copy {
-                        entry.settled = Some(Settled { ours: change.status, theirs: copy.status.clone() });
-                        if entry.copy.as_ref().is_none_or(|c| copy.is_later_than(c)) {
-                            entry.copy = Some(*copy);
-                        }
-                    }
-                }
-            }
-            Ok(Sent::NoMirror) => {}
-            Ok(Sent::Gone) => _ = pods.remove(&uid),
-            Err(err) => warn!(pod = %change.name, error = %err, "cannot update the pod's status; trying again"),
-        }
+/// A pod's status on its way to the API.
+struct Sending {
+    uid: String,
+    change: Change,
+    /// The pod entry's [`Entry::generation`] when the send began.
+    generation: u64,
+    due: Due,
+}
+
+impl Sending {
+    /// Sends it.
+    async fn send(self, client: Client) -> Done {
+        let Sending { uid, change, generation, due } = self;
+        let result = send(&client, &change, due).await;
+        Done { uid, change, generation, result }
     }
+}
+
+/// A pod's status sent, or not.
+struct Done {
+    uid: String,
+    change: Change,
+    /// The pod entry's [`Entry::generation`] when the send began.
+    generation: u64,
+    result: Result<Sent, kube::Error>,
 }
 
 /// What became of a pod's status.
@@ -618,15 +703,41 @@ mod tests {
     fn a_status_heard_with_its_pods_removal_goes_with_it() {
         // The kubelet removes a pod it forgot: an API pod the API already deleted (its last
         // status went before the deletion), or a static pod whose mirror housekeeping deletes.
-        // A status heard in the same round has nothing left to go to.
-        let mut pods = HashMap::new();
+        // A status heard before it and not yet being sent has nothing left to go to.
+        let mut sink = Sink::default();
         let change = Change::new(&api_pod("u1", PodStatus::default()), running("True"));
-        assert_eq!(hear(&mut pods, Report::Status(change.clone())), ["u1"]);
-        assert_eq!(hear(&mut pods, Report::Removed("u1".into())), Vec::<String>::new());
-        assert!(pods.is_empty(), "nothing is kept, so the round sends nothing for it");
+        sink.hear(Report::Status(change.clone()));
+        sink.hear(Report::Removed("u1".into()));
+        assert!(sink.pods.is_empty(), "nothing is kept");
+        assert!(sink.next_send().is_none(), "so nothing is sent for it");
         // A status after the removal is a pod that came back with its UID: heard afresh.
-        assert_eq!(hear(&mut pods, Report::Status(change)), ["u1"]);
-        assert!(pods["u1"].due());
+        sink.hear(Report::Status(change));
+        assert!(sink.next_send().is_some_and(|sending| sending.uid == "u1"));
+    }
+
+    #[test]
+    fn a_status_heard_while_the_last_is_sent_goes_next_and_once() {
+        let mut sink = Sink::default();
+        let pod = api_pod("u1", PodStatus::default());
+        sink.hear(Report::Status(Change::new(&pod, running("True"))));
+        let first = sink.next_send().expect("the first status is due");
+        // Two more while it is in flight: neither goes beside it, and only the last counts.
+        sink.hear(Report::Status(Change::new(&pod, running("False"))));
+        sink.hear(Report::Status(Change::new(&pod, running("True"))));
+        sink.hear(Report::Status(Change::new(&pod, running("False"))));
+        assert!(sink.next_send().is_none(), "one send at a time for a pod");
+
+        let kept = Ok(Sent::Kept("u1".into(), None));
+        sink.record(Done { uid: first.uid, change: first.change, generation: first.generation, result: kept });
+        assert!(!sink.pods["u1"].sent, "the send that began before marks the later status nothing");
+        let next = sink.next_send().expect("the latest status goes next");
+        assert_eq!(next.change.status, running("False"));
+        assert!(sink.next_send().is_none(), "once");
+
+        let kept = Ok(Sent::Kept("u1".into(), None));
+        sink.record(Done { uid: next.uid, change: next.change, generation: next.generation, result: kept });
+        assert!(sink.pods["u1"].sent);
+        assert!(sink.next_send().is_none(), "nothing more is due");
     }
 
     #[test]

@@ -34,7 +34,7 @@
 //! answers it, until the fault is cleared.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     path::Path,
     sync::{Arc, Mutex},
@@ -89,6 +89,9 @@ pub struct Objects {
     /// Pod status fields this server does not store, dropped from every status patch, as an API
     /// server older than the field drops it (`hostIPs` before v1.28).
     pub unknown_status_fields: Vec<&'static str>,
+    /// Pods (`namespace/name`) whose status patches are read and left unanswered until
+    /// released ([`ApiServer::hold_status_patches`]).
+    pub held_status_patches: BTreeSet<String>,
 }
 
 impl Objects {
@@ -167,9 +170,10 @@ fn lock_task(
     task.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Answers as `faults` says before the request reaches the routes.
+/// Answers as `faults` says before the request reaches the routes; a request held by
+/// [`Fault::Hang`] is counted as `HUNG requests`.
 async fn inject_faults(
-    State(faults): State<tokio::sync::watch::Receiver<Option<Fault>>>,
+    State((faults, objects)): State<(tokio::sync::watch::Receiver<Option<Fault>>, Shared)>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -184,7 +188,10 @@ async fn inject_faults(
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, retry_after_seconds.into());
             response
         }
-        Some(Fault::Hang) => std::future::pending().await,
+        Some(Fault::Hang) => {
+            lock(&objects).count("HUNG requests");
+            std::future::pending().await
+        }
     }
 }
 
@@ -500,13 +507,14 @@ async fn patch_pod_status(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let key = format!("{ns}/{name}");
+    lock(&objects).count("PATCH pods/status");
+    wait_while_held(&objects, &key).await;
     let mut objects = lock(&objects);
-    objects.count("PATCH pods/status");
     let (patch_type, patch) = match PatchType::of(&headers, &body) {
         Ok(patch) => patch,
         Err(refused) => return refused.into_response(),
     };
-    let key = format!("{ns}/{name}");
     let Some(mut pod) = objects.pods.get(&key).cloned() else {
         return failure(StatusCode::NOT_FOUND, "NotFound", format!("pods \"{name}\" not found"));
     };
@@ -550,6 +558,20 @@ async fn patch_pod_status(
     let pod = objects.commit(key, pod, "MODIFIED");
     objects.changed.notify_waiters();
     Json(pod).into_response()
+}
+
+/// Waits while the status patches of pod `key` are held.
+async fn wait_while_held(objects: &Shared, key: &str) {
+    let changed = lock(objects).changed.clone();
+    loop {
+        let released = changed.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        if !lock(objects).held_status_patches.contains(key) {
+            return;
+        }
+        released.await;
+    }
 }
 
 async fn create_pod(
@@ -952,6 +974,19 @@ impl ApiServer {
         }
     }
 
+    /// Holds the status patches of pod `namespace/name`: each is counted and left unanswered
+    /// until [`ApiServer::release_status_patches`], as a slow API server would leave it.
+    pub fn hold_status_patches(&self, namespace: &str, name: &str) {
+        lock(&self.objects).held_status_patches.insert(format!("{namespace}/{name}"));
+    }
+
+    /// Answers the held status patches of pod `namespace/name`, and every later one at once.
+    pub fn release_status_patches(&self, namespace: &str, name: &str) {
+        let mut objects = lock(&self.objects);
+        objects.held_status_patches.remove(&format!("{namespace}/{name}"));
+        objects.changed.notify_waiters();
+    }
+
     /// Ends every open watch, as a server that drops its connections does: each watcher must
     /// watch again, from the version it saw last.
     pub fn end_watches(&self) {
@@ -1019,7 +1054,7 @@ impl ApiServer {
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
             .with_state(objects.clone());
         let (faults, answers) = tokio::sync::watch::channel(None);
-        let router = router.layer(axum::middleware::from_fn_with_state(answers, inject_faults));
+        let router = router.layer(axum::middleware::from_fn_with_state((answers, objects.clone()), inject_faults));
         // Reason: a test server that cannot listen leaves the test nothing to do.
         #[allow(clippy::expect_used)]
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free port on 127.0.0.1");

@@ -75,6 +75,7 @@ async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflic
         Duration::from_secs(3600),
         Duration::from_millis(100),
     );
+    let api_back = Arc::new(tokio::sync::Notify::new());
     let task = tokio::spawn(heartbeat::run(
         client,
         node,
@@ -85,6 +86,7 @@ async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflic
         },
         recorder.clone(),
         config,
+        api_back.clone(),
         cancel.clone(),
     ));
 
@@ -131,6 +133,15 @@ async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflic
         lease["metadata"]["resourceVersion"] != version.as_str() && lease["spec"]["renewTime"] != renew_time
     })
     .await;
+    let quiet = tokio::time::timeout(Duration::from_millis(300), api_back.notified()).await;
+    assert!(quiet.is_err(), "renewals that never failed tell nobody the API server is back");
+
+    // The API server is away for a few renewals, then back: the first renewal after says so.
+    server.set_fault(Some(kubelet_cluster::testing::Fault::Unavailable));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.set_fault(None);
+    let back = tokio::time::timeout(Duration::from_secs(5), api_back.notified()).await;
+    assert!(back.is_ok(), "the renewal after the outage tells the API server is back");
 
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the heartbeats stop when cancelled").unwrap();

@@ -4,10 +4,14 @@
 // Reason: tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use kubelet_cluster::{heartbeat, source, testing::ApiServer};
+use kubelet_cluster::{
+    heartbeat, source,
+    testing::{ApiServer, Fault},
+};
 use serde_json::json;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 fn pod(name: &str, node: &str) -> serde_json::Value {
@@ -19,9 +23,11 @@ async fn next_names(snapshots: &mut tokio::sync::mpsc::Receiver<Vec<String>>) ->
     tokio::time::timeout(Duration::from_secs(10), snapshots.recv()).await.expect("a snapshot within 10 s").unwrap()
 }
 
-/// The source of node-1's pods on `server`, its snapshots' sorted names, and its task.
+/// The source of node-1's pods on `server`, told by `api_back` that the API server is back, its
+/// snapshots' sorted names, and its task.
 async fn watch_node_1(
     server: &ApiServer,
+    api_back: &Arc<Notify>,
     cancel: &CancellationToken,
 ) -> (tokio::sync::mpsc::Receiver<Vec<String>>, tokio::task::JoinHandle<()>) {
     let dir = tempfile::tempdir().unwrap();
@@ -29,7 +35,7 @@ async fn watch_node_1(
     let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
     let (tx, snapshots) = tokio::sync::mpsc::channel(16);
     let task = tokio::spawn({
-        let cancel = cancel.clone();
+        let (api_back, cancel) = (api_back.clone(), cancel.clone());
         async move {
             let deliver = |pods: Vec<k8s_openapi::api::core::v1::Pod>| {
                 let tx = tx.clone();
@@ -39,7 +45,7 @@ async fn watch_node_1(
                     tx.send(names).await.is_ok()
                 }
             };
-            source::watch_pods(client, "node-1", deliver, cancel).await;
+            source::watch_pods(client, "node-1", deliver, api_back, cancel).await;
         }
     });
     (snapshots, task)
@@ -51,7 +57,7 @@ async fn the_nodes_pods_arrive_as_snapshots_through_list_watch_and_a_410() {
     server.put_pod(pod("a", "node-1"));
     server.put_pod(pod("elsewhere", "node-2"));
     let cancel = CancellationToken::new();
-    let (mut snapshots, task) = watch_node_1(&server, &cancel).await;
+    let (mut snapshots, task) = watch_node_1(&server, &Arc::default(), &cancel).await;
 
     assert_eq!(next_names(&mut snapshots).await, ["a"], "the first snapshot is the whole initial list");
     server.put_pod(pod("b", "node-1"));
@@ -81,7 +87,7 @@ async fn a_bookmark_lets_the_watch_resume_after_a_compaction_without_listing_aga
     let server = ApiServer::start().await;
     server.put_pod(pod("a", "node-1"));
     let cancel = CancellationToken::new();
-    let (mut snapshots, task) = watch_node_1(&server, &cancel).await;
+    let (mut snapshots, task) = watch_node_1(&server, &Arc::default(), &cancel).await;
     assert_eq!(next_names(&mut snapshots).await, ["a"]);
 
     // Other nodes' pods move the version on; the idle watch is told by a bookmark.
@@ -100,6 +106,38 @@ async fn a_bookmark_lets_the_watch_resume_after_a_compaction_without_listing_aga
     assert_eq!(next_names(&mut snapshots).await, ["a", "b"]);
     assert!(server.requests("WATCH pods") > watches, "watched again after the compaction");
     assert_eq!(server.requests("LIST pods"), 1, "resumed from the bookmark's version: no second list");
+
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the source stops when cancelled").unwrap();
+}
+
+/// A watch made into a server that hangs waits for an answer that never comes; once the
+/// heartbeats say the server answers again, the source lists and watches afresh, and a pod bound
+/// meanwhile arrives at once instead of after the hung watch is given up (30 s) and its backoff.
+#[tokio::test]
+async fn a_watch_made_into_a_hang_is_made_afresh_when_the_api_server_is_back() {
+    let server = ApiServer::start().await;
+    server.put_pod(pod("a", "node-1"));
+    let (api_back, cancel) = (Arc::new(Notify::new()), CancellationToken::new());
+    let (mut snapshots, task) = watch_node_1(&server, &api_back, &cancel).await;
+    assert_eq!(next_names(&mut snapshots).await, ["a"]);
+
+    server.set_fault(Some(Fault::Hang));
+    server.end_watches();
+    for _ in 0..200 {
+        if server.requests("HUNG requests") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(server.requests("HUNG requests") > 0, "the watch was made again into the hang");
+    server.set_fault(None);
+    server.put_pod(pod("b", "node-1"));
+    let lists = server.requests("LIST pods");
+    api_back.notify_one();
+    let names = tokio::time::timeout(Duration::from_secs(5), snapshots.recv()).await;
+    assert_eq!(names.expect("a snapshot at once").unwrap(), ["a", "b"]);
+    assert_eq!(server.requests("LIST pods"), lists + 1, "listed afresh");
 
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the source stops when cancelled").unwrap();

@@ -28,13 +28,19 @@ struct Sink {
 }
 
 impl Sink {
-    /// Starts a sink against `server` that reads `reports` and resyncs every `resync`.
-    async fn start(server: &ApiServer, reports: mpsc::UnboundedReceiver<status::Report>, resync: Duration) -> Sink {
+    /// Starts a sink against `server` that reads `reports`, resyncs every `resync` and sends
+    /// `in_flight` pods' statuses at a time.
+    async fn start(
+        server: &ApiServer,
+        reports: mpsc::UnboundedReceiver<status::Report>,
+        resync: Duration,
+        in_flight: usize,
+    ) -> Sink {
         let dir = tempfile::tempdir().unwrap();
         server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
         let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(status::report(client.clone(), reports, resync, cancel.clone()));
+        let task = tokio::spawn(status::report(client.clone(), reports, resync, in_flight, cancel.clone()));
         Sink { client, cancel, task }
     }
 
@@ -45,12 +51,12 @@ impl Sink {
     }
 }
 
-/// Waits until the sink has handled every report sent before: a pod of its own (`barrier-<n>`)
-/// gets two statuses, the second sent once the API has the first. The sink sends in rounds, each
-/// round what was heard before it began, and a round ends before the next begins: the first
-/// status went in the round of the reports before it or a later one, so the second, in a round
-/// after that, reaches the API only once they are handled. What must not happen is checked after
-/// it, not after a sleep.
+/// Waits until a sink that sends one pod's status at a time has handled every report sent
+/// before: a pod of its own (`barrier-<n>`) gets two statuses, the second sent once the API has
+/// the first. The sink hears reports in order and sends the pods in the order they became due:
+/// the first status goes after every earlier send, and a pod sent again meanwhile (a later
+/// status, a deletion now due) is queued before the second is heard. What must not happen is
+/// checked after it, not after a sleep.
 async fn barrier(server: &ApiServer, tx: &mpsc::UnboundedSender<status::Report>, n: u32) {
     let name = format!("barrier-{n}");
     server.put_pod(json!({"metadata": {"name": name, "namespace": "default"},
@@ -98,7 +104,7 @@ async fn statuses_reach_the_api_with_their_uid_and_never_revert_a_terminal_phase
     let api_pod: Pod = serde_json::from_value(server.objects.lock().unwrap().pods["default/web"].clone()).unwrap();
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sink = Sink::start(&server, rx, Duration::from_millis(100)).await;
+    let sink = Sink::start(&server, rx, Duration::from_millis(100), 1).await;
 
     tx.send(status::Report::Status(status::Change::new(&api_pod, running("True")))).unwrap();
     until(&server, "Running and Ready", |s| {
@@ -155,7 +161,7 @@ async fn until_gone(server: &ApiServer, key: &str) {
 async fn a_terminated_pod_whose_deletion_was_asked_for_is_deleted_with_its_uid_as_precondition() {
     let server = ApiServer::start().await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sink = Sink::start(&server, rx, Duration::from_millis(100)).await;
+    let sink = Sink::start(&server, rx, Duration::from_millis(100), 1).await;
     for name in ["web", "job"] {
         server.put_pod(json!({"metadata": {"name": name, "namespace": "default"},
             "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
@@ -212,7 +218,7 @@ async fn a_static_pods_status_goes_to_the_mirror_that_records_its_hash() {
         .unwrap();
     let mirror = serde_json::to_value(kubelet_cluster::mirror::mirror_pod(&static_pod, "node-1", "node-uid")).unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sink = Sink::start(&server, rx, Duration::from_millis(100)).await;
+    let sink = Sink::start(&server, rx, Duration::from_millis(100), 1).await;
     let mirror_phase = || server.objects.lock().unwrap().pods["kube-system/etcd-node-1"]["status"]["phase"].clone();
 
     // The status comes before the mirror does: it is kept, and sent once the mirror is there
@@ -272,7 +278,7 @@ async fn statuses_heard_meanwhile_merge_into_one_patch_per_pod() {
             tx.send(status::Report::Status(status::Change::new(&pod, status))).unwrap();
         }
     }
-    let sink = Sink::start(&server, rx, Duration::from_secs(3600)).await;
+    let sink = Sink::start(&server, rx, Duration::from_secs(3600), status::SENDS_IN_FLIGHT).await;
     for i in 0..20 {
         let key = format!("default/pod-{i}");
         for _ in 0..200 {
@@ -298,7 +304,7 @@ async fn statuses_heard_meanwhile_merge_into_one_patch_per_pod() {
 async fn statuses_are_patched_against_the_watched_copy_and_a_stale_copy_is_read_again() {
     let server = ApiServer::start().await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sink = Sink::start(&server, rx, Duration::from_secs(3600)).await;
+    let sink = Sink::start(&server, rx, Duration::from_secs(3600), status::SENDS_IN_FLIGHT).await;
     server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
         "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
     let web = api_pod(&server, "default/web");
@@ -345,7 +351,7 @@ async fn a_status_the_api_stores_otherwise_is_not_patched_again_when_nothing_cha
     let server = ApiServer::start().await;
     server.objects.lock().unwrap().unknown_status_fields = vec!["hostIPs"];
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sink = Sink::start(&server, rx, Duration::from_secs(3600)).await;
+    let sink = Sink::start(&server, rx, Duration::from_secs(3600), 1).await;
     server.put_pod(json!({"metadata": {"name": "web", "namespace": "default"},
         "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
     let web = api_pod(&server, "default/web");
@@ -371,5 +377,38 @@ async fn a_status_the_api_stores_otherwise_is_not_patched_again_when_nothing_cha
     tx.send(status::Report::Status(status::Change::new(&web, with_host_ips("False")))).unwrap();
     wait_for_ready(&server, "default/web", "False").await;
     assert_eq!(server.requests("PATCH pods/status"), 1 + 2 + 1, "a change goes");
+    sink.stop().await;
+}
+
+/// One pod's slow patch holds up no other pod's status, and a status heard while the pod's last
+/// one is being sent goes after it, however that send ends.
+#[tokio::test]
+async fn a_slow_patch_holds_up_no_other_pod_and_a_status_heard_during_it_follows() {
+    let server = ApiServer::start().await;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let sink = Sink::start(&server, rx, Duration::from_secs(3600), status::SENDS_IN_FLIGHT).await;
+    for name in ["slow", "quick"] {
+        server.put_pod(json!({"metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}, "status": {"phase": "Pending"}}));
+    }
+    let (slow, quick) = (api_pod(&server, "default/slow"), api_pod(&server, "default/quick"));
+    server.hold_status_patches("default", "slow");
+    tx.send(status::Report::Status(status::Change::new(&slow, running("True")))).unwrap();
+    for _ in 0..200 {
+        if server.requests("PATCH pods/status") == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.requests("PATCH pods/status"), 1, "slow's patch is at the server, unanswered");
+
+    tx.send(status::Report::Status(status::Change::new(&slow, running("False")))).unwrap();
+    tx.send(status::Report::Status(status::Change::new(&quick, running("True")))).unwrap();
+    wait_for_ready(&server, "default/quick", "True").await;
+    assert!(server.objects.lock().unwrap().pods["default/slow"]["status"].get("conditions").is_none(), "still held");
+
+    server.release_status_patches("default", "slow");
+    wait_for_ready(&server, "default/slow", "False").await;
+    assert_eq!(server.requests("PATCH pods/status"), 3, "slow's two statuses and quick's, each once");
     sink.stop().await;
 }

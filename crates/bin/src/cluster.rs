@@ -28,7 +28,7 @@ use kubelet_core::{
     runtime::{Image, Version},
     types::{is_static_pod, pod_full_name},
 };
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, info, info_span, warn};
 
@@ -216,19 +216,21 @@ pub(crate) fn spawn(
     let (reports, received) = mpsc::unbounded_channel();
     statuses.add_sink(Arc::new(ApiStatuses(reports.clone())));
     tracker.spawn(
-        status::report(client.clone(), received, STATUS_RESYNC, cancel.child_token())
+        status::report(client.clone(), received, STATUS_RESYNC, status::SENDS_IN_FLIGHT, cancel.child_token())
             .instrument(info_span!("pod_status_sink")),
     );
     let node = settings.node_name.clone();
+    // The heartbeats tell the pod source when the API server answers again after an outage.
+    let api_back = Arc::new(Notify::new());
     tracker.spawn({
-        let (client, cancel) = (client.clone(), cancel.child_token());
+        let (client, api_back, cancel) = (client.clone(), api_back.clone(), cancel.child_token());
         async move {
             let deliver = move |pods: Vec<Pod>| {
                 let _ = reports.send(Report::bound(&pods));
                 let source = source.clone();
                 async move { source.set(pods).await.is_ok() }
             };
-            kubelet_cluster::source::watch_pods(client, &node, deliver, cancel).await;
+            kubelet_cluster::source::watch_pods(client, &node, deliver, api_back, cancel).await;
         }
         .instrument(info_span!("api_source"))
     });
@@ -284,7 +286,7 @@ pub(crate) fn spawn(
                 health.images = node_state.images.lock().unwrap_or_else(PoisonError::into_inner).clone();
                 health
             };
-            heartbeat::run(heartbeats, node, facts, health, recorder, config, cancel).await;
+            heartbeat::run(heartbeats, node, facts, health, recorder, config, api_back, cancel).await;
         }
         .instrument(info_span!("node_status")),
     );
