@@ -492,12 +492,12 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     if let Some(rotator) = log_rotator {
         tracker.spawn(rotate_logs(rotator, cancel.child_token()).instrument(info_span!("log_rotation")));
     }
-    // Memory freed by pods that went is returned to the system once their removals settle.
-    let removals = Arc::new(tokio::sync::Notify::new());
-    agent.statuses().add_sink(Arc::new(crate::alloc::Removals(removals.clone())));
+    // Memory freed by pod work (start-ups, removals) is returned to the system once it settles.
+    let changes = Arc::new(tokio::sync::Notify::new());
+    agent.statuses().add_sink(Arc::new(crate::alloc::PodChanges(changes.clone())));
     tracker.spawn(
-        crate::alloc::trim_after_removals(
-            removals,
+        crate::alloc::trim_after_changes(
+            changes,
             crate::alloc::TRIM_QUIET,
             || _ = crate::alloc::trim(),
             cancel.child_token(),

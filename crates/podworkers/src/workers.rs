@@ -347,10 +347,13 @@ async fn worker_loop<S: PodSyncer>(shared: Arc<Shared<S>>, uid: PodUid, notify: 
             metrics::observe_start_duration(start.elapsed());
         }
 
+        // Boxed: a sync's future holds every await of the syncer's work, kilobytes that an idle
+        // worker (most of a node's, most of the time) would otherwise carry in its task.
+        let sync = Box::pin(run_sync(&shared, &uid, &work, last_sync));
         let outcome = tokio::select! {
             biased;
             () = token.cancelled() => Outcome::Cancelled,
-            outcome = run_sync(&shared, &uid, &work, last_sync) => outcome,
+            outcome = sync => outcome,
         };
         last_sync = Some(Instant::now());
 
