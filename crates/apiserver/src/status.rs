@@ -422,10 +422,11 @@ impl Sink {
     }
 
     /// Records what became of a send, and queues its pod again if a later status came meanwhile
-    /// (or its deletion is now due).
+    /// (or its deletion is now due). A status that could not go waits for the next resync.
     fn record(&mut self, done: Done) {
         let Done { uid, change, generation, result } = done;
         self.in_flight.remove(&uid);
+        let retry_at_resync = matches!(result, Ok(Sent::NoMirror) | Err(_));
         match result {
             Ok(Sent::Kept(to, copy)) => {
                 let Some(entry) = self.pods.get_mut(&uid) else { return };
@@ -439,14 +440,14 @@ impl Sink {
                         entry.copy = Some(*copy);
                     }
                 }
-                if entry.due() {
-                    self.queue(uid);
-                }
             }
-            // At the next resync.
             Ok(Sent::NoMirror) => {}
             Ok(Sent::Gone) => _ = self.pods.remove(&uid),
             Err(err) => warn!(pod = %change.name, error = %err, "cannot update the pod's status; trying again"),
+        }
+        let Some(entry) = self.pods.get(&uid) else { return };
+        if entry.due() && (!retry_at_resync || entry.generation != generation) {
+            self.queue(uid);
         }
     }
 }
@@ -738,6 +739,25 @@ mod tests {
         sink.record(Done { uid: next.uid, change: next.change, generation: next.generation, result: kept });
         assert!(sink.pods["u1"].sent);
         assert!(sink.next_send().is_none(), "nothing more is due");
+    }
+
+    #[test]
+    fn a_failed_send_waits_for_the_resync_unless_a_later_status_came_meanwhile() {
+        let mut sink = Sink::default();
+        let pod = api_pod("u1", PodStatus::default());
+        // Any error of the client.
+        let failed = || Err(kube::Error::LinesCodecMaxLineLengthExceeded);
+        sink.hear(Report::Status(Change::new(&pod, running("True"))));
+        let first = sink.next_send().expect("due");
+        sink.record(Done { uid: first.uid, change: first.change, generation: first.generation, result: failed() });
+        assert!(sink.next_send().is_none(), "the same status is tried again at the resync, not at once");
+        sink.queue_every_due();
+        let again = sink.next_send().expect("the resync sends it");
+
+        sink.hear(Report::Status(Change::new(&pod, running("False"))));
+        sink.record(Done { uid: again.uid, change: again.change, generation: again.generation, result: failed() });
+        let later = sink.next_send().expect("the status heard during the failed send goes at once");
+        assert_eq!(later.change.status, running("False"));
     }
 
     #[test]
