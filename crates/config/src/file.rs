@@ -10,6 +10,11 @@
 //! snapshot.
 //! Only events that may change content wake the source (create, write, delete, moves): opening
 //! or reading a file does not, so the source's own reads never wake it.
+//! A file closed after writing, moved or removed is scanned at once; after a creation or a write
+//! alone, the source waits for the writer to close the file, [`SETTLE`] at most.
+//! A manifest that cannot be decoded and was modified within the last [`SETTLE`] is taken as
+//! still being written (another file's close can start a scan in the middle of a burst of
+//! writes): its pods stay as they were, its error waits, and it is scanned again [`SETTLE`] later.
 //! A scan decodes only the files whose identity (device, inode, size, modification time)
 //! changed since they were last decoded; an idle directory costs one `stat` per file per rescan,
 //! and a scan that found every manifest as it was sends nothing.
@@ -20,7 +25,7 @@ use std::{
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use k8s_openapi::api::core::v1::Pod;
@@ -38,7 +43,8 @@ use kubelet_core::{
     events::{Event, EventRecorder, EventType, ObjectRef},
 };
 
-/// How long the source lets a burst of file events settle before it scans.
+/// How long the source waits, after a file is created or written to, for its writer to close it;
+/// and how long after its last write a manifest that cannot be decoded is taken as unfinished.
 pub(crate) const SETTLE: Duration = Duration::from_millis(20);
 
 /// How the file source runs.
@@ -77,6 +83,9 @@ pub struct Scan {
     pub errors: Vec<ManifestError>,
     /// Whether the pods may differ from the scan before (a manifest decoded again, or one gone).
     changed: bool,
+    /// Whether a manifest that cannot be decoded was written within [`SETTLE`] of the scan: its
+    /// writer may not be done, so it is scanned again before its error counts.
+    unsettled: bool,
 }
 
 /// A file as it was when last decoded: its identity, to tell whether it changed since.
@@ -107,14 +116,16 @@ struct Decoded {
 }
 
 /// Adds the pods of the manifest at `path` to `scan`: the ones `previous` decoded when the file
-/// is unchanged, else read and decoded now; `next` keeps them for the next scan.
+/// is unchanged, else read and decoded now; `next` keeps them for the next scan. With `settling`
+/// (the scan's time), a file that cannot be decoded and was modified within [`SETTLE`] of it
+/// keeps the pods `previous` had of it, and no error yet.
 fn read_manifest(
     path: &Path,
     metadata: &std::fs::Metadata,
     node_name: &str,
     scan: &mut Scan,
-    previous: &Decoded,
-    next: &mut Decoded,
+    (previous, next): (&Decoded, &mut Decoded),
+    settling: Option<SystemTime>,
 ) {
     let id = FileId::of(metadata);
     if let Some((known, pods)) = previous.files.get(path)
@@ -141,20 +152,36 @@ fn read_manifest(
             scan.pods.extend(pods);
             scan.changed = true;
         }
-        Err(err) => scan.errors.push(err),
+        Err(err) if !settling.is_some_and(|now| written_within_settle(metadata, now)) => scan.errors.push(err),
+        Err(_) => {
+            debug!(path = %path.display(), "manifest cannot be decoded yet, just written; scanning it again");
+            scan.unsettled = true;
+            if let Some((known, pods)) = previous.files.get(path) {
+                scan.pods.extend(pods.iter().cloned());
+                next.files.insert(path.to_path_buf(), (*known, pods.clone()));
+            }
+        }
     }
 }
 
-/// Reads every manifest under `path` (blocking IO).
+/// Whether the file was modified less than [`SETTLE`] before `now` (a time in the future is not:
+/// such a file would otherwise never count as written).
+fn written_within_settle(metadata: &std::fs::Metadata, now: SystemTime) -> bool {
+    let Ok(modified) = metadata.modified() else { return false };
+    now.duration_since(modified).is_ok_and(|age| age < SETTLE)
+}
+
+/// Reads every manifest under `path` (blocking IO), an error for each that cannot be decoded.
 pub fn scan(path: &Path, node_name: &str) -> Scan {
-    scan_with(path, node_name, &mut Decoded::default())
+    scan_with(path, node_name, &mut Decoded::default(), None)
 }
 
 /// Reads the manifests under `path`, decoding only those that changed since `decoded` saw them
-/// (blocking IO); `decoded` then holds exactly the good files of this scan.
-fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded) -> Scan {
+/// (blocking IO); `decoded` then holds exactly the good files of this scan, and those kept as
+/// they were while being written (with `settling`, the scan's time: [`read_manifest`]).
+fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded, settling: Option<SystemTime>) -> Scan {
     let previous = std::mem::take(decoded);
-    let mut scan = read_path(path, node_name, &previous, decoded);
+    let mut scan = read_path(path, node_name, (&previous, decoded), settling);
     // Every manifest decoded before was taken as it was, and no other: the same pods.
     scan.changed |= decoded.files.len() != previous.files.len();
     scan
@@ -162,7 +189,12 @@ fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded) -> Scan {
 
 /// [`scan_with`]'s reading: the manifests under `path`, each taken from `previous` when its file
 /// is unchanged, and kept in `decoded`.
-fn read_path(path: &Path, node_name: &str, previous: &Decoded, decoded: &mut Decoded) -> Scan {
+fn read_path(
+    path: &Path,
+    node_name: &str,
+    (previous, decoded): (&Decoded, &mut Decoded),
+    settling: Option<SystemTime>,
+) -> Scan {
     let mut scan = Scan::default();
     let metadata = match std::fs::metadata(path) {
         Ok(metadata) => metadata,
@@ -176,7 +208,7 @@ fn read_path(path: &Path, node_name: &str, previous: &Decoded, decoded: &mut Dec
         }
     };
     if !metadata.is_dir() {
-        read_manifest(path, &metadata, node_name, &mut scan, previous, decoded);
+        read_manifest(path, &metadata, node_name, &mut scan, (previous, decoded), settling);
         return scan;
     }
     let entries = match std::fs::read_dir(path) {
@@ -195,7 +227,7 @@ fn read_path(path: &Path, node_name: &str, previous: &Decoded, decoded: &mut Dec
         }
         match std::fs::metadata(&file) {
             Ok(m) if m.is_dir() => info!(path = %file.display(), "not recursing into manifest subdirectory"),
-            Ok(m) if m.is_file() => read_manifest(&file, &m, node_name, &mut scan, previous, decoded),
+            Ok(m) if m.is_file() => read_manifest(&file, &m, node_name, &mut scan, (previous, decoded), settling),
             Ok(_) => debug!(path = %file.display(), "skipping non-regular file"),
             // The file vanished between listing and reading: the next event rescans.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
@@ -205,15 +237,47 @@ fn read_path(path: &Path, node_name: &str, previous: &Decoded, decoded: &mut Dec
     scan
 }
 
-/// Whether a watch event may change what the manifests say: creation, writes, deletion and
-/// moves do; opening, reading and attribute changes do not (the source's own reads would
-/// otherwise wake it forever).
-fn changes_content(event: &notify::Event) -> bool {
+/// A watch event that may change what the manifests say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    /// A file was created or written to: its writer may not be done.
+    Begun,
+    /// A file was closed after writing, moved in or out, or removed: what is there now is whole.
+    Done,
+}
+
+/// What a watch event may change: creation and writes begin a change, a close after writing,
+/// a move and a deletion end one; opening, reading and attribute changes change nothing (the
+/// source's own reads would otherwise wake it forever).
+fn content_change(event: &notify::Event) -> Option<Change> {
     use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
     match event.kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-        EventKind::Access(_) | EventKind::Modify(ModifyKind::Metadata(_)) | EventKind::Other => false,
-        EventKind::Any | EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) => true,
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => Some(Change::Done),
+        EventKind::Access(_) | EventKind::Modify(ModifyKind::Metadata(_)) | EventKind::Other => None,
+        EventKind::Modify(ModifyKind::Name(_)) | EventKind::Remove(_) => Some(Change::Done),
+        EventKind::Any | EventKind::Create(_) | EventKind::Modify(_) => Some(Change::Begun),
+    }
+}
+
+/// Waits, after `first`, until a change is done or for [`SETTLE`] at most, then drops the
+/// changes queued meanwhile: the scan that follows sees them all.
+async fn settle(first: Change, changes: &mut mpsc::UnboundedReceiver<Change>) {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    let mut latest = first;
+    while latest == Change::Begun {
+        match tokio::time::timeout_at(deadline, changes.recv()).await {
+            Ok(Some(change)) => latest = change,
+            Ok(None) | Err(_) => break,
+        }
+    }
+    while changes.try_recv().is_ok() {}
+}
+
+/// Waits until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -250,7 +314,7 @@ impl FileSource {
         FileSource { config, sender, recorder }
     }
 
-    fn watch(&self, current: Option<Watch>, tx: &mpsc::UnboundedSender<()>) -> Option<Watch> {
+    fn watch(&self, current: Option<Watch>, tx: &mpsc::UnboundedSender<Change>) -> Option<Watch> {
         let target = watch_target(&self.config.path)?;
         if let Some(watch) = current
             && watch.target == target
@@ -259,9 +323,9 @@ impl FileSource {
         }
         let tx = tx.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok_and(|e| changes_content(&e)) {
+            if let Some(change) = event.ok().as_ref().and_then(content_change) {
                 // The receiver is gone only when the source stopped.
-                let _ = tx.send(());
+                let _ = tx.send(change);
             }
         });
         match watcher.and_then(|mut w| w.watch(&target, RecursiveMode::NonRecursive).map(|()| w)) {
@@ -285,21 +349,19 @@ impl FileSource {
         let mut reported: HashSet<String> = HashSet::new();
         let mut decoded = Decoded::default();
         let mut sent_any = false;
+        let mut unsettled_rescan = None;
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
                 _ = rescan.tick() => {}
-                Some(()) = rx.recv() => {
-                    // Editors write in bursts (temp file, rename, chmod): let the burst settle.
-                    tokio::time::sleep(SETTLE).await;
-                    while rx.try_recv().is_ok() {}
-                }
+                () = sleep_until(unsettled_rescan) => {}
+                Some(change) = rx.recv() => settle(change, &mut rx).await,
             }
             watch = self.watch(watch, &tx);
             let (path, node) = (self.config.path.clone(), self.config.node_name.clone());
             let mut owned = std::mem::take(&mut decoded);
             let scan = match tokio::task::spawn_blocking(move || {
-                let scan = scan_with(&path, &node, &mut owned);
+                let scan = scan_with(&path, &node, &mut owned, Some(SystemTime::now()));
                 (scan, owned)
             })
             .await
@@ -323,6 +385,7 @@ impl FileSource {
                 }
             }
             reported = errors;
+            unsettled_rescan = scan.unsettled.then(|| tokio::time::Instant::now() + SETTLE);
             // A rescan that found every manifest as it was sends nothing: the pod configuration
             // already has these pods, and comparing them all again would cost every 20 s per pod.
             if sent_any && !scan.changed {
