@@ -7,9 +7,10 @@
 //! proc-macros (without it the tests' build alone took longer than both), and a lint fails the
 //! run early.
 //! So while the real-runtime step runs, a second `cargo xtask ci --only <those steps>` runs in a
-//! copy of the source, with its own target directory, at idle CPU and I/O priority (`chrt
-//! --idle`, `ionice -c 3`): the compiler gets only the time the tests leave, and neither run waits
-//! for the other's cargo lock or sees the manifests `cargo hack --no-dev-deps` edits while it runs.
+//! copy of the source (this binary, its root set to the copy), with its own target directory, at
+//! idle CPU and I/O priority (`chrt --idle`, `ionice -c 3`): the compiler gets only the time the
+//! tests leave, and neither run waits for the other's cargo lock or sees the manifests `cargo hack
+//! --no-dev-deps` edits while it runs.
 //! Its output goes to a log file, printed whole when the lane is joined if it failed.
 
 use std::{
@@ -22,7 +23,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{output, project_root};
+use crate::util::{ROOT_VAR, output, project_root};
 
 /// The copy of the source the lane runs in, under the project's target directory.
 const COPY: &str = "target/ci-lane";
@@ -39,13 +40,15 @@ impl Lane {
         let root = project_root()?;
         let copy = root.join(COPY);
         copy_source(&root, &copy)?;
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        // This binary, built from the same source: `cargo xtask` would build it again in the
+        // copy's target directory first.
         let mut command = Command::new("chrt");
         command
             .args(["--idle", "0", "ionice", "-c", "3"])
-            .arg(cargo)
-            .args(["xtask", "ci", "--only", &steps.join(",")])
+            .arg(std::env::current_exe()?)
+            .args(["ci", "--only", &steps.join(",")])
             .current_dir(&copy)
+            .env(ROOT_VAR, &copy)
             // The copy's own target directory, whatever this run was given.
             .env_remove("CARGO_TARGET_DIR")
             .env_remove("CARGO_BUILD_TARGET_DIR");

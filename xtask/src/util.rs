@@ -7,8 +7,15 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-/// The workspace root (the parent of `xtask/`).
+/// Names a copy of the source for this binary to work in, as its root: the compile-only lane of
+/// `cargo xtask ci` runs the same binary in one ([`crate::lane`]).
+pub(crate) const ROOT_VAR: &str = "KUBELET_RS_XTASK_ROOT";
+
+/// The workspace root: the parent of `xtask/`, or the copy [`ROOT_VAR`] names.
 pub(crate) fn project_root() -> Result<PathBuf> {
+    if let Some(copy) = std::env::var_os(ROOT_VAR) {
+        return Ok(PathBuf::from(copy));
+    }
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).context("xtask has no parent directory")
 }
 
