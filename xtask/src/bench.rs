@@ -207,6 +207,8 @@ struct Figure {
     checked: bool,
     /// Whether more is better; less is for the others.
     higher_is_better: bool,
+    /// Whether `--check` holds it by its median where it has a floor ([`Figure::held_by_median`]).
+    held_by_median: bool,
 }
 
 impl Figure {
@@ -219,6 +221,7 @@ impl Figure {
             target: None,
             checked: true,
             higher_is_better: false,
+            held_by_median: false,
         }
     }
 
@@ -235,6 +238,15 @@ impl Figure {
     /// figure (times, costs).
     fn higher_is_better(mut self) -> Figure {
         self.higher_is_better = true;
+        self
+    }
+
+    /// Held to the baseline by its median rather than its ratio to its floor: for a floor that is
+    /// the agent's own figure (the standalone start-up), whose spread between runs the ratio
+    /// would add to the figure's own, and whose improvement would show as this figure's
+    /// regression.
+    fn held_by_median(mut self) -> Figure {
+        self.held_by_median = true;
         self
     }
 

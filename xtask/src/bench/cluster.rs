@@ -252,7 +252,10 @@ pub(super) fn figures(runs: &ClusterRuns, standalone: &Standalone) -> Vec<Figure
         } else {
             let name =
                 format!("cluster, {pods} API pods: created → all Running in the API (floor: the standalone start-up)");
-            let figure = Figure::new(name, "s", running).target(Target::Floor { factor: 1.2, plus: 0.0 });
+            // Held by its median: the tests' build's standalone 10-pod start-up moved from 0.75 to
+            // 1.27 s between runs, and the ratio to it flagged runs whose time was as before.
+            let figure =
+                Figure::new(name, "s", running).target(Target::Floor { factor: 1.2, plus: 0.0 }).held_by_median();
             with_floor(figure, standalone.startup.get(&pods))
         };
         figures.push(figure);
