@@ -11,10 +11,10 @@
 //! Only events that may change content wake the source (create, write, delete, moves): opening
 //! or reading a file does not, so the source's own reads never wake it.
 //! A file closed after writing, moved or removed is scanned at once; after a creation or a write
-//! alone, the source waits for the writer to close the file, [`SETTLE`] at most.
-//! A manifest that cannot be decoded and was modified within the last [`SETTLE`] is taken as
-//! still being written (another file's close can start a scan in the middle of a burst of
-//! writes): its pods stay as they were, its error waits, and it is scanned again [`SETTLE`] later.
+//! alone, the source waits for the writer to close the file, 20 ms at most.
+//! A manifest that cannot be decoded and was modified within the last 20 ms is taken as still
+//! being written (another file's close can start a scan in the middle of a burst of writes): its
+//! pods stay as they were, its error waits, and it is scanned again 20 ms later.
 //! A scan decodes only the files whose identity (device, inode, size, modification time)
 //! changed since they were last decoded; an idle directory costs one `stat` per file per rescan,
 //! and a scan that found every manifest as it was sends nothing.
