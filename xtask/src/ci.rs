@@ -127,7 +127,7 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
             return Ok(());
         }
         if beside.contains(&name) {
-            println!("\n==> {name}: beside the real-runtime tests (below)");
+            println!("\n==> {name}: in the background from the tests on (below)");
             return Ok(());
         }
         println!("\n==> {name}");
@@ -141,6 +141,10 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
     step("clippy", &mut || {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))
     })?;
+    // The compile-only steps start now, at idle priority: they take what CPU the tests' build
+    // leaves (its last crates and links run on one core), and the idle time of everything up to
+    // the real-runtime tests (the unit tests' waits, the runtime's and the control plane's start).
+    let lane = if beside.is_empty() { None } else { Some(Lane::start(&beside)?) };
     step("test", &mut || {
         if nextest() {
             let filter = format!("not {REAL_FILTER}");
@@ -179,13 +183,13 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
         // an optimized build of them (the `bench` profile) takes minutes and checks nothing more.
         run(cargo().args(["build", "--workspace", "--benches", "--locked"]))
     })?;
-    let (mut lane, mut lane_timings) = (None, Vec::new());
-    step("real-runtime", &mut || real_runtime_tests(repeat, &beside, &mut lane))?;
+    let mut lane_timings = Vec::new();
+    step("real-runtime", &mut || real_runtime_tests(repeat, lane.as_ref()))?;
     if example_after_real_runtime {
         step("example", &mut crate::example::check)?;
     }
     if let Some(lane) = lane {
-        println!("\n==> {} (beside the real-runtime tests)", beside.join(", "));
+        println!("\n==> {} (in the background from the tests on)", beside.join(", "));
         lane_timings = lane.join()?;
     }
     step("bench", &mut || {
@@ -209,13 +213,14 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
         println!("  {name:<13} {:>6.1} s", took.as_secs_f64());
     }
     for (name, took) in lane_timings {
-        println!("  {name:<13} {:>6.1} s (beside real-runtime)", took.as_secs_f64());
+        println!("  {name:<13} {:>6.1} s (in the background)", took.as_secs_f64());
     }
     Ok(())
 }
 
-/// The compile-only steps among `steps` that run beside the real-runtime step: all of them when
-/// that step runs and this machine can run it, none otherwise.
+/// The compile-only steps among `steps` that run in the background, from the tests' build to the
+/// end of the real-runtime step: all of them when that step runs and this machine can run it,
+/// none otherwise.
 fn steps_beside_real_runtime(steps: &[&'static str]) -> Vec<&'static str> {
     if !steps.contains(&"real-runtime") || runtime::missing_prerequisites().is_some() {
         return Vec::new();
@@ -349,7 +354,7 @@ enum RealTests {
     TheRest,
 }
 
-fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<Lane>) -> Result<()> {
+fn real_runtime_tests(repeat: u32, lane: Option<&Lane>) -> Result<()> {
     if let Some(why) = runtime::missing_prerequisites() {
         if in_ci() {
             bail!("real-runtime tests cannot run: {why}");
@@ -393,10 +398,11 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
         }
         let baseline = leaks::host_objects();
         // The others run even when the first ones failed, as one nextest run would have run them.
-        let quiet = run(&mut on_a_quiet_host);
-        let lane_started = match lane {
-            None if !beside.is_empty() => Lane::start(beside).map(|started| *lane = Some(started)),
-            _ => Ok(()),
+        // The compiler is stopped meanwhile: the memory it holds then stays as it is, while a
+        // running one takes and gives back more than the tests' thresholds leave.
+        let quiet = match lane {
+            Some(lane) => lane.paused(|| run(&mut on_a_quiet_host)),
+            None => run(&mut on_a_quiet_host),
         };
         let chaos_started = match chaos {
             None => start_chaos().map(|started| chaos = Some(started)),
@@ -404,7 +410,6 @@ fn real_runtime_tests(repeat: u32, beside: &[&'static str], lane: &mut Option<La
         };
         let rest = run(&mut the_rest);
         result = quiet
-            .and(lane_started)
             .and(chaos_started)
             .and(rest)
             .with_context(|| format!("real-runtime run {round} of {repeat} failed"))

@@ -1,4 +1,5 @@
-//! The compile-only steps of `cargo xtask ci` beside the real-runtime step.
+//! The compile-only steps of `cargo xtask ci`, in the background from the tests' build to the end
+//! of the real-runtime step.
 //!
 //! The real-runtime tests run one at a time and spend most of their time waiting for containers,
 //! leases and timeouts, with the CPU mostly idle; the compile-only steps (docs, feature
@@ -6,11 +7,13 @@
 //! Clippy is not among them: it runs first, the tests' build reuses its build scripts and
 //! proc-macros (without it the tests' build alone took longer than both), and a lint fails the
 //! run early.
-//! So while the real-runtime step runs, a second `cargo xtask ci --only <those steps>` runs in a
+//! So from the tests' build on, a second `cargo xtask ci --only <those steps>` runs in a
 //! copy of the source (this binary, its root set to the copy), with its own target directory, at
 //! idle CPU and I/O priority (`chrt --idle`, `ionice -c 3`): the compiler gets only the time the
 //! tests leave, and neither run waits for the other's cargo lock or sees the manifests `cargo hack
 //! --no-dev-deps` edits while it runs.
+//! It is stopped while the tests that read the host's free memory run (the memory-pressure
+//! tests), so that the memory it holds does not move under their thresholds.
 //! Its output goes to a log file, printed whole when the lane is joined if it failed.
 
 use std::{
@@ -59,6 +62,14 @@ impl Lane {
         Ok(Lane { process, steps: steps.to_vec() })
     }
 
+    /// Runs `body` with the lane stopped (SIGSTOP to its process group), and lets it go on after.
+    pub(crate) fn paused<T>(&self, body: impl FnOnce() -> T) -> T {
+        self.process.signal(nix::sys::signal::Signal::SIGSTOP);
+        let result = body();
+        self.process.signal(nix::sys::signal::Signal::SIGCONT);
+        result
+    }
+
     /// Waits for the lane and returns each step's time as it reported it; prints the whole of its
     /// log when it failed, its summary otherwise.
     pub(crate) fn join(self) -> Result<Vec<(&'static str, Duration)>> {
@@ -84,7 +95,7 @@ impl Background {
         let file = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         command.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file).process_group(0);
         let child = command.spawn()?;
-        println!("started {what} beside the real-runtime tests (log: {})", log.display());
+        println!("started {what} in the background (log: {})", log.display());
         Ok(Background { child: Some(child), what, log, started: Instant::now() })
     }
 
@@ -98,10 +109,17 @@ impl Background {
             println!("--- the log of {what} ({}), {:.0} s in all ---", self.log.display(), self.elapsed());
             print!("{log}");
             println!("--- end of the log of {what} ---");
-            bail!("{what} beside the real-runtime tests failed ({status}): see the log above");
+            bail!("{what} in the background failed ({status}): see the log above");
         }
         println!("{what} passed; joined {:.0} s after they started (log: {})", self.elapsed(), self.log.display());
         Ok(log)
+    }
+
+    /// Sends `signal` to its process group.
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(pid) = self.child.as_ref().and_then(|child| i32::try_from(child.id()).ok()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-pid), signal);
+        }
     }
 
     fn elapsed(&self) -> f64 {
