@@ -5,10 +5,11 @@
 //!
 //! A figure with a floor is held by its ratio to the floor, which the machine's speed moves
 //! less than the time itself; the others by their median, and so are those whose floor is the
-//! agent's own figure (cluster mode's start-ups, held to the standalone ones). A regression is a figure more than
-//! 20 % worse than its baseline and also worse by more than its unit's measuring noise (an idle
-//! CPU of 0.02 s/min moves by more than 20 % between two runs of the same build). The runtime's
-//! own figures (the floor, its ExecSync) are not checked: no change here moves them.
+//! agent's own figure (cluster mode's start-ups, held to the standalone ones). A regression is a
+//! figure more than 20 % worse than its baseline and also worse by more than its unit's
+//! measuring noise (an idle CPU of 0.02 s/min moves by more than 20 % between two runs of the
+//! same build). The runtime's own figures (the floor, its ExecSync) are not checked: no change
+//! here moves them.
 //!
 //! A run with regressions is measured again, and only a figure that regresses in both runs fails
 //! it ([`confirmed`]): on a shared machine, a phase in which everything ran two to three times
