@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use cri_client::{Client, Config, CriRuntime, cgroups, manager, pb};
+use cri_client::{Client, Config, CriRuntime, cgroups, container, manager, pb};
 use kubelet_core::{Runtime, events::RingRecorder, runtime::ContainerState, testing::RealRuntime};
 use nix::{
     sys::signal::{Signal, kill},
@@ -1902,6 +1902,46 @@ async fn real_volumes_for_node_local_pods() {
             assert!(!mounted.contains(&pod_dir.display().to_string()), "nothing of the pod is mounted");
             assert!(!pod_dir.exists(), "the pod's directory is gone");
             assert!(host.join("from-the-pod").exists(), "the host's directory stays");
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// A container sees the host's `/proc` and `/sys` as upstream's kubelet has the runtime show
+/// them: the kernel's settings read-only (`/proc/sys`, where `kernel.core_pattern` names a
+/// program the host runs as root for every crash) and the host's timers, keys and firmware
+/// covered. containerd hides nothing the kubelet does not name.
+#[tokio::test]
+async fn real_containers_see_the_hosts_proc_read_only_and_masked() {
+    let Some(rt) = RealRuntime::from_env("real_containers_see_the_hosts_proc_read_only_and_masked") else { return };
+    let (dir, node) = scratch(&rt, "agent-proc", "proc");
+    std::fs::write(dir.join("manifests/proc.yaml"), manifest("proc", &rt.busybox_image, "exec sleep 3600")).unwrap();
+    let agent = Agent::start(&rt, &dir, &node);
+    let runtime = test_runtime(&rt, &dir, &node);
+
+    let outcome = {
+        let rt_for_body = test_runtime(&rt, &dir, &node);
+        let name = format!("proc-{node}");
+        async move {
+            let _agent = agent;
+            let mountinfo = exec_in_app(&rt_for_body, &name, &["cat", "/proc/self/mountinfo"]).await;
+            // The options of the last mount at `point` (the one the container sees).
+            let options = |point: &str| {
+                let mut fields = mountinfo.lines().map(|line| line.split(' ').collect::<Vec<_>>());
+                fields.rfind(|f| f.get(4) == Some(&point)).and_then(|f| f.get(5).map(|o| (*o).to_owned()))
+            };
+            let on_host = |path: &&&str| Path::new(path).exists();
+            for path in container::READONLY_PATHS.iter().filter(on_host) {
+                let options = options(path).unwrap_or_default();
+                assert!(options.starts_with("ro"), "{path} is mounted read-only, not {options:?}: {mountinfo}");
+            }
+            for path in container::MASKED_PATHS.iter().filter(on_host) {
+                assert!(options(path).is_some(), "{path} is covered: {mountinfo}");
+            }
+            if Path::new("/proc/timer_list").exists() {
+                let timers = exec_in_app(&rt_for_body, &name, &["cat", "/proc/timer_list"]).await;
+                assert_eq!(timers, "", "the host's timers are hidden");
+            }
         }
     };
     run_then_clean_up(outcome, &runtime, &dir, &node).await;

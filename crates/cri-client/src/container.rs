@@ -154,6 +154,44 @@ fn seccomp(
     Ok(Some(pb::SecurityProfile { profile_type: kind as i32, localhost_ref: local }))
 }
 
+/// What a container's `/proc` and `/sys` hide: each path is covered (a file by `/dev/null`, a
+/// directory by an empty read-only tmpfs). Upstream's defaults for the `Default` proc mount
+/// (`securitycontext.ConvertToRuntimeMaskedPaths`), with `/sys/devices/virtual/powercap`, which
+/// upstream masks since v1.31 (its energy counters leak what other processes compute).
+///
+/// The kubelet must send them: containerd masks nothing the request does not name.
+pub const MASKED_PATHS: [&str; 10] = [
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+/// What a container's `/proc` shows read-only (upstream's defaults for the `Default` proc
+/// mount, `securitycontext.ConvertToRuntimeReadonlyPaths`): with `/proc/sys` writable, a
+/// container's root could set the host's `kernel.core_pattern`, a program the host runs as root.
+///
+/// The kubelet must send them: containerd makes nothing read-only the request does not name.
+pub const READONLY_PATHS: [&str; 6] =
+    ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+
+/// The masked and read-only paths of a container's `procMount`: none for `Unmasked`, the
+/// defaults otherwise. A privileged container gets the defaults too, as upstream sends them; the
+/// runtime drops them for it.
+fn proc_paths(proc_mount: Option<&str>) -> (Vec<String>, Vec<String>) {
+    if proc_mount == Some("Unmasked") {
+        return (Vec::new(), Vec::new());
+    }
+    let owned = |paths: &[&str]| paths.iter().map(|path| (*path).to_owned()).collect();
+    (owned(&MASKED_PATHS), owned(&READONLY_PATHS))
+}
+
 /// The user an image runs as, from `ImageStatus`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImageUser {
@@ -192,6 +230,7 @@ pub fn security_context(
         }
     }
     let spec = pod.spec.as_ref();
+    let (masked_paths, readonly_paths) = proc_paths(sc.and_then(|s| s.proc_mount.as_deref()));
     let capabilities = sc.and_then(|s| s.capabilities.as_ref()).map(|c| pb::Capability {
         add_capabilities: c.add.clone().unwrap_or_default(),
         drop_capabilities: c.drop.clone().unwrap_or_default(),
@@ -210,6 +249,8 @@ pub fn security_context(
             sc.and_then(|s| s.seccomp_profile.as_ref()).or_else(|| pod_sc.and_then(|s| s.seccomp_profile.as_ref())),
             seccomp_profiles,
         )?,
+        masked_paths,
+        readonly_paths,
         ..pb::LinuxContainerSecurityContext::default()
     })
 }

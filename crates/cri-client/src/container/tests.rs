@@ -300,6 +300,24 @@ fn run_as_non_root_is_checked_against_the_effective_user() {
     assert_eq!(sc.run_as_user.unwrap().value, 1000, "the pod's runAsUser applies");
 }
 
+#[test]
+fn containers_get_upstreams_masked_and_read_only_proc_paths() {
+    let mut c = Container { name: "c".into(), ..Container::default() };
+    let sc = security_context(&pod_with(c.clone()), &c, &ImageUser::default(), profiles()).unwrap();
+    assert!(sc.readonly_paths.contains(&"/proc/sys".to_owned()), "{:?}", sc.readonly_paths);
+    assert!(sc.masked_paths.contains(&"/proc/kcore".to_owned()), "{:?}", sc.masked_paths);
+    assert_eq!((sc.masked_paths.len(), sc.readonly_paths.len()), (MASKED_PATHS.len(), READONLY_PATHS.len()));
+
+    // Privileged: sent all the same, as upstream does (the runtime drops them).
+    c.security_context = Some(SecurityContext { privileged: Some(true), ..SecurityContext::default() });
+    let sc = security_context(&pod_with(c.clone()), &c, &ImageUser::default(), profiles()).unwrap();
+    assert_eq!(sc.readonly_paths.len(), READONLY_PATHS.len());
+
+    c.security_context = Some(SecurityContext { proc_mount: Some("Unmasked".into()), ..SecurityContext::default() });
+    let sc = security_context(&pod_with(c.clone()), &c, &ImageUser::default(), profiles()).unwrap();
+    assert!(sc.masked_paths.is_empty() && sc.readonly_paths.is_empty(), "Unmasked hides nothing");
+}
+
 fn profiles() -> &'static std::path::Path {
     std::path::Path::new("/var/lib/kubelet/seccomp")
 }
