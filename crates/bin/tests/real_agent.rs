@@ -1910,10 +1910,11 @@ async fn real_volumes_for_node_local_pods() {
 /// A container sees the host's `/proc` and `/sys` as upstream's kubelet has the runtime show
 /// them: the kernel's settings read-only (`/proc/sys`, where `kernel.core_pattern` names a
 /// program the host runs as root for every crash) and the host's timers, keys and firmware
-/// covered. containerd hides nothing the kubelet does not name.
+/// covered; containerd hides nothing the kubelet does not name. The sandbox runs under the
+/// runtime's default seccomp profile, as upstream's sandboxes do.
 #[tokio::test]
-async fn real_containers_see_the_hosts_proc_read_only_and_masked() {
-    let Some(rt) = RealRuntime::from_env("real_containers_see_the_hosts_proc_read_only_and_masked") else { return };
+async fn real_pods_are_confined_as_upstream_confines_them() {
+    let Some(rt) = RealRuntime::from_env("real_pods_are_confined_as_upstream_confines_them") else { return };
     let (dir, node) = scratch(&rt, "agent-proc", "proc");
     std::fs::write(dir.join("manifests/proc.yaml"), manifest("proc", &rt.busybox_image, "exec sleep 3600")).unwrap();
     let agent = Agent::start(&rt, &dir, &node);
@@ -1942,9 +1943,28 @@ async fn real_containers_see_the_hosts_proc_read_only_and_masked() {
                 let timers = exec_in_app(&rt_for_body, &name, &["cat", "/proc/timer_list"]).await;
                 assert_eq!(timers, "", "the host's timers are hidden");
             }
+            // The sandbox runs under the runtime's default seccomp profile, as upstream's does,
+            // and the container unconfined, as upstream's without `seccompDefault`.
+            let status = wait_for(&rt_for_body, &name, "app to run", running).await;
+            let sandbox = &status.sandbox_statuses[0].id;
+            let v2 = Path::new(cgroups::CGROUP_ROOT).join("cgroup.controllers").exists();
+            let pod_cgroup = format!("{}kubepods/besteffort/pod{}", if v2 { "" } else { "pids/" }, status.uid);
+            assert_eq!(seccomp_mode(&format!("{pod_cgroup}/{sandbox}")), "2", "filtered");
+            let app = &status.container_status("app").unwrap().id;
+            assert_eq!(seccomp_mode(&format!("{pod_cgroup}/{app}")), "0", "unconfined");
         }
     };
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// The seccomp mode (`Seccomp:` in `/proc/<pid>/status`: 0 none, 2 a filter) of the first
+/// process in the cgroup at `path` under the cgroup root.
+fn seccomp_mode(path: &str) -> String {
+    let procs = cgroup_file(&format!("{path}/cgroup.procs"));
+    let pid = procs.lines().next().unwrap_or_else(|| panic!("no process in {path}"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let mode = status.lines().find_map(|line| line.strip_prefix("Seccomp:"));
+    mode.unwrap_or_else(|| panic!("no Seccomp line for {pid}")).trim().to_owned()
 }
 
 /// Image filesystem pressure (`imagefs.available<99.99%` on the runtime's own 4 GiB tmpfs, so

@@ -164,11 +164,12 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_root: &str
         run_as_user: pod_security.and_then(|s| s.run_as_user).map(|value| pb::Int64Value { value }),
         run_as_group: pod_security.and_then(|s| s.run_as_group).map(|value| pb::Int64Value { value }),
         supplemental_groups: pod_security.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
-        privileged: spec.is_some_and(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-                .any(|c| c.security_context.as_ref().and_then(|sc| sc.privileged).unwrap_or(false))
+        privileged: spec.is_some_and(has_privileged_container),
+        // Upstream runs every sandbox under the runtime's default seccomp profile, whatever its
+        // containers run under.
+        seccomp: Some(pb::SecurityProfile {
+            profile_type: pb::security_profile::ProfileType::RuntimeDefault as i32,
+            localhost_ref: String::new(),
         }),
         ..pb::LinuxSandboxSecurityContext::default()
     };
@@ -197,6 +198,15 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_root: &str
         }),
         ..pb::PodSandboxConfig::default()
     }
+}
+
+/// Whether any container of the pod, init and ephemeral ones included, is privileged (upstream
+/// `HasPrivilegedContainer`): the runtime runs a privileged container only in a privileged sandbox.
+fn has_privileged_container(spec: &k8s_openapi::api::core::v1::PodSpec) -> bool {
+    let privileged =
+        |sc: Option<&k8s_openapi::api::core::v1::SecurityContext>| sc.and_then(|sc| sc.privileged).unwrap_or(false);
+    spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| privileged(c.security_context.as_ref()))
+        || spec.ephemeral_containers.iter().flatten().any(|c| privileged(c.security_context.as_ref()))
 }
 
 /// The pod's Linux namespaces (upstream `namespacesForPod`): the node's where the spec asks for
@@ -268,7 +278,11 @@ mod tests {
         assert_eq!(config.labels[labels::POD_UID], "u1");
         let linux = config.linux.unwrap();
         assert_eq!(linux.cgroup_parent, "/kubepods/besteffort/podu1");
-        let ns = linux.security_context.unwrap().namespace_options.unwrap();
+        let security = linux.security_context.unwrap();
+        let seccomp = security.seccomp.unwrap();
+        assert_eq!(seccomp.profile_type, pb::security_profile::ProfileType::RuntimeDefault as i32, "as upstream");
+        assert!(!security.privileged);
+        let ns = security.namespace_options.unwrap();
         assert_eq!(
             (ns.network, ns.pid, ns.ipc),
             (pb::NamespaceMode::Pod as i32, pb::NamespaceMode::Container as i32, pb::NamespaceMode::Pod as i32)
@@ -278,6 +292,18 @@ mod tests {
             (dns.servers, dns.searches, dns.options),
             (vec!["192.0.2.53".to_owned()], vec!["example.test".to_owned()], vec!["ndots:2".to_owned()])
         );
+    }
+
+    #[test]
+    fn a_privileged_container_of_any_kind_makes_the_sandbox_privileged() {
+        use k8s_openapi::api::core::v1::{EphemeralContainer, SecurityContext};
+        let privileged = Some(SecurityContext { privileged: Some(true), ..SecurityContext::default() });
+        let mut pod = pod();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.ephemeral_containers =
+            Some(vec![EphemeralContainer { name: "debug".into(), security_context: privileged, ..Default::default() }]);
+        let config = sandbox_config(&pod, 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default());
+        assert!(config.linux.unwrap().security_context.unwrap().privileged);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! cri_bench floor  ENDPOINT --image IMG --pods N --parallel P --dir DIR
 //!     the bare CRI sequence a kubelet cannot avoid for N one-container pods, P at a time:
 //!     RunPodSandbox, CreateContainer, StartContainer, then StopContainer and StopPodSandbox
-//!     (the container runs what the benchmark's manifests run);
+//!     (the container runs what the benchmark's manifests run, confined as a kubelet confines
+//!     it: the sandbox under the runtime's default seccomp profile, upstream's masked and
+//!     read-only paths in the container);
 //!     prints {"start_s": .., "stop_s": .., "calls_s": {"run_podsandbox": .., "create_container": ..,
 //!     "start_container": ..}} (each call's mean) and removes what it made
 //! cri_bench watch  ENDPOINT --namespace NS (--running N | --stopped)
@@ -47,7 +49,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kubelet_cri_client::{
-    Client, Config, labels,
+    Client, Config, container, labels,
     pb::{self, runtime_service_client::RuntimeServiceClient},
     sandbox::{Dns, ResolvConf, sandbox_config},
 };
@@ -252,6 +254,10 @@ async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Resu
         command: ["sh", "-c", "trap 'exit 0' TERM; sleep 36000 & wait"].map(String::from).to_vec(),
         labels: [(labels::CONTAINER_NAME.to_owned(), "app".to_owned())].into(),
         log_path: "app/0.log".into(),
+        linux: Some(pb::LinuxContainerConfig {
+            security_context: Some(floor_security_context()),
+            ..pb::LinuxContainerConfig::default()
+        }),
         ..pb::ContainerConfig::default()
     };
     let ran = began.elapsed();
@@ -269,6 +275,17 @@ async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Resu
     let began = Instant::now();
     rpc.start_container(pb::StartContainerRequest { container_id: id.clone() }).await?;
     Ok(Started { sandbox, container: id, calls: [ran, created, began.elapsed()] })
+}
+
+/// What every kubelet asks of a container's security: upstream's masked and read-only `/proc`
+/// and `/sys` paths, which the runtime mounts over each container's own.
+fn floor_security_context() -> pb::LinuxContainerSecurityContext {
+    let owned = |paths: &[&str]| paths.iter().map(|path| (*path).to_owned()).collect();
+    pb::LinuxContainerSecurityContext {
+        masked_paths: owned(&container::MASKED_PATHS),
+        readonly_paths: owned(&container::READONLY_PATHS),
+        ..pb::LinuxContainerSecurityContext::default()
+    }
 }
 
 /// Stops one pod: its container (with the agent's minimum grace; the process exits on SIGTERM),
