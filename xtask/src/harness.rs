@@ -82,14 +82,15 @@ pub(crate) fn build(profile: Profile) -> Result<Binaries> {
             "--locked",
         ]))?;
     } else {
-        run(Command::new(&cargo).current_dir(&root).args([
-            "build",
-            "--profile",
-            profile.name(),
-            "--locked",
-            "-p",
-            "kubelet-rs",
-        ]))?;
+        let mut agent = Command::new(&cargo);
+        agent.current_dir(&root).args(["rustc", "--profile", profile.name(), "--locked", "-p", "kubelet-rs"]);
+        agent.args(["--bin", "kubelet-rs"]);
+        let order = root.join(crate::symbols::ORDER_FILE);
+        if profile == Profile::Dist && order.exists() {
+            // What ships lays out the functions start-up and idling run together (`symbols.rs`).
+            agent.arg("--").arg(format!("-Clink-arg=-Wl,--symbol-ordering-file={}", order.display()));
+        }
+        run(&mut agent)?;
         // The tools in the dev profile: they share their dependencies with the tests' build, and
         // what they measure is the runtime's and the API server's time, not their own.
         run(Command::new(&cargo).current_dir(&root).args([
@@ -181,9 +182,34 @@ impl Agent {
     /// Starts the agent as node `node` on the runtime at `endpoint`, with `dir/manifests` as its
     /// manifest path.
     pub(crate) fn start_as(node: &str, endpoint: &str, binary: &Path, dir: &Path, extra: &[&str]) -> Result<Agent> {
+        Agent::spawn(Command::new(binary), node, endpoint, binary, dir, extra)
+    }
+
+    /// Starts the agent on the project's containerd under `wrapper`, a program that runs the
+    /// binary it is given after its own arguments (valgrind).
+    pub(crate) fn start_under(
+        wrapper: &str,
+        wrapper_args: &[String],
+        binary: &Path,
+        dir: &Path,
+        extra: &[&str],
+    ) -> Result<Agent> {
+        let mut command = Command::new(wrapper);
+        command.args(wrapper_args).arg(binary);
+        Agent::spawn(command, NODE, &endpoint(), binary, dir, extra)
+    }
+
+    /// Spawns `command`, the agent's binary or what runs it, with the agent's arguments.
+    fn spawn(
+        mut command: Command,
+        node: &str,
+        endpoint: &str,
+        binary: &Path,
+        dir: &Path,
+        extra: &[&str],
+    ) -> Result<Agent> {
         fs::create_dir_all(dir.join("manifests"))?;
         let log = fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log"))?;
-        let mut command = Command::new(binary);
         command
             .args(["run", "--container-runtime-endpoint", endpoint, "--healthz-port", "0"])
             .args(["--hostname-override", node])

@@ -22,6 +22,7 @@ mod leaks;
 mod package;
 mod runtime;
 mod setup;
+mod symbols;
 mod tidy;
 mod util;
 
@@ -51,6 +52,8 @@ commands:
                           loopback, with Node,RBAC authorization, NodeRestriction and node credentials
   images                  (root) rebuild the test images (and load them if the runtime runs)
   tidy                    project rules no compiler checks
+  symbol-order            (root, valgrind) list the functions the shipped agent runs at start-up,
+                          idle and for a pod, which its dist build's linker lays out together
   codegen PROTO           the CRI bindings of kubelet-cri-client from the CRI's api.proto
                           (cargo run -p xtask --features codegen -- codegen PROTO)
   example                 the example agent (crates/sdk/examples/process_agent.rs) running a pod
@@ -94,6 +97,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         ["tidy"] => tidy::run_tidy(),
+        ["symbol-order"] => symbols::run_symbol_order(),
         #[cfg(feature = "codegen")]
         ["codegen", rest @ ..] => codegen::run_codegen(rest),
         #[cfg(not(feature = "codegen"))]
