@@ -181,10 +181,10 @@ pub const MASKED_PATHS: [&str; 10] = [
 pub const READONLY_PATHS: [&str; 6] =
     ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
-/// The masked and read-only paths of a container's `procMount`: none for `Unmasked`, the
-/// defaults otherwise. A privileged container gets the defaults too, as upstream sends them; the
-/// runtime drops them for it.
-fn proc_paths(proc_mount: Option<&str>) -> (Vec<String>, Vec<String>) {
+/// The masked and read-only paths of a container's `procMount`, as the CRI request carries them:
+/// none for `Unmasked`, the defaults otherwise. A privileged container gets the defaults too, as
+/// upstream sends them; the runtime drops them for it.
+pub fn proc_paths(proc_mount: Option<&str>) -> (Vec<String>, Vec<String>) {
     if proc_mount == Some("Unmasked") {
         return (Vec::new(), Vec::new());
     }

@@ -280,12 +280,8 @@ async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Resu
 /// What every kubelet asks of a container's security: upstream's masked and read-only `/proc`
 /// and `/sys` paths, which the runtime mounts over each container's own.
 fn floor_security_context() -> pb::LinuxContainerSecurityContext {
-    let owned = |paths: &[&str]| paths.iter().map(|path| (*path).to_owned()).collect();
-    pb::LinuxContainerSecurityContext {
-        masked_paths: owned(&container::MASKED_PATHS),
-        readonly_paths: owned(&container::READONLY_PATHS),
-        ..pb::LinuxContainerSecurityContext::default()
-    }
+    let (masked_paths, readonly_paths) = container::proc_paths(None);
+    pb::LinuxContainerSecurityContext { masked_paths, readonly_paths, ..pb::LinuxContainerSecurityContext::default() }
 }
 
 /// Stops one pod: its container (with the agent's minimum grace; the process exits on SIGTERM),
