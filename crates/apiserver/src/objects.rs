@@ -80,6 +80,16 @@ type WatchedObjects = Mutex<HashMap<(&'static str, String, String), Watched>>;
 /// How long a first read waits for its watch's initial list.
 const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The services the service watch keeps, and whether it has listed them once.
+///
+/// The readiness is the watch's own: the store's `wait_until_ready` keeps the waker of only the
+/// last task that polled it, so of the pods that start together and wait for the first list,
+/// all but one slept until their timeout.
+struct Services {
+    store: reflector::Store<Service>,
+    listed: watch::Receiver<bool>,
+}
+
 /// Config maps, secrets and service account tokens from the API server.
 pub struct ApiObjects {
     client: Client,
@@ -89,7 +99,7 @@ pub struct ApiObjects {
     /// Where the pods that use a changed object are queued for a sync, once set.
     sync_queue: Arc<OnceLock<Arc<WorkQueue>>>,
     /// Every service of the cluster, from the watch the first read starts.
-    services: OnceLock<reflector::Store<Service>>,
+    services: OnceLock<Services>,
     tracker: TaskTracker,
     cancel: CancellationToken,
 }
@@ -181,23 +191,27 @@ impl ApiObjects {
         }
     }
 
-    /// The store of every service, its watch started on the first call.
-    fn service_store(&self) -> &reflector::Store<Service> {
+    /// The services, their watch started on the first call.
+    fn services_watched(&self) -> &Services {
         self.services.get_or_init(|| {
             let (store, writer) = reflector::store();
+            let (listed_tx, listed) = watch::channel(false);
             let api: Api<Service> = Api::all(self.client.clone());
             let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
             let stop = self.cancel.clone();
             let watch = async move {
                 let mut events = std::pin::pin!(events);
                 while let Some(event) = stop.run_until_cancelled(events.next()).await.flatten() {
-                    if let Err(err) = event {
-                        warn!(error = %err, "the watch of services failed; listing again");
+                    match event {
+                        // The reflector has stored the list before it passes this on.
+                        Ok(watcher::Event::InitDone) => _ = listed_tx.send_replace(true),
+                        Ok(_) => {}
+                        Err(err) => warn!(error = %err, "the watch of services failed; listing again"),
                     }
                 }
             };
             self.tracker.spawn(watch.instrument(info_span!("service_watch")));
-            store
+            Services { store, listed }
         })
     }
 
@@ -291,9 +305,10 @@ impl ObjectSource for ApiObjects {
 
     fn services<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Option<Vec<Service>>, String>> {
         Box::pin(async move {
-            let store = self.service_store();
-            match tokio::time::timeout(FIRST_LIST_TIMEOUT, store.wait_until_ready()).await {
-                Ok(Ok(())) => {}
+            let Services { store, listed } = self.services_watched();
+            let mut listed = listed.clone();
+            match tokio::time::timeout(FIRST_LIST_TIMEOUT, listed.wait_for(|listed| *listed)).await {
+                Ok(Ok(_)) => {}
                 Ok(Err(_)) => return Err("the watch of services has stopped".to_owned()),
                 Err(_) => return Err("timed out listing the services".to_owned()),
             }

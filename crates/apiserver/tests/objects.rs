@@ -8,7 +8,11 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
-use kubelet_cluster::{heartbeat, objects::ApiObjects, testing::ApiServer};
+use kubelet_cluster::{
+    heartbeat,
+    objects::ApiObjects,
+    testing::{ApiServer, Fault},
+};
 use kubelet_core::{PodUid, WorkQueue, volume::ObjectSource};
 use serde_json::json;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -99,4 +103,35 @@ async fn objects_are_watched_while_pods_use_them() {
     objects.release(&PodUid::new("job"));
     tracker.close();
     tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await.expect("every watch ended");
+}
+
+/// Pods that start together all wait for the first list of services, and each goes on once it
+/// is in: none sleeps until its timeout (30 s) because another waiter came after it.
+#[tokio::test]
+async fn every_pod_waiting_for_the_first_list_of_services_goes_on_once_it_is_in() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
+    let objects = Arc::new(ApiObjects::new(client, TaskTracker::new(), CancellationToken::new()));
+    server.put_service("default", "web", json!({"clusterIP": "10.0.0.10", "ports": [{"port": 80}]}));
+    // The first list fails, so every reader is waiting when the watch lists again.
+    server.set_fault(Some(Fault::Unavailable));
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let objects = objects.clone();
+            tokio::spawn(async move { objects.services("default").await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.requests("LIST services"), 0, "no list has been answered yet");
+    server.set_fault(None);
+
+    let read = tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(readers)).await;
+    let read = read.expect("every reader went on once the services were listed, not at its timeout");
+    for services in read {
+        let names: Vec<String> =
+            services.unwrap().unwrap().unwrap().into_iter().filter_map(|s| s.metadata.name).collect();
+        assert_eq!(names, ["web"]);
+    }
 }
