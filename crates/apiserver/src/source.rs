@@ -11,7 +11,7 @@
 
 use std::{collections::BTreeMap, future::Future, sync::Arc};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client,
@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// Watches the pods bound to `node` until `cancel` or until `deliver` returns `false` (its
-/// receiver is gone); each change hands `deliver` the whole set, by UID. Each notification of
+/// receiver is gone); each change hands `deliver` the whole set, by UID, and the changes that
+/// arrived together are handed on as one. Each notification of
 /// `api_back` (the heartbeats answered again, [`crate::heartbeat::run`]) lists and watches
 /// afresh.
 pub async fn watch_pods<F, Fut>(
@@ -39,7 +40,7 @@ pub async fn watch_pods<F, Fut>(
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let watch = || watcher(api.clone(), config.clone()).default_backoff().boxed();
     let mut events = watch();
-    let (mut pods, mut listing) = (BTreeMap::new(), None::<BTreeMap<String, Pod>>);
+    let mut bound = BoundPods::default();
     loop {
         let event = tokio::select! {
             () = cancel.cancelled() => return,
@@ -51,32 +52,60 @@ pub async fn watch_pods<F, Fut>(
             event = events.next() => event,
         };
         let Some(event) = event else { return };
+        let mut changed = bound.apply(node, event);
+        // The events already here go in before the snapshot: a burst (50 pods marked for
+        // deletion at once) is one snapshot, not one for each event, and waits for nothing.
+        let mut ended = false;
+        while let Some(next) = events.next().now_or_never() {
+            let Some(event) = next else {
+                ended = true;
+                break;
+            };
+            changed |= bound.apply(node, event);
+        }
+        if changed && !deliver(bound.pods.values().cloned().collect()).await {
+            return;
+        }
+        if ended {
+            return;
+        }
+    }
+}
+
+/// The pods bound to the node as the watch has told them, by UID; a list in progress is kept
+/// apart until it is complete.
+#[derive(Default)]
+struct BoundPods {
+    pods: BTreeMap<String, Pod>,
+    listing: Option<BTreeMap<String, Pod>>,
+}
+
+impl BoundPods {
+    /// Takes one event of the watch in; whether the bound pods changed.
+    fn apply(&mut self, node: &str, event: Result<watcher::Event<Pod>, watcher::Error>) -> bool {
         let uid = |pod: &Pod| pod.metadata.uid.clone().unwrap_or_default();
-        let changed = match event {
+        match event {
             Ok(watcher::Event::Init) => {
-                listing = Some(BTreeMap::new());
+                self.listing = Some(BTreeMap::new());
                 false
             }
             Ok(watcher::Event::InitApply(pod)) => {
-                listing.get_or_insert_with(BTreeMap::new).insert(uid(&pod), pod);
+                self.listing.get_or_insert_with(BTreeMap::new).insert(uid(&pod), pod);
                 false
             }
             Ok(watcher::Event::InitDone) => {
-                pods = listing.take().unwrap_or_default();
+                self.pods = self.listing.take().unwrap_or_default();
                 true
             }
             Ok(watcher::Event::Apply(pod)) => {
-                pods.insert(uid(&pod), pod);
+                self.pods.insert(uid(&pod), pod);
                 true
             }
-            Ok(watcher::Event::Delete(pod)) => pods.remove(&uid(&pod)).is_some(),
+            Ok(watcher::Event::Delete(pod)) => self.pods.remove(&uid(&pod)).is_some(),
             Err(err) => {
                 warn!(node = %node, error = %err, "the watch of this node's pods failed; listing again");
                 false
             }
-        };
-        if changed && !deliver(pods.values().cloned().collect()).await {
-            return;
         }
     }
 }

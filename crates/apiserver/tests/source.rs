@@ -30,10 +30,20 @@ async fn watch_node_1(
     api_back: &Arc<Notify>,
     cancel: &CancellationToken,
 ) -> (tokio::sync::mpsc::Receiver<Vec<String>>, tokio::task::JoinHandle<()>) {
+    watch_node_1_holding(server, api_back, cancel, 16).await
+}
+
+/// [`watch_node_1`], whose deliveries wait while `held` snapshots are not yet read.
+async fn watch_node_1_holding(
+    server: &ApiServer,
+    api_back: &Arc<Notify>,
+    cancel: &CancellationToken,
+    held: usize,
+) -> (tokio::sync::mpsc::Receiver<Vec<String>>, tokio::task::JoinHandle<()>) {
     let dir = tempfile::tempdir().unwrap();
     server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
     let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
-    let (tx, snapshots) = tokio::sync::mpsc::channel(16);
+    let (tx, snapshots) = tokio::sync::mpsc::channel(held);
     let task = tokio::spawn({
         let (api_back, cancel) = (api_back.clone(), cancel.clone());
         async move {
@@ -141,4 +151,34 @@ async fn a_watch_made_into_a_hang_is_made_afresh_when_the_api_server_is_back() {
 
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the source stops when cancelled").unwrap();
+}
+
+/// A burst of changes that came while the source was busy is one snapshot, not one for each
+/// change (the sync loop's config merger compares every pod of each snapshot).
+#[tokio::test]
+async fn changes_that_came_together_are_one_snapshot() {
+    let server = ApiServer::start().await;
+    server.put_pod(pod("a", "node-1"));
+    let cancel = CancellationToken::new();
+    let (mut snapshots, task) = watch_node_1_holding(&server, &Arc::default(), &cancel, 1).await;
+    assert_eq!(next_names(&mut snapshots).await, ["a"]);
+
+    // With a snapshot unread, the source waits to deliver the next while 20 more pods come.
+    let names: Vec<String> = (0..20).map(|i| format!("p{i:02}")).collect();
+    for name in &names {
+        server.put_pod(pod(name, "node-1"));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut all = vec!["a".to_owned()];
+    all.extend(names);
+    let mut seen = 0;
+    loop {
+        seen += 1;
+        if next_names(&mut snapshots).await == all {
+            break;
+        }
+    }
+    assert!(seen <= 3, "20 changes came in {seen} snapshots: one being delivered, one waiting, then the rest as one");
+    cancel.cancel();
+    task.await.unwrap();
 }
