@@ -90,7 +90,7 @@ impl BoundPods {
                 false
             }
             Ok(watcher::Event::InitApply(pod)) => {
-                self.listing.get_or_insert_with(BTreeMap::new).insert(uid(&pod), pod);
+                self.listing.get_or_insert_with(BTreeMap::new).insert(uid(&pod), without_managed_fields(pod));
                 false
             }
             Ok(watcher::Event::InitDone) => {
@@ -98,7 +98,7 @@ impl BoundPods {
                 true
             }
             Ok(watcher::Event::Apply(pod)) => {
-                self.pods.insert(uid(&pod), pod);
+                self.pods.insert(uid(&pod), without_managed_fields(pod));
                 true
             }
             Ok(watcher::Event::Delete(pod)) => self.pods.remove(&uid(&pod)).is_some(),
@@ -108,4 +108,11 @@ impl BoundPods {
             }
         }
     }
+}
+
+/// `pod` without its `managedFields`, which nothing on the node reads: they are most of what a
+/// pod from the API holds, and every snapshot copies every pod.
+fn without_managed_fields(mut pod: Pod) -> Pod {
+    pod.metadata.managed_fields = None;
+    pod
 }

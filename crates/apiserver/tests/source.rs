@@ -182,3 +182,35 @@ async fn changes_that_came_together_are_one_snapshot() {
     cancel.cancel();
     task.await.unwrap();
 }
+
+/// The pods are handed on without their `managedFields`, which nothing on the node reads and
+/// every snapshot would copy.
+#[tokio::test]
+async fn pods_are_handed_on_without_their_managed_fields() {
+    let server = ApiServer::start().await;
+    let mut managed = pod("a", "node-1");
+    managed["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Update",
+        "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:containers": {}}}}]);
+    server.put_pod(managed);
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
+    let (tx, mut snapshots) = tokio::sync::mpsc::channel(4);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let cancel = cancel.clone();
+        async move {
+            let deliver = |pods: Vec<k8s_openapi::api::core::v1::Pod>| {
+                let tx = tx.clone();
+                async move { tx.send(pods).await.is_ok() }
+            };
+            source::watch_pods(client, "node-1", deliver, Arc::default(), cancel).await;
+        }
+    });
+    let pods = tokio::time::timeout(Duration::from_secs(10), snapshots.recv()).await.unwrap().unwrap();
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].metadata.managed_fields, None);
+    assert!(pods[0].spec.is_some(), "the rest of the pod is there");
+    cancel.cancel();
+    task.await.unwrap();
+}
