@@ -12,9 +12,10 @@
 //! or reading a file does not, so the source's own reads never wake it.
 //! A file closed after writing, moved or removed is scanned at once; after a creation or a write
 //! alone, the source waits for the writer to close the file, 20 ms at most.
-//! A manifest that cannot be decoded and was modified within the last 20 ms is taken as still
-//! being written (another file's close can start a scan in the middle of a burst of writes): its
-//! pods stay as they were, its error waits, and it is scanned again 20 ms later.
+//! A manifest that cannot be decoded and was modified within a second of its reading is taken as
+//! still being written (another file's close can start a scan in the middle of a burst of writes,
+//! and a writer can be held up between creating a file and writing it): its pods stay as they
+//! were, its error waits, and it is scanned again once that second has passed.
 //! A scan decodes only the files whose identity (device, inode, size, modification time)
 //! changed since they were last decoded; an idle directory costs one `stat` per file per rescan,
 //! and a scan that found every manifest as it was sends nothing.
@@ -43,9 +44,16 @@ use kubelet_core::{
     events::{Event, EventRecorder, EventType, ObjectRef},
 };
 
-/// How long the source waits, after a file is created or written to, for its writer to close it;
-/// and how long after its last write a manifest that cannot be decoded is taken as unfinished.
+/// How long the source waits, after a file is created or written to, for its writer to close it.
 pub(crate) const SETTLE: Duration = Duration::from_millis(20);
+
+/// How long after its last write a manifest that cannot be decoded is taken as unfinished: its
+/// writer may have been held up between creating it and writing it, as on a busy machine.
+/// Only a broken manifest waits this long; a good one is taken as soon as it is read.
+pub(crate) const HALF_WRITTEN: Duration = Duration::from_secs(1);
+
+/// The time a scan reads the clock, at each manifest that cannot be decoded.
+type Clock<'a> = &'a dyn Fn() -> SystemTime;
 
 /// How the file source runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,9 +91,10 @@ pub struct Scan {
     pub errors: Vec<ManifestError>,
     /// Whether the pods may differ from the scan before (a manifest decoded again, or one gone).
     changed: bool,
-    /// Whether a manifest that cannot be decoded was written within [`SETTLE`] of the scan: its
-    /// writer may not be done, so it is scanned again before its error counts.
-    unsettled: bool,
+    /// When a manifest that cannot be decoded was written within [`HALF_WRITTEN`] of its reading
+    /// (its writer may not be done), how soon the first such one is taken as written: it is
+    /// scanned again then, before its error counts.
+    unsettled: Option<Duration>,
 }
 
 /// A file as it was when last decoded: its identity, to tell whether it changed since.
@@ -116,16 +125,16 @@ struct Decoded {
 }
 
 /// Adds the pods of the manifest at `path` to `scan`: the ones `previous` decoded when the file
-/// is unchanged, else read and decoded now; `next` keeps them for the next scan. With `settling`
-/// (the scan's time), a file that cannot be decoded and was modified within [`SETTLE`] of it
-/// keeps the pods `previous` had of it, and no error yet.
+/// is unchanged, else read and decoded now; `next` keeps them for the next scan. With a `clock`,
+/// a file that cannot be decoded and was modified within [`HALF_WRITTEN`] of the clock's time
+/// after reading it keeps the pods `previous` had of it, and no error yet.
 fn read_manifest(
     path: &Path,
     metadata: &std::fs::Metadata,
     node_name: &str,
     scan: &mut Scan,
     (previous, next): (&Decoded, &mut Decoded),
-    settling: Option<SystemTime>,
+    clock: Option<Clock<'_>>,
 ) {
     let id = FileId::of(metadata);
     if let Some((known, pods)) = previous.files.get(path)
@@ -136,39 +145,60 @@ fn read_manifest(
         return;
     }
     let origin = Origin::File(path.to_path_buf());
-    let read = || -> Result<Vec<u8>, ManifestError> {
+    // The modification time read after the content: the content is at least as old.
+    let mut modified = metadata.modified().ok();
+    let mut read = || -> Result<Vec<u8>, ManifestError> {
         let file =
             std::fs::File::open(path).map_err(|source| ManifestError::Read { origin: origin.clone(), source })?;
         let mut bytes = Vec::new();
         // One byte more than allowed tells "too large" from "exactly at the limit".
-        file.take(MAX_MANIFEST_BYTES as u64 + 1)
+        (&file)
+            .take(MAX_MANIFEST_BYTES as u64 + 1)
             .read_to_end(&mut bytes)
             .map_err(|source| ManifestError::Read { origin: origin.clone(), source })?;
+        modified = file.metadata().and_then(|m| m.modified()).ok().or(modified);
         Ok(bytes)
     };
-    match read().and_then(|bytes| static_pods(&bytes, &origin, node_name, false)) {
-        Ok(pods) => {
-            next.files.insert(path.to_path_buf(), (id, pods.clone()));
-            scan.pods.extend(pods);
-            scan.changed = true;
-        }
-        Err(err) if !settling.is_some_and(|now| written_within_settle(metadata, now)) => scan.errors.push(err),
-        Err(_) => {
-            debug!(path = %path.display(), "manifest cannot be decoded yet, just written; scanning it again");
-            scan.unsettled = true;
-            if let Some((known, pods)) = previous.files.get(path) {
-                scan.pods.extend(pods.iter().cloned());
-                next.files.insert(path.to_path_buf(), (*known, pods.clone()));
+    let pods = match read().and_then(|bytes| static_pods(&bytes, &origin, node_name, false)) {
+        Ok(pods) => pods,
+        Err(err) => {
+            match clock.zip(modified).and_then(|(now, modified)| half_written_for(modified, now())) {
+                None => scan.errors.push(err),
+                Some(remaining) => keep_while_half_written(path, remaining, scan, (previous, next)),
             }
+            return;
         }
+    };
+    next.files.insert(path.to_path_buf(), (id, pods.clone()));
+    scan.pods.extend(pods);
+    scan.changed = true;
+}
+
+/// Keeps the pods `previous` had of the manifest at `path`, which cannot be decoded yet and is
+/// taken as half-written for `remaining`, and asks for a scan by then.
+fn keep_while_half_written(
+    path: &Path,
+    remaining: Duration,
+    scan: &mut Scan,
+    (previous, next): (&Decoded, &mut Decoded),
+) {
+    debug!(path = %path.display(), "manifest cannot be decoded yet, just written; scanning it again");
+    scan.unsettled = Some(scan.unsettled.map_or(remaining, |sooner| sooner.min(remaining)));
+    if let Some((known, pods)) = previous.files.get(path) {
+        scan.pods.extend(pods.iter().cloned());
+        next.files.insert(path.to_path_buf(), (*known, pods.clone()));
     }
 }
 
-/// Whether the file was modified less than [`SETTLE`] before `now` (a time in the future is not:
-/// such a file would otherwise never count as written).
-fn written_within_settle(metadata: &std::fs::Metadata, now: SystemTime) -> bool {
-    let Ok(modified) = metadata.modified() else { return false };
-    now.duration_since(modified).is_ok_and(|age| age < SETTLE)
+/// How long a file modified at `modified` is still taken as half-written at `now`: [`HALF_WRITTEN`]
+/// after its modification, which may lie a little after `now` (the clocks of a file system
+/// and of a process need not agree); none when it was modified longer ago, or further ahead,
+/// where such a file would otherwise never count as written.
+fn half_written_for(modified: SystemTime, now: SystemTime) -> Option<Duration> {
+    match now.duration_since(modified) {
+        Ok(age) => HALF_WRITTEN.checked_sub(age).filter(|remaining| !remaining.is_zero()),
+        Err(ahead) => (ahead.duration() < HALF_WRITTEN).then(|| ahead.duration() + HALF_WRITTEN),
+    }
 }
 
 /// Reads every manifest under `path` (blocking IO), an error for each that cannot be decoded.
@@ -178,10 +208,10 @@ pub fn scan(path: &Path, node_name: &str) -> Scan {
 
 /// Reads the manifests under `path`, decoding only those that changed since `decoded` saw them
 /// (blocking IO); `decoded` then holds exactly the good files of this scan, and those kept as
-/// they were while being written (with `settling`, the scan's time: [`read_manifest`]).
-fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded, settling: Option<SystemTime>) -> Scan {
+/// they were while being written (with a `clock`: [`read_manifest`]).
+fn scan_with(path: &Path, node_name: &str, decoded: &mut Decoded, clock: Option<Clock<'_>>) -> Scan {
     let previous = std::mem::take(decoded);
-    let mut scan = read_path(path, node_name, (&previous, decoded), settling);
+    let mut scan = read_path(path, node_name, (&previous, decoded), clock);
     // Every manifest decoded before was taken as it was, and no other: the same pods.
     scan.changed |= decoded.files.len() != previous.files.len();
     scan
@@ -193,7 +223,7 @@ fn read_path(
     path: &Path,
     node_name: &str,
     (previous, decoded): (&Decoded, &mut Decoded),
-    settling: Option<SystemTime>,
+    clock: Option<Clock<'_>>,
 ) -> Scan {
     let mut scan = Scan::default();
     let metadata = match std::fs::metadata(path) {
@@ -208,7 +238,7 @@ fn read_path(
         }
     };
     if !metadata.is_dir() {
-        read_manifest(path, &metadata, node_name, &mut scan, (previous, decoded), settling);
+        read_manifest(path, &metadata, node_name, &mut scan, (previous, decoded), clock);
         return scan;
     }
     let entries = match std::fs::read_dir(path) {
@@ -227,7 +257,7 @@ fn read_path(
         }
         match std::fs::metadata(&file) {
             Ok(m) if m.is_dir() => info!(path = %file.display(), "not recursing into manifest subdirectory"),
-            Ok(m) if m.is_file() => read_manifest(&file, &m, node_name, &mut scan, (previous, decoded), settling),
+            Ok(m) if m.is_file() => read_manifest(&file, &m, node_name, &mut scan, (previous, decoded), clock),
             Ok(_) => debug!(path = %file.display(), "skipping non-regular file"),
             // The file vanished between listing and reading: the next event rescans.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
@@ -361,7 +391,7 @@ impl FileSource {
             let (path, node) = (self.config.path.clone(), self.config.node_name.clone());
             let mut owned = std::mem::take(&mut decoded);
             let scan = match tokio::task::spawn_blocking(move || {
-                let scan = scan_with(&path, &node, &mut owned, Some(SystemTime::now()));
+                let scan = scan_with(&path, &node, &mut owned, Some(&SystemTime::now));
                 (scan, owned)
             })
             .await
@@ -385,7 +415,7 @@ impl FileSource {
                 }
             }
             reported = errors;
-            unsettled_rescan = scan.unsettled.then(|| tokio::time::Instant::now() + SETTLE);
+            unsettled_rescan = scan.unsettled.map(|remaining| tokio::time::Instant::now() + remaining);
             // A rescan that found every manifest as it was sends nothing: the pod configuration
             // already has these pods, and comparing them all again would cost every 20 s per pod.
             if sent_any && !scan.changed {

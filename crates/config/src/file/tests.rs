@@ -82,6 +82,16 @@ impl Fixture {
         }
     }
 
+    /// The events recorded once there are `count` of them, which must be within five times the
+    /// time a broken manifest is taken as half-written.
+    async fn events(&self, count: usize) -> Vec<Event> {
+        let deadline = tokio::time::Instant::now() + SETTLE * 100;
+        while self.ring.events().len() < count && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(SETTLE).await;
+        }
+        self.ring.events()
+    }
+
     async fn stop(self) {
         self.cancel.cancel();
         self.task.await.unwrap();
@@ -144,16 +154,8 @@ async fn a_broken_manifest_is_skipped_with_an_error_naming_it() {
     let path = dir.path().to_path_buf();
     let mut f = Fixture::start_at(dir, path);
     assert_eq!(f.next().await, add(&["a-node-a", "c-node-a"]));
-    // Written just now, the broken ones may be taken as half-written until the settling time
-    // has passed since.
-    let mut events = f.ring.events();
-    for _ in 0..100 {
-        if events.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(SETTLE).await;
-        events = f.ring.events();
-    }
+    // Written just now, the broken ones may be taken as half-written for a while.
+    let events = f.events(2).await;
     let messages: Vec<&str> = events.iter().map(|e| e.message.as_str()).collect();
     assert_eq!(events.len(), 2, "{messages:?}");
     assert!(messages[0].contains("b.yaml: cannot decode") && messages[0].contains("line 4"), "{}", messages[0]);
@@ -268,34 +270,59 @@ fn a_scan_that_finds_every_manifest_as_it_was_is_unchanged() {
 }
 
 /// A manifest that cannot be decoded right after a write is one caught half-written: the pods
-/// it had stay, no error is reported, and the scan asks to be made again; once its last write is
-/// older than the settling time, its error counts and its pods go.
+/// it had stay, no error is reported, and the scan asks to be made again when it will have
+/// settled; once its last write is older than that, its error counts and its pods go.
 #[test]
 fn a_manifest_broken_just_after_a_write_keeps_its_pods_until_it_settles() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("a.yaml"), manifest("a", "i")).unwrap();
     fs::write(dir.path().join("b.yaml"), manifest("b", "i")).unwrap();
     let mut decoded = Decoded::default();
-    let first = scan_with(dir.path(), "n", &mut decoded, Some(SystemTime::now() + SETTLE));
-    assert_eq!((first.pods.len(), first.unsettled), (2, false));
+    let first = scan_with(dir.path(), "n", &mut decoded, Some(&SystemTime::now));
+    assert_eq!((first.pods.len(), first.unsettled), (2, None));
 
     fs::write(dir.path().join("a.yaml"), "metadata:\n  name: a\nspec:\n  contai").unwrap();
     fs::write(dir.path().join("new.yaml"), "").unwrap();
-    // Both written at one time, whatever the machine's pace.
-    let written = SystemTime::now();
-    for name in ["a.yaml", "new.yaml"] {
-        fs::File::options().write(true).open(dir.path().join(name)).unwrap().set_modified(written).unwrap();
-    }
-    let during = scan_with(dir.path(), "n", &mut decoded, Some(written + SETTLE / 2));
+    let written = set_modified_at_once(dir.path(), &["a.yaml", "new.yaml"]);
+    let during = scan_with(dir.path(), "n", &mut decoded, Some(&|| written + HALF_WRITTEN / 4));
     let names: Vec<_> = during.pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
     assert_eq!(names, ["a-n", "b-n"], "the half-written manifest's pod stays; the empty new one has none");
     assert!(during.errors.is_empty(), "{:?}", during.errors);
-    assert!(during.unsettled && !during.changed);
+    assert_eq!((during.unsettled, during.changed), (Some(HALF_WRITTEN * 3 / 4), false));
 
-    let settled = scan_with(dir.path(), "n", &mut decoded, Some(written + SETTLE));
+    let settled = scan_with(dir.path(), "n", &mut decoded, Some(&|| written + HALF_WRITTEN));
     let names: Vec<_> = settled.pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
     assert_eq!(names, ["b-n"]);
-    assert_eq!((settled.errors.len(), settled.unsettled, settled.changed), (2, false, true));
+    assert_eq!((settled.errors.len(), settled.unsettled, settled.changed), (2, None, true));
+}
+
+/// A file written after the scan began, as one created while a scan reads a burst of others, is
+/// half-written too: the clock is read for each file after reading it, and a modification time
+/// a little ahead of it counts as just now. One far ahead counts as written, or it never would.
+#[test]
+fn a_manifest_modified_ahead_of_the_clock_is_half_written_unless_far_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("empty.yaml"), "").unwrap();
+    let written = set_modified_at_once(dir.path(), &["empty.yaml"]);
+    let mut decoded = Decoded::default();
+
+    let ahead = scan_with(dir.path(), "n", &mut decoded, Some(&|| written - HALF_WRITTEN / 2));
+    assert!(ahead.errors.is_empty(), "{:?}", ahead.errors);
+    assert_eq!(ahead.unsettled, Some(HALF_WRITTEN * 3 / 2), "until a settling time after the write");
+
+    let far_ahead = scan_with(dir.path(), "n", &mut decoded, Some(&|| written - HALF_WRITTEN * 60));
+    assert_eq!((far_ahead.errors.len(), far_ahead.unsettled), (1, None));
+    assert!(far_ahead.errors[0].to_string().contains("empty.yaml: cannot decode: empty manifest"));
+}
+
+/// Sets the modification time of the `names` under `dir` to one time, whatever the machine's
+/// pace, and returns it.
+fn set_modified_at_once(dir: &Path, names: &[&str]) -> SystemTime {
+    let written = SystemTime::now();
+    for name in names {
+        fs::File::options().write(true).open(dir.join(name)).unwrap().set_modified(written).unwrap();
+    }
+    written
 }
 
 #[test]
@@ -383,13 +410,7 @@ async fn an_idle_directory_is_not_read_again_and_a_change_reads_only_the_changed
     let mut f = Fixture::start_at(dir, path);
     assert_eq!(f.next().await.1.len(), 50);
     // Written just now, the broken one is read again once it has settled, and reported then.
-    for _ in 0..100 {
-        if !f.ring.events().is_empty() {
-            break;
-        }
-        tokio::time::sleep(SETTLE).await;
-    }
-    assert_eq!(f.ring.events().len(), 1);
+    assert_eq!(f.events(1).await.len(), 1);
     let (_watcher, opens) = count_opens(f.dir.path());
 
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -402,5 +423,42 @@ async fn an_idle_directory_is_not_read_again_and_a_change_reads_only_the_changed
     let opened: Vec<PathBuf> = opens.lock().unwrap().keys().cloned().collect();
     assert!(opened.iter().all(|p| !p.file_name().unwrap().to_string_lossy().starts_with("pod-0")), "{opened:?}");
     assert!(opened.contains(&f.path("pod-new.yaml")), "{opened:?}");
+    f.stop().await;
+}
+
+/// A burst of broken manifests, written while the source scans the ones before: each is named by
+/// one event, neither while it was empty nor again after a scan that caught it just written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_of_a_burst_of_broken_manifests_is_reported_once() {
+    let f = Fixture::start();
+    tokio::time::sleep(SETTLE * 5).await;
+    let broken: [&[u8]; 4] = [
+        b"apiVersion: v1\nkind: Pod\nmetadata: {name: [unclosed\n",
+        b"apiVersion: v1\nkind: Service\nmetadata: {name: svc}\n",
+        b"apiVersion: v1\nkind: Pod\nmetadata: {name: empty}\nspec: {containers: []}\n",
+        b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: \xff\xfe\n",
+    ];
+    let names: Vec<String> = (0..40).map(|i| format!("broken-{i:02}.yaml")).collect();
+    let dir = f.dir.path().to_path_buf();
+    let written = names.clone();
+    tokio::task::spawn_blocking(move || {
+        for (i, name) in written.iter().enumerate() {
+            fs::write(dir.join(name), broken[i % broken.len()]).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    f.events(names.len()).await;
+    // Time for a scan that would report one again.
+    tokio::time::sleep(HALF_WRITTEN * 2).await;
+    let events = f.ring.events();
+    let not_once: Vec<(&String, Vec<&str>)> = names
+        .iter()
+        .map(|name| {
+            (name, events.iter().filter(|e| e.message.contains(name.as_str())).map(|e| e.message.as_str()).collect())
+        })
+        .filter(|(_, messages): &(_, Vec<&str>)| messages.len() != 1)
+        .collect();
+    assert!(not_once.is_empty(), "{not_once:#?}");
     f.stop().await;
 }
