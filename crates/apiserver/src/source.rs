@@ -23,7 +23,9 @@ use tracing::{info, warn};
 
 /// Watches the pods bound to `node` until `cancel` or until `deliver` returns `false` (its
 /// receiver is gone); each change hands `deliver` the whole set, by UID, and the changes that
-/// arrived together are handed on as one. Each notification of
+/// arrived together are handed on as one. The pods are shared: one the watch has not changed
+/// since is the same `Arc` as in the set before (the config merger then neither copies nor
+/// compares it). Each notification of
 /// `api_back` (the heartbeats answered again, [`crate::heartbeat::run`]) lists and watches
 /// afresh.
 pub async fn watch_pods<F, Fut>(
@@ -33,7 +35,7 @@ pub async fn watch_pods<F, Fut>(
     api_back: Arc<Notify>,
     cancel: CancellationToken,
 ) where
-    F: FnMut(Vec<Pod>) -> Fut,
+    F: FnMut(Vec<Arc<Pod>>) -> Fut,
     Fut: Future<Output = bool>,
 {
     let api: Api<Pod> = Api::all(client);
@@ -76,8 +78,8 @@ pub async fn watch_pods<F, Fut>(
 /// apart until it is complete.
 #[derive(Default)]
 struct BoundPods {
-    pods: BTreeMap<String, Pod>,
-    listing: Option<BTreeMap<String, Pod>>,
+    pods: BTreeMap<String, Arc<Pod>>,
+    listing: Option<BTreeMap<String, Arc<Pod>>>,
 }
 
 impl BoundPods {
@@ -111,8 +113,8 @@ impl BoundPods {
 }
 
 /// `pod` without its `managedFields`, which nothing on the node reads: they are most of what a
-/// pod from the API holds, and every snapshot copies every pod.
-fn without_managed_fields(mut pod: Pod) -> Pod {
+/// pod from the API holds, and each change copies the pod.
+fn without_managed_fields(mut pod: Pod) -> Arc<Pod> {
     pod.metadata.managed_fields = None;
-    pod
+    Arc::new(pod)
 }

@@ -11,6 +11,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    sync::Arc,
     time::Duration,
 };
 
@@ -152,7 +153,7 @@ impl Change {
 
     /// The patch that brings the API's `copy` of the pod to this status, if any.
     fn patch_against(&self, copy: &ApiCopy) -> Option<Value> {
-        status_patch(&copy.pod(), &self.uid, &self.status)
+        status_patch(&copy.pod, &self.uid, &self.status)
     }
 
     /// The UID the API's copy `api` must have to take this status: the pod's own, or for a
@@ -188,10 +189,11 @@ pub enum Report {
 }
 
 impl Report {
-    /// The [`Report::Bound`] of the API pod source's snapshot `pods`.
-    pub fn bound(pods: &[Pod]) -> Report {
-        let uid = |pod: &Pod| pod.metadata.uid.clone().unwrap_or_default();
-        Report::Bound(pods.iter().map(|pod| (uid(pod), Bound::of(pod))).collect())
+    /// The [`Report::Bound`] of the API pod source's snapshot `pods`, which it shares: a pod
+    /// given as an `Arc` is not copied.
+    pub fn bound(pods: &[impl Clone + Into<Arc<Pod>>]) -> Report {
+        let bound = pods.iter().map(|pod| Bound::of(pod.clone().into()));
+        Report::Bound(bound.map(|bound| (bound.copy.uid().to_owned(), bound)).collect())
     }
 }
 
@@ -206,9 +208,9 @@ pub struct Bound {
 }
 
 impl Bound {
-    /// What the sink takes of `pod`.
-    pub fn of(pod: &Pod) -> Self {
-        Bound { deleting: pod.metadata.deletion_timestamp.is_some(), copy: ApiCopy::of(pod) }
+    /// What the sink takes of `pod`: the pod itself, shared with the source.
+    pub fn of(pod: Arc<Pod>) -> Self {
+        Bound { deleting: pod.metadata.deletion_timestamp.is_some(), copy: ApiCopy { pod } }
     }
 }
 
@@ -218,29 +220,32 @@ impl Bound {
 /// the sink then reads the pod and patches as upstream does.
 #[derive(Clone, Debug, PartialEq)]
 struct ApiCopy {
-    uid: String,
-    resource_version: String,
-    status: Option<PodStatus>,
+    /// The pod as the API pod source saw it (shared with the source), or as far as
+    /// [`status_patch`] reads it: its UID, resource version and status, from an answer.
+    pod: Arc<Pod>,
 }
 
 impl ApiCopy {
-    fn of(pod: &Pod) -> Self {
-        let meta = &pod.metadata;
-        ApiCopy {
-            uid: meta.uid.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            status: pod.status.clone(),
-        }
-    }
-
-    /// The pod as far as [`status_patch`] reads it.
-    fn pod(&self) -> Pod {
+    /// What the sink keeps of the pod in an answer of the API server.
+    fn of_answer(answer: Pod) -> Self {
         let metadata = ObjectMeta {
-            uid: Some(self.uid.clone()),
-            resource_version: Some(self.resource_version.clone()),
+            uid: answer.metadata.uid,
+            resource_version: answer.metadata.resource_version,
             ..ObjectMeta::default()
         };
-        Pod { metadata, status: self.status.clone(), ..Pod::default() }
+        ApiCopy { pod: Arc::new(Pod { metadata, status: answer.status, ..Pod::default() }) }
+    }
+
+    fn uid(&self) -> &str {
+        self.pod.metadata.uid.as_deref().unwrap_or_default()
+    }
+
+    fn resource_version(&self) -> &str {
+        self.pod.metadata.resource_version.as_deref().unwrap_or_default()
+    }
+
+    fn status(&self) -> Option<&PodStatus> {
+        self.pod.status.as_ref()
     }
 
     /// Whether `self` is a later version of the pod than `other`. The API server's resource
@@ -248,9 +253,9 @@ impl ApiCopy {
     /// revisions); one that is no number counts as later: at worst a patch is refused as stale
     /// and sent again after a read.
     fn is_later_than(&self, other: &ApiCopy) -> bool {
-        match (self.resource_version.parse::<u64>(), other.resource_version.parse::<u64>()) {
+        match (self.resource_version().parse::<u64>(), other.resource_version().parse::<u64>()) {
             (Ok(ours), Ok(theirs)) => ours > theirs,
-            _ => self.resource_version != other.resource_version,
+            _ => self.resource_version() != other.resource_version(),
         }
     }
 }
@@ -315,7 +320,7 @@ impl Entry {
 
     /// Whether the API's `copy` still holds `change` as the API took it last.
     fn settled_on(&self, change: &Change, copy: &ApiCopy) -> bool {
-        self.settled.as_ref().is_some_and(|s| s.ours == change.status && s.theirs == copy.status)
+        self.settled.as_ref().is_some_and(|s| s.ours == change.status && s.theirs.as_ref() == copy.status())
     }
 }
 
@@ -435,9 +440,9 @@ impl Sink {
                     entry.sent = true;
                 }
                 if let Some(copy) = copy {
-                    entry.settled = Some(Settled { ours: change.status, theirs: copy.status.clone() });
+                    entry.settled = Some(Settled { ours: change.status, theirs: copy.status().cloned() });
                     if entry.copy.as_ref().is_none_or(|c| copy.is_later_than(c)) {
-                        entry.copy = Some(*copy);
+                        entry.copy = Some(copy);
                     }
                 }
             }
@@ -537,7 +542,7 @@ struct Done {
 enum Sent {
     /// The API's pod with this UID has it; the copy its answer gave, where it was a regular
     /// pod's and the sink patched or read it.
-    Kept(String, Option<Box<ApiCopy>>),
+    Kept(String, Option<ApiCopy>),
     /// A static pod's mirror is not there (yet, or again): the status goes at the next resync.
     NoMirror,
     /// The pod is gone from the API (or was re-created, or deleted now).
@@ -559,7 +564,7 @@ struct Due {
 /// the status as the API took it last needs no patch.
 async fn send(client: &Client, change: &Change, due: Due) -> Result<Sent, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &change.namespace);
-    let copy = due.copy.filter(|c| change.mirror_hash.is_none() && c.uid == change.uid);
+    let copy = due.copy.filter(|c| change.mirror_hash.is_none() && c.uid() == change.uid);
     let sent = match copy {
         Some(_) if due.settled => Sent::Kept(change.uid.clone(), None),
         Some(copy) => match patch_on_copy(&pods, change, copy).await? {
@@ -578,13 +583,13 @@ async fn send(client: &Client, change: &Change, due: Due) -> Result<Sent, kube::
 /// `None` when the pod changed since (the API server refused the patch as stale).
 async fn patch_on_copy(pods: &Api<Pod>, change: &Change, copy: ApiCopy) -> Result<Option<Sent>, kube::Error> {
     let Some(mut patch) = change.patch_against(&copy) else {
-        return Ok(Some(Sent::Kept(change.uid.clone(), Some(Box::new(copy)))));
+        return Ok(Some(Sent::Kept(change.uid.clone(), Some(copy))));
     };
-    patch["metadata"]["resourceVersion"] = json!(copy.resource_version);
+    patch["metadata"]["resourceVersion"] = json!(copy.resource_version());
     debug!(pod = %change.name, "patching the pod's status");
     trace!(pod = %change.name, %patch, "the status patch");
     match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
-        Ok(api) => Ok(Some(Sent::Kept(change.uid.clone(), Some(Box::new(ApiCopy::of(&api)))))),
+        Ok(api) => Ok(Some(Sent::Kept(change.uid.clone(), Some(ApiCopy::of_answer(api))))),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(Some(Sent::Gone)),
         // Stale (or the pod was re-created): read it, as upstream does each time.
         Err(kube::Error::Api(status)) if status.is_conflict() => Ok(None),
@@ -600,12 +605,12 @@ async fn read_and_patch(pods: &Api<Pod>, change: &Change) -> Result<Sent, kube::
     let Some(uid) = change.target_uid(&api).map(str::to_owned) else { return Ok(missing()) };
     let regular = change.mirror_hash.is_none();
     let Some(patch) = status_patch(&api, &uid, &change.status) else {
-        return Ok(Sent::Kept(uid, regular.then(|| Box::new(ApiCopy::of(&api)))));
+        return Ok(Sent::Kept(uid, regular.then(|| ApiCopy::of_answer(api))));
     };
     debug!(pod = %change.name, "patching the pod's status");
     trace!(pod = %change.name, %patch, "the status patch");
     match pods.patch_status(&change.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
-        Ok(api) => Ok(Sent::Kept(uid, regular.then(|| Box::new(ApiCopy::of(&api))))),
+        Ok(api) => Ok(Sent::Kept(uid, regular.then(|| ApiCopy::of_answer(api)))),
         // The UID precondition failed: the pod was re-created meanwhile.
         Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => Ok(missing()),
         Err(err) => Err(err),

@@ -6,6 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use k8s_openapi::api::core::v1::Pod;
 use kubelet_cluster::{
     heartbeat, source,
     testing::{ApiServer, Fault},
@@ -19,17 +20,31 @@ fn pod(name: &str, node: &str) -> serde_json::Value {
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}})
 }
 
-async fn next_names(snapshots: &mut tokio::sync::mpsc::Receiver<Vec<String>>) -> Vec<String> {
+/// The snapshots a source hands on.
+type Snapshots = tokio::sync::mpsc::Receiver<Vec<Arc<Pod>>>;
+
+async fn next_pods(snapshots: &mut Snapshots) -> Vec<Arc<Pod>> {
     tokio::time::timeout(Duration::from_secs(10), snapshots.recv()).await.expect("a snapshot within 10 s").unwrap()
 }
 
+/// The sorted names of a snapshot's pods.
+fn names_of(pods: Vec<Arc<Pod>>) -> Vec<String> {
+    let mut names: Vec<String> = pods.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    names.sort();
+    names
+}
+
+async fn next_names(snapshots: &mut Snapshots) -> Vec<String> {
+    names_of(next_pods(snapshots).await)
+}
+
 /// The source of node-1's pods on `server`, told by `api_back` that the API server is back, its
-/// snapshots' sorted names, and its task.
+/// snapshots, and its task.
 async fn watch_node_1(
     server: &ApiServer,
     api_back: &Arc<Notify>,
     cancel: &CancellationToken,
-) -> (tokio::sync::mpsc::Receiver<Vec<String>>, tokio::task::JoinHandle<()>) {
+) -> (Snapshots, tokio::task::JoinHandle<()>) {
     watch_node_1_holding(server, api_back, cancel, 16).await
 }
 
@@ -39,7 +54,7 @@ async fn watch_node_1_holding(
     api_back: &Arc<Notify>,
     cancel: &CancellationToken,
     held: usize,
-) -> (tokio::sync::mpsc::Receiver<Vec<String>>, tokio::task::JoinHandle<()>) {
+) -> (Snapshots, tokio::task::JoinHandle<()>) {
     let dir = tempfile::tempdir().unwrap();
     server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
     let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
@@ -47,13 +62,9 @@ async fn watch_node_1_holding(
     let task = tokio::spawn({
         let (api_back, cancel) = (api_back.clone(), cancel.clone());
         async move {
-            let deliver = |pods: Vec<k8s_openapi::api::core::v1::Pod>| {
+            let deliver = |pods: Vec<Arc<Pod>>| {
                 let tx = tx.clone();
-                async move {
-                    let mut names: Vec<String> = pods.into_iter().filter_map(|p| p.metadata.name).collect();
-                    names.sort();
-                    tx.send(names).await.is_ok()
-                }
+                async move { tx.send(pods).await.is_ok() }
             };
             source::watch_pods(client, "node-1", deliver, api_back, cancel).await;
         }
@@ -146,7 +157,7 @@ async fn a_watch_made_into_a_hang_is_made_afresh_when_the_api_server_is_back() {
     let lists = server.requests("LIST pods");
     api_back.notify_one();
     let names = tokio::time::timeout(Duration::from_secs(5), snapshots.recv()).await;
-    assert_eq!(names.expect("a snapshot at once").unwrap(), ["a", "b"]);
+    assert_eq!(names_of(names.expect("a snapshot at once").unwrap()), ["a", "b"]);
     assert_eq!(server.requests("LIST pods"), lists + 1, "listed afresh");
 
     cancel.cancel();
@@ -192,25 +203,36 @@ async fn pods_are_handed_on_without_their_managed_fields() {
     managed["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Update",
         "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:containers": {}}}}]);
     server.put_pod(managed);
-    let dir = tempfile::tempdir().unwrap();
-    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
-    let client = heartbeat::connect(&dir.path().join("kubeconfig")).await.unwrap();
-    let (tx, mut snapshots) = tokio::sync::mpsc::channel(4);
     let cancel = CancellationToken::new();
-    let task = tokio::spawn({
-        let cancel = cancel.clone();
-        async move {
-            let deliver = |pods: Vec<k8s_openapi::api::core::v1::Pod>| {
-                let tx = tx.clone();
-                async move { tx.send(pods).await.is_ok() }
-            };
-            source::watch_pods(client, "node-1", deliver, Arc::default(), cancel).await;
-        }
-    });
-    let pods = tokio::time::timeout(Duration::from_secs(10), snapshots.recv()).await.unwrap().unwrap();
+    let (mut snapshots, task) = watch_node_1(&server, &Arc::default(), &cancel).await;
+    let pods = next_pods(&mut snapshots).await;
     assert_eq!(pods.len(), 1);
     assert_eq!(pods[0].metadata.managed_fields, None);
     assert!(pods[0].spec.is_some(), "the rest of the pod is there");
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+/// A pod the watch did not change since the snapshot before is handed on as the same `Arc`, so
+/// the config merger neither copies nor compares it; a changed one is a new `Arc`.
+#[tokio::test]
+async fn a_pod_that_did_not_change_is_handed_on_as_the_same_arc() {
+    let server = ApiServer::start().await;
+    server.put_pod(pod("a", "node-1"));
+    server.put_pod(pod("b", "node-1"));
+    let cancel = CancellationToken::new();
+    let (mut snapshots, task) = watch_node_1(&server, &Arc::default(), &cancel).await;
+    let before = next_pods(&mut snapshots).await;
+    let mut relabelled = pod("b", "node-1");
+    relabelled["metadata"]["labels"] = json!({"app": "b"});
+    server.put_pod(relabelled);
+    let after = next_pods(&mut snapshots).await;
+    let by_name = |pods: &[Arc<Pod>], name: &str| {
+        pods.iter().find(|p| p.metadata.name.as_deref() == Some(name)).cloned().expect("the pod")
+    };
+    assert!(Arc::ptr_eq(&by_name(&before, "a"), &by_name(&after, "a")), "a did not change");
+    assert!(!Arc::ptr_eq(&by_name(&before, "b"), &by_name(&after, "b")), "b changed");
+    assert!(by_name(&after, "b").metadata.labels.is_some());
     cancel.cancel();
     task.await.unwrap();
 }

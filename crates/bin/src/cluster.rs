@@ -225,7 +225,7 @@ pub(crate) fn spawn(
     tracker.spawn({
         let (client, api_back, cancel) = (client.clone(), api_back.clone(), cancel.child_token());
         async move {
-            let deliver = move |pods: Vec<Pod>| {
+            let deliver = move |pods: Vec<Arc<Pod>>| {
                 let _ = reports.send(Report::bound(&pods));
                 let source = source.clone();
                 async move { source.set(pods).await.is_ok() }

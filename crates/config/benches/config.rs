@@ -14,7 +14,11 @@ use kubelet_config::{
     Merger,
     manifest::{Origin, static_pods},
 };
-use kubelet_core::{Operation, Source, events::RingRecorder, k8s_openapi::jiff::Timestamp};
+use kubelet_core::{
+    Operation, Source,
+    events::RingRecorder,
+    k8s_openapi::{api::core::v1::Pod, jiff::Timestamp},
+};
 
 fn manifest(i: usize) -> String {
     format!(
@@ -45,6 +49,13 @@ fn bench(c: &mut Criterion) {
     merger.merge(Source::File, Operation::Set, pods.clone(), now);
     group.bench_function("merge_unchanged_snapshot", |b| {
         b.iter(|| merger.merge(Source::File, Operation::Set, pods.clone(), now))
+    });
+    // As the API pod source gives its pods: shared, the same `Arc` while a pod is unchanged.
+    let shared: Vec<Arc<Pod>> = pods.iter().cloned().map(Arc::new).collect();
+    let mut merger = Merger::new(Arc::new(RingRecorder::default()));
+    merger.merge(Source::Api, Operation::Set, shared.clone(), now);
+    group.bench_function("merge_unchanged_shared_snapshot", |b| {
+        b.iter(|| merger.merge(Source::Api, Operation::Set, shared.clone(), now))
     });
     group.bench_function("decode_default_validate_merge", |b| {
         b.iter(|| Merger::new(Arc::new(RingRecorder::default())).merge(Source::File, Operation::Set, decode_all(), now))

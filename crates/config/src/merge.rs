@@ -7,6 +7,10 @@
 //! ADD (new UIDs), UPDATE (spec, labels or non-local annotations changed), DELETE (the change sets
 //! a deletion timestamp), an empty ADD the first time a source sends a snapshot that changes
 //! nothing (so the source counts as seen), then RECONCILE (only the status changed).
+//!
+//! A source that keeps its pods behind `Arc`s (the API pod source) hands them on shared; the
+//! merger keeps what it was given, so that a pod given again as the same `Arc` is known unchanged
+//! without copying or comparing it: a snapshot costs one pointer per pod that did not change.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -45,7 +49,7 @@ pub fn differ_semantically(existing: &Pod, candidate: &Pod) -> bool {
 
 /// Holds every source's pods and turns their changes into `PodUpdate`s.
 pub struct Merger {
-    pods: HashMap<Source, HashMap<PodUid, Arc<Pod>>>,
+    pods: HashMap<Source, HashMap<PodUid, Held>>,
     seen: BTreeSet<Source>,
     /// Pods ignored as duplicate names, per source, so each is reported once rather than at
     /// every snapshot of an unchanged directory.
@@ -56,6 +60,22 @@ pub struct Merger {
 impl std::fmt::Debug for Merger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Merger").field("seen", &self.seen).finish_non_exhaustive()
+    }
+}
+
+/// One pod the merger holds.
+#[derive(Clone)]
+struct Held {
+    /// The pod as merged, which the updates carry.
+    merged: Arc<Pod>,
+    /// The pod as its source last gave it, when the source keeps it too (a shared `Arc`).
+    given: Option<Arc<Pod>>,
+}
+
+impl Held {
+    /// Whether `pod` is the one last given, shared, so nothing of it can have changed.
+    fn was_given(&self, pod: &Arc<Pod>) -> bool {
+        self.given.as_ref().is_some_and(|given| Arc::ptr_eq(given, pod))
     }
 }
 
@@ -81,12 +101,20 @@ impl Merger {
 
     /// The pods `source` currently contributes.
     pub fn pods_of(&self, source: Source) -> Vec<Arc<Pod>> {
-        self.pods.get(&source).map(|p| p.values().cloned().collect()).unwrap_or_default()
+        self.pods.get(&source).map(|p| p.values().map(|held| held.merged.clone()).collect()).unwrap_or_default()
     }
 
     /// Applies a change from `source` and returns the updates to send, in upstream's order.
-    /// `now` stamps the `config.seen` annotation of new pods.
-    pub fn merge(&mut self, source: Source, op: Operation, pods: Vec<Pod>, now: Timestamp) -> Vec<PodUpdate> {
+    /// `now` stamps the `config.seen` annotation of new pods. The pods may be given owned or
+    /// shared: a shared one given again unchanged costs no copy.
+    pub fn merge(
+        &mut self,
+        source: Source,
+        op: Operation,
+        pods: impl IntoIterator<Item = impl Into<Arc<Pod>>>,
+        now: Timestamp,
+    ) -> Vec<PodUpdate> {
+        let pods: Vec<Arc<Pod>> = pods.into_iter().map(Into::into).collect();
         let seen_before = self.seen.contains(&source);
         let mut changes = Changes::default();
         let mut stored = self.pods.remove(&source).unwrap_or_default();
@@ -99,7 +127,7 @@ impl Merger {
             Operation::Remove => {
                 for pod in pods {
                     if let Some(existing) = stored.remove(&PodUid::of(&pod)) {
-                        changes.removes.push(existing);
+                        changes.removes.push(existing.merged);
                     }
                 }
             }
@@ -110,7 +138,7 @@ impl Merger {
                 self.duplicates.insert(source, duplicates);
                 let mut removed: Vec<_> = old.into_iter().filter(|(uid, _)| !stored.contains_key(uid)).collect();
                 removed.sort_by(|a, b| a.0.cmp(&b.0));
-                changes.removes.extend(removed.into_iter().map(|(_, pod)| pod));
+                changes.removes.extend(removed.into_iter().map(|(_, held)| held.merged));
             }
             // Sources send snapshots and increments; RECONCILE (and any operation this merger does
             // not know) is the merger's own output.
@@ -148,46 +176,49 @@ impl Merger {
     fn apply(
         &self,
         source: Source,
-        pods: Vec<Pod>,
-        old: &HashMap<PodUid, Arc<Pod>>,
-        stored: &mut HashMap<PodUid, Arc<Pod>>,
+        pods: Vec<Arc<Pod>>,
+        old: &HashMap<PodUid, Held>,
+        stored: &mut HashMap<PodUid, Held>,
         changes: &mut Changes,
         now: Timestamp,
     ) -> HashSet<PodUid> {
-        let mut names = HashSet::new();
+        let repeated = repeated_names(&pods);
         let mut duplicates = HashSet::new();
         let reported = self.duplicates.get(&source);
-        for mut pod in pods {
-            let full_name = pod_full_name(&pod);
-            if !names.insert(full_name.clone()) {
-                let uid = PodUid::of(&pod);
+        for (index, given) in pods.into_iter().enumerate() {
+            let uid = PodUid::of(&given);
+            if repeated.contains(&index) {
                 if !reported.is_some_and(|r| r.contains(&uid)) {
-                    let message = format!(
-                        "Error validating pod {full_name} from {source} due to duplicate pod name {:?}, ignoring",
-                        pod.metadata.name.as_deref().unwrap_or_default()
-                    );
-                    let event = Event::new(EventType::Warning, "FailedValidation", message, ObjectRef::pod(&pod));
-                    self.recorder.record(event);
+                    self.report_duplicate(source, &given);
                 }
                 duplicates.insert(uid);
                 continue;
             }
+            let existing = old.get(&uid);
+            if let Some(held) = existing.filter(|held| held.was_given(&given)) {
+                stored.insert(uid, held.clone());
+                continue;
+            }
+            // A pod the source keeps too is copied; one it handed over is taken as it is.
+            let (mut pod, given) = match Arc::try_unwrap(given) {
+                Ok(pod) => (pod, None),
+                Err(shared) => (Pod::clone(&shared), Some(shared)),
+            };
             pod.metadata
                 .annotations
                 .get_or_insert_with(BTreeMap::new)
                 .insert(annotations::CONFIG_SOURCE.to_owned(), source.as_str().to_owned());
-            let uid = PodUid::of(&pod);
-            match old.get(&uid) {
-                Some(existing) => {
-                    let (merged, change) = check_and_update(existing, pod);
-                    let merged = merged.map(Arc::new).unwrap_or_else(|| existing.clone());
+            let merged = match existing {
+                Some(held) => {
+                    let (merged, change) = check_and_update(&held.merged, pod);
+                    let merged = merged.map(Arc::new).unwrap_or_else(|| held.merged.clone());
                     match change {
                         Change::None => {}
                         Change::Update => changes.updates.push(merged.clone()),
                         Change::Delete => changes.deletes.push(merged.clone()),
                         Change::Reconcile => changes.reconciles.push(merged.clone()),
                     }
-                    stored.insert(uid, merged);
+                    merged
                 }
                 None => {
                     if let Some(annotations) = pod.metadata.annotations.as_mut() {
@@ -195,12 +226,38 @@ impl Merger {
                     }
                     let pod = Arc::new(pod);
                     changes.adds.push(pod.clone());
-                    stored.insert(uid, pod);
+                    pod
                 }
-            }
+            };
+            stored.insert(uid, Held { merged, given });
         }
         duplicates
     }
+
+    /// Upstream's event for a pod ignored because an earlier one of `source` has its full name.
+    fn report_duplicate(&self, source: Source, pod: &Pod) {
+        let message = format!(
+            "Error validating pod {} from {source} due to duplicate pod name {:?}, ignoring",
+            pod_full_name(pod),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        self.recorder.record(Event::new(EventType::Warning, "FailedValidation", message, ObjectRef::pod(pod)));
+    }
+}
+
+/// The positions in `pods` of those whose full name (namespace and name) an earlier one has:
+/// upstream keeps the first.
+fn repeated_names(pods: &[Arc<Pod>]) -> HashSet<usize> {
+    let mut names = HashSet::new();
+    let mut repeated = HashSet::new();
+    for (index, pod) in pods.iter().enumerate() {
+        let meta = &pod.metadata;
+        let full_name = (meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default());
+        if !names.insert(full_name) {
+            repeated.insert(index);
+        }
+    }
+    repeated
 }
 
 enum Change {

@@ -63,13 +63,15 @@ impl SourceSender {
         self.source
     }
 
-    /// Sends the complete current set of the source's pods.
-    pub async fn set(&self, pods: Vec<Pod>) -> Result<(), Closed> {
+    /// Sends the complete current set of the source's pods, owned or shared: a source that keeps
+    /// its pods behind `Arc`s hands on those, and a pod it hands on again unchanged costs the
+    /// merger no copy.
+    pub async fn set(&self, pods: impl IntoIterator<Item = impl Into<Arc<Pod>>>) -> Result<(), Closed> {
         self.send(Operation::Set, pods).await
     }
 
     /// Sends an increment (or a snapshot, with [`Operation::Set`]).
-    pub async fn send(&self, op: Operation, pods: Vec<Pod>) -> Result<(), Closed> {
+    pub async fn send(&self, op: Operation, pods: impl IntoIterator<Item = impl Into<Arc<Pod>>>) -> Result<(), Closed> {
         // The merger's lock is held while sending, so updates leave in the order they were merged.
         let mut merger = self.config.merger.lock().await;
         for update in merger.merge(self.source, op, pods, wall_now()) {

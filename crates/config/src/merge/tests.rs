@@ -188,9 +188,11 @@ fn variant(uid: u8, image: u8, status: u8, deleted: bool) -> Pod {
     pod
 }
 
-fn snapshot() -> impl Strategy<Value = Vec<Pod>> {
+/// A variant's parameters: uid, image, status, deleted.
+type Variant = (u8, u8, u8, bool);
+
+fn snapshot() -> impl Strategy<Value = Vec<Variant>> {
     proptest::collection::vec((0u8..6, 0u8..3, 0u8..2, proptest::bool::weighted(0.1)), 0..6)
-        .prop_map(|items| items.into_iter().map(|(u, i, s, d)| variant(u, i, s, d)).collect())
 }
 
 /// The view a consumer of the updates builds.
@@ -223,15 +225,30 @@ proptest! {
     })]
 
     #[test]
-    fn merged_view_equals_the_last_snapshot_of_each_source(steps in proptest::collection::vec((any::<bool>(), snapshot()), 1..25)) {
+    fn merged_view_equals_the_last_snapshot_of_each_source(steps in proptest::collection::vec((any::<bool>(), any::<bool>(), snapshot()), 1..25)) {
         let (mut m, _) = merger();
         let mut view = BTreeMap::new();
         let mut last: BTreeMap<Source, Vec<Pod>> = BTreeMap::new();
-        for (http, pods) in steps {
+        // Shared snapshots give each variant as one `Arc`, kept as a source keeps its pods.
+        let mut kept: HashMap<(Source, Variant), Arc<Pod>> = HashMap::new();
+        for (http, shared, variants) in steps {
             let source = if http { Source::Http } else { Source::File };
-            let updates = m.merge(source, Operation::Set, pods.clone(), now());
+            let pods: Vec<Pod> = variants.iter().map(|&(u, i, s, d)| variant(u, i, s, d)).collect();
+            let updates = if shared {
+                let given: Vec<Arc<Pod>> = variants
+                    .iter()
+                    .zip(&pods)
+                    .map(|(v, pod)| kept.entry((source, *v)).or_insert_with(|| Arc::new(pod.clone())).clone())
+                    .collect();
+                m.merge(source, Operation::Set, given, now())
+            } else {
+                m.merge(source, Operation::Set, pods.clone(), now())
+            };
             apply(&mut view, &updates);
             last.insert(source, pods);
+        }
+        for pod in kept.values() {
+            prop_assert!(pod.metadata.annotations.is_none(), "the merger changed a pod its source keeps");
         }
         for (source, pods) in last {
             // What the snapshot means: the first pod of each full name, by UID.
