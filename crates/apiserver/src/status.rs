@@ -291,7 +291,8 @@ struct Entry {
 #[derive(Clone, Debug, PartialEq)]
 struct Settled {
     ours: PodStatus,
-    theirs: Option<PodStatus>,
+    /// The API's copy the answer gave, shared with the entry's while that is the latest.
+    theirs: ApiCopy,
 }
 
 impl Entry {
@@ -320,7 +321,7 @@ impl Entry {
 
     /// Whether the API's `copy` still holds `change` as the API took it last.
     fn settled_on(&self, change: &Change, copy: &ApiCopy) -> bool {
-        self.settled.as_ref().is_some_and(|s| s.ours == change.status && s.theirs.as_ref() == copy.status())
+        self.settled.as_ref().is_some_and(|s| s.ours == change.status && s.theirs.status() == copy.status())
     }
 }
 
@@ -440,7 +441,7 @@ impl Sink {
                     entry.sent = true;
                 }
                 if let Some(copy) = copy {
-                    entry.settled = Some(Settled { ours: change.status, theirs: copy.status().cloned() });
+                    entry.settled = Some(Settled { ours: change.status, theirs: copy.clone() });
                     if entry.copy.as_ref().is_none_or(|c| copy.is_later_than(c)) {
                         entry.copy = Some(copy);
                     }
