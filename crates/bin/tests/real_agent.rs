@@ -1800,6 +1800,18 @@ fn volumes_pod_yaml(uid: &str, app: &str, image: &str, host: &Path) -> String {
     .join("\n")
 }
 
+/// The agent's log in `dir` once it holds `needle`, or as it is after `within`.
+async fn log_once_it_has(dir: &Path, needle: &str, within: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        if log.contains(needle) || tokio::time::Instant::now() >= deadline {
+            return log;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs `command` in the running container `app` of the pod named `name`; its stdout.
 async fn exec_in_app(runtime: &CriRuntime, name: &str, command: &[&str]) -> String {
     let status = wait_for(runtime, name, "app to run", running).await;
@@ -1839,13 +1851,15 @@ async fn real_volumes_for_node_local_pods() {
             let _agent = agent;
             let name = format!("vols-{node}");
             pod_status(port, &name, "vols to run", |s| s["phase"] == "Running").await;
-            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
             let refused = format!(
                 "{}: pod \"secret-{node}\" has forbidden references to API objects: Secret \"db\", Secret volume \"creds\"",
                 dir.join("manifests/secret.yaml").display()
             );
-            // The log quotes the message, as klog does.
+            // The log quotes the message, as klog does. A manifest that cannot be taken is
+            // reported once it has settled, a second after it was written, and the other pod may
+            // run before that.
             let quoted = format!("{refused:?}");
+            let log = log_once_it_has(&dir, &quoted, Duration::from_secs(10)).await;
             assert!(log.contains(&quoted), "the static pod with a secret is refused in upstream's words: {log}");
             let (_, pods) = get(port, "/pods").await;
             assert!(!pods.contains(&format!("\"secret-{node}\"")), "the refused static pod is not a pod of the agent");
