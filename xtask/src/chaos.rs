@@ -1005,6 +1005,33 @@ fn footprint(agent: &Agent) -> (f64, u64, u64) {
     (agent.rss_bytes() as f64 / (1024.0 * 1024.0), agent.threads(), agent.fds())
 }
 
+/// The agent's footprint once it has idled: its thread count unchanged for longer than an idle
+/// blocking thread lives (tokio's 10 s keep-alive), or as it is after [`SETTLE_DEADLINE`].
+///
+/// The agent still works for some seconds after the runtime shows no pod (housekeeping removes
+/// the pods' directories and cgroups), and each blocking thread of that work lives 10 s after
+/// its last task; a fixed wait from the harness's side read some of them on a busy machine.
+fn settled_footprint(agent: &Agent) -> (f64, u64, u64) {
+    let deadline = Instant::now() + SETTLE_DEADLINE;
+    let mut threads = agent.threads();
+    let mut unchanged_since = Instant::now();
+    while unchanged_since.elapsed() < THREADS_SETTLED && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = agent.threads();
+        if now != threads {
+            threads = now;
+            unchanged_since = Instant::now();
+        }
+    }
+    footprint(agent)
+}
+
+/// Longer than tokio's keep-alive for an idle blocking thread (10 s).
+const THREADS_SETTLED: Duration = Duration::from_secs(12);
+
+/// How long the agent has to settle before its footprint is read regardless.
+const SETTLE_DEADLINE: Duration = Duration::from_secs(60);
+
 fn churn(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
     let mut outcome = Outcome::new("churn");
     let tool = CriTool::new(binaries.cri_tool.clone());
@@ -1028,8 +1055,7 @@ fn churn(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> 
         teardown(&mut agent, &tool, Duration::from_secs(120))?;
         if batch == 0 {
             // After the first batch: every pool and cache the agent keeps has been used once.
-            std::thread::sleep(Duration::from_secs(15));
-            before = Some(footprint(&agent));
+            before = Some(settled_footprint(&agent));
         }
         if (batch + 1) % 10 == 0 {
             println!(
@@ -1040,9 +1066,7 @@ fn churn(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> 
             );
         }
     }
-    // Idle long enough for idle blocking threads to end (10 s).
-    std::thread::sleep(Duration::from_secs(15));
-    let after = footprint(&agent);
+    let after = settled_footprint(&agent);
     let (before_rss, before_threads, before_fds) = before.unwrap_or(after);
     outcome.count("cycles", batches * options.churn_batch);
     outcome.count("resident MiB before/after", format!("{before_rss:.1}/{:.1}", after.0));
