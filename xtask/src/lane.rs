@@ -2,8 +2,8 @@
 //! of the real-runtime step.
 //!
 //! The real-runtime tests run one at a time and spend most of their time waiting for containers,
-//! leases and timeouts, with the CPU mostly idle; the compile-only steps (docs, feature
-//! combinations, cargo-deny, packaging) are the opposite.
+//! leases and timeouts, with the CPU mostly idle; the compile-only steps (feature combinations, docs,
+//! cargo-deny, packaging) are the opposite.
 //! Clippy is not among them: it runs first, the tests' build reuses its build scripts and
 //! proc-macros (without it the tests' build alone took longer than both), and a lint fails the
 //! run early.
