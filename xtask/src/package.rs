@@ -4,8 +4,9 @@
 //! each one apart, with its own feature set, so every dependency is compiled a dozen times);
 //! then the tarballs are unpacked side by side into a workspace of their own, each library's
 //! dependencies on the others patched to the unpacked copies, and checked together once
-//! (`cargo check`, in the target directory of the steps before, whose dependencies it reuses:
-//! what a tarball can lack fails a check as it fails a build).
+//! (`cargo check`, in the target directory of the steps before, with the repository's profiles,
+//! so that it reuses their dependencies: what a tarball can lack fails a check as it fails a
+//! build).
 //! A file a tarball leaves out, a path dependency without a version, or a build script that
 //! reaches outside its package fails that check as it would fail on crates.io.
 //! A downstream crate is checked with them: the example agent (`crates/sdk/examples/process_agent.rs`)
@@ -44,7 +45,8 @@ pub(crate) fn check() -> Result<()> {
     let mut unpacked = unpack_tarballs(&packages_dir, &workspace)?;
     write_downstream_agent(&root, &workspace)?;
     unpacked.push(Unpacked { name: String::new(), dir: DOWNSTREAM.to_owned() });
-    fs::write(workspace.join("Cargo.toml"), workspace_manifest(&unpacked))?;
+    let profiles = profile_tables(&fs::read_to_string(root.join("Cargo.toml"))?);
+    fs::write(workspace.join("Cargo.toml"), workspace_manifest(&unpacked) + "\n" + &profiles)?;
     // The versions the repository tested, where the tarballs' own manifests allow them.
     fs::copy(root.join("Cargo.lock"), workspace.join("Cargo.lock"))?;
     run(cargo()
@@ -128,9 +130,40 @@ fn workspace_manifest(unpacked: &[Unpacked]) -> String {
     manifest
 }
 
+/// The `[profile.*]` tables of the repository's manifest, as they are written there.
+///
+/// The workspace of tarballs builds with the repository's profiles so that its dependencies are
+/// the ones the steps before checked: a unit's profile is part of its identity, and with cargo's
+/// default profile every dependency was checked again (150 CPU-seconds against 50).
+fn profile_tables(manifest: &str) -> String {
+    let mut tables = String::new();
+    let mut in_profile = false;
+    for line in manifest.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') {
+            in_profile = trimmed.starts_with("[profile.");
+        }
+        if in_profile && !trimmed.starts_with('#') {
+            tables.push_str(line);
+            tables.push('\n');
+        }
+    }
+    tables
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_workspace_takes_the_repositorys_profiles() {
+        let manifest = "[workspace]\nmembers = [\"a\"]\n\n[profile.dev]\ndebug = \"line-tables-only\"\n\n\
+                        # What ships.\n[profile.dev.package.\"*\"]\ndebug = false\n[workspace.lints.rust]\nx = 1\n";
+        assert_eq!(
+            profile_tables(manifest),
+            "[profile.dev]\ndebug = \"line-tables-only\"\n\n[profile.dev.package.\"*\"]\ndebug = false\n"
+        );
+    }
 
     fn unpacked(name: &str, dir: &str) -> Unpacked {
         Unpacked { name: name.to_owned(), dir: dir.to_owned() }
