@@ -2,7 +2,8 @@
 //!
 //! As root it installs and starts what it needs (`setup` without CI's cargo tools, `runtime
 //! start`), builds the agent (the quick `dev` profile; `--release` for an optimized one), runs it with `examples/manifests`, and shows a live `get pods` table until Ctrl-C or
-//! `--duration`. Then it removes the demo pods through the agent, stops the agent, and stops the
+//! `--duration`; with `--check`, until every example pod has been Running and ready, or
+//! Completed, without a restart for 10 s, and it fails if they are not by the end of `--duration`. Then it removes the demo pods through the agent, stops the agent, and stops the
 //! runtime if it started it. `--runtime fake` needs no root: the pods are simulated.
 
 use std::{
@@ -127,8 +128,13 @@ pub(crate) fn run_demo(args: &[&str]) -> Result<()> {
         format!("unix://{}", runtime::socket().display())
     };
     let mut agent = start_agent(&binary, &dir, &endpoint)?;
-    let shown = show_pods(&binary, &dir, options.duration).and_then(|last| {
-        if options.check { check_table(&last, root.join("examples/manifests").as_path()) } else { Ok(()) }
+    let examples = root.join("examples/manifests");
+    let checked = options.check.then_some(examples.as_path());
+    let shown = show_pods(&binary, &dir, options.duration, checked).and_then(|last| match checked {
+        Some(examples) => check_table(&last, examples).map(|expected| {
+            println!("--check: all {expected} example pods Running and ready, or Completed, with no restart");
+        }),
+        None => Ok(()),
     });
     println!("\nremoving the demo pods");
     let cleaned = remove_pods(&binary, &dir, &manifests, !options.fake);
@@ -175,10 +181,12 @@ fn get_pods(binary: &Path, dir: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The live table, refreshed every second, until Ctrl-C or the duration ends; returns the last.
-fn show_pods(binary: &Path, dir: &Path, duration: Option<Duration>) -> Result<String> {
+/// The live table, refreshed every second, until Ctrl-C or the duration ends, or, when `checked`
+/// names the examples, once the table has passed [`check_table`] for [`STEADY`]; returns the last.
+fn show_pods(binary: &Path, dir: &Path, duration: Option<Duration>, checked: Option<&Path>) -> Result<String> {
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let started = Instant::now();
+    let mut passing_since: Option<Instant> = None;
     let terminal = std::io::stdout().is_terminal();
     tokio.block_on(async {
         let ctrl_c = tokio::signal::ctrl_c();
@@ -199,6 +207,15 @@ fn show_pods(binary: &Path, dir: &Path, duration: Option<Duration>) -> Result<St
             if duration.is_some_and(|d| started.elapsed() >= d) {
                 return Ok(table);
             }
+            if let Some(examples) = checked {
+                if check_table(&table, examples).is_ok() {
+                    if passing_since.get_or_insert_with(Instant::now).elapsed() >= STEADY {
+                        return Ok(table);
+                    }
+                } else {
+                    passing_since = None;
+                }
+            }
             tokio::select! {
                 result = &mut ctrl_c => return result.context("waiting for Ctrl-C").map(|()| table),
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -207,8 +224,13 @@ fn show_pods(binary: &Path, dir: &Path, duration: Option<Duration>) -> Result<St
     })
 }
 
-/// Every example pod is in the table, Running with all containers ready, or Completed.
-fn check_table(table: &str, examples: &Path) -> Result<()> {
+/// How long `--check` watches the example pods as expected before it ends: a container that
+/// fails soon after its start has restarted within it.
+const STEADY: Duration = Duration::from_secs(10);
+
+/// Every example pod is in the table, Running with all containers ready, or Completed; returns
+/// how many there are.
+fn check_table(table: &str, examples: &Path) -> Result<usize> {
     // Each example's pod name (`metadata.name`, the only key indented by two spaces that is
     // `name`); its row is that name with the node's suffix.
     let mut expected = Vec::new();
@@ -241,8 +263,7 @@ fn check_table(table: &str, examples: &Path) -> Result<()> {
              wrong: {bad:?}; the table was:\n{table}"
         );
     }
-    println!("--check: all {} example pods Running and ready, or Completed, with no restart", expected.len());
-    Ok(())
+    Ok(expected.len())
 }
 
 /// Removes the manifests and waits (at most 60 s) until the agent has removed every pod and,
