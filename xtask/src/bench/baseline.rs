@@ -6,7 +6,8 @@
 //! A figure with a floor is held by its ratio to the floor, which the machine's speed moves
 //! less than the time itself; the others by their median, and so are those whose floor is the
 //! agent's own figure (cluster mode's start-ups, held to the standalone ones). A regression is a
-//! figure more than 20 % worse than its baseline and also worse by more than its unit's
+//! figure more than 20 % worse than its baseline (the criterion figures, which have no floor:
+//! two and a half times) and also worse by more than its unit's
 //! measuring noise (an idle CPU of 0.02 s/min moves by more than 20 % between two runs of the
 //! same build). The runtime's own figures (the floor, its ExecSync) are not checked: no change
 //! here moves them.
@@ -29,8 +30,9 @@ use serde::{Deserialize, Serialize};
 use super::Figure;
 use crate::util::project_root;
 
-/// How much worse than its baseline a figure may get.
-const TOLERANCE: f64 = 1.2;
+/// How much worse than its baseline a figure may get, unless it says otherwise
+/// (`Figure::tolerance`).
+pub(super) const TOLERANCE: f64 = 1.2;
 
 /// What the baseline keeps of a figure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -163,7 +165,7 @@ pub(super) fn regressed(baseline: &Baseline, figures: &[Figure]) -> Vec<(String,
     for figure in figures.iter().filter(|f| f.checked) {
         let Some(kept) = baseline.figures.get(&figure.name) else { continue };
         if let (Some(now), Some(then), false) = (figure.ratio(), kept.ratio, figure.held_by_median) {
-            if now > then * TOLERANCE + RATIO_NOISE {
+            if now > then * figure.tolerance + RATIO_NOISE {
                 found.push((figure.name.clone(), format!("{}: {now:.2}× the floor, was {then:.2}×", figure.name)));
             }
             continue;
@@ -173,8 +175,11 @@ pub(super) fn regressed(baseline: &Baseline, figures: &[Figure]) -> Vec<(String,
             _ => (figure.stat.median, kept.median, "median"),
         };
         let noise = noise(&kept.unit);
-        let worse =
-            if figure.higher_is_better { now < then / TOLERANCE - noise } else { now > then * TOLERANCE + noise };
+        let worse = if figure.higher_is_better {
+            now < then / figure.tolerance - noise
+        } else {
+            now > then * figure.tolerance + noise
+        };
         if worse {
             let sentence = format!("{}: {now:.3} {}, was {then:.3} ({which})", figure.name, kept.unit);
             found.push((figure.name.clone(), sentence));
@@ -225,6 +230,17 @@ mod tests {
 
         let now = [Figure::new("memory", "MiB", &[18.0])];
         assert_eq!(regressions(&baseline, &now), ["memory: 18.000 MiB, was 14.000 (median)"]);
+    }
+
+    #[test]
+    fn a_figure_with_a_wider_tolerance_regresses_only_past_it() {
+        let baseline = of(&[Figure::new("criterion", "ms", &[29.0])], "abc");
+        let within = [Figure::new("criterion", "ms", &[71.0]).tolerance(2.5)];
+        assert!(regressions(&baseline, &within).is_empty());
+        let past = [Figure::new("criterion", "ms", &[73.5]).tolerance(2.5)];
+        assert_eq!(regressions(&baseline, &past), ["criterion: 73.500 ms, was 29.000 (median)"]);
+        let held_to_a_fifth = [Figure::new("criterion", "ms", &[36.0])];
+        assert_eq!(regressions(&baseline, &held_to_a_fifth).len(), 1);
     }
 
     #[test]
