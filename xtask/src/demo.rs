@@ -1,10 +1,12 @@
 //! `cargo xtask demo`: the agent running the example pods, in one command.
 //!
 //! As root it installs and starts what it needs (`setup` without CI's cargo tools, `runtime
-//! start`), builds the agent (the quick `dev` profile; `--release` for an optimized one), runs it with `examples/manifests`, and shows a live `get pods` table until Ctrl-C or
-//! `--duration`; with `--check`, until every example pod has been Running and ready, or
-//! Completed, without a restart for 10 s, and it fails if they are not by the end of `--duration`. Then it removes the demo pods through the agent, stops the agent, and stops the
-//! runtime if it started it. `--runtime fake` needs no root: the pods are simulated.
+//! start`), builds the agent (the quick `dev` profile; `--release` for an optimized one), runs it
+//! with `examples/manifests`, and shows a live `get pods` table until Ctrl-C or `--duration`;
+//! with `--check`, until every example pod has been Running and ready, or Completed, without a
+//! restart for 10 s, failing if they are not by the end of `--duration`. Then it removes the demo
+//! pods through the agent, stops the agent, and stops the runtime if it started it. `--runtime
+//! fake` needs no root: the pods are simulated.
 
 use std::{
     fs,
