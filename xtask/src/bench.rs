@@ -440,9 +440,34 @@ fn progress(line: &str) {
     println!("bench: {line}");
 }
 
+/// The bench's figures; a run that fails removes what it left on the runtime.
 fn measure(options: &Options) -> Result<Results> {
     let binaries = harness::build(options.profile)?;
     let tool = CriTool::new(binaries.cri_tool.clone());
+    let cgroups_before = leaks::pod_cgroups();
+    let measured = measure_with(options, &binaries, &tool);
+    if measured.is_err() {
+        remove_leftover_pods(&tool, &cgroups_before);
+    }
+    measured
+}
+
+/// Removes the pods a failed run left on the runtime: their sandboxes through the runtime,
+/// which tears their networks down (stopping containerd with them there would leave their
+/// network namespaces and addresses on the host), then their pod cgroups, empty once the
+/// sandboxes are gone.
+fn remove_leftover_pods(tool: &CriTool, cgroups_before: &BTreeSet<String>) {
+    if let Err(err) = tool.remove_namespace() {
+        println!("warning: the failed run's sandboxes were not removed: {err:#}");
+    }
+    let left: Vec<String> = leaks::pod_cgroups().difference(cgroups_before).cloned().collect();
+    let kept: Vec<&String> = left.iter().filter(|cgroup| fs::remove_dir(cgroup).is_err()).collect();
+    if !kept.is_empty() {
+        println!("warning: the failed run's pod cgroups {kept:?} could not be removed");
+    }
+}
+
+fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool) -> Result<Results> {
     let dir = bench_dir();
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
@@ -455,12 +480,12 @@ fn measure(options: &Options) -> Result<Results> {
     let cert_dir = agent_dir.join("pki");
     let served = ["--config", path_str(&config)?, "--cert-dir", path_str(&cert_dir)?];
     let mut agent = Agent::start(&binaries.agent, &agent_dir, &served)?;
-    let measured = agent_figures(options, &mut agent, &tool, &dir, largest);
+    let measured = agent_figures(options, &mut agent, tool, &dir, largest);
     agent.stop(Duration::from_secs(10))?;
     let runs = measured?;
     let api_pods = largest.min(CLUSTER_PODS);
     let cluster_runs =
-        cluster::measure(&binaries.agent, &binaries.api_tool, &tool, &dir.join("cluster"), api_pods, options)?;
+        cluster::measure(&binaries.agent, &binaries.api_tool, tool, &dir.join("cluster"), api_pods, options)?;
 
     let floors: Vec<_> = runs.floors.iter().map(|(n, floor)| (*n, floor.stats())).collect();
     for (n, FloorStats { seq, par, seq_stop, par_stop, par_calls }) in &floors {

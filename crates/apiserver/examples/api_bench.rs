@@ -13,6 +13,9 @@
 //!     map N times, and prints
 //!     {"update_s": [..]}: for each change, from the update until the file in the pod's volume,
 //!     under the agent's root directory DIR, holds the new value
+//! api_bench clean --kubeconfig FILE --namespace NS
+//!     deletes what an interrupted run left in NS: the tool's pods and its config map, and
+//!     prints {"pods": N}, how many pods it deleted (their node then removes them as usual)
 //! api_bench forget-node --kubeconfig FILE --node NODE
 //!     deletes the Node NODE, as an administrator does with a node taken out, once its agent
 //!     has stopped
@@ -22,21 +25,24 @@
 //! measures the agent, not a grace period), carry the label `kubelet-rs.bench=api`, and mount no
 //! service account token (there is no controller here to make the namespace's
 //! `kube-root-ca.crt`). The namespace and its `default` service account are made when missing.
-//! The times come from one watch opened before the first create.
+//! The times come from one watch opened before the first create, and read while the creates
+//! and deletes are answered; where the API server ends it, it is opened again from the last
+//! resource version seen (or, where that is too old, the pods are listed again).
 
 // Reason: a measuring tool; wall time is what it measures.
 #![allow(clippy::disallowed_methods)]
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, VecDeque},
     path::Path,
     process::ExitCode,
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, TryStreamExt, future::try_join_all};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Namespace, Node, Pod, ServiceAccount, Volume, VolumeMount,
+use futures::{StreamExt, TryStreamExt, future::try_join_all, stream::BoxStream};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, ConfigMapVolumeSource, Namespace, Node, Pod, ServiceAccount, Volume, VolumeMount},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{
     Api, Client, Config,
@@ -121,6 +127,12 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
             println!("{}", json!({ "update_s": seconds }));
             Ok(())
         }
+        Some("clean") => {
+            let client = client(Path::new(required(args, "--kubeconfig")?)).await?;
+            let pods = clean(&client, required(args, "--namespace")?).await?;
+            println!("{}", json!({ "pods": pods }));
+            Ok(())
+        }
         Some("forget-node") => {
             let client = client(Path::new(required(args, "--kubeconfig")?)).await?;
             let node = required(args, "--node")?;
@@ -131,7 +143,8 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
             }
         }
         _ => Err("usage: api_bench pods|configmap --kubeconfig FILE --node NODE --namespace NS --image IMG \
-                  (--pods N | --root-dir DIR --updates N); api_bench forget-node --kubeconfig FILE --node NODE"
+                  (--pods N | --root-dir DIR --updates N); api_bench clean --kubeconfig FILE --namespace NS; \
+                  api_bench forget-node --kubeconfig FILE --node NODE"
             .into()),
     }
 }
@@ -198,16 +211,28 @@ impl Run<'_> {
             );
         }
         let version = existing.metadata.resource_version.unwrap_or_default();
-        let mut events = api.watch(&WatchParams::default().labels(LABEL), &version).await?.boxed();
+        let mut events = PodWatch::open(api.clone(), version).await?;
         let names: Vec<String> = (0..self.pods).map(|i| format!("api-bench-{i}")).collect();
         let pods: Vec<Pod> = names.iter().map(|name| self.pod(name)).collect();
         let (create, delete) = (PostParams::default(), DeleteParams::default());
 
         let began = Instant::now();
-        try_join_all(pods.iter().map(|pod| api.create(&create, pod))).await?;
+        let creates = try_join_all(pods.iter().map(|pod| api.create(&create, pod)));
+        let mut creates = std::pin::pin!(creates);
+        let mut created = false;
         let mut running = BTreeSet::new();
-        while running.len() < self.pods {
-            match next_event(&mut events, began).await? {
+        while running.len() < self.pods || !created {
+            // The watch is read while the creates are answered: the API server closes a watch
+            // whose reader falls behind.
+            let event = tokio::select! {
+                result = &mut creates, if !created => {
+                    result?;
+                    created = true;
+                    continue;
+                }
+                event = events.next(began) => event?,
+            };
+            match event {
                 WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
                     let status = pod.status.unwrap_or_default();
                     let name = pod.metadata.name.unwrap_or_default();
@@ -226,8 +251,8 @@ impl Run<'_> {
                         format!("pod {} was deleted before it ran", pod.metadata.name.unwrap_or_default()).into()
                     );
                 }
-                WatchEvent::Bookmark(_) => {}
-                WatchEvent::Error(err) => return Err(format!("the watch failed: {err}").into()),
+                // `PodWatch::next` gives a watch's error as its own `Err`.
+                WatchEvent::Bookmark(_) | WatchEvent::Error(_) => {}
             }
         }
         let running_took = began.elapsed();
@@ -246,14 +271,13 @@ impl Run<'_> {
                     answered = Some(began.elapsed());
                     continue;
                 }
-                event = next_event(&mut events, began) => event?,
+                event = events.next(began) => event?,
             };
             match event {
                 WatchEvent::Modified(pod) => deletion.modified(&pod, began.elapsed()),
                 WatchEvent::Deleted(pod) => {
                     deletion.gone.insert(pod.metadata.name.unwrap_or_default());
                 }
-                WatchEvent::Error(err) => return Err(format!("the watch failed: {err}").into()),
                 _ => {}
             }
         }
@@ -404,17 +428,108 @@ async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<(), BoxError> {
     }
 }
 
-/// The watch's next event, failing once [`LIMIT`] has passed since `began`.
-async fn next_event(
-    events: &mut (impl futures::Stream<Item = Result<WatchEvent<Pod>, kube::Error>> + Unpin),
-    began: Instant,
-) -> Result<WatchEvent<Pod>, BoxError> {
-    let left = LIMIT.saturating_sub(began.elapsed());
-    match tokio::time::timeout(left, events.try_next()).await {
-        Ok(Ok(Some(event))) => Ok(event),
-        Ok(Ok(None)) => Err("the API server ended the watch".into()),
-        Ok(Err(err)) => Err(err.into()),
-        Err(_) => Err(format!("the pods did not get there within {LIMIT:?}").into()),
+/// The watch of the tool's pods, carried on where the API server ends it.
+///
+/// The API server ends a watch when it chooses (its timeout, or a reader it finds too slow); a
+/// client watches again from the last resource version it saw, and lists again once that
+/// version is too old (410 Gone), as every client of the API must.
+struct PodWatch {
+    api: Api<Pod>,
+    /// The resource version of the last event read, where the next watch begins.
+    version: String,
+    events: BoxStream<'static, Result<WatchEvent<Pod>, kube::Error>>,
+    /// The pods the watch has shown and not seen deleted, so that a relist can tell which went.
+    present: BTreeSet<String>,
+    /// What a relist found, given out before the new watch's events.
+    relisted: VecDeque<WatchEvent<Pod>>,
+}
+
+impl PodWatch {
+    async fn open(api: Api<Pod>, version: String) -> Result<Self, kube::Error> {
+        let events = api.watch(&WatchParams::default().labels(LABEL), &version).await?.boxed();
+        Ok(Self { api, version, events, present: BTreeSet::new(), relisted: VecDeque::new() })
+    }
+
+    /// The next event, failing once [`LIMIT`] has passed since `began`.
+    async fn next(&mut self, began: Instant) -> Result<WatchEvent<Pod>, BoxError> {
+        loop {
+            if let Some(event) = self.relisted.pop_front() {
+                return Ok(event);
+            }
+            let left = LIMIT.saturating_sub(began.elapsed());
+            let Ok(read) = tokio::time::timeout(left, self.events.try_next()).await else {
+                return Err(format!("the pods did not get there within {LIMIT:?}").into());
+            };
+            match read {
+                Ok(Some(WatchEvent::Error(status))) if status.code == 410 => self.relist().await?,
+                Ok(Some(WatchEvent::Error(status))) => return Err(format!("the watch failed: {status}").into()),
+                Ok(Some(event)) => {
+                    self.saw(&event);
+                    return Ok(event);
+                }
+                Ok(None) => {
+                    eprintln!("api_bench: the API server ended the watch; watching again from {}", self.version);
+                    self.watch_again().await?;
+                }
+                Err(kube::Error::Api(status)) if status.code == 410 => self.relist().await?,
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    /// Keeps the event's resource version, and which pods are there.
+    fn saw(&mut self, event: &WatchEvent<Pod>) {
+        let version = match event {
+            WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
+                self.present.insert(pod.metadata.name.clone().unwrap_or_default());
+                &pod.metadata.resource_version
+            }
+            WatchEvent::Deleted(pod) => {
+                self.present.remove(pod.metadata.name.as_deref().unwrap_or_default());
+                &pod.metadata.resource_version
+            }
+            WatchEvent::Bookmark(bookmark) => &Some(bookmark.metadata.resource_version.clone()),
+            WatchEvent::Error(_) => &None,
+        };
+        if let Some(version) = version {
+            self.version.clone_from(version);
+        }
+    }
+
+    async fn watch_again(&mut self) -> Result<(), kube::Error> {
+        let params = WatchParams::default().labels(LABEL);
+        self.events = self.api.watch(&params, &self.version).await?.boxed();
+        Ok(())
+    }
+
+    /// Lists the pods, gives each out as modified and each that went as deleted, and watches
+    /// from the list's version.
+    async fn relist(&mut self) -> Result<(), kube::Error> {
+        eprintln!("api_bench: resource version {} is gone; listing again", self.version);
+        let list = self.api.list(&ListParams::default().labels(LABEL)).await?;
+        let listed: BTreeSet<String> = list.items.iter().filter_map(|pod| pod.metadata.name.clone()).collect();
+        for name in self.present.difference(&listed) {
+            let gone =
+                Pod { metadata: ObjectMeta { name: Some(name.clone()), ..ObjectMeta::default() }, ..Pod::default() };
+            self.relisted.push_back(WatchEvent::Deleted(gone));
+        }
+        self.relisted.extend(list.items.into_iter().map(WatchEvent::Modified));
+        self.present = listed;
+        self.version = list.metadata.resource_version.unwrap_or_default();
+        self.watch_again().await
+    }
+}
+
+/// Deletes the tool's pods and config map in `namespace`; how many pods it deleted.
+async fn clean(client: &Client, namespace: &str) -> Result<usize, BoxError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let deleted = pods.delete_collection(&DeleteParams::default(), &ListParams::default().labels(LABEL)).await?;
+    let count = deleted.left().map_or(0, |list| list.items.len());
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    match maps.delete(CONFIG_MAP, &DeleteParams::default()).await {
+        Ok(_) => Ok(count),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(count),
+        Err(err) => Err(err.into()),
     }
 }
 

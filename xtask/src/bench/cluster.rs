@@ -146,6 +146,9 @@ fn measure_on_cluster(
         runs.config_map_updates = config_map_updates(api_tool, &node, &dir.join("root"), options.repeat)?;
         wait_until_cleaned_up(&agent, &cgroups_before)
     })();
+    if measured.is_err() {
+        remove_api_pods(api_tool, &node, &agent, &cgroups_before);
+    }
     agent.stop(Duration::from_secs(10))?;
     // A Node left NotReady in the API would meet the next agent of that name (a real-runtime
     // test registers it afresh).
@@ -176,6 +179,21 @@ fn wait_until_cleaned_up(agent: &Agent, cgroups_before: &BTreeSet<String>) -> Re
             bail!("30 s after the last API pod was gone, the agent still had {pods:?}");
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// After a failed round: deletes its pods in the API and waits until the agent has removed them
+/// from the node (sandboxes, networks, cgroups), as it does any deleted pod. Stopping the agent
+/// and the runtime with them still there would leave their network namespaces and addresses on
+/// the host. Where that fails too, says so; the bench's own clean-up then removes the sandboxes
+/// through the runtime.
+fn remove_api_pods(api_tool: &Path, node: &str, agent: &Agent, cgroups_before: &BTreeSet<String>) {
+    let removed = run_api_tool(api_tool, "clean", node, |tool| tool).and_then(|deleted| {
+        progress(&format!("cluster mode: the failed run's API pods deleted ({deleted})"));
+        wait_until_cleaned_up(agent, cgroups_before)
+    });
+    if let Err(err) = removed {
+        println!("warning: the failed run's API pods were not removed through the agent: {err:#}");
     }
 }
 
