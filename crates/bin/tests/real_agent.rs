@@ -1498,6 +1498,19 @@ fn cgroup_file(path: &str) -> String {
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display())).trim().to_owned()
 }
 
+/// The sizing containerd gives the runtime of sandbox `id`, from the sandbox's resources in its
+/// config: the annotations CPU period, CPU quota, CPU shares and memory of its OCI spec (the
+/// runtime's verbose sandbox status).
+async fn sandbox_sizing(endpoint: &str, id: &str) -> [String; 4] {
+    let client = Client::connect(&Config::new(endpoint)).unwrap();
+    let request = pb::PodSandboxStatusRequest { pod_sandbox_id: id.to_owned(), verbose: true };
+    let status = client.runtime_service().pod_sandbox_status(request).await.unwrap().into_inner();
+    let info: serde_json::Value = serde_json::from_str(&status.info["info"]).unwrap();
+    let annotations = &info["runtimeSpec"]["annotations"];
+    ["cpu-period", "cpu-quota", "cpu-shares", "memory"]
+        .map(|key| annotations[format!("io.kubernetes.cri.sandbox-{key}")].as_str().unwrap_or("missing").to_owned())
+}
+
 /// The CPU time (ns) the processes of cgroup `path` (cpuacct, children included) have used.
 fn cpu_usage(path: &str) -> u64 {
     cgroup_file(&format!("cpuacct/{path}/cpuacct.usage")).parse().unwrap()
@@ -1532,15 +1545,25 @@ async fn real_pods_run_in_qos_cgroups_with_their_resources() {
 
     let outcome = {
         let runtime = test_runtime(&rt, &dir, &node);
-        let (dir, node) = (dir.clone(), node.clone());
+        let (dir, node, rt_endpoint) = (dir.clone(), node.clone(), rt.endpoint.clone());
         async move {
             // The agent stops before the clean-up, so it starts nothing the clean-up misses.
             let _agent = agent;
             let mut uids = std::collections::HashMap::new();
+            let mut sandboxes = std::collections::HashMap::new();
             for name in NAMES {
                 let status = wait_for(&runtime, &format!("{name}-{node}"), name, running).await;
                 uids.insert(name, status.uid.to_string());
+                sandboxes.insert(name, status.sandbox_statuses[0].id.clone());
             }
+            // The sandbox is given the pod's resources (upstream `calculateSandboxResources`),
+            // which containerd hands its runtime as annotations of the sandbox's spec.
+            let sized = |name: &str| sandbox_sizing(&rt_endpoint, &sandboxes[name]);
+            let guaranteed_quota = (guaranteed_milli * 100).to_string();
+            let guaranteed_shares = (guaranteed_milli * 1024 / 1000).to_string();
+            assert_eq!(sized("guaranteed").await, ["100000", &guaranteed_quota, &guaranteed_shares, "67108864"]);
+            assert_eq!(sized("burstable").await, ["100000", "0", "102", "0"]);
+            assert_eq!(sized("besteffort").await, ["100000", "0", "2", "0"]);
             let guaranteed = format!("kubepods/pod{}", uids["guaranteed"]);
             let burstable = format!("kubepods/burstable/pod{}", uids["burstable"]);
             let best_effort = format!("kubepods/besteffort/pod{}", uids["besteffort"]);

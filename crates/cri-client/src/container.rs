@@ -77,7 +77,26 @@ pub fn cpu_shares(milli_cpu: i64) -> i64 {
     (milli_cpu * 1024 / 1000).max(2)
 }
 
-/// The container's Linux resources: shares from the CPU request, quota from the CPU limit, the
+/// The CFS period the kubelet gives every container and sandbox, in microseconds (upstream's
+/// `quotaPeriod`; `cpuCFSQuotaPeriod` is refused at any other value).
+pub const CPU_PERIOD: i64 = 100_000;
+
+/// Linux resources from a CPU request and limit in millicores and a memory limit in bytes (zero
+/// for none), as upstream's `calculateLinuxResources` makes them with `cpuCFSQuota` (which is
+/// refused when off): shares from the request, or from the limit where no request is named; the
+/// period always; a quota from the limit, at least 1 ms of it.
+pub fn cpu_and_memory(cpu_request: Option<i64>, cpu_limit: i64, memory_limit: i64) -> pb::LinuxContainerResources {
+    let cpu_quota = if cpu_limit > 0 { (cpu_limit * CPU_PERIOD / 1000).max(1000) } else { 0 };
+    pb::LinuxContainerResources {
+        cpu_shares: cpu_shares(cpu_request.unwrap_or(cpu_limit)),
+        cpu_period: CPU_PERIOD,
+        cpu_quota,
+        memory_limit_in_bytes: memory_limit,
+        ..Default::default()
+    }
+}
+
+/// The container's Linux resources: [`cpu_and_memory`] from its CPU request and limit and its
 /// memory limit, a huge page limit for each of the node's `hugepage_sizes` (zero for a size it
 /// does not ask for), and the OOM score adjustment of its QoS class.
 pub fn linux_resources(
@@ -86,24 +105,16 @@ pub fn linux_resources(
     memory_capacity: i64,
     hugepage_sizes: &[u64],
 ) -> pb::LinuxContainerResources {
-    let cpu_request = container_resource(container, "cpu", false).and_then(milli).unwrap_or(0);
-    let cpu_limit = container_resource(container, "cpu", true).and_then(milli);
+    let cpu_request = container_resource(container, "cpu", false).and_then(milli);
+    let cpu_limit = container_resource(container, "cpu", true).and_then(milli).unwrap_or(0);
     let memory_limit = container_resource(container, "memory", true).and_then(units).unwrap_or(0);
     let memory_request = container_resource(container, "memory", false).and_then(units).unwrap_or(0);
-    let mut resources = pb::LinuxContainerResources {
-        cpu_shares: cpu_shares(cpu_request),
-        memory_limit_in_bytes: memory_limit,
-        ..Default::default()
-    };
+    let mut resources = cpu_and_memory(cpu_request, cpu_limit, memory_limit);
     let limits = container.resources.as_ref().and_then(|r| r.limits.clone()).unwrap_or_default();
     resources.hugepage_limits = hugepage_limits(hugepage_sizes, &limits)
         .into_iter()
         .map(|(page_size, limit)| pb::HugepageLimit { page_size, limit })
         .collect();
-    if let Some(limit) = cpu_limit.filter(|l| *l > 0) {
-        resources.cpu_period = 100_000;
-        resources.cpu_quota = (limit * 100_000 / 1000).max(1000);
-    }
     resources.oom_score_adj = match qos_class(pod) {
         _ if is_node_critical(pod) => -997,
         "Guaranteed" => -997,

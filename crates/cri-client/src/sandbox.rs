@@ -4,7 +4,11 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::{labels, pb};
+use kubelet_core::resources::{
+    milli, pod_limit_without_overhead, pod_request_without_overhead, pod_requests_resource, units,
+};
+
+use crate::{container::cpu_and_memory, labels, pb};
 
 pub use kubelet_core::types::pod_log_dir;
 
@@ -194,10 +198,33 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_root: &str
             cgroup_parent: cgroup_parent(cgroup_root, pod),
             security_context: Some(security_context),
             sysctls,
-            ..pb::LinuxPodSandboxConfig::default()
+            resources: Some(sandbox_resources(pod)),
+            overhead: Some(overhead_resources(pod)),
         }),
         ..pb::PodSandboxConfig::default()
     }
+}
+
+/// The resources of the whole pod for the runtime (upstream `calculateSandboxResources`): its
+/// containers' CPU requests and CPU and memory limits as upstream sums them, without the pod's
+/// `overhead`. A runtime that sizes a sandbox (a VM's) reads them; containerd gives them to its
+/// runtime as annotations of the sandbox.
+pub fn sandbox_resources(pod: &Pod) -> pb::LinuxContainerResources {
+    let cpu_request = pod_requests_resource(pod, "cpu").then(|| pod_request_without_overhead(pod, "cpu", milli));
+    let cpu_limit = pod_limit_without_overhead(pod, "cpu", milli).unwrap_or(0);
+    let memory_limit = pod_limit_without_overhead(pod, "memory", units).unwrap_or(0);
+    cpu_and_memory(cpu_request, cpu_limit, memory_limit)
+}
+
+/// The pod's `overhead` as resources (upstream `convertOverheadToLinuxResources`), its CPU as
+/// both request and limit; empty when the pod names no overhead.
+pub fn overhead_resources(pod: &Pod) -> pb::LinuxContainerResources {
+    let Some(overhead) = pod.spec.as_ref().and_then(|spec| spec.overhead.as_ref()) else {
+        return pb::LinuxContainerResources::default();
+    };
+    let cpu = overhead.get("cpu").and_then(milli).unwrap_or(0);
+    let memory = overhead.get("memory").and_then(units).unwrap_or(0);
+    cpu_and_memory(Some(cpu), cpu, memory)
 }
 
 /// Whether any container of the pod, init and ephemeral ones included, is privileged (upstream
@@ -355,5 +382,62 @@ mod tests {
         assert_eq!(dns_config(&p, &node_only).servers, ["192.0.2.53"]);
         let got = dns_config(&pod(), &Dns::default());
         assert_eq!((got.servers, got.searches), (vec!["127.0.0.1".to_owned()], vec![".".to_owned()]));
+    }
+
+    fn with_resources(container: &mut Container, requests: &[(&str, &str)], limits: &[(&str, &str)]) {
+        use k8s_openapi::{api::core::v1::ResourceRequirements, apimachinery::pkg::api::resource::Quantity};
+        let list = |pairs: &[(&str, &str)]| {
+            (!pairs.is_empty())
+                .then(|| pairs.iter().map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned()))).collect())
+        };
+        container.resources =
+            Some(ResourceRequirements { requests: list(requests), limits: list(limits), ..Default::default() });
+    }
+
+    #[test]
+    fn the_sandbox_gets_the_pods_resources_and_its_overhead_apart() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let mut pod = pod();
+        let spec = pod.spec.as_mut().unwrap();
+        with_resources(&mut spec.containers[0], &[("cpu", "250m")], &[("cpu", "500m"), ("memory", "64Mi")]);
+        let mut second = Container { name: "d".into(), ..Container::default() };
+        with_resources(&mut second, &[("cpu", "250m")], &[("cpu", "1"), ("memory", "64Mi")]);
+        spec.containers.push(second);
+        // An init container asking for more than the containers together sets the pod's figure.
+        let mut init = Container { name: "init".into(), ..Container::default() };
+        with_resources(&mut init, &[("cpu", "1")], &[("cpu", "2")]);
+        spec.init_containers = Some(vec![init]);
+        spec.overhead =
+            Some([("cpu", "100m"), ("memory", "32Mi")].map(|(k, v)| (k.to_owned(), Quantity(v.to_owned()))).into());
+
+        let config = sandbox_config(&pod, 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default());
+        let linux = config.linux.unwrap();
+        let resources = linux.resources.unwrap();
+        assert_eq!(resources.cpu_shares, 1024, "the init container's 1 CPU, above the containers' 500m");
+        assert_eq!((resources.cpu_period, resources.cpu_quota), (100_000, 200_000), "the init container's limit of 2");
+        assert_eq!(resources.memory_limit_in_bytes, 128 << 20, "without the overhead");
+        let overhead = linux.overhead.unwrap();
+        assert_eq!((overhead.cpu_shares, overhead.cpu_quota), (102, 10_000), "100m as request and limit");
+        assert_eq!(overhead.memory_limit_in_bytes, 32 << 20);
+    }
+
+    #[test]
+    fn a_pod_without_resources_gets_the_least_shares_no_quota_and_an_empty_overhead() {
+        let config = sandbox_config(&pod(), 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default());
+        let linux = config.linux.unwrap();
+        let resources = linux.resources.unwrap();
+        assert_eq!(
+            (resources.cpu_shares, resources.cpu_period, resources.cpu_quota, resources.memory_limit_in_bytes),
+            (2, 100_000, 0, 0)
+        );
+        assert_eq!(linux.overhead, Some(pb::LinuxContainerResources::default()), "as upstream: set, and empty");
+    }
+
+    #[test]
+    fn cpu_shares_come_from_the_limit_where_no_container_requests_cpu() {
+        let mut pod = pod();
+        with_resources(&mut pod.spec.as_mut().unwrap().containers[0], &[], &[("cpu", "500m")]);
+        let resources = sandbox_resources(&pod);
+        assert_eq!((resources.cpu_shares, resources.cpu_quota), (512, 50_000));
     }
 }

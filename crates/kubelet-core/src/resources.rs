@@ -149,6 +149,12 @@ pub fn container_resource<'a>(container: &'a Container, resource: &str, limit: b
 /// added, and the pod's `overhead` on top. `scaled` reads one quantity (millicores for CPU,
 /// units otherwise).
 pub fn pod_request(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> i64 {
+    pod_request_without_overhead(pod, resource, scaled) + overhead(pod, resource, scaled)
+}
+
+/// [`pod_request`] without the pod's `overhead` (upstream's `PodRequests` with
+/// `ExcludeOverhead`), as the sandbox's resources are given to the runtime.
+pub fn pod_request_without_overhead(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> i64 {
     let Some(spec) = pod.spec.as_ref() else { return 0 };
     let request = |c: &k8s_openapi::api::core::v1::Container| {
         container_resource(c, resource, false).and_then(scaled).unwrap_or(0)
@@ -164,8 +170,23 @@ pub fn pod_request(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i6
             init_peak = init_peak.max(request(init) + sidecars);
         }
     }
-    let overhead = spec.overhead.as_ref().and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0);
-    total.max(init_peak) + overhead
+    total.max(init_peak)
+}
+
+/// The pod's `overhead` of `resource`, zero when it names none.
+fn overhead(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> i64 {
+    let overhead = pod.spec.as_ref().and_then(|spec| spec.overhead.as_ref());
+    overhead.and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0)
+}
+
+/// Whether any container of the pod, init containers included, requests `resource`: upstream's
+/// `PodRequests` then names it, even at zero.
+pub fn pod_requests_resource(pod: &Pod, resource: &str) -> bool {
+    let Some(spec) = pod.spec.as_ref() else { return false };
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| container_resource(c, resource, false).is_some())
 }
 
 /// A pod's effective CPU (millicores) and memory (bytes) requests (upstream's `PodRequests`:
@@ -179,6 +200,12 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
 /// before it), with the pod's `overhead` added. `scaled` reads one quantity (millicores for CPU,
 /// units otherwise).
 pub fn pod_limit(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> Option<i64> {
+    pod_limit_without_overhead(pod, resource, scaled).map(|limit| limit + overhead(pod, resource, scaled))
+}
+
+/// [`pod_limit`] without the pod's `overhead` (upstream's `PodLimits` with `ExcludeOverhead`),
+/// as the sandbox's resources are given to the runtime.
+pub fn pod_limit_without_overhead(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>) -> Option<i64> {
     let spec = pod.spec.as_ref()?;
     let limit = |c: &Container| container_resource(c, resource, true).and_then(scaled);
     let mut total = sum_set(spec.containers.iter().map(limit));
@@ -193,8 +220,7 @@ pub fn pod_limit(pod: &Pod, resource: &str, scaled: fn(&Quantity) -> Option<i64>
             init_peak = init_peak.max(sum_set([limit(init), sidecars]));
         }
     }
-    let overhead = spec.overhead.as_ref().and_then(|o| o.get(resource)).and_then(scaled).unwrap_or(0);
-    total.max(init_peak).map(|limit| limit + overhead)
+    total.max(init_peak)
 }
 
 /// The sum of the amounts that are set, or `None` when none is.

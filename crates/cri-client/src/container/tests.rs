@@ -264,13 +264,16 @@ fn resources_become_shares_quota_limit_and_oom_score() {
     let best_effort = Container { name: "c".into(), ..Container::default() };
     let r = linux_resources(&pod_with(best_effort.clone()), &best_effort, 1 << 30, &[]);
     assert_eq!((r.cpu_shares, r.cpu_quota, r.oom_score_adj), (2, 0, 1000));
+    assert_eq!(r.cpu_period, 100_000, "upstream names the period with or without a limit");
     // The quota of 102m is 10200, not a float's 10300.
     let mut small = Container { name: "c".into(), ..Container::default() };
     small.resources = Some(ResourceRequirements {
         limits: Some(BTreeMap::from([("cpu".into(), Quantity("102m".into()))])),
         ..Default::default()
     });
-    assert_eq!(linux_resources(&pod_with(small.clone()), &small, 1 << 30, &[]).cpu_quota, 10_200);
+    let r = linux_resources(&pod_with(small.clone()), &small, 1 << 30, &[]);
+    assert_eq!(r.cpu_quota, 10_200);
+    assert_eq!(r.cpu_shares, 104, "from the limit, where no request is named");
 
     // A node-critical pod (system-node-critical and static, mirror or of critical priority)
     // is the last to go, whatever its QoS.
