@@ -215,6 +215,12 @@ fn run_node(args: RunArgs, matches: &ArgMatches) -> ExitCode {
         tracing::error!(error = format!("{err:#}"), "failed to run Kubelet");
         return ExitCode::FAILURE;
     }
+    // Upstream's `InitializeTLS`, before anything starts: a suite the kubelet API cannot offer
+    // stops the agent even where the API will not be served.
+    if let Err(err) = server::tls::check_cipher_suites(&settings.file.server.tls_cipher_suites) {
+        tracing::error!(error = %err, "failed to construct kubelet dependencies");
+        return ExitCode::FAILURE;
+    }
     // Sized for a node agent, not a server: at most 4 workers and 8 blocking threads
     // (file IO), so the agent stays within 16 threads however many pods run.
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(AGENT_WORKER_THREADS));

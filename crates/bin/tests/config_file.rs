@@ -122,6 +122,17 @@ fn text_logs_are_klog_lines_without_colour() {
 }
 
 #[test]
+fn a_cipher_suite_the_kubelet_api_cannot_offer_stops_the_agent_before_it_starts() {
+    // Standalone with upstream's default authentication, the kubelet API is not served; the
+    // suite is refused all the same, before the runtime is even asked for (nobody answers it).
+    let (code, stderr) = run_with(&format!("{HEADER}tlsCipherSuites: [TLS_RSA_WITH_RC4_128_SHA]\n"));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("failed to construct kubelet dependencies"), "{stderr}");
+    assert!(stderr.contains("TLS_RSA_WITH_RC4_128_SHA"), "{stderr}");
+    assert!(!stderr.contains("nonexistent"), "the runtime was not asked for: {stderr}");
+}
+
+#[test]
 fn an_unreadable_manifest_path_is_a_clear_error() {
     // Root reads everything, so an unreadable path is made with a file where a directory's
     // entry is expected: `<file>/x` fails with "not a directory".

@@ -216,6 +216,12 @@ pub fn server_config(certificate: Arc<ServingSlot>, settings: &TlsSettings) -> R
     Ok(Arc::new(config))
 }
 
+/// Checks that every `tlsCipherSuites` name is one the kubelet API can offer, as upstream checks
+/// them before the kubelet starts, whether or not its API is then served.
+pub fn check_cipher_suites(names: &[String]) -> Result<(), Error> {
+    cipher_suites(&rustls::crypto::ring::default_provider(), names).map(drop)
+}
+
 /// The suites of `provider` that `names` allow: every TLS 1.3 suite (Go does not let them be
 /// chosen either), and the TLS 1.2 suites named; no names keep them all.
 fn cipher_suites(provider: &CryptoProvider, names: &[String]) -> Result<Vec<SupportedCipherSuite>, Error> {
