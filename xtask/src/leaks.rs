@@ -89,14 +89,19 @@ fn veths() -> BTreeSet<String> {
 
 /// Mount points (field 5 of `/proc/self/mountinfo`): the second's are those below its
 /// directories.
+///
+/// The netns directory itself is left out: the first `ip netns add` on a host (the CNI tests'
+/// namespaces) bind-mounts `/run/netns` on itself to share it, and iproute2 keeps it so for the
+/// host's life; a namespace left in it is still counted, as its own mount and as a name.
 fn mounts() -> BTreeSet<String> {
     let table = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let second = Instance::Second.roots();
     let below_second = |mount: &str| second.iter().any(|root| Path::new(mount).starts_with(root));
+    let netns_dir = instance().netns_dir();
     table
         .lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .filter(|m| ours(below_second(m)))
+        .filter(|m| ours(below_second(m)) && Path::new(m) != netns_dir)
         .map(str::to_owned)
         .collect()
 }

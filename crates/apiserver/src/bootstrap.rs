@@ -178,6 +178,55 @@ pub async fn rotate_client_certificate(
     keep_renewed(client, renewal, current, stored, cancel).await;
 }
 
+/// How often an expired client certificate is looked at again, and the API server asked whether
+/// it answers (upstream checks every 10 s).
+const EXPIRED_CHECK: Duration = Duration::from_secs(10);
+
+/// Waits until the node's client certificate (`credentials`'s) has expired with no renewed one in
+/// its place and the API server answers the node (upstream's `updateTransport` with `exitAfter`,
+/// under `rotateCertificates`): then the node can no longer renew it, and the caller stops, so
+/// that its supervisor starts it again into TLS bootstrap. Nothing runs before the expiry; after
+/// it, the server is asked every 10 s (`GET /version`), and a server that does not answer (a
+/// network failure, a 5xx) is waited for, as upstream does, with an error each time. `None` when
+/// `cancel` ends the wait.
+pub async fn wait_for_unrenewable_expiry(
+    client: Client,
+    credentials: NodeCredentials,
+    cancel: CancellationToken,
+) -> Option<String> {
+    loop {
+        let not_after = credentials.certificate_pem().and_then(|pem| crate::certificate::validity(&pem));
+        let now = SystemTime::now();
+        match not_after.map(|(_, not_after)| not_after) {
+            Some(not_after) if not_after > now => {
+                let until = not_after.duration_since(now).unwrap_or_default();
+                cancel.run_until_cancelled(tokio::time::sleep(until)).await?;
+                continue;
+            }
+            // No certificate to read: the renewal writes one, or the credentials are not a file's.
+            None => {
+                cancel.run_until_cancelled(tokio::time::sleep(EXPIRED_CHECK)).await?;
+                continue;
+            }
+            Some(_) => {}
+        }
+        match cancel.run_until_cancelled(client.apiserver_version()).await? {
+            Ok(_) => return Some(EXPIRED_AND_ANSWERED.to_owned()),
+            Err(kube::Error::Api(status)) if status.code < 500 => return Some(EXPIRED_AND_ANSWERED.to_owned()),
+            Err(err) => warn!(
+                error = %kubelet_core::ErrorChain(&err),
+                "the currently active client certificate has expired, but the server is not responsive; a restart may be \
+                 necessary to retrieve new initial credentials"
+            ),
+        }
+        cancel.run_until_cancelled(tokio::time::sleep(EXPIRED_CHECK)).await?;
+    }
+}
+
+/// Why [`wait_for_unrenewable_expiry`] ends the node, in upstream's words.
+pub const EXPIRED_AND_ANSWERED: &str =
+    "the currently active client certificate has expired and the server is responsive, exiting";
+
 /// Whether `kubeconfig` exists and its current user's client certificates are all valid at
 /// `now` (upstream `isClientConfigStillValid`): one that cannot be read, has no certificate or
 /// has an expired one is bootstrapped again; only an error other than its absence stops.

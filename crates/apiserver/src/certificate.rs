@@ -380,7 +380,7 @@ fn rotation_deadline(not_before: SystemTime, not_after: SystemTime, jitter: f64)
 }
 
 /// The validity of the first certificate of `pem`.
-fn validity(pem: &[u8]) -> Option<(SystemTime, SystemTime)> {
+pub(crate) fn validity(pem: &[u8]) -> Option<(SystemTime, SystemTime)> {
     let block =
         x509_parser::pem::Pem::iter_from_buffer(pem).filter_map(Result::ok).find(|b| b.label == "CERTIFICATE")?;
     let certificate = block.parse_x509().ok()?;

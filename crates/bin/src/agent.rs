@@ -466,6 +466,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
 
     let (pod_config, updates) = PodConfig::new(recorder.clone());
     let tracker = TaskTracker::new();
+    let fatal = crate::cluster::Fatal::default();
     tracker.spawn({
         let image_gc = image_gc.clone();
         let cancel = cancel.child_token();
@@ -533,6 +534,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
             images,
         };
         crate::cluster::spawn(
+            &fatal,
             &tracker,
             clients,
             facts,
@@ -582,7 +584,10 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     for server in servers {
         let _ = server.await;
     }
-    Ok(())
+    match fatal.get() {
+        Some(why) => anyhow::bail!("{why}"),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

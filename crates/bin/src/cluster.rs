@@ -190,11 +190,18 @@ impl MirrorClient for ApiMirrors {
     }
 }
 
+/// Why cluster mode ended the agent, when it did (an expired client certificate it cannot
+/// renew): set once, before it cancels the agent, and returned as the agent's error.
+pub(crate) type Fatal = Arc<std::sync::OnceLock<String>>;
+
 /// Everything cluster mode runs beside the agent, on `tracker` until `cancel`: the Node's
 /// registration and heartbeats, the API pod source feeding `source`, the pod status sink, and
-/// the agent's events (from `recorder`) sent to the API server.
+/// the agent's events (from `recorder`) sent to the API server. Under `rotateCertificates`, a
+/// client certificate that expires unrenewed while the API server answers sets `fatal` and
+/// cancels `cancel`, as upstream exits then.
 #[allow(clippy::too_many_arguments)] // Reason: one call site, each part named.
 pub(crate) fn spawn(
+    fatal: &Fatal,
     tracker: &TaskTracker,
     clients: Clients,
     facts: Facts,
@@ -243,6 +250,7 @@ pub(crate) fn spawn(
     let config = heartbeat::Config::default()
         .periods(file.node_status_update_frequency, file.node_status_report_frequency, lease)
         .lease_duration(file.node_lease_duration_seconds);
+    let agent_cancel = cancel.clone();
     let cancel = cancel.child_token();
     if file.rotate_certificates {
         let rotation = bootstrap::rotate_client_certificate(
@@ -253,6 +261,15 @@ pub(crate) fn spawn(
             cancel.child_token(),
         );
         tracker.spawn(rotation.instrument(info_span!("certificate_rotation")));
+        let (client, credentials, fatal, child) =
+            (client.clone(), credentials.clone(), fatal.clone(), cancel.child_token());
+        let expiry = async move {
+            if let Some(why) = bootstrap::wait_for_unrenewable_expiry(client, credentials, child).await {
+                let _ = fatal.set(why);
+                agent_cancel.cancel();
+            }
+        };
+        tracker.spawn(expiry.instrument(info_span!("certificate_expiry")));
     }
     tracker.spawn(
         async move {

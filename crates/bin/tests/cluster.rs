@@ -2327,6 +2327,32 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
         "{log}"
     );
     assert!(!kubeconfig.exists());
+
+    // rotateCertificates: a client certificate that expires before its renewal is issued ends
+    // the node once the API server answers it (upstream exits, so that its supervisor starts it
+    // again into TLS bootstrap), with the reason said once. A new key, so a new request: the
+    // denied one's key is kept, and would find that request again.
+    std::fs::remove_file(dir.join("pki/kubelet-client.key.tmp")).unwrap();
+    let mut agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &bootstrap_flag);
+    let third = wait_for_request(client, &user, 3, &dir).await;
+    let third_pem = String::from_utf8(third.spec.request.0.clone()).unwrap();
+    let short =
+        sign_with_the_cluster_ca(&third_pem, time::Duration::seconds(8), rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+    issue(client, &third.metadata.name.unwrap(), &short).await;
+    let mut code = None;
+    for _ in 0..400 {
+        code = agent.0.try_wait().unwrap();
+        if code.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
+    assert_eq!(code.and_then(|c| c.code()), Some(1), "{log}");
+    let reason = kubelet_cluster::bootstrap::EXPIRED_AND_ANSWERED;
+    assert_eq!(log.matches(reason).count(), 1, "{log}");
+    let renewal = wait_for_request(client, &node_user, 2, &dir).await;
+    assert!(renewal.status.and_then(|s| s.certificate).is_none(), "its renewal was asked, never issued");
     remove_bootstrap_token(client, &token).await;
     remove_requests_of(client, &user).await;
     remove_requests_of(client, &node_user).await;
