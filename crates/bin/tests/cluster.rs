@@ -2141,6 +2141,21 @@ async fn wait_for_request(
     panic!("no certificate signing request #{count} of {user}; agent log:\n{log}");
 }
 
+/// The agent's exit code once it has exited by itself, looked at every 100 ms for `limit` at
+/// most; `None` while it still runs.
+async fn exit_code_within(agent: &mut Agent, limit: Duration) -> Option<i32> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = agent.0.try_wait().unwrap() {
+            return status.code();
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A client certificate for the request `pem`, signed with the cluster's CA for `lifetime` from
 /// now, as kube-controller-manager's signer issues it.
 fn sign_with_the_cluster_ca(pem: &str, lifetime: time::Duration, usage: rcgen::ExtendedKeyUsagePurpose) -> String {
@@ -2312,16 +2327,9 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
     let second = wait_for_request(client, &user, 2, &dir).await.metadata.name.unwrap();
     assert_ne!(second, name, "a new key, a new request");
     decide(client, &second, "Denied").await;
-    let mut code = None;
-    for _ in 0..300 {
-        code = agent.0.try_wait().unwrap();
-        if code.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let code = exit_code_within(&mut agent, Duration::from_secs(30)).await;
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
-    assert_eq!(code.and_then(|c| c.code()), Some(1), "{log}");
+    assert_eq!(code, Some(1), "{log}");
     assert!(
         log.contains(&format!("the certificate signing request {second} was denied: KubeletRsTest by the test")),
         "{log}"
@@ -2339,16 +2347,9 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
     let short =
         sign_with_the_cluster_ca(&third_pem, time::Duration::seconds(8), rcgen::ExtendedKeyUsagePurpose::ClientAuth);
     issue(client, &third.metadata.name.unwrap(), &short).await;
-    let mut code = None;
-    for _ in 0..400 {
-        code = agent.0.try_wait().unwrap();
-        if code.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let code = exit_code_within(&mut agent, Duration::from_secs(40)).await;
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
-    assert_eq!(code.and_then(|c| c.code()), Some(1), "{log}");
+    assert_eq!(code, Some(1), "{log}");
     let reason = kubelet_cluster::bootstrap::EXPIRED_AND_ANSWERED;
     assert_eq!(log.matches(reason).count(), 1, "{log}");
     let renewal = wait_for_request(client, &node_user, 2, &dir).await;
