@@ -1005,29 +1005,39 @@ fn footprint(agent: &Agent) -> (f64, u64, u64) {
     (agent.rss_bytes() as f64 / (1024.0 * 1024.0), agent.threads(), agent.fds())
 }
 
-/// The agent's footprint once it has idled: its thread count unchanged for longer than an idle
-/// blocking thread lives (tokio's 10 s keep-alive), or as it is after [`SETTLE_DEADLINE`].
+/// The agent's footprint once it has idled: its thread count unchanged and the agent all but
+/// idle (less than [`BUSY_CPU`] of CPU in each half second) for longer than an idle blocking
+/// thread lives (tokio's 10 s keep-alive), or as it is after [`SETTLE_DEADLINE`].
 ///
 /// The agent still works for some seconds after the runtime shows no pod (housekeeping removes
-/// the pods' directories and cgroups), and each blocking thread of that work lives 10 s after
-/// its last task; a fixed wait from the harness's side read some of them on a busy machine.
+/// the pods' directories and cgroups, and kills what the runtime still holds), and each blocking
+/// thread of that work lives 10 s after its last task; a fixed wait from the harness's side read
+/// some of them on a busy machine. The count alone is not enough: work that reuses the threads
+/// already there keeps them alive without changing it (a CI run read 12 threads that had held
+/// for 12 s while the agent killed the churn's last pods 8 s before).
 fn settled_footprint(agent: &Agent) -> (f64, u64, u64) {
     let deadline = Instant::now() + SETTLE_DEADLINE;
     let mut threads = agent.threads();
-    let mut unchanged_since = Instant::now();
-    while unchanged_since.elapsed() < THREADS_SETTLED && Instant::now() < deadline {
+    let mut cpu = agent.cpu_ns();
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < THREADS_SETTLED && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
-        let now = agent.threads();
-        if now != threads {
-            threads = now;
-            unchanged_since = Instant::now();
+        let (threads_now, cpu_now) = (agent.threads(), agent.cpu_ns());
+        let busy = Duration::from_nanos(cpu_now.saturating_sub(cpu)) > BUSY_CPU;
+        if threads_now != threads || busy {
+            quiet_since = Instant::now();
         }
+        (threads, cpu) = (threads_now, cpu_now);
     }
     footprint(agent)
 }
 
 /// Longer than tokio's keep-alive for an idle blocking thread (10 s).
 const THREADS_SETTLED: Duration = Duration::from_secs(12);
+
+/// The CPU in half a second above which the agent counts as working: the idle dev build takes
+/// well under a millisecond, killing or removing a pod tens of them.
+const BUSY_CPU: Duration = Duration::from_millis(10);
 
 /// How long the agent has to settle before its footprint is read regardless.
 const SETTLE_DEADLINE: Duration = Duration::from_secs(60);
