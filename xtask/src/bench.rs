@@ -84,6 +84,9 @@ struct Options {
     check: bool,
     /// Write the figures as the new baseline.
     save: Option<Save>,
+    /// Only the start-up rounds (floor, agent start-up, teardown) of `sizes`: `--startup`, for
+    /// looking into a start-up figure with more runs than the whole bench can afford.
+    startup_only: bool,
 }
 
 impl Options {
@@ -102,6 +105,7 @@ impl Options {
             hollow: vec![1_000, 10_000],
             check: false,
             save: None,
+            startup_only: false,
         }
     }
 
@@ -119,6 +123,7 @@ impl Options {
             hollow: vec![1_000],
             check: false,
             save: None,
+            startup_only: false,
         }
     }
 }
@@ -144,7 +149,24 @@ fn parse(args: &[&str]) -> Result<Options> {
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match *arg {
-            "--quick" => options = Options { check: options.check, save: options.save, ..Options::quick() },
+            "--quick" => {
+                options = Options {
+                    check: options.check,
+                    save: options.save,
+                    startup_only: options.startup_only,
+                    sizes: if options.startup_only { options.sizes } else { Options::quick().sizes },
+                    ..Options::quick()
+                }
+            }
+            "--startup" => {
+                let sizes = args.next().context("--startup takes pod counts, such as 10 or 10,50")?;
+                options.sizes = sizes
+                    .split(',')
+                    .map(|n| n.parse().ok().filter(|n| *n > 0))
+                    .collect::<Option<Vec<usize>>>()
+                    .with_context(|| format!("--startup {sizes:?}"))?;
+                options.startup_only = true;
+            }
             "--check" => options.check = true,
             "--save-baseline" => options.save = Some(Save::Replace),
             "--widen-baseline" => options.save = Some(Save::Widen),
@@ -154,9 +176,12 @@ fn parse(args: &[&str]) -> Result<Options> {
             }
             other => bail!(
                 "unknown bench option {other:?}; usage: cargo xtask bench [--quick] [--repeat N] [--check] \
-                 [--save-baseline | --widen-baseline]"
+                 [--save-baseline | --widen-baseline] [--startup N[,N...]]"
             ),
         }
+    }
+    if options.startup_only && (options.check || options.save.is_some()) {
+        bail!("--startup measures some figures only, which cannot be held to the baseline or saved as it");
     }
     Ok(options)
 }
@@ -484,11 +509,14 @@ fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool)
     agent.stop(Duration::from_secs(10))?;
     let runs = measured?;
     let api_pods = largest.min(CLUSTER_PODS);
-    let cluster_runs =
-        cluster::measure(&binaries.agent, &binaries.api_tool, tool, &dir.join("cluster"), api_pods, options)?;
+    let cluster_runs = if options.startup_only {
+        None
+    } else {
+        cluster::measure(&binaries.agent, &binaries.api_tool, tool, &dir.join("cluster"), api_pods, options)?
+    };
 
     let floors: Vec<_> = runs.floors.iter().map(|(n, floor)| (*n, floor.stats())).collect();
-    for (n, FloorStats { seq, par, seq_stop, par_stop, par_calls }) in &floors {
+    for (n, FloorStats { seq, par, seq_stop, par_stop, par_calls, par_runtime_cpu }) in &floors {
         let api = runs.api.get(n).map(Vec::as_slice).unwrap_or_default();
         let cri = runs.cri.get(n).map(Vec::as_slice).unwrap_or_default();
         let teardown = runs.teardown.get(n).map(Vec::as_slice).unwrap_or_default();
@@ -504,7 +532,7 @@ fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool)
                 .floor(par.median),
         );
         let breakdowns = runs.breakdown.get(n).map(Vec::as_slice).unwrap_or_default();
-        results.figures.extend(breakdown::figures(*n, breakdowns, par_calls));
+        results.figures.extend(breakdown::figures(*n, breakdowns, par_calls, par_runtime_cpu.median));
         results.figures.push(floor_figure(format!("floor, {n} pods, all at once"), *par));
         results.figures.push(floor_figure(format!("floor, {n} pods, one at a time"), *seq));
         results.figures.push(
@@ -526,6 +554,24 @@ fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool)
         let standalone = cluster::Standalone { startup: medians(&runs.api), teardown: medians(&runs.teardown) };
         results.figures.extend(cluster::figures(cluster_runs, &standalone));
     }
+    if !options.startup_only {
+        others(options, binaries, &dir, &runs, &mut results)?;
+    }
+    results.load_after = harness::load();
+    keep_agent_logs(&dir)?;
+    let _ = fs::remove_dir_all(&dir);
+    Ok(results)
+}
+
+/// The figures of every phase but the start-ups: a container's death and restart, exec, probing,
+/// idling, the hollow node, the binary's size and criterion's.
+fn others(
+    options: &Options,
+    binaries: &harness::Binaries,
+    dir: &Path,
+    runs: &AgentRuns,
+    results: &mut Results,
+) -> Result<()> {
     results.figures.push(
         Figure::new("container death (runtime confirms) → the death seen in /pods", "s", &runs.death_seen)
             .target(Target::AtMost(0.05)),
@@ -608,10 +654,7 @@ fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool)
             Err(err) => println!("warning: the criterion benchmarks failed; their rows are left out: {err:#}"),
         }
     }
-    results.load_after = harness::load();
-    keep_agent_logs(&dir)?;
-    let _ = fs::remove_dir_all(&dir);
-    Ok(results)
+    Ok(())
 }
 
 /// Copies the standalone and the cluster agent's logs to `target/bench/logs/`, where they stay
@@ -691,6 +734,8 @@ struct FloorRuns {
     seq_stop: Vec<f64>,
     par_stop: Vec<f64>,
     par_calls: BTreeMap<String, Vec<f64>>,
+    /// containerd's CPU seconds per pod until all had started, all at once.
+    par_runtime_cpu: Vec<f64>,
 }
 
 /// [`FloorRuns`] summed up.
@@ -700,6 +745,7 @@ struct FloorStats {
     seq_stop: Stat,
     par_stop: Stat,
     par_calls: BTreeMap<String, Vec<f64>>,
+    par_runtime_cpu: Stat,
 }
 
 impl FloorRuns {
@@ -710,6 +756,7 @@ impl FloorRuns {
             seq_stop: Stat::of(&self.seq_stop),
             par_stop: Stat::of(&self.par_stop),
             par_calls: self.par_calls.clone(),
+            par_runtime_cpu: Stat::of(&self.par_runtime_cpu),
         }
     }
 }
@@ -732,6 +779,7 @@ fn floor_round(agent: &Agent, tool: &CriTool, dir: &Path, n: usize, floor: &mut 
     for (call, mean) in all_at_once.calls {
         floor.par_calls.entry(call).or_default().push(mean);
     }
+    floor.par_runtime_cpu.push(all_at_once.runtime_cpu / n as f64);
     // The agent hears of the floor's pods, all gone by now, when it resumes.
     agent.wait_quiet(Duration::from_secs(10));
     Ok(())
@@ -746,9 +794,11 @@ fn agent_figures(
 ) -> Result<AgentRuns> {
     agent.wait_healthy(Duration::from_secs(30))?;
     let mut runs = AgentRuns::default();
-    progress(&format!("idle, 0 pods: {} windows of {:?}", options.windows, options.window));
-    std::thread::sleep(Duration::from_secs(5));
-    runs.idle.push((0, idle_windows(agent, options)?));
+    if !options.startup_only {
+        progress(&format!("idle, 0 pods: {} windows of {:?}", options.windows, options.window));
+        std::thread::sleep(Duration::from_secs(5));
+        runs.idle.push((0, idle_windows(agent, options)?));
+    }
     // Every round of one size before the next size: a start-up pays for the pods removed in the
     // minute before it (the root filesystem has no journal, and ext4 then passes over every inode
     // freed in the last minute before it reuses one), so the floor's start-up, which follows the
@@ -765,7 +815,7 @@ fn agent_figures(
             runs.api.entry(n).or_default().push(started.api);
             runs.cri.entry(n).or_default().push(started.cri);
             runs.breakdown.entry(n).or_default().push(started.breakdown);
-            if n == 1 {
+            if n == 1 && !options.startup_only {
                 progress(&format!("agent restart of a dead container, run {round} of {}", options.repeat));
                 let restart = restart_after_death(agent, tool)?;
                 runs.death_seen.push(restart.death_seen);
@@ -776,7 +826,7 @@ fn agent_figures(
                 runs.exec_floor.extend(floor);
                 runs.exec.extend(through_agent);
             }
-            if n == largest && round == options.repeat {
+            if n == largest && round == options.repeat && !options.startup_only {
                 progress(&format!("idle, {n} pods: {} windows of {:?}", options.windows, options.window));
                 std::thread::sleep(Duration::from_secs(10));
                 runs.idle.push((n, idle_windows(agent, options)?));
@@ -786,7 +836,9 @@ fn agent_figures(
             wait_for_pod_cgroups(&cgroups_before)?;
         }
     }
-    runs.probing = probing_cost(agent, tool, options)?;
+    if !options.startup_only {
+        runs.probing = probing_cost(agent, tool, options)?;
+    }
     Ok(runs)
 }
 
@@ -1303,5 +1355,12 @@ mod tests {
         assert_eq!(parse(&["--quick", "--widen-baseline"]).unwrap().save, Some(Save::Widen));
         assert!(parse(&["--repeat", "0"]).is_err());
         assert!(parse(&["--fast"]).is_err());
+        let startup = parse(&["--startup", "10,50", "--repeat", "9"]).unwrap();
+        assert!(startup.startup_only);
+        assert_eq!((startup.sizes, startup.repeat, startup.profile), (vec![10, 50], 9, harness::Profile::Dist));
+        let quick = parse(&["--startup", "10", "--quick"]).unwrap();
+        assert_eq!((quick.sizes, quick.profile), (vec![10], harness::Profile::Dev));
+        assert!(parse(&["--startup", "10,0"]).is_err());
+        assert!(parse(&["--startup", "10", "--check"]).is_err());
     }
 }

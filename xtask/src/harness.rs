@@ -503,6 +503,8 @@ pub(crate) struct FloorRun {
     /// The mean time of each start call, by its `operation_type` (`run_podsandbox`,
     /// `create_container`, `start_container`).
     pub(crate) calls: BTreeMap<String, f64>,
+    /// The CPU seconds containerd used until every pod had started.
+    pub(crate) runtime_cpu: f64,
 }
 
 /// The CRI tool.
@@ -542,7 +544,8 @@ impl CriTool {
 
     /// The floor of `pods` pods, `parallel` at a time.
     pub(crate) fn floor(&self, pods: usize, parallel: usize, dir: &Path) -> Result<FloorRun> {
-        let out = output(Command::new(&self.path).args([
+        let mut floor = Command::new(&self.path);
+        floor.args([
             "floor",
             &endpoint(),
             "--image",
@@ -553,7 +556,11 @@ impl CriTool {
             &parallel.to_string(),
             "--dir",
             &dir.display().to_string(),
-        ]))?;
+        ]);
+        if let Some(pid) = runtime::containerd_pid() {
+            floor.args(["--runtime-pid", &pid.to_string()]);
+        }
+        let out = output(&mut floor)?;
         let json: serde_json::Value = serde_json::from_str(out.trim()).context("decoding the floor's figures")?;
         let calls = json["calls_s"]
             .as_object()
@@ -563,6 +570,7 @@ impl CriTool {
             start: json["start_s"].as_f64().unwrap_or(f64::NAN),
             stop: json["stop_s"].as_f64().unwrap_or(f64::NAN),
             calls,
+            runtime_cpu: json["runtime_cpu_start_s"].as_f64().unwrap_or(f64::NAN),
         })
     }
 

@@ -167,6 +167,11 @@ pub(crate) fn socket() -> PathBuf {
     instance().socket()
 }
 
+/// The PID of the test runtime's containerd, while it runs.
+pub(crate) fn containerd_pid() -> Option<u32> {
+    instance().daemon().running_pid()
+}
+
 /// The environment real-runtime tests read.
 pub(crate) fn test_env() -> Vec<(&'static str, String)> {
     vec![

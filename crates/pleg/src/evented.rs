@@ -56,10 +56,11 @@ impl Default for Config {
 const HINT_FOLLOW_UPS: [Duration; 4] =
     [Duration::from_millis(10), Duration::from_millis(100), Duration::from_millis(250), Duration::from_millis(1000)];
 
-/// The least time between two relists that hints cause: a burst of hints (50 pods starting) makes
-/// a relist every 100 ms, not one per hint, each of which would inspect pods half-created and
-/// compete with the runtime for the node's CPUs.
-const HINT_MIN_GAP: Duration = Duration::from_millis(100);
+/// The most time between two relists that hints cause: a burst of hints (50 pods starting) makes
+/// a relist at most every 100 ms, not one per hint, each of which would inspect pods half-created
+/// and compete with the runtime for the node's CPUs. The gap is the generic PLEG's
+/// ([`GenericPleg::gap`]): shorter where relists cost little.
+const HINT_MIN_GAP: Duration = generic::MAX_RELIST_GAP;
 
 /// The follow-ups after an exit hint ([`ChangeHint::Exited`]): denser early on, because the
 /// kubelet restarts a container when its death shows, and containerd's CRI plugin records an exit
@@ -77,6 +78,11 @@ const EXIT_FOLLOW_UPS: [Duration; 6] = [
 /// The least time between two relists while exit follow-ups are due.
 const EXIT_MIN_GAP: Duration = Duration::from_millis(25);
 
+/// How long after an exit hint its dense follow-ups last: a plain hint after that ends them (the
+/// last dense one is at 100 ms). Without it, a stream of plain hints (pods starting after a
+/// teardown's exits) kept the exit's 25 ms gap for as long as it lasted.
+const EXIT_DENSE_FOR: Duration = Duration::from_millis(100);
+
 /// When the relists that change hints cause are due: a pure schedule, fed the times of hints and
 /// of the relists it asked for.
 #[derive(Debug)]
@@ -85,14 +91,25 @@ struct HintSchedule {
     /// The next of the follow-ups after `hinted_at`, if any is left.
     next: Option<usize>,
     last_relist: Option<Instant>,
-    /// An exit hint came since the follow-ups last ran out: [`EXIT_FOLLOW_UPS`] apply.
+    /// An exit hint came since the follow-ups last ran out, at `exited_at`, and no plain hint
+    /// came [`EXIT_DENSE_FOR`] after it: [`EXIT_FOLLOW_UPS`] apply.
     exit: bool,
+    exited_at: Instant,
+    /// The least time between two relists for plain hints, at most [`HINT_MIN_GAP`].
+    gap: Duration,
 }
 
 impl HintSchedule {
     /// Subscribing at `now` counts as a hint.
     fn new(now: Instant) -> Self {
-        HintSchedule { hinted_at: now, next: Some(0), last_relist: None, exit: false }
+        HintSchedule {
+            hinted_at: now,
+            next: Some(0),
+            last_relist: None,
+            exit: false,
+            exited_at: now,
+            gap: HINT_MIN_GAP,
+        }
     }
 
     fn follow_ups(&self) -> &'static [Duration] {
@@ -100,14 +117,24 @@ impl HintSchedule {
     }
 
     fn min_gap(&self) -> Duration {
-        if self.exit { EXIT_MIN_GAP } else { HINT_MIN_GAP }
+        if self.exit { EXIT_MIN_GAP } else { self.gap }
+    }
+
+    /// Plain hints' relists keep `gap` between them from now on (at most [`HINT_MIN_GAP`]).
+    fn set_gap(&mut self, gap: Duration) {
+        self.gap = gap.min(HINT_MIN_GAP);
     }
 
     /// A hint came at `now`: the follow-ups start again from it.
     fn hint(&mut self, now: Instant, hint: ChangeHint) {
         self.hinted_at = now;
         self.next = Some(0);
-        self.exit |= hint == ChangeHint::Exited;
+        if hint == ChangeHint::Exited {
+            self.exit = true;
+            self.exited_at = now;
+        } else if self.exit && now >= self.exited_at + EXIT_DENSE_FOR {
+            self.exit = false;
+        }
     }
 
     /// When the next relist is due, if one is.
@@ -116,11 +143,15 @@ impl HintSchedule {
         Some(self.last_relist.map_or(at, |last| at.max(last + self.min_gap())))
     }
 
-    /// The due relist was asked for at `now`: the follow-ups it covers are done.
+    /// A relist began at `now`, this schedule's or one made for another reason (a pod worker's
+    /// refresh): the follow-ups it covers are done. One no later than the last is old news.
     fn relisted(&mut self, now: Instant) {
+        if self.last_relist.is_some_and(|last| now <= last) {
+            return;
+        }
         self.last_relist = Some(now);
         let follow_ups = self.follow_ups();
-        let mut next = self.next.map_or(follow_ups.len(), |i| i + 1);
+        let mut next = self.next.unwrap_or(follow_ups.len());
         while next < follow_ups.len() && self.hinted_at + follow_ups[next] <= now {
             next += 1;
         }
@@ -157,7 +188,8 @@ impl<R: RuntimeEvents> EventedPleg<R> {
         let slow =
             config.fallback.clone().relist_period(config.relist_period).relist_threshold(config.relist_threshold);
         let generic = GenericPleg::with_sender(runtime.clone(), cache, slow, events);
-        (EventedPleg { runtime, generic, config, anchor: (wall_now(), Instant::now()) }, rx)
+        let pleg = EventedPleg { runtime, generic, config, anchor: (wall_now(), Instant::now()) };
+        (pleg, rx)
     }
 
     /// The tokio instant of an event's wall-clock time.
@@ -280,14 +312,24 @@ impl<R: RuntimeEvents> EventedPleg<R> {
                     ended = &mut stream => break ended,
                     Some(hint) = rx.recv() => {
                         delivered = true;
+                        schedule.set_gap(self.generic.gap());
                         schedule.hint(Instant::now(), hint);
                         if let Some(at) = schedule.due() {
                             timer.as_mut().reset(at);
                         }
                     }
                     () = &mut timer, if schedule.due().is_some() => {
-                        self.generic.relist_now();
-                        schedule.relisted(Instant::now());
+                        // A relist since the last one asked for here (a pod worker's refresh)
+                        // covers what it covers, and keeps the gap too.
+                        if let Some(other) = self.generic.last_relist() {
+                            schedule.relisted(other);
+                        }
+                        schedule.set_gap(self.generic.gap());
+                        let now = Instant::now();
+                        if schedule.due().is_some_and(|at| at <= now) {
+                            self.generic.relist_now();
+                            schedule.relisted(now);
+                        }
                         if let Some(at) = schedule.due() {
                             timer.as_mut().reset(at);
                         }

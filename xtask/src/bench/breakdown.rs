@@ -7,7 +7,11 @@
 //! - every other CRI call the start made (image and sandbox status, relists, container status):
 //!   how many per pod, and their time per pod;
 //! - a pod's first update until its worker's first sync
-//!   (`kubelet_pod_worker_start_duration_seconds`), the mean.
+//!   (`kubelet_pod_worker_start_duration_seconds`), the mean;
+//! - the relists during the start-up, and their mean time (`kubelet_pleg_relist_duration_seconds`);
+//! - the CPU time per pod of the agent and of containerd during the start-up, containerd's
+//!   against its CPU time per pod during the floor's start-up with as many pods at once: the
+//!   share of the machine's two cores the agent's work takes from the runtime's.
 //!
 //! The rows are reported, not held to the baseline: the start-up figure holds their sum.
 
@@ -16,7 +20,10 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 
 use super::{Figure, Stat};
-use crate::harness::Agent;
+use crate::{
+    harness::{self, Agent},
+    runtime,
+};
 
 /// The floor's calls, by their `operation_type`, with the name the table gives them.
 const CALLS: [(&str, &str); 3] = [
@@ -32,12 +39,22 @@ pub(super) struct Snapshot {
     operations: BTreeMap<String, (f64, f64)>,
     /// First update → first sync: (seconds, count).
     worker_start: (f64, f64),
+    /// Relists: (seconds, count).
+    relists: (f64, f64),
+    /// The agent's CPU seconds.
+    agent_cpu: f64,
+    /// containerd's CPU seconds.
+    runtime_cpu: f64,
 }
 
 pub(super) fn snapshot(agent: &Agent) -> Result<Snapshot> {
+    let seconds = |ns: u64| ns as f64 / 1e9;
     Ok(Snapshot {
         operations: agent.metric_by_label("kubelet_runtime_operations_duration_seconds", "operation_type")?,
         worker_start: agent.metric_sum_count("kubelet_pod_worker_start_duration_seconds")?,
+        relists: agent.metric_sum_count("kubelet_pleg_relist_duration_seconds")?,
+        agent_cpu: seconds(agent.cpu_ns()),
+        runtime_cpu: runtime::containerd_pid().map_or(f64::NAN, |pid| seconds(harness::cpu_ns_of(pid))),
     })
 }
 
@@ -52,6 +69,14 @@ pub(super) struct Breakdown {
     other_time: f64,
     /// Mean seconds from a pod's first update to its first sync.
     first_sync: f64,
+    /// Relists during the start-up.
+    relists: f64,
+    /// Mean seconds of a relist (its list calls, and the statuses of the pods that changed).
+    relist: f64,
+    /// The agent's CPU seconds per pod.
+    agent_cpu: f64,
+    /// containerd's CPU seconds per pod.
+    runtime_cpu: f64,
 }
 
 /// The breakdown of a run of `pods` pods between two snapshots.
@@ -71,12 +96,28 @@ pub(super) fn between(before: &Snapshot, after: &Snapshot, pods: usize) -> Break
     }
     let pods = pods as f64;
     let worker_start = (after.worker_start.0 - before.worker_start.0, after.worker_start.1 - before.worker_start.1);
-    Breakdown { calls, other_calls: other_calls / pods, other_time: other_time / pods, first_sync: mean(worker_start) }
+    let relists = (after.relists.0 - before.relists.0, after.relists.1 - before.relists.1);
+    Breakdown {
+        calls,
+        other_calls: other_calls / pods,
+        other_time: other_time / pods,
+        first_sync: mean(worker_start),
+        relists: relists.1,
+        relist: mean(relists),
+        agent_cpu: (after.agent_cpu - before.agent_cpu) / pods,
+        runtime_cpu: (after.runtime_cpu - before.runtime_cpu) / pods,
+    }
 }
 
 /// The rows of `pods` pods' start-up runs; `floor_calls` holds the floor's mean of each call per
-/// run, by `operation_type`, with as many pods at once.
-pub(super) fn figures(pods: usize, runs: &[Breakdown], floor_calls: &BTreeMap<String, Vec<f64>>) -> Vec<Figure> {
+/// run, by `operation_type`, and `floor_runtime_cpu` containerd's CPU seconds per pod in the
+/// floor's start-up, each with as many pods at once.
+pub(super) fn figures(
+    pods: usize,
+    runs: &[Breakdown],
+    floor_calls: &BTreeMap<String, Vec<f64>>,
+    floor_runtime_cpu: f64,
+) -> Vec<Figure> {
     let prefix = format!("start-up, {pods} pods, breakdown:");
     let mut figures = Vec::new();
     for (operation, call) in CALLS {
@@ -95,6 +136,16 @@ pub(super) fn figures(pods: usize, runs: &[Breakdown], floor_calls: &BTreeMap<St
     figures.push(
         Figure::new(format!("{prefix} first update → first sync of a pod's worker, mean"), "s", &first_sync)
             .unchecked(),
+    );
+    let relists: Vec<f64> = runs.iter().map(|run| run.relists).collect();
+    let relist: Vec<f64> = runs.iter().map(|run| run.relist).collect();
+    figures.push(Figure::new(format!("{prefix} relists"), "", &relists).unchecked());
+    figures.push(Figure::new(format!("{prefix} relist, mean"), "s", &relist).unchecked());
+    let agent_cpu: Vec<f64> = runs.iter().map(|run| run.agent_cpu).collect();
+    let runtime_cpu: Vec<f64> = runs.iter().map(|run| run.runtime_cpu).collect();
+    figures.push(Figure::new(format!("{prefix} agent CPU per pod"), "s", &agent_cpu).unchecked());
+    figures.push(
+        Figure::new(format!("{prefix} containerd CPU per pod"), "s", &runtime_cpu).floor(floor_runtime_cpu).unchecked(),
     );
     figures
 }

@@ -1,14 +1,16 @@
 //! The CRI side of `cargo xtask bench` and `cargo xtask chaos`, built on this crate's client.
 //!
 //! ```text
-//! cri_bench floor  ENDPOINT --image IMG --pods N --parallel P --dir DIR
+//! cri_bench floor  ENDPOINT --image IMG --pods N --parallel P --dir DIR [--runtime-pid PID]
 //!     the bare CRI sequence a kubelet cannot avoid for N one-container pods, P at a time:
 //!     RunPodSandbox, CreateContainer, StartContainer, then StopContainer and StopPodSandbox
 //!     (the container runs what the benchmark's manifests run, confined as a kubelet confines
 //!     it: the sandbox under the runtime's default seccomp profile, upstream's masked and
 //!     read-only paths in the container);
 //!     prints {"start_s": .., "stop_s": .., "calls_s": {"run_podsandbox": .., "create_container": ..,
-//!     "start_container": ..}} (each call's mean) and removes what it made
+//!     "start_container": ..}, "runtime_cpu_start_s": ..} (each call's mean; the CPU seconds
+//!     process PID, the runtime, used until every pod had started, null without it) and
+//!     removes what it made
 //! cri_bench watch  ENDPOINT --namespace NS (--running N | --stopped)
 //!     prints "watching" after its first look, then the Unix time (seconds) at which N containers of
 //!     pods in NS run, or no sandbox of NS is ready any more
@@ -103,11 +105,18 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
         "floor" => {
             let image = required(args, "--image")?.to_owned();
             let dir = PathBuf::from(required(args, "--dir")?);
-            let floor = floor(rpc, &image, &dir, number(args, "--pods")?, number(args, "--parallel")?).await?;
+            let runtime_pid = match flag(args, "--runtime-pid") {
+                Some(_) => Some(number(args, "--runtime-pid")?),
+                None => None,
+            };
+            let before = runtime_pid.map(process_cpu_seconds);
+            let (pods, parallel) = (number(args, "--pods")?, number(args, "--parallel")?);
+            let floor = floor(rpc, &image, &dir, pods, parallel, runtime_pid).await?;
             let figures = serde_json::json!({
                 "start_s": floor.start.as_secs_f64(),
                 "stop_s": floor.stop.as_secs_f64(),
                 "calls_s": floor.calls,
+                "runtime_cpu_start_s": floor.runtime_cpu_start.zip(before).map(|(after, before)| after - before),
             });
             println!("{figures}");
         }
@@ -328,9 +337,28 @@ struct Floor {
     stop: Duration,
     /// Mean seconds of each of [`FLOOR_CALLS`].
     calls: BTreeMap<&'static str, f64>,
+    /// The runtime's CPU seconds once every pod had started, where its process was named.
+    runtime_cpu_start: Option<f64>,
 }
 
-async fn floor(rpc: Rpc, image: &str, dir: &Path, pods: usize, parallel: usize) -> Result<Floor, BoxError> {
+/// The CPU seconds process `pid` has used, its exited threads included (`/proc/PID/stat`'s
+/// utime and stime, in ticks of 1/100 s); zero when it cannot be read.
+fn process_cpu_seconds(pid: usize) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    let after_command = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_command.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
+    ticks as f64 / 100.0
+}
+
+async fn floor(
+    rpc: Rpc,
+    image: &str,
+    dir: &Path,
+    pods: usize,
+    parallel: usize,
+    runtime_pid: Option<usize>,
+) -> Result<Floor, BoxError> {
     let logs = dir.join("floor-logs");
     let begin = Instant::now();
     let started = bounded((0..pods).map(floor_pod).collect(), parallel, |pod| {
@@ -338,6 +366,7 @@ async fn floor(rpc: Rpc, image: &str, dir: &Path, pods: usize, parallel: usize) 
     })
     .await?;
     let start = begin.elapsed();
+    let runtime_cpu_start = runtime_pid.map(process_cpu_seconds);
     let (started, errors): (Vec<_>, Vec<_>) = started.into_iter().partition(Result::is_ok);
     let started: Vec<Started> = started.into_iter().filter_map(Result::ok).collect();
     let calls = FLOOR_CALLS
@@ -367,7 +396,7 @@ async fn floor(rpc: Rpc, image: &str, dir: &Path, pods: usize, parallel: usize) 
     if let Some(Err(err)) = stopped.into_iter().find(Result::is_err) {
         return Err(format!("stopping a floor pod: {err}").into());
     }
-    Ok(Floor { start, stop, calls })
+    Ok(Floor { start, stop, calls, runtime_cpu_start })
 }
 
 enum Goal {

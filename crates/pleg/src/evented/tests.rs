@@ -296,6 +296,39 @@ mod schedule {
     }
 
     #[test]
+    fn a_relist_made_for_a_refresh_keeps_the_gap_and_covers_the_follow_ups_behind_it() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut schedule = HintSchedule::new(t0);
+        schedule.relisted(at(10));
+        // A hint at 500 ms: follow-ups at 510, 600, 750 and 1500 ms.
+        schedule.hint(at(500), ChangeHint::Changed);
+        // A pod worker's refresh relists at 505 ms: the first follow-up keeps the gap from it.
+        schedule.relisted(at(505));
+        assert_eq!(schedule.due(), Some(at(605)));
+        // Another at 620 ms covers the follow-ups at 510 and 600 ms; one older is old news.
+        schedule.relisted(at(620));
+        schedule.relisted(at(600));
+        assert_eq!(schedule.due(), Some(at(750)));
+    }
+
+    #[test]
+    fn plain_hints_after_an_exit_keep_the_plain_gap_once_its_dense_follow_ups_are_over() {
+        // An exit at 2000 ms (a teardown's), then a pod start's hints every 20 ms for a second.
+        let mut hints = vec![(2000, ChangeHint::Exited)];
+        hints.extend((0..50).map(|i| (2150 + i * 20, ChangeHint::Changed)));
+        let done = relists_of(&hints, 4000);
+        let starting: Vec<u64> = done.iter().copied().filter(|ms| (2150..3200).contains(ms)).collect();
+        assert!(
+            starting.windows(2).all(|w| Duration::from_millis(w[1] - w[0]) >= HINT_MIN_GAP),
+            "the exit's 25 ms gap ended with its follow-ups: {done:?}"
+        );
+        // A plain hint within the exit's dense follow-ups keeps them.
+        let done = relists_of(&[(2000, ChangeHint::Exited), (2030, ChangeHint::Changed)], 2200);
+        assert_eq!(done, [10, 110, 250, 1000, 2010, 2040, 2065, 2090, 2130], "{done:?}");
+    }
+
+    #[test]
     fn a_hint_soon_after_a_relist_waits_for_the_gap() {
         // A relist at 10 ms; a hint at 50 ms is due at 60 ms, but no sooner than 110 ms; each
         // follow-up keeps the gap too.

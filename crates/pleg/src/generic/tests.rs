@@ -246,7 +246,7 @@ async fn health_before_the_first_relist_and_after_the_threshold() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn run_relists_every_period_and_at_once_when_asked() {
+async fn run_relists_every_period_at_once_when_woken_and_refreshes_keep_a_gap_by_the_relists_cost() {
     let h = harness(Config::default());
     let cancel = CancellationToken::new();
     let task = tokio::spawn({
@@ -263,6 +263,30 @@ async fn run_relists_every_period_and_at_once_when_asked() {
     h.pleg.cache().request_refresh();
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert_eq!(h.runtime.calls_of(Method::GetPods).len(), 4, "nor does a pod worker's request through the cache");
+    // Relists that take 4 ms: a refresh waits until ten times that after the last one began.
+    h.runtime.set_latency(Method::GetPods, Duration::from_millis(4));
+    h.pleg.relist_now();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), 5);
+    assert_eq!(h.pleg.gap(), Duration::from_millis(40));
+    h.pleg.cache().request_refresh();
+    tokio::time::sleep(Duration::from_millis(28)).await;
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), 5, "a refresh 10 ms after a relist waits");
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), 6, "and goes 40 ms after that relist began");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    h.pleg.cache().request_refresh();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    h.pleg.relist_now();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), 7, "a wake-up while a refresh waits relists at once");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.runtime.calls_of(Method::GetPods).len(), 7, "and serves the waiting refresh");
+    // However long relists take, a refresh waits at most 100 ms.
+    h.runtime.set_latency(Method::GetPods, Duration::from_millis(30));
+    h.pleg.relist_now();
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert_eq!(h.pleg.gap(), Duration::from_millis(100));
     cancel.cancel();
     task.await.unwrap();
 }
