@@ -56,10 +56,10 @@ impl Default for Config {
 const HINT_FOLLOW_UPS: [Duration; 4] =
     [Duration::from_millis(10), Duration::from_millis(100), Duration::from_millis(250), Duration::from_millis(1000)];
 
-/// The most time between two relists that hints cause: a burst of hints (50 pods starting) makes
-/// a relist at most every 100 ms, not one per hint, each of which would inspect pods half-created
-/// and compete with the runtime for the node's CPUs. The gap is the generic PLEG's
-/// ([`GenericPleg::gap`]): shorter where relists cost little.
+/// The least time between two relists that hints cause, at its largest: a burst of hints (50 pods
+/// starting) makes a relist at most every 100 ms, not one per hint, each of which would inspect
+/// pods half-created and compete with the runtime for the node's CPUs. The gap is the generic
+/// PLEG's ([`GenericPleg::gap`]): shorter where relists cost little.
 const HINT_MIN_GAP: Duration = generic::MAX_RELIST_GAP;
 
 /// The follow-ups after an exit hint ([`ChangeHint::Exited`]): denser early on, because the
