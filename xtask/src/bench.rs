@@ -501,9 +501,8 @@ fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool)
 
     progress("starting the agent, with its kubelet API served");
     let agent_dir = dir.join("agent");
-    let config = kubelet_api_config(&agent_dir)?;
-    let cert_dir = agent_dir.join("pki");
-    let served = ["--config", path_str(&config)?, "--cert-dir", path_str(&cert_dir)?];
+    let served = harness::kubelet_api_served(&agent_dir)?;
+    let served: Vec<&str> = served.iter().map(String::as_str).collect();
     let mut agent = Agent::start(&binaries.agent, &agent_dir, &served)?;
     let measured = agent_figures(options, &mut agent, tool, &dir, largest);
     agent.stop(Duration::from_secs(10))?;
@@ -929,22 +928,6 @@ fn idle_windows(agent: &Agent, options: &Options) -> Result<Idle> {
         }
     }
     Ok(idle)
-}
-
-/// A configuration that serves the kubelet API on a free loopback port, as a node serves it,
-/// with no API server to ask: client certificates only, every authenticated request allowed.
-fn kubelet_api_config(agent_dir: &Path) -> Result<PathBuf> {
-    fs::create_dir_all(agent_dir)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let config = agent_dir.join("config.yaml");
-    fs::write(
-        &config,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 127.0.0.1\n\
-             port: {port}\nauthentication: {{webhook: {{enabled: false}}}}\nauthorization: {{mode: AlwaysAllow}}\n"
-        ),
-    )?;
-    Ok(config)
 }
 
 fn path_str(path: &Path) -> Result<&str> {

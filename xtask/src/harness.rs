@@ -161,6 +161,25 @@ pub(crate) fn write_manifest(dir: &Path, name: &str, content: &str) -> Result<()
     Ok(())
 }
 
+/// The agent's arguments to serve the kubelet API on a free loopback port, as a node serves it,
+/// with no API server to ask: a configuration file in `agent_dir` (client certificates only,
+/// every authenticated request allowed) and its serving certificate under `agent_dir/pki`.
+pub(crate) fn kubelet_api_served(agent_dir: &Path) -> Result<Vec<String>> {
+    fs::create_dir_all(agent_dir)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let config = agent_dir.join("config.yaml");
+    fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 127.0.0.1\n\
+             port: {port}\nauthentication: {{webhook: {{enabled: false}}}}\nauthorization: {{mode: AlwaysAllow}}\n"
+        ),
+    )?;
+    let path =
+        |path: PathBuf| path.to_str().map(str::to_owned).with_context(|| format!("{} is not UTF-8", path.display()));
+    Ok(vec!["--config".to_owned(), path(config)?, "--cert-dir".to_owned(), path(agent_dir.join("pki"))?])
+}
+
 /// The agent under test, started from the release binary with its files under `dir`.
 pub(crate) struct Agent {
     child: Child,
