@@ -26,8 +26,9 @@ use axum::{
     routing::{get, post},
 };
 use k8s_openapi::{
+    List,
     api::core::v1::{Container, Pod, PodSpec},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta},
 };
 use kubelet_core::{LoopHealth, Pleg, PodManager, PodUid, PodWorkers, Runtime, events::RingRecorder};
 use tokio_util::sync::CancellationToken;
@@ -109,8 +110,10 @@ impl<R: Runtime> ApiState<R> {
     }
 }
 
-fn pod_list(items: Vec<Pod>) -> serde_json::Value {
-    serde_json::json!({ "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items })
+/// A `PodList` of `items`, as upstream's `/pods` and `/runningpods/` answer: serialized straight
+/// from the pods, not through a JSON value tree, which doubled the work of every read.
+fn pod_list(items: Vec<Pod>) -> Json<List<Pod>> {
+    Json(List { items, metadata: ListMeta::default() })
 }
 
 impl<R: Runtime> ApiState<R> {
@@ -138,7 +141,7 @@ async fn healthz<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response 
     }
 }
 
-async fn pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Json<serde_json::Value> {
+async fn pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Json<List<Pod>> {
     let items = state
         .pods
         .pods()
@@ -151,7 +154,7 @@ async fn pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Json<serde_j
             pod
         })
         .collect();
-    Json(pod_list(items))
+    pod_list(items)
 }
 
 async fn running_pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response {
@@ -177,7 +180,7 @@ async fn running_pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Resp
                     ..Pod::default()
                 })
                 .collect();
-            Json(pod_list(items)).into_response()
+            pod_list(items).into_response()
         }
         Err(err) => {
             (StatusCode::INTERNAL_SERVER_ERROR, format!("listing the runtime's pods failed: {err}")).into_response()
@@ -487,6 +490,32 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_list_is_upstreams_with_each_pod_whole() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+            "spec": {"containers": [{"name": "app", "image": "busybox"}]},
+            "status": {"phase": "Running"},
+        }))
+        .unwrap();
+        let Json(list) = pod_list(vec![pod]);
+        assert_eq!(
+            serde_json::to_value(&list).unwrap(),
+            serde_json::json!({
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {},
+                "items": [{
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+                    "spec": {"containers": [{"name": "app", "image": "busybox"}]},
+                    "status": {"phase": "Running"},
+                }],
+            })
+        );
+    }
 
     #[test]
     fn the_probe_metrics_are_their_families_alone() {
