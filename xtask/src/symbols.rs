@@ -77,8 +77,8 @@ fn profile(agent: &Path) -> Result<(Vec<String>, Vec<String>)> {
         "--compress-pos=no".to_owned(),
         format!("--callgrind-out-file={}", out.display()),
     ];
-    // Serving the kubelet API, as a node and the bench's agent do: unlisted, its server's and
-    // certificate's functions kept 1.5 MiB more of the idle agent's code resident.
+    // Serving the kubelet API, as a node and the bench's agent do, so that the functions of its
+    // server and serving certificate are listed too.
     let agent_dir = dir.join("agent");
     let served = harness::kubelet_api_served(&agent_dir)?;
     let served: Vec<&str> = served.iter().map(String::as_str).collect();
