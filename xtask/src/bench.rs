@@ -469,12 +469,47 @@ fn progress(line: &str) {
 fn measure(options: &Options) -> Result<Results> {
     let binaries = harness::build(options.profile)?;
     let tool = CriTool::new(binaries.cri_tool.clone());
+    runtime_holds_only_bench_pods(&tool)?;
     let cgroups_before = leaks::pod_cgroups();
     let measured = measure_with(options, &binaries, &tool);
     if measured.is_err() {
         remove_leftover_pods(&tool, &cgroups_before);
     }
     measured
+}
+
+/// Refuses a runtime that holds sandboxes the bench did not make, and removes the ones an earlier
+/// run of its own left: the bench's agent lists every sandbox at start and removes the ones that
+/// are not its pods', and the runtime works for them meanwhile, which skews the figures (a run
+/// on a runtime holding the stopped sandboxes of pods run by hand had twice the anonymous
+/// memory at 0 pods of a run on an empty one).
+fn runtime_holds_only_bench_pods(tool: &CriTool) -> Result<()> {
+    let held = tool.sandboxes_by_namespace()?;
+    let foreign = foreign_sandboxes(&held);
+    if !foreign.is_empty() {
+        bail!(
+            "the runtime holds sandboxes the bench did not make ({}), which its agent would list and remove while \
+             it measures; stop whatever made them and run `cargo xtask runtime stop` (the runtime's state is \
+             on a tmpfs of its own: it starts again empty)",
+            foreign.join(", ")
+        );
+    }
+    for namespace in OWN_NAMESPACES.into_iter().filter(|namespace| held.contains_key(*namespace)) {
+        progress(&format!("removing the sandboxes an earlier run left in namespace {namespace}"));
+        tool.remove_pods_of(namespace)?;
+    }
+    Ok(())
+}
+
+/// The namespaces of the pods the bench makes: its agent's and the floor's.
+const OWN_NAMESPACES: [&str; 2] = [harness::NAMESPACE, harness::FLOOR_NAMESPACE];
+
+/// The sandboxes of `held` (counts by namespace) that are not the bench's, one phrase each.
+fn foreign_sandboxes(held: &BTreeMap<String, usize>) -> Vec<String> {
+    held.iter()
+        .filter(|(namespace, _)| !OWN_NAMESPACES.contains(&namespace.as_str()))
+        .map(|(namespace, count)| format!("{count} of namespace {namespace:?}"))
+        .collect()
 }
 
 /// Removes the pods a failed run left on the runtime: their sandboxes through the runtime,
@@ -1325,6 +1360,18 @@ mod tests {
                 .contains("| each ≤ 2.00 | no (by 77.1) |")
         );
         assert_eq!(Figure::new("x", "s", &[0.02, 1.9]).target(Target::EachAtMost(2.0)).met(), Some(true));
+    }
+
+    #[test]
+    fn sandboxes_of_other_namespaces_are_named() {
+        let held = BTreeMap::from([
+            (harness::NAMESPACE.to_owned(), 3),
+            (harness::FLOOR_NAMESPACE.to_owned(), 1),
+            ("hand".to_owned(), 2),
+            (String::new(), 1),
+        ]);
+        assert_eq!(foreign_sandboxes(&held), [r#"1 of namespace """#, r#"2 of namespace "hand""#]);
+        assert!(foreign_sandboxes(&BTreeMap::from([(harness::NAMESPACE.to_owned(), 1)])).is_empty());
     }
 
     #[test]

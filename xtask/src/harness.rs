@@ -21,6 +21,8 @@ use crate::{
 
 /// The namespace of every pod the harness writes.
 pub(crate) const NAMESPACE: &str = "kubelet-rs-bench";
+/// The namespace of the pods `cri_bench floor` makes.
+pub(crate) const FLOOR_NAMESPACE: &str = "kubelet-rs-floor";
 /// The agent's node name (`--hostname-override`), which static pods' names end with.
 pub(crate) const NODE: &str = "bench";
 
@@ -629,7 +631,19 @@ impl CriTool {
 
     /// Stops and removes every sandbox of the harness namespace.
     pub(crate) fn remove_namespace(&self) -> Result<()> {
-        output(Command::new(&self.path).args(["clean", &endpoint(), "--namespace", NAMESPACE])).map(drop)
+        self.remove_pods_of(NAMESPACE)
+    }
+
+    /// Stops and removes every sandbox of `namespace`.
+    pub(crate) fn remove_pods_of(&self, namespace: &str) -> Result<()> {
+        output(Command::new(&self.path).args(["clean", &endpoint(), "--namespace", namespace])).map(drop)
+    }
+
+    /// Every sandbox the runtime holds, ready or not, counted by its pod's namespace ("" for a
+    /// sandbox without one).
+    pub(crate) fn sandboxes_by_namespace(&self) -> Result<BTreeMap<String, usize>> {
+        let out = output(Command::new(&self.path).args(["namespaces", &endpoint()]))?;
+        serde_json::from_str(out.trim()).context("decoding the runtime's sandboxes by namespace")
     }
 
     /// `times` round trips of the runtime's own ExecSync (`true`) in a running container of the

@@ -16,6 +16,9 @@
 //!     pods in NS run, or no sandbox of NS is ready any more
 //! cri_bench state  ENDPOINT --namespace NS
 //!     the pods of NS as JSON: ready sandboxes and running containers per pod UID
+//! cri_bench namespaces ENDPOINT
+//!     every sandbox the runtime holds, ready or not, counted by its pod's namespace, as JSON
+//!     (`{"NS": N}`; a sandbox without the namespace label under "")
 //! cri_bench kill   ENDPOINT --namespace NS
 //!     stops every running container of NS at once (no grace), as a crash would, and prints the
 //!     Unix time the runtime confirmed it
@@ -97,7 +100,7 @@ fn number(args: &[String], name: &str) -> Result<usize, BoxError> {
 
 async fn run(args: &[String]) -> Result<(), BoxError> {
     let (Some(command), Some(endpoint)) = (args.first(), args.get(1)) else {
-        return Err("usage: cri_bench floor|watch|state|kill|clean|exec|probe ENDPOINT [options]".into());
+        return Err("usage: cri_bench floor|watch|state|namespaces|kill|clean|exec|probe ENDPOINT [options]".into());
     };
     let client = Client::connect(&Config::new(endpoint.as_str()))?;
     let rpc = client.runtime_service();
@@ -149,6 +152,16 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
                 .collect();
             println!("{}", serde_json::Value::Object(json));
         }
+        "namespaces" => {
+            let mut rpc = rpc;
+            let sandboxes = rpc.list_pod_sandbox(pb::ListPodSandboxRequest { filter: None }).await?.into_inner().items;
+            let mut counts = BTreeMap::<String, usize>::new();
+            for sandbox in sandboxes {
+                let namespace = sandbox.labels.get(labels::POD_NAMESPACE).cloned().unwrap_or_default();
+                *counts.entry(namespace).or_default() += 1;
+            }
+            println!("{}", serde_json::json!(counts));
+        }
         "kill" => {
             let namespace = required(args, "--namespace")?;
             let mut rpc = rpc;
@@ -192,7 +205,10 @@ async fn run(args: &[String]) -> Result<(), BoxError> {
             probe::run_until_killed(rpc, required(args, "--namespace")?, &ports).await?;
         }
         other => {
-            return Err(format!("unknown command {other:?}: floor, watch, state, kill, clean, exec or probe").into());
+            return Err(format!(
+                "unknown command {other:?}: floor, watch, state, namespaces, kill, clean, exec or probe"
+            )
+            .into());
         }
     }
     Ok(())
@@ -212,13 +228,16 @@ fn unix_now() -> f64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
 }
 
-/// One pod of the floor: a name in namespace `kubelet-rs-floor` and a fresh UID.
+/// The namespace of the floor's pods.
+const FLOOR_NAMESPACE: &str = "kubelet-rs-floor";
+
+/// One pod of the floor: a name in [`FLOOR_NAMESPACE`] and a fresh UID.
 fn floor_pod(index: usize) -> Pod {
     let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos();
     Pod {
         metadata: ObjectMeta {
             name: Some(format!("floor-{index}")),
-            namespace: Some("kubelet-rs-floor".into()),
+            namespace: Some(FLOOR_NAMESPACE.into()),
             uid: Some(format!("floor-{index}-{nanos}")),
             labels: Some(BTreeMap::from([("kubelet-rs.bench".into(), "floor".into())])),
             ..ObjectMeta::default()
