@@ -4,8 +4,8 @@ use k8s_openapi::jiff::Timestamp;
 use kubelet_core::{
     PodUid,
     runtime::{
-        Container, ContainerState, ContainerStats, ContainerStatus, InterfaceStats, NetworkMode, PodNetworkStats,
-        Sandbox, SandboxState, SandboxStatus,
+        ContainerState, ContainerStats, ContainerStatus, InterfaceStats, NetworkMode, PodNetworkStats, SandboxState,
+        SandboxStatus,
     },
 };
 
@@ -70,28 +70,12 @@ pub(crate) fn pod_uid(labels: &std::collections::HashMap<String, String>) -> Opt
     labels.get(labels::POD_UID).filter(|u| !u.is_empty()).map(PodUid::new)
 }
 
-pub(crate) fn sandbox(s: &pb::PodSandbox) -> Sandbox {
-    let mut sandbox = Sandbox::new(&s.id, s.metadata.as_ref().map_or(0, |m| m.attempt), sandbox_state(s.state));
-    sandbox.created_at = timestamp(s.created_at);
-    sandbox
-}
-
 /// A container's name: its label, else the CRI metadata's name.
 fn container_name(
     labels: &std::collections::HashMap<String, String>,
     metadata: Option<&pb::ContainerMetadata>,
 ) -> String {
     labels.get(labels::CONTAINER_NAME).cloned().or_else(|| metadata.map(|m| m.name.clone())).unwrap_or_default()
-}
-
-pub(crate) fn container(c: &pb::Container) -> Container {
-    let name = container_name(&c.labels, c.metadata.as_ref());
-    let mut container = Container::new(&c.id, name, container_state(c.state));
-    container.image = c.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
-    container.image_id = c.image_ref.clone();
-    container.hash = labels::hash_of(&c.annotations);
-    container.created_at = timestamp(c.created_at);
-    container
 }
 
 pub(crate) fn sandbox_status(s: &pb::PodSandboxStatus) -> SandboxStatus {

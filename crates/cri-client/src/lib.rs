@@ -43,6 +43,7 @@ mod convert;
 pub mod hosts;
 mod instrument;
 pub mod labels;
+mod listing;
 pub mod log_rotation;
 pub mod manager;
 pub mod sandbox;
@@ -256,6 +257,8 @@ fn unix_channel(endpoint: &str, config: &Config) -> Result<Channel, Error> {
 #[derive(Clone, Debug)]
 pub struct Client {
     runtime: pb::runtime_service_client::RuntimeServiceClient<instrument::Instrumented>,
+    /// The runtime service's channel, for the calls whose answers [`listing`] decodes.
+    runtime_channel: instrument::Instrumented,
     image: pb::image_service_client::ImageServiceClient<instrument::Instrumented>,
     /// The runtime's socket, unmeasured, for containerd's own event service.
     containerd: Channel,
@@ -284,15 +287,12 @@ impl Client {
 
     fn with_timeout(runtime: Channel, image: Channel, timeout: Option<std::time::Duration>) -> Self {
         let unimplemented = instrument::Unimplemented::default();
+        let runtime_channel = instrument::Instrumented::new(runtime.clone(), unimplemented.clone(), timeout);
         Client {
-            containerd: runtime.clone(),
-            runtime: pb::runtime_service_client::RuntimeServiceClient::new(instrument::Instrumented::new(
-                runtime,
-                unimplemented.clone(),
-                timeout,
-            ))
-            .max_decoding_message_size(MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            containerd: runtime,
+            runtime: pb::runtime_service_client::RuntimeServiceClient::new(runtime_channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
             image: pb::image_service_client::ImageServiceClient::new(instrument::Instrumented::new(
                 image,
                 unimplemented.clone(),
@@ -300,6 +300,7 @@ impl Client {
             ))
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            runtime_channel,
             unimplemented,
         }
     }
@@ -307,6 +308,27 @@ impl Client {
     /// The generated runtime service client, for calls this crate does not wrap yet.
     pub fn runtime_service(&self) -> pb::runtime_service_client::RuntimeServiceClient<CriChannel> {
         self.runtime.clone()
+    }
+
+    /// A unary call of the runtime service at `path` whose answer is decoded as `Answer`: one of
+    /// [`listing`]'s messages, which read the generated answer's bytes.
+    pub(crate) async fn runtime_call<Request, Answer>(
+        &self,
+        path: &'static str,
+        request: Request,
+    ) -> Result<Answer, tonic::Status>
+    where
+        Request: prost::Message + Send + 'static,
+        Answer: prost::Message + Default + Send + 'static,
+    {
+        let mut grpc =
+            tonic::client::Grpc::new(self.runtime_channel.clone()).max_decoding_message_size(MAX_MESSAGE_SIZE);
+        grpc.ready()
+            .await
+            .map_err(|err| tonic::Status::unknown(format!("the runtime's channel is not ready: {err}")))?;
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+        let codec = listing::ListingCodec::<Request, Answer>::default();
+        Ok(grpc.unary(tonic::Request::new(request), path, codec).await?.into_inner())
     }
 
     /// The generated image service client, for calls this crate does not wrap yet.

@@ -340,6 +340,34 @@ impl CriRuntime {
             .containers)
     }
 
+    /// `ListPodSandbox` decoded for a listing of pods ([`listing`](crate::listing)).
+    async fn list_listed_sandboxes(
+        &self,
+        filter: Option<pb::PodSandboxFilter>,
+    ) -> Result<Vec<crate::listing::ListedSandbox>, Error> {
+        let request = pb::ListPodSandboxRequest { filter };
+        let answer: crate::listing::ListedSandboxes = self
+            .client
+            .runtime_call("/runtime.v1.RuntimeService/ListPodSandbox", request)
+            .await
+            .map_err(|s| Error::status("ListPodSandbox", s))?;
+        Ok(answer.items)
+    }
+
+    /// `ListContainers` decoded for a listing of pods ([`listing`](crate::listing)).
+    async fn list_listed_containers(
+        &self,
+        filter: Option<pb::ContainerFilter>,
+    ) -> Result<Vec<crate::listing::ListedContainer>, Error> {
+        let request = pb::ListContainersRequest { filter };
+        let answer: crate::listing::ListedContainers = self
+            .client
+            .runtime_call("/runtime.v1.RuntimeService/ListContainers", request)
+            .await
+            .map_err(|s| Error::status("ListContainers", s))?;
+        Ok(answer.containers)
+    }
+
     fn uid_selector(uid: &PodUid) -> HashMap<String, String> {
         HashMap::from([(labels::POD_UID.to_owned(), uid.to_string())])
     }

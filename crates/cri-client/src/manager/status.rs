@@ -88,32 +88,22 @@ pub(super) async fn get_pods(rt: &CriRuntime, all: bool) -> Result<Vec<runtime::
         ..Default::default()
     });
     let (sandboxes, containers) =
-        futures::try_join!(rt.list_sandboxes(sandbox_filter), rt.list_containers(container_filter))?;
+        futures::try_join!(rt.list_listed_sandboxes(sandbox_filter), rt.list_listed_containers(container_filter))?;
     let mut pods: BTreeMap<PodUid, runtime::Pod> = BTreeMap::new();
-    let mut created: HashMap<String, i64> = HashMap::new();
-    for s in &sandboxes {
-        let Some(uid) = convert::pod_uid(&s.labels) else { continue };
-        let entry = pods.entry(uid.clone()).or_insert_with(|| {
-            let name = s.labels.get(labels::POD_NAME).cloned().unwrap_or_default();
-            let namespace = s.labels.get(labels::POD_NAMESPACE).cloned().unwrap_or_default();
-            runtime::Pod::new(uid, name, namespace)
-        });
-        created.insert(s.id.clone(), s.created_at);
-        entry.sandboxes.push(convert::sandbox(s));
+    for s in sandboxes {
+        let Some(uid) = s.pod_uid() else { continue };
+        let entry = pods.entry(uid.clone()).or_insert_with(|| s.empty_pod(uid));
+        entry.sandboxes.push(s.into_sandbox());
     }
-    for c in &containers {
-        let Some(uid) = convert::pod_uid(&c.labels) else { continue };
-        let entry = pods.entry(uid.clone()).or_insert_with(|| {
-            let name = c.labels.get(labels::POD_NAME).cloned().unwrap_or_default();
-            let namespace = c.labels.get(labels::POD_NAMESPACE).cloned().unwrap_or_default();
-            runtime::Pod::new(uid, name, namespace)
-        });
-        created.insert(c.id.clone(), c.created_at);
-        entry.containers.push(convert::container(c));
+    for c in containers {
+        let Some(uid) = c.pod_uid() else { continue };
+        let entry = pods.entry(uid.clone()).or_insert_with(|| c.empty_pod(uid));
+        entry.containers.push(c.into_container());
     }
+    // Newest first; one without a creation time last.
     for pod in pods.values_mut() {
-        pod.sandboxes.sort_by_key(|s| std::cmp::Reverse(created.get(&s.id).copied().unwrap_or(0)));
-        pod.containers.sort_by_key(|c| std::cmp::Reverse(created.get(&c.id).copied().unwrap_or(0)));
+        pod.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        pod.containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
     }
     Ok(pods.into_values().collect())
 }
