@@ -78,6 +78,8 @@ pub struct ApiState<R> {
     pub events: Arc<RingRecorder>,
     /// The runtime's health from the status poll, for `/healthz`.
     pub runtime_state: Arc<kubelet_core::RuntimeState>,
+    /// What `/pods` made of each pod.
+    pods_json: PodsJson,
 }
 
 impl<R: Runtime> ApiState<R> {
@@ -99,6 +101,7 @@ impl<R: Runtime> ApiState<R> {
             pod_logs_dir: pod_logs_dir.into(),
             events,
             runtime_state: agent.runtime_state().clone(),
+            pods_json: PodsJson::default(),
         }
     }
 
@@ -141,20 +144,70 @@ async fn healthz<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response 
     }
 }
 
-async fn pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Json<List<Pod>> {
-    let items = state
-        .pods
-        .pods()
-        .into_iter()
-        .map(|pod| {
-            let mut pod = (*pod).clone();
-            if let Some(stored) = state.statuses.get(&PodUid::of(&pod)) {
-                pod.status = Some(stored.status);
+async fn pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response {
+    let json = state.pods_json.list(state.pods.pods(), &state.statuses);
+    ([(header::CONTENT_TYPE, "application/json")], json).into_response()
+}
+
+/// What `/pods` made of each pod: its JSON with its stored status, kept while neither changes.
+/// A client that polls `/pods` (monitoring agents do, and the bench does every 10 ms while pods
+/// start) then costs the agent a copy and a serialization of the pods that changed since, not
+/// of every pod: a read of 110 pods took 2.0 ms of the agent's CPU when each was copied and
+/// serialized anew.
+#[derive(Default)]
+struct PodsJson(std::sync::Mutex<std::collections::HashMap<PodUid, PodJson>>);
+
+/// One pod's entry in [`PodsJson`]: the pod it was made from (the same `Arc` while the pod is
+/// not updated), the stamp of the status it holds, and the JSON.
+struct PodJson {
+    pod: Arc<Pod>,
+    status_stamp: Option<u64>,
+    json: Vec<u8>,
+}
+
+impl PodsJson {
+    /// The `PodList` of `pods`, each with its status from `statuses`, as JSON: the same document
+    /// as [`pod_list`] serializes.
+    fn list(&self, pods: Vec<Arc<Pod>>, statuses: &StatusStore) -> Vec<u8> {
+        let mut kept = crate::lock(&self.0);
+        let mut made = std::collections::HashMap::with_capacity(pods.len());
+        let mut json = Vec::with_capacity(kept.values().map(|entry| entry.json.len() + 1).sum::<usize>() + 64);
+        json.extend_from_slice(br#"{"apiVersion":"v1","kind":"PodList","items":["#);
+        for (i, pod) in pods.into_iter().enumerate() {
+            let uid = PodUid::of(&pod);
+            let stamp = statuses.stamp(&uid);
+            let entry = match kept.remove(&uid) {
+                Some(entry) if Arc::ptr_eq(&entry.pod, &pod) && entry.status_stamp == stamp => entry,
+                _ => PodJson::of(pod, statuses.get(&uid)),
+            };
+            if i > 0 {
+                json.push(b',');
             }
-            pod
-        })
-        .collect();
-    pod_list(items)
+            json.extend_from_slice(&entry.json);
+            made.insert(uid, entry);
+        }
+        json.extend_from_slice(br#"],"metadata":{}}"#);
+        // Only the pods listed now are kept.
+        *kept = made;
+        json
+    }
+}
+
+impl PodJson {
+    fn of(pod: Arc<Pod>, stored: Option<crate::status_store::StoredStatus>) -> PodJson {
+        let status_stamp = stored.as_ref().map(|stored| stored.stamp);
+        let mut with_status = (*pod).clone();
+        if let Some(stored) = stored {
+            with_status.status = Some(stored.status);
+        }
+        // A pod has string keys and no floats, so this does not fail; if it did, the list
+        // stays a valid document.
+        let json = serde_json::to_vec(&with_status).unwrap_or_else(|err| {
+            tracing::warn!(pod.uid = %PodUid::of(&pod), "a pod did not serialize for /pods: {err}");
+            b"{}".to_vec()
+        });
+        PodJson { pod, status_stamp, json }
+    }
 }
 
 async fn running_pods<R: Runtime>(State(state): State<Arc<ApiState<R>>>) -> Response {
@@ -515,6 +568,69 @@ mod tests {
                 }],
             })
         );
+    }
+
+    fn pod_named(name: &str, image: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+                "spec": {"containers": [{"name": "app", "image": image}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn phase(phase: &str) -> k8s_openapi::api::core::v1::PodStatus {
+        k8s_openapi::api::core::v1::PodStatus { phase: Some(phase.into()), ..Default::default() }
+    }
+
+    /// What `pod_list` serializes of `pods`, each with its stored status.
+    fn expected(pods: &[Arc<Pod>], statuses: &StatusStore) -> serde_json::Value {
+        let items = pods
+            .iter()
+            .map(|pod| {
+                let mut pod = (**pod).clone();
+                pod.status = statuses.get(&PodUid::of(&pod)).map(|stored| stored.status);
+                pod
+            })
+            .collect();
+        serde_json::to_value(pod_list(items).0).unwrap()
+    }
+
+    fn listed(json: &PodsJson, pods: &[Arc<Pod>], statuses: &StatusStore) -> serde_json::Value {
+        serde_json::from_slice(&json.list(pods.to_vec(), statuses)).unwrap()
+    }
+
+    #[test]
+    fn the_pods_json_kept_is_made_again_when_a_pod_or_its_status_changes() {
+        let (statuses, json) = (StatusStore::new(), PodsJson::default());
+        let (web, db) = (pod_named("web", "nginx"), pod_named("db", "postgres"));
+        statuses.set(&web, phase("Pending"));
+        let mut pods = vec![web.clone(), db.clone()];
+        assert_eq!(listed(&json, &pods, &statuses), expected(&pods, &statuses));
+        // Read again unchanged, then with one status changed, and with a status set first.
+        assert_eq!(listed(&json, &pods, &statuses), expected(&pods, &statuses));
+        statuses.set(&web, phase("Running"));
+        statuses.set(&db, phase("Pending"));
+        let now = listed(&json, &pods, &statuses);
+        assert_eq!(now, expected(&pods, &statuses));
+        assert_eq!(now["items"][0]["status"]["phase"], "Running");
+        // A status removed and set again starts its version again, at the version listed last;
+        // its stamp does not.
+        statuses.remove(&PodUid::of(&web));
+        statuses.set(&web, phase("Pending"));
+        assert_eq!(listed(&json, &pods, &statuses)["items"][0]["status"]["phase"], "Pending");
+        statuses.remove(&PodUid::of(&web));
+        statuses.set(&web, phase("Failed"));
+        assert_eq!(statuses.get(&PodUid::of(&web)).unwrap().version, 1);
+        assert_eq!(listed(&json, &pods, &statuses)["items"][0]["status"]["phase"], "Failed");
+        // An updated pod (a new `Arc`) with the same status, and a pod gone.
+        pods = vec![pod_named("web", "nginx:2")];
+        let now = listed(&json, &pods, &statuses);
+        assert_eq!(now, expected(&pods, &statuses));
+        assert_eq!(now["items"][0]["spec"]["containers"][0]["image"], "nginx:2");
+        assert_eq!(now["items"].as_array().unwrap().len(), 1);
+        assert_eq!(crate::lock(&json.0).len(), 1, "only the pods listed are kept");
     }
 
     #[test]

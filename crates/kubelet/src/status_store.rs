@@ -37,6 +37,10 @@ pub struct StoredStatus {
     pub status: ApiPodStatus,
     /// Nothing of the pod runs and its volumes are gone ([`StatusStore::terminated`]).
     pub terminated: bool,
+    /// The store's generation when this status was set: it moves with every change of the
+    /// status and, unlike `version`, never comes back once the status is removed and set again,
+    /// so what a reader made of a status stays true while its stamp is the same.
+    pub stamp: u64,
 }
 
 /// Versioned statuses by pod UID.
@@ -61,17 +65,12 @@ fn terminated(s: &ContainerStatus) -> Option<i32> {
 /// Whether the transition from `old` to `new` is legal (upstream `checkContainerStateTransition`):
 /// a terminated container may not come back to life unless its restart policy restarts it.
 fn legal_transition(old: &ApiPodStatus, new: &ApiPodStatus, restart_policy: &str) -> bool {
-    let pairs = |o: &Option<Vec<ContainerStatus>>, n: &Option<Vec<ContainerStatus>>| {
-        let old: Vec<ContainerStatus> = o.clone().unwrap_or_default();
-        let new: Vec<ContainerStatus> = n.clone().unwrap_or_default();
-        old.into_iter()
-            .filter_map(move |o| new.iter().find(|n| n.name == o.name).cloned().map(|n| (o, n)))
-            .collect::<Vec<_>>()
-    };
-    for (o, n) in pairs(&old.container_statuses, &new.container_statuses) {
-        let Some(code) = terminated(&o) else { continue };
+    let new_statuses = new.container_statuses.as_deref().unwrap_or_default();
+    for o in old.container_statuses.as_deref().unwrap_or_default() {
+        let Some(code) = terminated(o) else { continue };
+        let Some(n) = new_statuses.iter().find(|n| n.name == o.name) else { continue };
         let restarts = restart_policy == "Always" || (restart_policy == "OnFailure" && code != 0);
-        if terminated(&n).is_none() && !restarts {
+        if terminated(n).is_none() && !restarts {
             return false;
         }
     }
@@ -113,8 +112,8 @@ impl StatusStore {
             None => 1,
         };
         let terminated = statuses.get(&uid).is_some_and(|old| old.terminated);
-        statuses.insert(uid, StoredStatus { version, status: status.clone(), terminated });
-        self.moved();
+        let stamp = self.moved();
+        statuses.insert(uid, StoredStatus { version, status: status.clone(), terminated, stamp });
         drop(statuses);
         for sink in lock(&self.sinks).iter() {
             sink.status_changed(pod, &status, version);
@@ -136,6 +135,11 @@ impl StatusStore {
     /// The stored status of `uid`.
     pub fn get(&self, uid: &PodUid) -> Option<StoredStatus> {
         lock(&self.statuses).get(uid).cloned()
+    }
+
+    /// The [`stamp`](StoredStatus::stamp) of `uid`'s stored status, without a copy of it.
+    pub fn stamp(&self, uid: &PodUid) -> Option<u64> {
+        lock(&self.statuses).get(uid).map(|stored| stored.stamp)
     }
 
     /// The phase of `uid`'s stored status, without a copy of the rest: admission asks it of
@@ -160,8 +164,9 @@ impl StatusStore {
         self.generation.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn moved(&self) {
-        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    /// Moves the generation; its new value.
+    fn moved(&self) -> u64 {
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
     }
 
     /// Every UID with a stored status.
