@@ -138,10 +138,30 @@ fn wait_running(agent: &mut Agent, pods: usize, started: Instant, counted_before
             bail!("the hollow agent exited; see {}", agent.dir.join("agent.log").display());
         }
         if started.elapsed() > limit {
-            bail!("{pods} hollow pods were not all Running in /pods within {limit:?}");
+            bail!(
+                "{pods} hollow pods were not all Running in /pods within {limit:?}: the start metric counted {} \
+                 of them, /pods lists {}",
+                counted - counted_before,
+                phases_in_pods(agent)
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// How many of the pods `/pods` lists are in each phase ("3 Pending, 9997 Running"), or why it
+/// could not be read: a failed wait says which of its two figures stayed short.
+fn phases_in_pods(agent: &Agent) -> String {
+    let pods = match agent.pods() {
+        Ok(pods) => pods,
+        Err(err) => return format!("nothing ({err:#})"),
+    };
+    let mut phases = std::collections::BTreeMap::<String, usize>::new();
+    for (_, phase) in pods {
+        *phases.entry(phase).or_default() += 1;
+    }
+    let counts: Vec<String> = phases.iter().map(|(phase, count)| format!("{count} {phase}")).collect();
+    if counts.is_empty() { "no pod".to_owned() } else { counts.join(", ") }
 }
 
 /// The table's rows of one hollow node.
