@@ -327,7 +327,6 @@ impl Agent {
         Ok((restarts, all_running))
     }
 
-    /// Pods of the harness namespace that are Running in `/pods`.
     /// How many of the bench's pods have the Ready condition True in `/pods`.
     pub(crate) fn ready(&self) -> Result<usize> {
         let (code, body) = get(&self.socket(), "/pods")?;
@@ -345,6 +344,7 @@ impl Agent {
             .map_or(0, |items| items.iter().filter(|p| p["metadata"]["namespace"] == NAMESPACE).filter(ready).count()))
     }
 
+    /// Pods of the harness namespace that are Running in `/pods`; none when `/pods` cannot be read.
     pub(crate) fn running(&self) -> usize {
         self.pods().map(|pods| pods.iter().filter(|(_, phase)| phase == "Running").count()).unwrap_or(0)
     }

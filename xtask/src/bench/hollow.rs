@@ -138,9 +138,10 @@ fn wait_running(agent: &mut Agent, pods: usize, started: Instant, counted_before
             bail!("the hollow agent exited; see {}", agent.dir.join("agent.log").display());
         }
         if started.elapsed() > limit {
+            let kept = keep_answers(agent, pods);
             bail!(
                 "{pods} hollow pods were not all Running in /pods within {limit:?}: the start metric counted {} \
-                 of them, /pods lists {}",
+                 of them, /pods lists {}; {kept}",
                 counted - counted_before,
                 phases_in_pods(agent)
             );
@@ -162,6 +163,24 @@ fn phases_in_pods(agent: &Agent) -> String {
     }
     let counts: Vec<String> = phases.iter().map(|(phase, count)| format!("{count} {phase}")).collect();
     if counts.is_empty() { "no pod".to_owned() } else { counts.join(", ") }
+}
+
+/// Keeps the agent's `/pods` and `/metrics` answers as they are at a failed wait, beside its log
+/// in `target/bench/logs/` (the run's tmpfs goes with the agent), and says where they are.
+fn keep_answers(agent: &Agent, pods: usize) -> String {
+    let keep = || -> Result<std::path::PathBuf> {
+        let logs = crate::util::project_root()?.join("target/bench/logs");
+        fs::create_dir_all(&logs)?;
+        for (path, file) in [("/pods", "pods.json"), ("/metrics", "metrics.txt")] {
+            let (_, body) = harness::get(&agent.socket(), path)?;
+            fs::write(logs.join(format!("hollow-{pods}-{file}")), body)?;
+        }
+        Ok(logs)
+    };
+    match keep() {
+        Ok(logs) => format!("its /pods and /metrics are kept in {}", logs.display()),
+        Err(err) => format!("its /pods and /metrics could not be kept: {err:#}"),
+    }
 }
 
 /// The table's rows of one hollow node.
