@@ -87,8 +87,9 @@ pub(crate) fn build(profile: Profile) -> Result<Binaries> {
         let mut agent = Command::new(&cargo);
         agent.current_dir(&root).args(["rustc", "--profile", profile.name(), "--locked", "-p", "kubelet-rs"]);
         agent.args(["--bin", "kubelet-rs"]);
-        let order = root.join(crate::symbols::ORDER_FILE);
-        if profile == Profile::Dist && order.exists() {
+        if profile == Profile::Dist
+            && let Some(order) = symbol_ordering(&root)?
+        {
             // What ships lays out the functions start-up and idling run together (`symbols.rs`).
             agent.arg("--").arg(format!("-Clink-arg=-Wl,--symbol-ordering-file={}", order.display()));
         }
@@ -113,6 +114,26 @@ pub(crate) fn build(profile: Profile) -> Result<Binaries> {
         cri_tool: root.join("target/debug/examples/cri_bench"),
         api_tool: root.join("target/debug/examples/api_bench"),
     })
+}
+
+/// The symbol ordering to link the `dist` agent by, if the repository has one: a copy of
+/// [`crate::symbols::ORDER_FILE`] under `target/` named by a hash of its content. Cargo does not
+/// know the linker reads the file, so a list written again would not link the agent again under
+/// the same name; a new name changes the build's arguments, which cargo does compare.
+fn symbol_ordering(root: &Path) -> Result<Option<PathBuf>> {
+    use std::hash::{Hash, Hasher};
+
+    let Ok(content) = fs::read(root.join(crate::symbols::ORDER_FILE)) else {
+        return Ok(None);
+    };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    content.hash(&mut hasher);
+    let copy = root.join(format!("target/dist-symbol-order-{:016x}.txt", hasher.finish()));
+    if !copy.exists() {
+        fs::create_dir_all(root.join("target"))?;
+        fs::write(&copy, &content)?;
+    }
+    Ok(Some(copy))
 }
 
 /// The CRI endpoint of the project's containerd.
@@ -715,6 +736,23 @@ pub(crate) fn load() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_symbol_ordering_written_again_is_linked_under_a_new_name() {
+        let root = std::env::temp_dir().join(format!("xtask-harness-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        assert_eq!(symbol_ordering(&root).unwrap(), None, "no list, no ordering");
+        fs::create_dir_all(root.join("xtask")).unwrap();
+        fs::write(root.join(crate::symbols::ORDER_FILE), "_ZN4main\n").unwrap();
+        let first = symbol_ordering(&root).unwrap().unwrap();
+        assert_eq!(fs::read_to_string(&first).unwrap(), "_ZN4main\n");
+        assert_eq!(symbol_ordering(&root).unwrap(), Some(first.clone()), "the same list, the same name");
+        fs::write(root.join(crate::symbols::ORDER_FILE), "_ZN4main\n_ZN4idle\n").unwrap();
+        let second = symbol_ordering(&root).unwrap().unwrap();
+        assert_ne!(first, second);
+        assert_eq!(fs::read_to_string(&second).unwrap(), "_ZN4main\n_ZN4idle\n");
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn cpu_time_counts_threads_that_have_exited() {

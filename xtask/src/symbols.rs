@@ -1,7 +1,9 @@
 //! `cargo xtask symbol-order`: the functions the shipped agent runs at start-up and while idle,
 //! then those one pod's life adds, in that order, written to [`ORDER_FILE`]; the `dist` build
 //! hands the file to the linker (lld's `--symbol-ordering-file`), which lays those functions out
-//! together at the start of the code.
+//! together at the start of the code. It links by a copy of the file under `target/` named by
+//! a hash of its content, so a list written again links the agent again (cargo does not know
+//! the linker reads it).
 //!
 //! An idle agent's resident memory is mostly its code pages, and the kernel maps a file's pages
 //! 64 KiB around each fault: with the 1.7 MiB of functions start-up and idling run spread over
