@@ -705,10 +705,16 @@ fn keep_log(log: &Path, name: &str) -> Result<()> {
     if !log.exists() {
         return Ok(());
     }
+    fs::copy(log, logs_dir()?.join(format!("{name}.log")))?;
+    Ok(())
+}
+
+/// `target/bench/logs/`, made if missing: what the bench keeps of its agents after their
+/// directories are gone.
+fn logs_dir() -> Result<PathBuf> {
     let logs = project_root()?.join("target/bench/logs");
     fs::create_dir_all(&logs)?;
-    fs::copy(log, logs.join(format!("{name}.log")))?;
-    Ok(())
+    Ok(logs)
 }
 
 /// A row of the floor's, whose runs were summed up as they came.

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Result, bail};
 
-use super::{Figure, Options, Stat, Target, idle_windows, keep_log, progress};
+use super::{Figure, Options, Stat, Target, idle_windows, keep_log, logs_dir, progress};
 use crate::{
     harness::{self, Agent, write_manifest},
     util::SmallFilesystems,
@@ -169,8 +169,7 @@ fn phases_in_pods(agent: &Agent) -> String {
 /// in `target/bench/logs/` (the run's tmpfs goes with the agent), and says where they are.
 fn keep_answers(agent: &Agent, pods: usize) -> String {
     let keep = || -> Result<std::path::PathBuf> {
-        let logs = crate::util::project_root()?.join("target/bench/logs");
-        fs::create_dir_all(&logs)?;
+        let logs = logs_dir()?;
         for (path, file) in [("/pods", "pods.json"), ("/metrics", "metrics.txt")] {
             let (_, body) = harness::get(&agent.socket(), path)?;
             fs::write(logs.join(format!("hollow-{pods}-{file}")), body)?;
