@@ -139,17 +139,19 @@ pub(crate) struct ReloadingService {
 
 impl ReloadingService {
     /// The service, with its first client built now (so that a kubeconfig that cannot be used
-    /// is an error at once).
+    /// is an error at once), the default namespace, and the API server's label
+    /// ([`crate::client_metrics::host_label`]).
     pub(crate) async fn new(
         credentials: NodeCredentials,
         read_timeout: Option<Duration>,
-    ) -> Result<(ReloadingService, String), Error> {
+    ) -> Result<(ReloadingService, String, Arc<str>), Error> {
         let generation = credentials.generation();
         let config = credentials.config(read_timeout).await?;
         let namespace = config.default_namespace.clone();
+        let host = crate::client_metrics::host_label(&config.cluster_url);
         let client = build(config, &credentials)?;
         let current = Arc::new(RwLock::new((generation, client)));
-        Ok((ReloadingService { credentials, read_timeout, current }, namespace))
+        Ok((ReloadingService { credentials, read_timeout, current }, namespace, host))
     }
 
     /// The client of the credentials' current generation.

@@ -9,6 +9,7 @@ use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
+    client::ClientBuilder,
     config::{KubeConfigOptions, Kubeconfig},
 };
 use kubelet_core::{
@@ -22,6 +23,7 @@ use tracing::{info, warn};
 
 use crate::{
     Facts, Health,
+    client_metrics::{AttemptMetricsLayer, RequestMetricsLayer, host_label},
     credentials::{NodeCredentials, ReloadingService},
     lease,
     ratelimit::TokenBucketLayer,
@@ -117,13 +119,51 @@ pub async fn connect(path: &Path) -> Result<Client, Error> {
 /// ([`crate::retry`]); the retries do not take tokens of the bucket.
 pub async fn connect_limited(path: &Path, qps: f64, burst: u32) -> Result<Client, Error> {
     let config = client_config(path).await?;
+    let host = host_label(&config.cluster_url);
     let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kubeconfig_error(path, e.into()))?;
-    Ok(builder
-        .with_layer(&TimeoutLayer::new(UNANSWERED_AFTER))
-        .with_layer(&RetryAfterLayer)
-        .with_layer(&TokenBucketLayer::new(qps, burst))
-        .build())
+    Ok(limited(builder, &host, qps, burst))
 }
+
+/// The layers of a rate-limited client over `builder`'s service, from the outside in: each
+/// request measured as a whole ([`RequestMetricsLayer`]), its token of the bucket, the retries
+/// the server asks for, each attempt counted ([`AttemptMetricsLayer`]), and the limit on the
+/// wait for an answer to start.
+fn limited<S, B>(builder: ClientBuilder<S>, host: &Arc<str>, qps: f64, burst: u32) -> Client
+where
+    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<tower::BoxError> + Send + Sync,
+    B: http_body::Body<Data = AnswerData> + Send + Unpin + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    builder
+        .with_layer(&TimeoutLayer::new(UNANSWERED_AFTER))
+        .with_layer(&AttemptMetricsLayer::new(host.clone()))
+        .with_layer(&RetryAfterLayer)
+        .with_layer(&TokenBucketLayer::new(qps, burst, host.clone()))
+        .with_layer(&RequestMetricsLayer::new(host.clone()))
+        .build()
+}
+
+/// The layers of a heartbeat client: [`limited`]'s without the rate limit, and without the
+/// limit on the wait for an answer (the transport's read timeout is the heartbeat's).
+fn unlimited<S, B>(builder: ClientBuilder<S>, host: &Arc<str>) -> Client
+where
+    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<tower::BoxError> + Send + Sync,
+    B: http_body::Body<Data = AnswerData> + Send + Unpin + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    builder
+        .with_layer(&AttemptMetricsLayer::new(host.clone()))
+        .with_layer(&RetryAfterLayer)
+        .with_layer(&RequestMetricsLayer::new(host.clone()))
+        .build()
+}
+
+/// The chunks an answer's body comes in, as kube reads them.
+type AnswerData = <kube::client::Body as http_body::Body>::Data;
 
 /// How long a request of [`connect_limited`] and [`connect_node`] may wait for the start of its
 /// answer (the status line and headers) before it is given up as unanswered, as by an API server
@@ -142,27 +182,23 @@ pub const UNANSWERED_AFTER: Duration = Duration::from_secs(30);
 pub async fn connect_heartbeat(path: &Path, timeout: Duration) -> Result<Client, Error> {
     let mut config = client_config(path).await?;
     config.read_timeout = Some(timeout);
+    let host = host_label(&config.cluster_url);
     let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kubeconfig_error(path, e.into()))?;
-    Ok(builder.with_layer(&RetryAfterLayer).build())
+    Ok(unlimited(builder, &host))
 }
 
 /// [`connect_limited`] for the node's own credentials, read again after each
 /// [`NodeCredentials::reload`] (a rotated client certificate) without a restart.
 pub async fn connect_node(credentials: &NodeCredentials, qps: f64, burst: u32) -> Result<Client, Error> {
-    let (service, namespace) = ReloadingService::new(credentials.clone(), None).await?;
-    let builder = kube::client::ClientBuilder::new(service, namespace);
-    Ok(builder
-        .with_layer(&TimeoutLayer::new(UNANSWERED_AFTER))
-        .with_layer(&RetryAfterLayer)
-        .with_layer(&TokenBucketLayer::new(qps, burst))
-        .build())
+    let (service, namespace, host) = ReloadingService::new(credentials.clone(), None).await?;
+    Ok(limited(ClientBuilder::new(service, namespace), &host, qps, burst))
 }
 
 /// [`connect_heartbeat`] for the node's own credentials, read again after each
 /// [`NodeCredentials::reload`].
 pub async fn connect_node_heartbeat(credentials: &NodeCredentials, timeout: Duration) -> Result<Client, Error> {
-    let (service, namespace) = ReloadingService::new(credentials.clone(), Some(timeout)).await?;
-    Ok(kube::client::ClientBuilder::new(service, namespace).with_layer(&RetryAfterLayer).build())
+    let (service, namespace, host) = ReloadingService::new(credentials.clone(), Some(timeout)).await?;
+    Ok(unlimited(ClientBuilder::new(service, namespace), &host))
 }
 
 /// The client configuration the kubeconfig at `path` holds, with kube's own retry off (the

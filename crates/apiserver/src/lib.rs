@@ -32,7 +32,8 @@
 //! deleted with grace 0 and its UID as a precondition). [`mirror`] builds, creates and deletes
 //! static pods' mirror pods. [`ratelimit`] holds requests to `kubeAPIQPS` and `kubeAPIBurst`
 //! with a token bucket, as client-go does, and [`retry`] retries what the server asks to have
-//! retried (`Retry-After`), as client-go does. [`bootstrap`] is TLS bootstrap: a client
+//! retried (`Retry-After`), as client-go does; [`client_metrics`] measures the clients under
+//! client-go's `rest_client_*` metric names. [`bootstrap`] is TLS bootstrap: a client
 //! certificate asked for with a bootstrap kubeconfig through a CertificateSigningRequest;
 //! [`certificate`] renews the node's client and serving certificates the same way, and
 //! [`credentials`] lets running clients take a rotated client certificate without a restart.
@@ -56,6 +57,7 @@
 
 pub mod bootstrap;
 pub mod certificate;
+pub mod client_metrics;
 pub mod credentials;
 pub mod events;
 pub mod heartbeat;

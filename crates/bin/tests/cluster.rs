@@ -2059,6 +2059,25 @@ async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespa
     assert_eq!(config["syncFrequency"], "1m0s", "{configz}");
     assert!(config["port"].as_u64().is_some_and(|p| p != 10250), "--port's: {configz}");
     assert_eq!(config["cgroupsPerQOS"], true, "{configz}");
+
+    // /metrics: the node's own requests to kube-apiserver, under client-go's names and labels.
+    let metrics = get(format!("/api/v1/nodes/{node}/proxy/metrics")).await;
+    let counted = |series: &str| -> f64 {
+        let line =
+            metrics.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("{series}\nin:\n{metrics}"));
+        assert!(line.contains(",host=\"") && !line.contains("host=\"none\""), "the API server's host:port: {line}");
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(counted("rest_client_requests_total{code=\"200\",method=\"PATCH\"") > 0.0, "the pods' statuses");
+    assert!(counted("rest_client_requests_total{code=\"200\",method=\"GET\"") > 0.0, "the pods' list");
+    assert!(counted("rest_client_requests_total{code=\"201\",method=\"POST\"") > 0.0, "the events");
+    assert!(counted("rest_client_rate_limiter_duration_seconds_count{verb=\"PATCH\"") > 0.0);
+    assert!(counted("rest_client_request_duration_seconds_count{verb=\"GET\"") > 0.0);
+    assert!(counted("rest_client_request_size_bytes_sum{verb=\"PATCH\"") > 0.0);
+    assert!(counted("rest_client_response_size_bytes_sum{verb=\"GET\"") > 0.0);
+    // Upstream's buckets, up to a minute.
+    let bucket = "rest_client_request_duration_seconds_bucket{verb=\"GET\"";
+    assert!(metrics.lines().any(|l| l.starts_with(bucket) && l.contains(",le=\"60\"} ")), "{metrics}");
 }
 
 /// TLS bootstrap as kubeadm's nodes join: the agent has a bootstrap token's kubeconfig and no

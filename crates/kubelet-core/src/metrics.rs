@@ -8,7 +8,7 @@
 //!
 //! ```
 //! for (name, buckets) in kubelet_core::metrics::HISTOGRAMS {
-//!     assert!(name.starts_with("kubelet_") || name.starts_with("prober_"));
+//!     assert!(["kubelet_", "prober_", "rest_client_"].iter().any(|prefix| name.starts_with(prefix)));
 //!     assert!(buckets.windows(2).all(|w| w[0] < w[1]));
 //! }
 //! ```
@@ -26,8 +26,16 @@ pub const POD_STARTUP_BUCKETS: [f64; 25] = [
 /// `ExponentialBuckets(0.005, 2.5, 14)`: the runtime operation durations, 5 ms to about 12 min.
 pub const RUNTIME_OPERATION_BUCKETS: [f64; 14] = exponential(0.005, 2.5);
 
+/// client-go's buckets of its request and rate limiter latencies
+/// (component-base `metrics/prometheus/restclient`), in seconds.
+pub const REST_CLIENT_LATENCY_BUCKETS: [f64; 12] = [0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0];
+
+/// client-go's buckets of its request and response sizes: 64 bytes to 16 MiB.
+pub const REST_CLIENT_SIZE_BUCKETS: [f64; 11] =
+    [64.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0, 65536.0, 262_144.0, 1_048_576.0, 4_194_304.0, 16_777_216.0];
+
 /// Every histogram the crates record, with its upstream bucket layout.
-pub const HISTOGRAMS: [(&str, &[f64]); 8] = [
+pub const HISTOGRAMS: [(&str, &[f64]); 12] = [
     ("kubelet_pod_worker_duration_seconds", &DEFAULT_BUCKETS),
     ("kubelet_pod_worker_start_duration_seconds", &DEFAULT_BUCKETS),
     ("kubelet_pod_start_duration_seconds", &POD_STARTUP_BUCKETS),
@@ -36,6 +44,10 @@ pub const HISTOGRAMS: [(&str, &[f64]); 8] = [
     ("kubelet_pleg_relist_interval_seconds", &DEFAULT_BUCKETS),
     ("kubelet_runtime_operations_duration_seconds", &RUNTIME_OPERATION_BUCKETS),
     ("prober_probe_duration_seconds", &DEFAULT_BUCKETS),
+    ("rest_client_request_duration_seconds", &REST_CLIENT_LATENCY_BUCKETS),
+    ("rest_client_rate_limiter_duration_seconds", &REST_CLIENT_LATENCY_BUCKETS),
+    ("rest_client_request_size_bytes", &REST_CLIENT_SIZE_BUCKETS),
+    ("rest_client_response_size_bytes", &REST_CLIENT_SIZE_BUCKETS),
 ];
 
 /// `N` buckets starting at `start`, each `factor` times the previous one.

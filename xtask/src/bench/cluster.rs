@@ -11,9 +11,11 @@
 //! Running in the API, held to the standalone start-up of as many pods (one pod: to the CRI
 //! floor of one pod, measured just before in the same round with the agent paused, plus 100 ms),
 //! and deleted → all gone from the API, held to the standalone teardown plus a second. Each
-//! round starts once the agent has removed the last round's pods from the node. Then a config map a running pod mounts is changed `repeat` times, each timed
-//! until the file in the pod's volume holds the new value (each held to 2 s: the agent's object
-//! watch, not the minute's resync). Measured only where `KUBELET_RS_KUBE_APISERVER` names a
+//! round starts once the agent has removed the last round's pods from the node. Each round also
+//! reports the agent's own requests to the API server, from its client-go metrics (how many,
+//! their mean time, their wait for rate-limit tokens). Then a config map a running pod mounts is
+//! changed `repeat` times, each timed until the file in the pod's volume holds the new value
+//! (each held to 2 s: the agent's object watch, not the minute's resync). Measured only where `KUBELET_RS_KUBE_APISERVER` names a
 //! kube-apiserver (it cannot be installed in CI); elsewhere one line says the figures were not
 //! measured, and why.
 
@@ -42,6 +44,8 @@ pub(super) struct ClusterRuns {
     gone: BTreeMap<usize, Vec<f64>>,
     /// Where a deletion's seconds went, by pod count.
     deletion: BTreeMap<usize, Vec<DeletionTimes>>,
+    /// The agent's own requests to the API server in each round, by pod count.
+    requests: BTreeMap<usize, Vec<Requests>>,
     config_map_updates: Vec<f64>,
     /// The CRI floor of one pod, all at once, measured in each round with the agent paused.
     floor_one: Vec<f64>,
@@ -54,6 +58,33 @@ struct DeletionTimes {
     answered: f64,
     marked: f64,
     terminal: f64,
+}
+
+/// The agent's requests to the API server over one round, from its client-go metrics: how
+/// many (watches aside), their time in all, and their wait for tokens of the rate limits in all.
+#[derive(Debug, Clone, Copy, Default)]
+struct Requests {
+    count: f64,
+    seconds: f64,
+    token_wait_seconds: f64,
+}
+
+impl Requests {
+    /// The agent's totals so far.
+    fn so_far(agent: &Agent) -> Result<Requests> {
+        let (seconds, count) = agent.metric_sum_count("rest_client_request_duration_seconds")?;
+        let (token_wait_seconds, _) = agent.metric_sum_count("rest_client_rate_limiter_duration_seconds")?;
+        Ok(Requests { count, seconds, token_wait_seconds })
+    }
+
+    /// What was added since `before`.
+    fn since(self, before: Requests) -> Requests {
+        Requests {
+            count: self.count - before.count,
+            seconds: self.seconds - before.seconds,
+            token_wait_seconds: self.token_wait_seconds - before.token_wait_seconds,
+        }
+    }
 }
 
 /// What the cluster figures are held to, from the same run's standalone figures.
@@ -131,7 +162,10 @@ fn measure_on_cluster(
                     agent.wait_quiet(Duration::from_secs(10));
                 }
                 progress(&format!("cluster mode, {pods} API pods, run {round} of {}", options.repeat));
+                let before = Requests::so_far(&agent)?;
                 let round = api_pods(api_tool, &node, pods)?;
+                let requests = Requests::so_far(&agent)?.since(before);
+                runs.requests.entry(pods).or_default().push(requests);
                 runs.running.entry(pods).or_default().push(round.running);
                 runs.gone.entry(pods).or_default().push(round.gone);
                 runs.deletion.entry(pods).or_default().push(round.deletion);
@@ -286,6 +320,7 @@ pub(super) fn figures(runs: &ClusterRuns, standalone: &Standalone) -> Vec<Figure
         // 0.95 to 1.29 s over 20 runs, a spread wider than the check's 20 %.
         figures.push(with_floor(figure, standalone.teardown.get(&pods)).unchecked());
         figures.extend(deletion_breakdown(pods, runs.deletion.get(&pods).map_or(&[], Vec::as_slice)));
+        figures.extend(request_figures(pods, runs.requests.get(&pods).map_or(&[], Vec::as_slice)));
     }
     if !runs.config_map_updates.is_empty() {
         let name = "cluster, a configMap changed in the API → the file changed in the pod's volume";
@@ -314,6 +349,24 @@ fn deletion_breakdown(pods: usize, rounds: &[DeletionTimes]) -> Vec<Figure> {
             Figure::new(name, "s", &samples).unchecked()
         })
         .collect()
+}
+
+/// The agent's requests over each round of `pods` API pods (created → gone): how many, how long
+/// one took on average, and how long they waited for tokens of the agent's rate limits in all
+/// (`kubeAPIQPS` and `eventRecordQPS`).
+fn request_figures(pods: usize, rounds: &[Requests]) -> Vec<Figure> {
+    if rounds.is_empty() {
+        return Vec::new();
+    }
+    let samples = |of: fn(&Requests) -> f64| rounds.iter().map(of).collect::<Vec<f64>>();
+    let name = |what: &str| format!("cluster, {pods} API pods, the agent's requests to the API server: {what}");
+    vec![
+        Figure::new(name("how many (watches aside)"), "", &samples(|r| r.count)).unchecked(),
+        Figure::new(name("the mean time of one"), "ms", &samples(|r| 1000.0 * r.seconds / r.count.max(1.0)))
+            .unchecked(),
+        Figure::new(name("their wait for rate-limit tokens, in all"), "s", &samples(|r| r.token_wait_seconds))
+            .unchecked(),
+    ]
 }
 
 fn with_floor(figure: Figure, floor: Option<&f64>) -> Figure {
