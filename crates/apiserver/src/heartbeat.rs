@@ -218,12 +218,24 @@ fn kubeconfig_error(path: &Path, source: Box<dyn std::error::Error + Send + Sync
 
 /// Registers the node: creates it, or adopts the Node already there (upstream
 /// `tryRegisterWithAPIServer`), making sure it carries the kubelet's own labels.
-pub async fn register(client: &Client, facts: &Facts) -> Result<Node, Error> {
+///
+/// A Node created here carries its status as `health` has it now, as upstream's `initialNode`
+/// sets the status before the create: the Node has its capacity, addresses and conditions from
+/// the start, not only once the first status report is answered. The status' events (the
+/// conditions' first values) are recorded once the Node is created.
+pub async fn register(
+    client: &Client,
+    facts: &Facts,
+    health: &Health,
+    recorder: &dyn EventRecorder,
+) -> Result<Node, Error> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let wanted = registration(facts);
+    let mut wanted = registration(facts);
+    let events = set_status(&mut wanted, facts, health, wall_now());
     match nodes.create(&PostParams::default(), &wanted).await {
         Ok(node) => {
             info!(node = %facts.name, "registered the node");
+            record_node_events(recorder, &facts.name, events);
             Ok(node)
         }
         Err(kube::Error::Api(status)) if status.is_already_exists() => {
@@ -297,10 +309,7 @@ async fn report_status(
             _ = tick.tick() => {}
         }
         let mut next = node.clone();
-        for event in set_status(&mut next, &facts, &health(), wall_now()) {
-            let kind = if event.kind == "Warning" { EventType::Warning } else { EventType::Normal };
-            recorder.record(Event::new(kind, event.reason, event.message, ObjectRef::other("Node", &facts.name)));
-        }
+        record_node_events(recorder.as_ref(), &facts.name, set_status(&mut next, &facts, &health(), wall_now()));
         let status = next.status.clone().unwrap_or_default();
         if reported.as_ref().is_some_and(|r| !should_report(r, &status, last_report.elapsed(), config.status_report)) {
             node = next;
@@ -315,6 +324,14 @@ async fn report_status(
             }
             Err(err) => warn!(node = %facts.name, error = %err, "cannot update the node's status; trying again"),
         }
+    }
+}
+
+/// Records the events of the node `name`'s status changes.
+fn record_node_events(recorder: &dyn EventRecorder, name: &str, events: Vec<crate::NodeEvent>) {
+    for event in events {
+        let kind = if event.kind == "Warning" { EventType::Warning } else { EventType::Normal };
+        recorder.record(Event::new(kind, event.reason, event.message, ObjectRef::other("Node", name)));
     }
 }
 

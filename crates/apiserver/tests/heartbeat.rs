@@ -42,16 +42,27 @@ async fn until(server: &ApiServer, what: &str, done: impl Fn(&kubelet_cluster::t
 async fn a_node_registers_once_and_adopts_an_existing_node_with_the_kubelets_labels() {
     let server = ApiServer::start().await;
     let (client, _dir) = client(&server).await;
-    let node = heartbeat::register(&client, &facts()).await.unwrap();
+    let recorder = RingRecorder::default();
+    let node = heartbeat::register(&client, &facts(), &Health::default(), &recorder).await.unwrap();
     assert_eq!(node.metadata.labels.unwrap()["kubernetes.io/hostname"], "node-1");
     assert!(node.metadata.uid.is_some(), "the server's answer is kept");
-    // Registered again (an agent restart): the Node is adopted, nothing is created twice.
-    heartbeat::register(&client, &facts()).await.unwrap();
+    // Created with its status, as upstream's initialNode: capacity and conditions from the start.
+    let created = server.objects.lock().unwrap().nodes["node-1"]["status"].clone();
+    assert_eq!(created["capacity"]["cpu"], "2", "{created}");
+    let ready = created["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+    assert_eq!(ready["status"], "True", "{created}");
+    let reasons = |recorder: &RingRecorder| recorder.events().iter().map(|e| e.reason.clone()).collect::<Vec<_>>();
+    assert!(reasons(&recorder).contains(&"NodeReady".to_owned()), "{:?}", reasons(&recorder));
+    // Registered again (an agent restart): the Node is adopted, nothing is created twice, and
+    // its conditions' first values are not told again.
+    let again = RingRecorder::default();
+    heartbeat::register(&client, &facts(), &Health::default(), &again).await.unwrap();
     assert_eq!((server.requests("POST nodes"), server.requests("PATCH nodes")), (2, 0));
+    assert!(reasons(&again).is_empty(), "{:?}", reasons(&again));
     // A Node someone else made without the kubelet's labels gets them.
     server.objects.lock().unwrap().nodes.get_mut("node-1").unwrap()["metadata"]["labels"] =
         serde_json::json!({"team": "edge"});
-    let adopted = heartbeat::register(&client, &facts()).await.unwrap();
+    let adopted = heartbeat::register(&client, &facts(), &Health::default(), &again).await.unwrap();
     let labels = adopted.metadata.labels.unwrap();
     assert_eq!((labels["kubernetes.io/hostname"].as_str(), labels["team"].as_str()), ("node-1", "edge"));
     assert_eq!(server.requests("PATCH nodes"), 1);
@@ -66,9 +77,9 @@ async fn a_node_registers_once_and_adopts_an_existing_node_with_the_kubelets_lab
 async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflict() {
     let server = ApiServer::start().await;
     let (client, _dir) = client(&server).await;
-    let node = heartbeat::register(&client, &facts()).await.unwrap();
     let health = Arc::new(Mutex::new(Health::default()));
     let recorder = Arc::new(RingRecorder::default());
+    let node = heartbeat::register(&client, &facts(), &Health::default(), recorder.as_ref()).await.unwrap();
     let cancel = CancellationToken::new();
     let config = heartbeat::Config::default().periods(
         Duration::from_millis(50),
@@ -96,7 +107,8 @@ async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflic
             .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == status))
     };
     until(&server, "a Ready node", |o| ready(o, "True")).await;
-    assert!(recorder.events().iter().any(|e| e.reason == "NodeReady"), "the transition is an event");
+    let node_ready = recorder.events().iter().filter(|e| e.reason == "NodeReady").count();
+    assert_eq!(node_ready, 1, "recorded once, at the registration: {:?}", recorder.events());
     until(&server, "a lease renewed twice", |o| {
         o.leases.contains_key("kube-node-lease/node-1") && o.requests.get("PUT leases").copied().unwrap_or(0) >= 2
     })

@@ -280,9 +280,17 @@ pub(crate) fn spawn(
                     client.clone()
                 }
             };
+            let health = move || {
+                let mut health = Health::default();
+                health.runtime_errors = node_state.runtime_state.runtime_errors();
+                health.network_errors = node_state.runtime_state.network_errors();
+                health.pressure = node_state.pressure.conditions();
+                health.images = node_state.images.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                health
+            };
             let mut failures = 0;
             let node = loop {
-                match heartbeat::register(&client, &facts).await {
+                match heartbeat::register(&client, &facts, &health(), recorder.as_ref()).await {
                     Ok(node) => break node,
                     Err(err) => {
                         let wait = kubelet_cluster::lease::backoff(failures);
@@ -294,14 +302,6 @@ pub(crate) fn spawn(
                         }
                     }
                 }
-            };
-            let health = move || {
-                let mut health = Health::default();
-                health.runtime_errors = node_state.runtime_state.runtime_errors();
-                health.network_errors = node_state.runtime_state.network_errors();
-                health.pressure = node_state.pressure.conditions();
-                health.images = node_state.images.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                health
             };
             heartbeat::run(heartbeats, node, facts, health, recorder, config, api_back, cancel).await;
         }

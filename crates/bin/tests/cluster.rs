@@ -409,6 +409,14 @@ async fn scenario(
     let addresses = registered["status"]["addresses"].as_array().unwrap();
     assert!(addresses.iter().any(|a| a["type"] == "Hostname" && a["address"] == node), "{addresses:?}");
     assert_eq!(registered["spec"]["taints"][0]["key"], "dedicated");
+    // Created with its status, as upstream's initialNode: kube-apiserver's managed fields give the
+    // status reports only what they changed, and the capacity was not among it.
+    if matches!(cluster, Cluster::Remote { .. }) {
+        assert!(registered["status"]["capacity"]["cpu"].is_string(), "{registered}");
+        let fields = registered["metadata"]["managedFields"].as_array().expect("kube-apiserver's managed fields");
+        let reports = fields.iter().find(|f| f["subresource"] == "status").expect("a status report");
+        assert!(reports["fieldsV1"]["f:status"]["f:capacity"].is_null(), "set by the create: {fields:?}");
+    }
     // A 4 s lease, the node's, in kube-node-lease, renewed every second.
     let lease_key = format!("kube-node-lease/{node}");
     let renewals = std::sync::Mutex::new(std::collections::BTreeSet::new());
