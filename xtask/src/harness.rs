@@ -87,13 +87,15 @@ pub(crate) fn build(profile: Profile) -> Result<Binaries> {
         let mut agent = Command::new(&cargo);
         agent.current_dir(&root).args(["rustc", "--profile", profile.name(), "--locked", "-p", "kubelet-rs"]);
         agent.args(["--bin", "kubelet-rs"]);
-        if profile == Profile::Dist
-            && let Some(order) = symbol_ordering(&root)?
-        {
+        let order = if profile == Profile::Dist { symbol_ordering(&root)? } else { None };
+        if let Some(order) = &order {
             // What ships lays out the functions start-up and idling run together (`symbols.rs`).
             agent.arg("--").arg(format!("-Clink-arg=-Wl,--symbol-ordering-file={}", order.display()));
         }
         run(&mut agent)?;
+        if let Some(order) = &order {
+            warn_of_a_stale_ordering(order, &root.join("target").join(profile.dir()).join("kubelet-rs"));
+        }
         // The tools in the dev profile: they share their dependencies with the tests' build, and
         // what they measure is the runtime's and the API server's time, not their own.
         run(Command::new(&cargo).current_dir(&root).args([
@@ -134,6 +136,34 @@ fn symbol_ordering(root: &Path) -> Result<Option<PathBuf>> {
         fs::write(&copy, &content)?;
     }
     Ok(Some(copy))
+}
+
+/// Says so when much of the symbol ordering names functions the linked agent does not have:
+/// the names carry hashes that change with their crates' dependencies and with what instantiates
+/// generic code, and functions left out of the list spread the idle agent's code over more
+/// pages ([`crate::symbols`]).
+fn warn_of_a_stale_ordering(order: &Path, agent: &Path) {
+    let (Ok(list), Ok(symbols)) =
+        (fs::read_to_string(order), Command::new("nm").arg("--defined-only").arg(agent).output())
+    else {
+        return;
+    };
+    let (listed, found) = listed_and_found(&list, &String::from_utf8_lossy(&symbols.stdout));
+    if found * 10 < listed * 9 {
+        println!(
+            "warning: only {found} of the {listed} functions the symbol ordering lists are in the agent; \
+             `cargo xtask symbol-order` writes the list again"
+        );
+    }
+}
+
+/// How many names `list` holds (one a line), and how many of them `nm` output names.
+fn listed_and_found(list: &str, nm: &str) -> (usize, usize) {
+    let defined: std::collections::HashSet<&str> =
+        nm.lines().filter_map(|line| line.split_whitespace().nth(2)).collect();
+    let listed: Vec<&str> = list.lines().map(str::trim).filter(|name| !name.is_empty()).collect();
+    let found = listed.iter().filter(|name| defined.contains(*name)).count();
+    (listed.len(), found)
 }
 
 /// The CRI endpoint of the project's containerd.
@@ -752,6 +782,16 @@ mod tests {
         assert_ne!(first, second);
         assert_eq!(fs::read_to_string(&second).unwrap(), "_ZN4main\n_ZN4idle\n");
         fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn listed_functions_are_found_by_their_exact_names_in_nm_output() {
+        let nm = "0000000000401000 T _ZN4main17h0123456789abcdefE\n\
+                  0000000000401100 t _ZN4idle17hfedcba9876543210E\n\
+                                   U malloc\n";
+        // The same function under another hash is not found: the linker could not place it.
+        let list = "_ZN4main17h0123456789abcdefE\n_ZN4idle17h0000000000000000E\n\n";
+        assert_eq!(listed_and_found(list, nm), (2, 1));
     }
 
     #[test]

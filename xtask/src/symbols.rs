@@ -12,8 +12,12 @@
 //! agent on the project's containerd and serving the kubelet API as a node does: a dump after
 //! start-up and a minute idle (every periodic task has run by then), then one pod started and
 //! removed, then a stop.
-//! Symbol names carry a hash of their crate's identity, not of their code, so the list stays
-//! good as code changes; a function missing from it is only placed after the listed ones.
+//! Symbol names carry a hash that changes with their crate's dependencies and, for generic
+//! code, with what instantiates it, so the list goes stale as the code changes: a function
+//! missing from it is only placed after the listed ones, and the `dist` build warns when a tenth
+//! of the listed names are no longer in the agent (adding one dependency to the API client's
+//! crate left 2,781 of 4,073, and the idle agent 13.3-14.0 MiB resident where the list
+//! written again gave 9.7-9.8).
 
 use std::{
     collections::HashSet,
