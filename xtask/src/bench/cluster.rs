@@ -15,9 +15,9 @@
 //! reports the agent's own requests to the API server, from its client-go metrics (how many,
 //! their mean time, their wait for rate-limit tokens). Then a config map a running pod mounts is
 //! changed `repeat` times, each timed until the file in the pod's volume holds the new value
-//! (each held to 2 s: the agent's object watch, not the minute's resync). Measured only where `KUBELET_RS_KUBE_APISERVER` names a
-//! kube-apiserver (it cannot be installed in CI); elsewhere one line says the figures were not
-//! measured, and why.
+//! (each held to 2 s: the agent's object watch, not the minute's resync). Measured only where
+//! `KUBELET_RS_KUBE_APISERVER` names a kube-apiserver (it cannot be installed in CI); elsewhere
+//! one line says the figures were not measured, and why.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
