@@ -1,5 +1,6 @@
 //! The node's heartbeats to the API server (upstream `kubelet_node_status.go` and the node lease
-//! controller): register the Node (or adopt the one there), then report its status every
+//! controller): register the Node (or adopt the one there, or under `registerNode: false` read
+//! the one others registered), then report its status every
 //! `nodeStatusUpdateFrequency` when it changed or `nodeStatusReportFrequency` has passed, and
 //! renew its lease every 10 s.
 
@@ -260,6 +261,14 @@ pub async fn register(
         }
         Err(source) => Err(Error::Api { what: "registering the node".into(), source }),
     }
+}
+
+/// The Node `name` someone else registered, for a kubelet that does not register its own
+/// (`registerNode: false`): upstream reads it before each status update and reports on it as on
+/// a Node it registered, labels untouched. A Node that is not there is an `Api` error whose
+/// source is the API server's `NotFound`.
+pub async fn existing_node(client: &Client, name: &str) -> Result<Node, Error> {
+    Api::<Node>::all(client.clone()).get(name).await.map_err(api("reading the node others registered"))
 }
 
 fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Error {

@@ -918,6 +918,15 @@ impl ApiServer {
         objects.changed.notify_waiters();
     }
 
+    /// Creates node `node` (its `metadata.name`) as an administrator or a provisioner would, for a
+    /// kubelet that does not register its own.
+    pub fn put_node(&self, mut node: Value) {
+        let mut objects = lock(&self.objects);
+        let name = node["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        objects.stamp(&mut node, true);
+        objects.nodes.insert(name, node);
+    }
+
     /// Creates or replaces config map `namespace/name` with `data` (text values).
     pub fn put_config_map(&self, namespace: &str, name: &str, data: Value) {
         let mut objects = lock(&self.objects);

@@ -195,7 +195,8 @@ impl MirrorClient for ApiMirrors {
 pub(crate) type Fatal = Arc<std::sync::OnceLock<String>>;
 
 /// Everything cluster mode runs beside the agent, on `tracker` until `cancel`: the Node's
-/// registration and heartbeats, the API pod source feeding `source`, the pod status sink, and
+/// registration (under `registerNode: false`, waiting for others to register it) and
+/// heartbeats, the API pod source feeding `source`, the pod status sink, and
 /// the agent's events (from `recorder`) sent to the API server. Under `rotateCertificates`, a
 /// client certificate that expires unrenewed while the API server answers sets `fatal` and
 /// cancels `cancel`, as upstream exits then.
@@ -241,11 +242,11 @@ pub(crate) fn spawn(
         }
         .instrument(info_span!("api_source"))
     });
-    if !settings.file.register_node {
-        info!("registerNode is false: the Node is not registered, nor its status reported");
-        return;
-    }
     let file = &settings.file;
+    let register_node = file.register_node;
+    if !register_node {
+        info!("registerNode is false: the node reports its status and lease on the Node others register");
+    }
     let lease = kubelet_cluster::lease::renew_interval(file.node_lease_duration_seconds);
     let config = heartbeat::Config::default()
         .periods(file.node_status_update_frequency, file.node_status_report_frequency, lease)
@@ -290,12 +291,22 @@ pub(crate) fn spawn(
             };
             let mut failures = 0;
             let node = loop {
-                match heartbeat::register(&client, &facts, &health(), recorder.as_ref()).await {
+                let found = if register_node {
+                    heartbeat::register(&client, &facts, &health(), recorder.as_ref()).await
+                } else {
+                    heartbeat::existing_node(&client, &facts.name).await
+                };
+                match found {
                     Ok(node) => break node,
                     Err(err) => {
                         let wait = kubelet_cluster::lease::backoff(failures);
                         failures += 1;
-                        warn!(node = %facts.name, error = %kubelet_core::ErrorChain(&err), retry_in = ?wait, "unable to register the node with the API server");
+                        let error = kubelet_core::ErrorChain(&err).to_string();
+                        if register_node {
+                            warn!(node = %facts.name, %error, retry_in = ?wait, "unable to register the node with the API server");
+                        } else {
+                            warn!(node = %facts.name, %error, retry_in = ?wait, "registerNode is false and the node is not readable yet; its status and lease wait for it");
+                        }
                         tokio::select! {
                             () = cancel.cancelled() => return,
                             () = tokio::time::sleep(wait) => {}

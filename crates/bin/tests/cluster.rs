@@ -167,6 +167,17 @@ impl Cluster {
         }
     }
 
+    /// Creates node `node` as an administrator would, for an agent that does not register it.
+    async fn create_node(&self, node: Value) {
+        match self {
+            Cluster::Local(server) => server.put_node(node),
+            Cluster::Remote { client, .. } => {
+                let node: Node = serde_json::from_value(node).unwrap();
+                Api::<Node>::all(client.clone()).create(&PostParams::default(), &node).await.unwrap();
+            }
+        }
+    }
+
     /// Creates or replaces config map `name` of the scenario's namespace with `data`.
     async fn put_config_map(&self, name: &str, data: Value) {
         match self {
@@ -278,9 +289,16 @@ impl Cluster {
             let pods = Api::<Pod>::namespaced(client.clone(), namespace);
             let _ = pods.delete_collection(&now, &ListParams::default()).await;
             let _ = Api::<Namespace>::all(client.clone()).delete(namespace, &DeleteParams::default()).await;
-            let _ = Api::<Node>::all(client.clone()).delete(node, &DeleteParams::default()).await;
+            forget_node(client, node).await;
         }
     }
+}
+
+/// Deletes node `node` and its lease, which the garbage collector (not running here) would delete
+/// with the node.
+async fn forget_node(client: &kube::Client, node: &str) {
+    let _ = Api::<Node>::all(client.clone()).delete(node, &DeleteParams::default()).await;
+    let _ = Api::<Lease>::namespaced(client.clone(), "kube-node-lease").delete(node, &DeleteParams::default()).await;
 }
 
 /// An object as the JSON the scenario reads.
@@ -611,6 +629,79 @@ async fn scenario(
     drop(agent);
 }
 
+#[tokio::test]
+async fn a_node_that_does_not_register_reports_on_the_node_others_register() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("manifests")).unwrap();
+    let cluster = Cluster::Local(ApiServer::start().await);
+    report_on_a_node_registered_by_others(&cluster, "fake://", dir.path(), "node-unregistered").await;
+}
+
+/// The same against kube-apiserver, with node `kubelet-rs-node-1`'s credentials (the Node
+/// authorizer lets a node read and report on its own Node whoever created it).
+#[tokio::test]
+async fn real_a_node_that_does_not_register_reports_on_the_node_others_register_from_kube_apiserver() {
+    let test = "real_a_node_that_does_not_register_reports_on_the_node_others_register_from_kube_apiserver";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let node = "kubelet-rs-node-1";
+    let Some(cluster) = kube_apiserver(test, node).await else { return };
+    let dir = rt.scratch_dir.join("unregistered");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    let cluster = Arc::new(cluster);
+    let body = {
+        let (endpoint, cluster, dir) = (rt.endpoint.clone(), cluster.clone(), dir.clone());
+        async move { report_on_a_node_registered_by_others(&cluster, &endpoint, &dir, node).await }
+    };
+    run_and_clean_up(&rt, &dir, &cluster, node, body).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Upstream's `registerNode: false`: the agent creates no Node, and once others create it,
+/// reports its status and renews its lease as for a Node it registered, leaving its labels as
+/// they were.
+async fn report_on_a_node_registered_by_others(cluster: &Cluster, endpoint: &str, dir: &Path, node: &str) {
+    std::fs::write(
+        dir.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nregisterNode: false\n\
+         nodeStatusUpdateFrequency: 1s\n",
+    )
+    .unwrap();
+    let agent = Agent::join(endpoint, dir, node, &cluster.kubeconfig(dir), &[]);
+    let waiting = "registerNode is false and the node is not readable yet";
+    let log = dir.join("agent.log");
+    wait_for_text(&log, waiting).await;
+    // The second attempt, 200 ms after the first, shows the agent still waits.
+    for _ in 0..100 {
+        if std::fs::read_to_string(&log).unwrap_or_default().matches(waiting).count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(cluster.view(node).await.nodes.is_empty(), "the agent registered no Node");
+
+    let labels = json!({"team": "storage"});
+    cluster
+        .create_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}}))
+        .await;
+    let (reported, lease) = until(cluster, node, dir, "the node's status and lease", |v| {
+        let reported = v.nodes.get(node)?;
+        let ready = reported["status"]["conditions"].as_array()?.iter().any(|c| c["type"] == "Ready");
+        let lease = v.leases.get(&format!("kube-node-lease/{node}"))?;
+        (ready && lease["metadata"]["ownerReferences"].is_array()).then(|| (reported.clone(), lease.clone()))
+    })
+    .await;
+    assert_eq!(reported["metadata"]["labels"], labels, "the kubelet's own labels are set only when it registers");
+    assert!(
+        reported["status"]["nodeInfo"]["kubeletVersion"].as_str().is_some_and(|v| v.starts_with('v')),
+        "{reported}"
+    );
+    assert!(reported["status"]["capacity"]["cpu"].is_string(), "{reported}");
+    assert_eq!(lease["metadata"]["ownerReferences"][0]["uid"], reported["metadata"]["uid"], "{lease}");
+    assert_eq!(lease["spec"]["holderIdentity"], node, "{lease}");
+    drop(agent);
+}
+
 /// Waits (at most 10 s) for a line containing `text` in the file at `path`, and returns it.
 async fn wait_for_text(path: &Path, text: &str) -> String {
     for _ in 0..100 {
@@ -717,6 +808,8 @@ async fn kube_apiserver(test: &str, node: &str) -> Option<Cluster> {
         return None;
     };
     let client = kubelet_cluster::heartbeat::connect(&admin).await.unwrap();
+    // What an interrupted run left of the node would be adopted as it was.
+    forget_node(&client, node).await;
     let namespace = format!("kubelet-rs-{node}-{}", std::process::id());
     prepare_namespace(&client, &namespace, &admin).await;
     Some(Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace })
