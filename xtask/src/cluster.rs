@@ -170,7 +170,9 @@ pub(crate) fn up() -> Result<()> {
         "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
         "--endpoint-reconciler-type=none".to_owned(),
         "--allow-privileged=true".to_owned(),
-        "--profiling=false".to_owned(),
+        // `/debug/pprof` for the admin: a goroutine dump shows where a request the server holds
+        // waits (README, "Join a cluster").
+        "--profiling=true".to_owned(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let pid = APISERVER.spawn_program(&apiserver, &args)?;
