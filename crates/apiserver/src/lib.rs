@@ -22,7 +22,8 @@
 //! kubeconfig, [`heartbeat::register`] creates the Node or adopts the one there (putting the
 //! kubelet's labels back), and [`heartbeat::run`] reports the status on change (or every
 //! report period) and renews the lease until cancelled, telling when the API server answers
-//! again after an outage. [`source::watch_pods`] is the API pod source: the pods bound to the
+//! again after an outage. [`node_watch::watch_node`] follows the node's own Node (its labels
+//! and taints, for admission). [`source::watch_pods`] is the API pod source: the pods bound to the
 //! node, as snapshots for the config merger, the first once the initial list is complete, and
 //! afresh when told the API server answers again. [`testing`] (feature `test-util`) is an in-process API server that
 //! speaks the wire protocol of these requests (list and watch with 410 included), for tests.
@@ -63,6 +64,7 @@ pub mod events;
 pub mod heartbeat;
 pub mod lease;
 pub mod mirror;
+pub mod node_watch;
 pub mod objects;
 pub mod ratelimit;
 pub mod retry;

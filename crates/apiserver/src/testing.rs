@@ -399,16 +399,33 @@ impl PatchType {
     }
 }
 
-async fn create_node(State(objects): State<Shared>, Json(mut node): Json<Value>) -> Response {
+async fn create_node(State(objects): State<Shared>, Json(node): Json<Value>) -> Response {
     let mut objects = lock(&objects);
     objects.count("POST nodes");
     let name = node["metadata"]["name"].as_str().unwrap_or_default().to_owned();
     if objects.nodes.contains_key(&name) {
         return failure(StatusCode::CONFLICT, "AlreadyExists", format!("nodes \"{name}\" already exists"));
     }
-    objects.stamp(&mut node, true);
-    objects.nodes.insert(name, node.clone());
+    let node = store_node(&mut objects, node, true);
     (StatusCode::CREATED, Json(node)).into_response()
+}
+
+/// Stamps `node` (a new UID when `new`), stores it and adds its watch event; the node as stored.
+fn store_node(objects: &mut Objects, mut node: Value, new: bool) -> Value {
+    objects.stamp(&mut node, new);
+    let name = node["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let kind = if objects.nodes.contains_key(&name) { "MODIFIED" } else { "ADDED" };
+    objects.nodes.insert(name, node.clone());
+    objects.watch_events.push((objects.version, "nodes", kind, node.clone()));
+    objects.changed.notify_waiters();
+    node
+}
+
+async fn nodes(
+    State(objects): State<Shared>,
+    axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>,
+) -> Response {
+    list_or_watch(objects, "nodes", None, query)
 }
 
 async fn get_node(State(objects): State<Shared>, UrlPath(name): UrlPath<String>) -> Response {
@@ -431,8 +448,7 @@ async fn patch_node(objects: Shared, name: String, headers: HeaderMap, body: Byt
         return failure(StatusCode::NOT_FOUND, "NotFound", format!("nodes \"{name}\" not found"));
     };
     patch_type.apply(&mut node, &patch);
-    objects.stamp(&mut node, false);
-    objects.nodes.insert(name, node.clone());
+    let node = store_node(&mut objects, node, false);
     Json(node).into_response()
 }
 
@@ -811,6 +827,7 @@ fn list_or_watch(
     if !watching {
         let all: Vec<&Value> = match resource {
             "pods" => guard.pods.values().collect(),
+            "nodes" => guard.nodes.values().collect(),
             _ => guard.objects.iter().filter(|(k, _)| k.starts_with(&format!("{resource}/"))).map(|(_, v)| v).collect(),
         };
         let items: Vec<Value> = all.into_iter().filter(|o| matches(o, ns.as_deref(), &terms)).cloned().collect();
@@ -833,6 +850,7 @@ fn list_or_watch(
     drop(guard);
     let kind = match resource {
         "pods" => "Pod",
+        "nodes" => "Node",
         "configmaps" => "ConfigMap",
         "services" => "Service",
         _ => "Secret",
@@ -920,11 +938,16 @@ impl ApiServer {
 
     /// Creates node `node` (its `metadata.name`) as an administrator or a provisioner would, for a
     /// kubelet that does not register its own.
-    pub fn put_node(&self, mut node: Value) {
+    pub fn put_node(&self, node: Value) {
+        store_node(&mut lock(&self.objects), node, true);
+    }
+
+    /// Sets label `key` of node `name` to `value`, as `kubectl label node` would.
+    pub fn label_node(&self, name: &str, key: &str, value: &str) {
         let mut objects = lock(&self.objects);
-        let name = node["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-        objects.stamp(&mut node, true);
-        objects.nodes.insert(name, node);
+        let Some(mut node) = objects.nodes.get(name).cloned() else { return };
+        node["metadata"]["labels"][key] = json!(value);
+        store_node(&mut objects, node, false);
     }
 
     /// Creates or replaces config map `namespace/name` with `data` (text values).
@@ -1036,7 +1059,7 @@ impl ApiServer {
         let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         lock(&objects).uid_prefix = format!("{}-{n}", std::process::id());
         let router = Router::new()
-            .route("/api/v1/nodes", post(create_node))
+            .route("/api/v1/nodes", get(nodes).post(create_node))
             .route(
                 "/api/v1/nodes/{name}",
                 get(get_node).patch(|State(o): State<Shared>, UrlPath(n): UrlPath<String>, h: HeaderMap, b: Bytes| {

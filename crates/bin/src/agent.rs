@@ -276,6 +276,7 @@ fn node_less_reserved(settings: &Settings) -> NodeResources {
     node.memory_bytes = (node.memory_bytes - reserved_memory).max(0);
     node.max_pods = file.max_pods as usize;
     node.labels = kubelet_cluster::node_labels(&settings.node_name, &settings.node_labels);
+    node.taints.clone_from(&file.register_with_taints);
     node.allowed_unsafe_sysctls.clone_from(&file.allowed_unsafe_sysctls);
     node
 }
@@ -531,6 +532,7 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         let node_state = crate::cluster::NodeState {
             runtime_state: agent.runtime_state().clone(),
             pressure: agent.pressure().clone(),
+            api_node: agent.api_node().clone(),
             images,
         };
         crate::cluster::spawn(

@@ -11,9 +11,12 @@ use std::{
 
 use anyhow::{Context, Result};
 use config::SourceSender;
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Node, Pod, PodStatus};
 use kube::Client;
-use kubelet::{MirrorClient, StatusSink, admission::NodeResources};
+use kubelet::{
+    MirrorClient, StatusSink,
+    admission::{ApiNode, NodeResources},
+};
 use kubelet_cluster::{
     Facts, Health, bootstrap, certificate,
     credentials::NodeCredentials,
@@ -28,7 +31,7 @@ use kubelet_core::{
     runtime::{Image, Version},
     types::{is_static_pod, pod_full_name},
 };
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, info, info_span, warn};
 
@@ -45,6 +48,8 @@ const IMAGE_LIST_PERIOD: Duration = Duration::from_secs(30);
 pub(crate) struct NodeState {
     pub(crate) runtime_state: Arc<RuntimeState>,
     pub(crate) pressure: Arc<NodePressure>,
+    /// The node's labels and taints as the API server has its Node, for admission.
+    pub(crate) api_node: Arc<ApiNode>,
     pub(crate) images: Arc<Mutex<Vec<Image>>>,
 }
 
@@ -228,11 +233,29 @@ pub(crate) fn spawn(
             .instrument(info_span!("pod_status_sink")),
     );
     let node = settings.node_name.clone();
+    // Pods are admitted against the Node's labels and taints, so they are watched only once the
+    // Node has been listed, as upstream's API source waits for its node informer.
+    let (node_listed, mut listed) = watch::channel(false);
+    tracker.spawn({
+        let api_node = node_state.api_node.clone();
+        let follow = move |found: Option<&Node>| match found {
+            Some(found) => {
+                let labels = found.metadata.labels.clone().unwrap_or_default();
+                api_node.set(labels, found.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default());
+            }
+            None => api_node.forget(),
+        };
+        kubelet_cluster::node_watch::watch_node(client.clone(), node.clone(), follow, node_listed, cancel.child_token())
+            .instrument(info_span!("node_watch"))
+    });
     // The heartbeats tell the pod source when the API server answers again after an outage.
     let api_back = Arc::new(Notify::new());
     tracker.spawn({
         let (client, api_back, cancel) = (client.clone(), api_back.clone(), cancel.child_token());
         async move {
+            if cancel.run_until_cancelled(listed.wait_for(|listed| *listed)).await.is_none() {
+                return;
+            }
             let deliver = move |pods: Vec<Arc<Pod>>| {
                 let _ = reports.send(Report::bound(&pods));
                 let source = source.clone();

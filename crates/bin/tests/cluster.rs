@@ -634,7 +634,7 @@ async fn a_node_that_does_not_register_reports_on_the_node_others_register() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("manifests")).unwrap();
     let cluster = Cluster::Local(ApiServer::start().await);
-    report_on_a_node_registered_by_others(&cluster, "fake://", dir.path(), "node-unregistered").await;
+    report_on_a_node_registered_by_others(&cluster, "fake://", "busybox", dir.path(), "node-unregistered").await;
 }
 
 /// The same against kube-apiserver, with node `kubelet-rs-node-1`'s credentials (the Node
@@ -650,8 +650,9 @@ async fn real_a_node_that_does_not_register_reports_on_the_node_others_register_
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
     let cluster = Arc::new(cluster);
     let body = {
-        let (endpoint, cluster, dir) = (rt.endpoint.clone(), cluster.clone(), dir.clone());
-        async move { report_on_a_node_registered_by_others(&cluster, &endpoint, &dir, node).await }
+        let (endpoint, image, cluster, dir) =
+            (rt.endpoint.clone(), rt.busybox_image.clone(), cluster.clone(), dir.clone());
+        async move { report_on_a_node_registered_by_others(&cluster, &endpoint, &image, &dir, node).await }
     };
     run_and_clean_up(&rt, &dir, &cluster, node, body).await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -659,8 +660,8 @@ async fn real_a_node_that_does_not_register_reports_on_the_node_others_register_
 
 /// Upstream's `registerNode: false`: the agent creates no Node, and once others create it,
 /// reports its status and renews its lease as for a Node it registered, leaving its labels as
-/// they were.
-async fn report_on_a_node_registered_by_others(cluster: &Cluster, endpoint: &str, dir: &Path, node: &str) {
+/// they were; and admits pods against that Node's labels and taints.
+async fn report_on_a_node_registered_by_others(cluster: &Cluster, endpoint: &str, image: &str, dir: &Path, node: &str) {
     std::fs::write(
         dir.join("config.yaml"),
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nregisterNode: false\n\
@@ -681,8 +682,10 @@ async fn report_on_a_node_registered_by_others(cluster: &Cluster, endpoint: &str
     assert!(cluster.view(node).await.nodes.is_empty(), "the agent registered no Node");
 
     let labels = json!({"team": "storage"});
+    let taints = json!([{"key": "dedicated", "value": "storage", "effect": "NoExecute"}]);
     cluster
-        .create_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}}))
+        .create_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels},
+            "spec": {"taints": taints}}))
         .await;
     let (reported, lease) = until(cluster, node, dir, "the node's status and lease", |v| {
         let reported = v.nodes.get(node)?;
@@ -699,6 +702,32 @@ async fn report_on_a_node_registered_by_others(cluster: &Cluster, endpoint: &str
     assert!(reported["status"]["capacity"]["cpu"].is_string(), "{reported}");
     assert_eq!(lease["metadata"]["ownerReferences"][0]["uid"], reported["metadata"]["uid"], "{lease}");
     assert_eq!(lease["spec"]["holderIdentity"], node, "{lease}");
+
+    // Pods are admitted against the Node as the API server has it (upstream's node informer): a
+    // pod selecting a label only the administrator set runs, and one that does not tolerate the
+    // Node's NoExecute taint is refused.
+    let pod = |name: &str, tolerations: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "nodeSelector": labels,
+                "tolerations": tolerations,
+                "containers": [{"name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]}]}})
+    };
+    let tolerates = json!([{"key": "dedicated", "operator": "Equal", "value": "storage", "effect": "NoExecute"}]);
+    cluster.create_pod(pod("tolerant", tolerates)).await;
+    cluster.create_pod(pod("intolerant", json!([]))).await;
+    let key = |name: &str| format!("{}/{name}", cluster.namespace());
+    let refused = until(cluster, node, dir, "the tolerant pod to run and the other to be refused", |v| {
+        let tolerant = v.pods.get(&key("tolerant"))?;
+        let intolerant = v.pods.get(&key("intolerant"))?;
+        (phase(tolerant) == "Running" && phase(intolerant) == "Failed").then(|| intolerant["status"].clone())
+    })
+    .await;
+    assert_eq!(refused["reason"], "TaintToleration", "{refused}");
+    assert_eq!(
+        refused["message"],
+        "Pod was rejected: Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"
+    );
     drop(agent);
 }
 

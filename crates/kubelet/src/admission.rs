@@ -1,26 +1,33 @@
 //! Pod admission (upstream `pkg/kubelet/lifecycle/predicate.go` and `pkg/kubelet/sysctl`): a
 //! pod is admitted only if it is for this node's OS, the node has room for it among the active
-//! pods, it matches the node's labels, its host ports are free and its sysctls are allowed.
+//! pods, it matches the node's labels, its host ports are free, it tolerates the node's
+//! `NoExecute` taints (static pods aside) and its sysctls are allowed.
+//!
+//! The node's labels and taints are the API's Node's once [`ApiNode`] knows it (upstream admits
+//! against its node informer's Node), and the node's own before that (upstream's `initialNode`).
 //!
 //! Extended resources the node does not have (`nvidia.com/gpu` here) are left out of the
 //! requests, as upstream leaves them (`removeMissingExtendedResources`); the node has none.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     path::Path,
+    sync::{PoisonError, RwLock},
 };
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Taint};
 use kubelet_core::resources::{hugepage_page_size, pod_hugepage_requests, pod_request, units};
 
 mod affinity;
 mod sysctls;
+mod taints;
 
 /// The node label naming its operating system.
 const OS_LABEL: &str = "kubernetes.io/os";
 
 /// What the node offers to pods, and what it allows them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct NodeResources {
     /// Allocatable CPU in millicores (capacity minus reserved).
@@ -31,6 +38,9 @@ pub struct NodeResources {
     pub max_pods: usize,
     /// The node's labels, for `nodeSelector` and the required node affinity.
     pub labels: BTreeMap<String, String>,
+    /// The node's taints (`registerWithTaints`); a pod not from a static source must tolerate
+    /// each `NoExecute` one.
+    pub taints: Vec<Taint>,
     /// The unsafe sysctls (names, or prefixes ending in `*`) pods may set beside the safe ones
     /// (`allowedUnsafeSysctls`).
     pub allowed_unsafe_sysctls: Vec<String>,
@@ -43,6 +53,42 @@ pub struct NodeResources {
     pub ephemeral_storage_bytes: Option<i64>,
 }
 
+/// The node's labels and taints as the API server has its Node, once known: upstream admits pods
+/// against its node informer's Node, so labels and taints an administrator sets count. Until the
+/// Node is known, and after it is deleted, admission uses the node's own ([`NodeResources`],
+/// upstream's `initialNode`).
+#[derive(Debug, Default)]
+pub struct ApiNode(RwLock<Option<NodeLabelsAndTaints>>);
+
+/// What admission reads of a Node: its labels and its taints.
+type NodeLabelsAndTaints = (BTreeMap<String, String>, Vec<Taint>);
+
+impl ApiNode {
+    /// The Node's labels and taints are now these.
+    pub fn set(&self, labels: BTreeMap<String, String>, taints: Vec<Taint>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some((labels, taints));
+    }
+
+    /// The Node is gone: admission goes back to the node's own labels and taints.
+    pub fn forget(&self) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// `own` with the Node's labels and taints in place of its own, once the Node is known.
+    pub fn over<'a>(&self, own: &'a NodeResources) -> Cow<'a, NodeResources> {
+        // Each write replaces the whole value: a poisoned lock still holds a whole one.
+        match &*self.0.read().unwrap_or_else(PoisonError::into_inner) {
+            None => Cow::Borrowed(own),
+            Some((labels, taints)) => {
+                let mut node = own.clone();
+                node.labels.clone_from(labels);
+                node.taints.clone_from(taints);
+                Cow::Owned(node)
+            }
+        }
+    }
+}
+
 impl NodeResources {
     /// Resources with upstream's `maxPods` and the `kubernetes.io/os=linux` label.
     pub fn new(cpu_milli: i64, memory_bytes: i64) -> Self {
@@ -51,6 +97,7 @@ impl NodeResources {
             memory_bytes,
             max_pods: 110,
             labels: BTreeMap::from([(OS_LABEL.to_owned(), "linux".to_owned())]),
+            taints: Vec::new(),
             allowed_unsafe_sysctls: Vec::new(),
             hugepages: BTreeMap::new(),
             ephemeral_storage_bytes: None,
@@ -138,7 +185,7 @@ fn ports_collide(a: &HostPort, b: &HostPort) -> bool {
 /// Decides whether `pod` may run next to the `active` pods, with upstream's checks in
 /// upstream's order (`predicateAdmitHandler.Admit`, then the sysctl allowlist): the OS label
 /// and `spec.os`, then the scheduler's admission checks (pod count, CPU, memory, the required
-/// node affinity and `nodeSelector`, host ports), then the pod's sysctls.
+/// node affinity and `nodeSelector`, host ports), the `NoExecute` taints, then the pod's sysctls.
 pub fn admit(pod: &Pod, active: &[&Pod], node: &NodeResources) -> Result<(), Rejection> {
     admit_to(pod, &NodeUsage::of(active), node)
 }
@@ -162,6 +209,9 @@ pub fn admit_to(pod: &Pod, usage: &NodeUsage, node: &NodeResources) -> Result<()
     }
     if host_ports(pod).iter().any(|wanted| usage.host_ports.iter().any(|used| ports_collide(wanted, used))) {
         return Err(Rejection::predicate("NodePorts", "node(s) didn't have free ports for the requested pod ports"));
+    }
+    if !kubelet_core::types::is_static_pod(pod) && taints::untolerated_no_execute(pod, &node.taints) {
+        return Err(Rejection::predicate("TaintToleration", "node(s) had taints that the pod didn't tolerate"));
     }
     sysctls::check(pod, &node.allowed_unsafe_sysctls)
         .map_err(|error| Rejection::new("SysctlForbidden", format!("forbidden sysctl: {error}")))

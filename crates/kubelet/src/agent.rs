@@ -23,7 +23,7 @@ use tokio::{sync::mpsc, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, info_span, warn};
 
-use crate::{Kubelet, MirrorClient, PodSync, status_store::StatusStore};
+use crate::{Kubelet, MirrorClient, PodSync, admission::ApiNode, status_store::StatusStore};
 
 /// How the agent runs.
 #[derive(Clone, Debug)]
@@ -244,8 +244,10 @@ impl<R: Runtime> Builder<R> {
         let pods = Arc::new(PodManager::new());
         let sources = Arc::new(SourcesReady::new(config.sources.iter().copied()));
         let pressure = Arc::new(NodePressure::new());
-        let kubelet =
-            Kubelet::new(syncer, workers.clone(), pods.clone(), sources.clone(), cache).with_pressure(pressure.clone());
+        let api_node = Arc::new(ApiNode::default());
+        let kubelet = Kubelet::new(syncer, workers.clone(), pods.clone(), sources.clone(), cache)
+            .with_pressure(pressure.clone())
+            .with_api_node(api_node.clone());
         let health = Arc::new(LoopHealth::new(config.loop_health_threshold));
         let shared = Shared::new(pods, work_queue, sources, runtime_state, health);
         Agent {
@@ -257,6 +259,7 @@ impl<R: Runtime> Builder<R> {
             shared,
             statuses,
             pressure,
+            api_node,
             recorder,
             config,
             cancel,
@@ -276,6 +279,7 @@ pub struct Agent<R, P, W> {
     shared: Shared,
     statuses: Arc<StatusStore>,
     pressure: Arc<NodePressure>,
+    api_node: Arc<ApiNode>,
     recorder: Arc<dyn EventRecorder>,
     config: Config,
     cancel: CancellationToken,
@@ -342,6 +346,12 @@ impl<R: Runtime, P: Pleg, W: PodWorkers> Agent<R, P, W> {
     /// under them, and the node's status reports them.
     pub fn pressure(&self) -> &Arc<NodePressure> {
         &self.pressure
+    }
+
+    /// The node's labels and taints as the API server has its Node: a watch of the Node sets
+    /// them (cluster mode), and admission uses them in place of the node's own once set.
+    pub fn api_node(&self) -> &Arc<ApiNode> {
+        &self.api_node
     }
 
     /// The pods that count against the node now (upstream `GetActivePods`): admitted, not

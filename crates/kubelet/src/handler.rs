@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::{
-    admission::{NodeUsage, Rejection, admit_to},
+    admission::{ApiNode, NodeUsage, Rejection, admit_to},
     cleanup::{Cleanups, Job, KnownNow},
     lock,
     pod_sync::{Error, PodSync},
@@ -39,6 +39,7 @@ pub struct Kubelet<R, W> {
     pods: Arc<PodManager>,
     sources: Arc<SourcesReady>,
     pressure: Arc<NodePressure>,
+    api_node: Arc<ApiNode>,
     housekeepings: AtomicU64,
     /// What the last walk over the pods read, when it found nothing to do: until something
     /// moves, the next walk would find nothing either.
@@ -112,6 +113,7 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
             pods,
             sources,
             pressure,
+            api_node: Arc::default(),
             housekeepings: AtomicU64::new(0),
             settled_on: std::sync::Mutex::default(),
         }
@@ -154,6 +156,14 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
         self
     }
 
+    /// Admits pods against the node's labels and taints as `api_node` has them once it knows the
+    /// Node (upstream's node informer); without a call, against the node's own.
+    #[must_use]
+    pub fn with_api_node(mut self, api_node: Arc<ApiNode>) -> Self {
+        self.api_node = api_node;
+        self
+    }
+
     /// A mirror pod came, changed or went: its static pod is synced, to keep the mirror (upstream
     /// `handleMirrorPod`).
     fn handle_mirror_pod(&self, mirror: &Pod) {
@@ -174,7 +184,7 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
             warn!(pod = %pod_full_name(pod), conditions = ?self.pressure.conditions(), "pod rejected under node pressure");
             return Err(Rejection::new("Evicted", message));
         }
-        admit_to(pod, usage, &self.sync.config.node).inspect_err(|rejection| {
+        admit_to(pod, usage, &self.api_node.over(&self.sync.config.node)).inspect_err(|rejection| {
             warn!(pod = %pod_full_name(pod), reason = %rejection.reason, "pod rejected");
         })
     }

@@ -34,7 +34,7 @@ use crate::{
 };
 
 /// How the kubelet runs on this node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct Config {
     /// The node's name.

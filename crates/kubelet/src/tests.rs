@@ -487,6 +487,35 @@ fn admission_is_upstreams_predicates_in_upstreams_words() {
     labelled.labels.insert("disk".into(), "ssd".into());
     assert!(admit(&selector, &[], &labelled).is_ok(), "the node's own labels count");
 
+    // Once the API's Node is known, its labels and taints count in place of the node's own.
+    let api_node = crate::admission::ApiNode::default();
+    assert!(admit(&selector, &[], &api_node.over(&node)).is_err(), "the node's own labels until then");
+    let taint = k8s_openapi::api::core::v1::Taint {
+        key: "dedicated".into(),
+        value: Some("storage".into()),
+        effect: "NoExecute".into(),
+        time_added: None,
+    };
+    api_node.set(BTreeMap::from([("disk".into(), "ssd".into())]), vec![taint]);
+    let rejection = admit(&selector, &[], &api_node.over(&node)).unwrap_err();
+    assert_eq!(
+        (rejection.reason.as_str(), rejection.message.as_str()),
+        ("TaintToleration", "Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"),
+        "the label matches, the taint is not tolerated"
+    );
+    let mut from_a_file = selector.clone();
+    from_a_file.metadata.annotations =
+        Some(BTreeMap::from([(kubelet_core::types::annotations::CONFIG_SOURCE.into(), "file".into())]));
+    assert!(admit(&from_a_file, &[], &api_node.over(&node)).is_ok(), "static pods need not tolerate it");
+    selector.spec.as_mut().unwrap().tolerations = Some(vec![k8s_openapi::api::core::v1::Toleration {
+        key: Some("dedicated".into()),
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }]);
+    assert!(admit(&selector, &[], &api_node.over(&node)).is_ok());
+    api_node.forget();
+    assert!(admit(&selector, &[], &api_node.over(&node)).is_err(), "the Node gone, the node's own labels again");
+
     // Host ports collide on the same IP, or when either takes every address.
     let on = |ip: Option<&str>| {
         let mut p = base();
