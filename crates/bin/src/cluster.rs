@@ -195,6 +195,28 @@ impl MirrorClient for ApiMirrors {
     }
 }
 
+/// Watches the Node `node` on `tracker` until `cancel`, keeping `api_node` to its labels and
+/// taints; the receiver turns true once the Node's first list is in.
+fn follow_node(
+    tracker: &TaskTracker,
+    client: Client,
+    node: String,
+    api_node: Arc<ApiNode>,
+    cancel: &CancellationToken,
+) -> watch::Receiver<bool> {
+    let (node_listed, listed) = watch::channel(false);
+    let follow = move |found: Option<&Node>| match found {
+        Some(found) => {
+            let labels = found.metadata.labels.clone().unwrap_or_default();
+            api_node.set(labels, found.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default());
+        }
+        None => api_node.forget(),
+    };
+    let watch = kubelet_cluster::node_watch::watch_node(client, node, follow, node_listed, cancel.child_token());
+    tracker.spawn(watch.instrument(info_span!("node_watch")));
+    listed
+}
+
 /// Why cluster mode ended the agent, when it did (an expired client certificate it cannot
 /// renew): set once, before it cancels the agent, and returned as the agent's error.
 pub(crate) type Fatal = Arc<std::sync::OnceLock<String>>;
@@ -235,19 +257,7 @@ pub(crate) fn spawn(
     let node = settings.node_name.clone();
     // Pods are admitted against the Node's labels and taints, so they are watched only once the
     // Node has been listed, as upstream's API source waits for its node informer.
-    let (node_listed, mut listed) = watch::channel(false);
-    tracker.spawn({
-        let api_node = node_state.api_node.clone();
-        let follow = move |found: Option<&Node>| match found {
-            Some(found) => {
-                let labels = found.metadata.labels.clone().unwrap_or_default();
-                api_node.set(labels, found.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default());
-            }
-            None => api_node.forget(),
-        };
-        kubelet_cluster::node_watch::watch_node(client.clone(), node.clone(), follow, node_listed, cancel.child_token())
-            .instrument(info_span!("node_watch"))
-    });
+    let mut listed = follow_node(tracker, client.clone(), node.clone(), node_state.api_node.clone(), cancel);
     // The heartbeats tell the pod source when the API server answers again after an outage.
     let api_back = Arc::new(Notify::new());
     tracker.spawn({
