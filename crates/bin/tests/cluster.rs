@@ -642,20 +642,10 @@ async fn a_node_that_does_not_register_reports_on_the_node_others_register() {
 #[tokio::test]
 async fn real_a_node_that_does_not_register_reports_on_the_node_others_register_from_kube_apiserver() {
     let test = "real_a_node_that_does_not_register_reports_on_the_node_others_register_from_kube_apiserver";
-    let Some(rt) = RealRuntime::from_env(test) else { return };
-    let node = "kubelet-rs-node-1";
-    let Some(cluster) = kube_apiserver(test, node).await else { return };
-    let dir = rt.scratch_dir.join("unregistered");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("manifests")).unwrap();
-    let cluster = Arc::new(cluster);
-    let body = {
-        let (endpoint, image, cluster, dir) =
-            (rt.endpoint.clone(), rt.busybox_image.clone(), cluster.clone(), dir.clone());
-        async move { report_on_a_node_registered_by_others(&cluster, &endpoint, &image, &dir, node).await }
+    let scenario = async |rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String| {
+        report_on_a_node_registered_by_others(&cluster, &rt.endpoint, &rt.busybox_image, &dir, &node).await;
     };
-    run_and_clean_up(&rt, &dir, &cluster, node, body).await;
-    let _ = std::fs::remove_dir_all(&dir);
+    on_node("kubelet-rs-node-1", test, "unregistered", None, scenario).await;
 }
 
 /// Upstream's `registerNode: false`: the agent creates no Node, and once others create it,
@@ -1452,19 +1442,31 @@ async fn real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserve
     on_node_3(test, "memory-evictions", None, evict_under_memory_pressure).await;
 }
 
-/// Runs `scenario` as node `kubelet-rs-node-3` of kube-apiserver, in a fresh scratch directory
-/// `name` whose `root` is a tmpfs of `root_size` when given (so `nodefs` is the test's), and
-/// cleans up after it.
+/// Runs `scenario` as node `kubelet-rs-node-3` of kube-apiserver; see [`on_node`].
 async fn on_node_3<Scenario>(
     test: &str,
     name: &str,
     root_size: Option<&str>,
     scenario: impl FnOnce(RealRuntime, PathBuf, Arc<Cluster>, String) -> Scenario,
 ) where
-    Scenario: Future<Output = ()> + Send + 'static,
+    Scenario: Future<Output = ()> + 'static,
+{
+    on_node("kubelet-rs-node-3", test, name, root_size, scenario).await;
+}
+
+/// Runs `scenario` as node `node` of kube-apiserver, in a fresh scratch directory `name` whose
+/// `root` is a tmpfs of `root_size` when given (so `nodefs` is the test's), and cleans up after
+/// it.
+async fn on_node<Scenario>(
+    node: &str,
+    test: &str,
+    name: &str,
+    root_size: Option<&str>,
+    scenario: impl FnOnce(RealRuntime, PathBuf, Arc<Cluster>, String) -> Scenario,
+) where
+    Scenario: Future<Output = ()> + 'static,
 {
     let Some(rt) = RealRuntime::from_env(test) else { return };
-    let node = "kubelet-rs-node-3";
     let Some(cluster) = kube_apiserver(test, node).await else { return };
     let cluster = Arc::new(cluster);
     let dir = rt.scratch_dir.join(name);
