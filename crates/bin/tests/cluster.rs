@@ -1429,7 +1429,7 @@ async fn wait_for_heartbeats(cluster: &Cluster, node: &str, since: std::time::Sy
 #[tokio::test]
 async fn real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiserver() {
     let test = "real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiserver";
-    on_node_3(test, "evictions", Some("64m"), evict_under_pressure).await;
+    on_node(NODE_3, test, "evictions", Some("64m"), evict_under_pressure).await;
 }
 
 /// Upstream's memory eviction against kube-apiserver: with `memory.available` set 500 MiB below
@@ -1439,20 +1439,11 @@ async fn real_disk_pressure_and_local_storage_limits_evict_pods_from_kube_apiser
 #[tokio::test]
 async fn real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserver() {
     let test = "real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserver";
-    on_node_3(test, "memory-evictions", None, evict_under_memory_pressure).await;
+    on_node(NODE_3, test, "memory-evictions", None, evict_under_memory_pressure).await;
 }
 
-/// Runs `scenario` as node `kubelet-rs-node-3` of kube-apiserver; see [`on_node`].
-async fn on_node_3<Scenario>(
-    test: &str,
-    name: &str,
-    root_size: Option<&str>,
-    scenario: impl FnOnce(RealRuntime, PathBuf, Arc<Cluster>, String) -> Scenario,
-) where
-    Scenario: Future<Output = ()> + 'static,
-{
-    on_node("kubelet-rs-node-3", test, name, root_size, scenario).await;
-}
+/// The test node most kube-apiserver scenarios run as, one at a time.
+const NODE_3: &str = "kubelet-rs-node-3";
 
 /// Runs `scenario` as node `node` of kube-apiserver, in a fresh scratch directory `name` whose
 /// `root` is a tmpfs of `root_size` when given (so `nodefs` is the test's), and cleans up after
@@ -1678,7 +1669,7 @@ async fn evict_under_pressure(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluste
 #[tokio::test]
 async fn real_the_kubelet_api_serves_kubectl_logs_and_refuses_whom_rbac_does_not_allow() {
     let test = "real_the_kubelet_api_serves_kubectl_logs_and_refuses_whom_rbac_does_not_allow";
-    on_node_3(test, "kubelet-api", None, serve_the_kubelet_api).await;
+    on_node(NODE_3, test, "kubelet-api", None, serve_the_kubelet_api).await;
 }
 
 /// Config map and secret changes reach the volumes that show them (configMap, secret and
@@ -1688,7 +1679,7 @@ async fn real_the_kubelet_api_serves_kubectl_logs_and_refuses_whom_rbac_does_not
 #[tokio::test]
 async fn real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver() {
     let test = "real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver";
-    on_node_3(test, "volume-updates", None, follow_object_changes).await;
+    on_node(NODE_3, test, "volume-updates", None, follow_object_changes).await;
 }
 
 /// The body of [`real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver`].
@@ -1731,7 +1722,7 @@ async fn follow_object_changes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
 #[tokio::test]
 async fn real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver() {
     let test = "real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver";
-    on_node_3(test, "deleted-in-rounds", None, delete_in_rounds).await;
+    on_node(NODE_3, test, "deleted-in-rounds", None, delete_in_rounds).await;
 }
 
 /// The body of [`real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver`]:
@@ -2230,7 +2221,7 @@ async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespa
 #[tokio::test]
 async fn real_a_node_bootstraps_its_client_certificate_through_a_csr_the_test_approves() {
     let test = "real_a_node_bootstraps_its_client_certificate_through_a_csr_the_test_approves";
-    on_node_3(test, "tls-bootstrap", None, bootstrap_a_node).await;
+    on_node(NODE_3, test, "tls-bootstrap", None, bootstrap_a_node).await;
 }
 
 /// A bootstrap token (`<id>.<secret>`) in `kube-system`, allowed to ask for node certificates
@@ -2541,7 +2532,7 @@ async fn bootstrap_a_node(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, 
 #[tokio::test]
 async fn real_the_kubelet_api_serves_the_certificate_the_api_server_issued() {
     let test = "real_the_kubelet_api_serves_the_certificate_the_api_server_issued";
-    on_node_3(test, "server-tls-bootstrap", None, serve_an_issued_certificate).await;
+    on_node(NODE_3, test, "server-tls-bootstrap", None, serve_an_issued_certificate).await;
 }
 
 /// The body of [`real_the_kubelet_api_serves_the_certificate_the_api_server_issued`].
