@@ -405,6 +405,11 @@ fn write_kubeconfig(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering::SeqCst},
+    };
+
     use rcgen::PublicKeyData;
 
     use super::*;
@@ -449,6 +454,78 @@ mod tests {
         // A kubeconfig without a client certificate (a token) is bootstrapped again.
         std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n").unwrap();
         assert!(!still_valid(&kubeconfig, now).unwrap());
+    }
+
+    /// A client whose server answers each request with the next of `answers` (a status code, or
+    /// `None` for a connection that fails), then with 200 and a version, counting the requests
+    /// in `asked`.
+    fn client_answering(answers: Vec<Option<u16>>, asked: Arc<AtomicUsize>) -> Client {
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            let answer = answers.get(asked.fetch_add(1, SeqCst)).copied().unwrap_or(Some(200));
+            async move {
+                let code = answer.ok_or_else(|| std::io::Error::other("connection refused"))?;
+                let body = if code == 200 {
+                    r#"{"major":"1","minor":"26","gitVersion":"v1.26.1"}"#.to_owned()
+                } else {
+                    format!(r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","code":{code}}}"#)
+                };
+                let response = http::Response::builder().status(code).body(kube::client::Body::from(body.into_bytes()));
+                Ok::<_, std::io::Error>(response.unwrap())
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    /// Credentials whose rotated client certificate, in `dir`, ends at `not_after`.
+    fn credentials_ending(dir: &Path, not_after: time::OffsetDateTime) -> NodeCredentials {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let pair = dir.join("kubelet-client-current.pem");
+        std::fs::write(&pair, certificate_of(&key, not_after) + &key.serialize_pem()).unwrap();
+        NodeCredentials::rotated(&dir.join("kubelet.conf"), &pair)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_certificate_ends_the_node_once_the_server_answers_and_not_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let an_hour = time::Duration::hours(1);
+
+        // While the certificate is valid, nothing is asked.
+        let asked = Arc::new(AtomicUsize::new(0));
+        let valid = credentials_ending(dir.path(), time::OffsetDateTime::now_utc() + an_hour);
+        let waiting =
+            wait_for_unrenewable_expiry(client_answering(vec![], asked.clone()), valid, CancellationToken::new());
+        assert!(tokio::time::timeout(Duration::from_secs(600), waiting).await.is_err());
+        assert_eq!(asked.load(SeqCst), 0);
+
+        // Expired: a server that does not answer (a failed connection, a 503) is asked again every
+        // 10 s, and the node ends once it answers.
+        let asked = Arc::new(AtomicUsize::new(0));
+        let expired = credentials_ending(dir.path(), time::OffsetDateTime::now_utc() - an_hour);
+        let client = client_answering(vec![None, Some(503)], asked.clone());
+        let started = tokio::time::Instant::now();
+        let why = wait_for_unrenewable_expiry(client, expired.clone(), CancellationToken::new()).await;
+        assert_eq!(why.as_deref(), Some(EXPIRED_AND_ANSWERED));
+        assert_eq!(asked.load(SeqCst), 3);
+        assert_eq!(started.elapsed(), 2 * EXPIRED_CHECK);
+
+        // A refusal is an answer (the server is there, and refuses the expired certificate).
+        let asked = Arc::new(AtomicUsize::new(0));
+        let why = wait_for_unrenewable_expiry(
+            client_answering(vec![Some(401)], asked.clone()),
+            expired.clone(),
+            CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(why.as_deref(), Some(EXPIRED_AND_ANSWERED));
+        assert_eq!(asked.load(SeqCst), 1);
+
+        // Cancelled while the server does not answer: no reason to end.
+        let cancel = CancellationToken::new();
+        let client = client_answering(vec![Some(503); 100], Arc::new(AtomicUsize::new(0)));
+        let waiting = tokio::spawn(wait_for_unrenewable_expiry(client, expired, cancel.clone()));
+        tokio::time::sleep(Duration::from_secs(35)).await;
+        cancel.cancel();
+        assert_eq!(waiting.await.unwrap(), None);
     }
 
     #[test]
