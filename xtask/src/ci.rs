@@ -29,6 +29,27 @@ use crate::{
 /// Test functions whose names match this run only in the real-runtime step.
 const REAL_FILTER: &str = "test(/(^|::)real_/)";
 
+/// The variable naming the file where tests record what they did not check
+/// (`kubelet_core::testing::not_checked`), which the summary lists.
+const ENV_NOT_CHECKED: &str = "KUBELET_RS_TEST_NOT_CHECKED";
+
+/// The file the tests of this run record what they did not check in.
+fn not_checked_file() -> Result<std::path::PathBuf> {
+    Ok(project_root()?.join("target/ci-not-checked.txt"))
+}
+
+/// What the tests recorded they did not check, one line each, in the order recorded.
+fn not_checked() -> Vec<String> {
+    let text = not_checked_file().and_then(|file| Ok(std::fs::read_to_string(file)?)).unwrap_or_default();
+    let mut lines: Vec<String> = Vec::new();
+    for line in text.lines().filter(|line| !line.trim().is_empty()) {
+        if !lines.iter().any(|seen| seen == line) {
+            lines.push(line.to_owned());
+        }
+    }
+    lines
+}
+
 pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
     if let Ok(root) = project_root() {
@@ -97,8 +118,12 @@ impl CiOptions {
     }
 }
 
-/// The steps a comma-separated list names, each checked against [`STEPS`].
+/// The steps a comma-separated list names, each checked against [`STEPS`]; a list that names
+/// none is an error, not a run of nothing.
 fn step_names(list: &str) -> Result<Vec<&'static str>> {
+    if list.split(',').all(|name| name.trim().is_empty()) {
+        bail!("no ci step named in {list:?}; the steps: {}", STEPS.join(", "));
+    }
     list.split(',')
         .map(str::trim)
         .filter(|name| !name.is_empty())
@@ -119,6 +144,13 @@ const COMPILE_ONLY: [&str; 4] = ["features", "doc", "deny", "package"];
 /// The steps `options` asks for, in order; the real-runtime tests run `repeat` times in a row.
 pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
     let repeat = options.repeat;
+    say_what_will_be_skipped(&options.steps)?;
+    let not_checked_file = not_checked_file()?;
+    if let Err(err) = std::fs::remove_file(&not_checked_file)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        bail!("cannot clear {}: {err}", not_checked_file.display());
+    }
     let beside = steps_beside_real_runtime(&options.steps);
     let mut timings: Vec<(&str, Duration)> = Vec::new();
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
@@ -148,10 +180,14 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
     step("test", &mut || {
         if nextest() {
             let filter = format!("not {REAL_FILTER}");
-            run(cargo().args(["nextest", "run", "--workspace", "--locked", "--no-fail-fast", "-E", &filter]))?;
+            let mut tests = cargo();
+            tests.args(["nextest", "run", "--workspace", "--locked", "--no-fail-fast", "-E", &filter]);
+            run(tests.env(ENV_NOT_CHECKED, &not_checked_file))?;
             run(cargo().args(["test", "--workspace", "--locked", "--doc"]))
         } else {
-            run(cargo().args(["test", "--workspace", "--locked", "--", "--skip", "real_"]))
+            let mut tests = cargo();
+            tests.args(["test", "--workspace", "--locked", "--", "--skip", "real_"]);
+            run(tests.env(ENV_NOT_CHECKED, &not_checked_file))
         }
     })?;
     // With the lane, the example agent, which mostly waits on its pods, runs after the
@@ -218,6 +254,39 @@ pub(crate) fn run_ci(options: &CiOptions) -> Result<()> {
     for (name, took) in lane_timings {
         println!("  {name:<13} {:>6.1} s (in the background)", took.as_secs_f64());
     }
+    let tests_ran = options.steps.iter().any(|step| ["test", "real-runtime"].contains(step));
+    let not_checked = not_checked();
+    if !tests_ran {
+        return Ok(());
+    }
+    if not_checked.is_empty() {
+        println!("every test checked all it names");
+    } else {
+        println!("not checked in this run ({}), by test:", not_checked.len());
+        for line in not_checked {
+            println!("  {line}");
+        }
+    }
+    Ok(())
+}
+
+/// Says at the start which of `steps` will be skipped for a missing cargo tool, and the one
+/// command that installs them; under CI, fails instead.
+fn say_what_will_be_skipped(steps: &[&str]) -> Result<()> {
+    let needs = [("features", "cargo-hack"), ("deny", "cargo-deny"), ("real-runtime", "cargo-deb")];
+    let missing: Vec<String> = needs
+        .into_iter()
+        .filter(|(step, tool)| steps.contains(step) && !have(tool))
+        .map(|(step, tool)| format!("{step} ({tool} is missing)"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let fix = "`cargo xtask setup` installs what is missing";
+    if in_ci() {
+        bail!("steps that cannot run: {}; {fix}", missing.join(", "));
+    }
+    println!("SKIPPING: {}; {fix}", missing.join(", "));
     Ok(())
 }
 
@@ -368,9 +437,10 @@ fn real_runtime_tests(repeat: u32, lane: Option<&Lane>) -> Result<()> {
     // The tests' build, whose agent the chaos scenarios and the demo run.
     let agent = harness::build(harness::Profile::Dev)?.agent;
     let started = runtime::start()?;
-    // Cluster mode against upstream's kube-apiserver when this machine has one; otherwise one
-    // line says its tests did not run (the binary is built from source, never in CI).
+    // Cluster mode against upstream's kube-apiserver, which `cargo xtask setup` builds: in CI
+    // its absence fails the run; elsewhere one line says its tests did not run.
     let control_plane = match cluster::missing_prerequisites() {
+        Some(why) if in_ci() => bail!("the cluster-mode tests against kube-apiserver cannot run: {why}"),
         Some(why) => {
             println!("SKIPPED cluster-mode tests against kube-apiserver: {why}");
             false
@@ -380,8 +450,10 @@ fn real_runtime_tests(repeat: u32, lane: Option<&Lane>) -> Result<()> {
             true
         }
     };
+    let not_checked_file = not_checked_file()?;
     let tests = |which: RealTests| {
         let mut cmd = real_tests_command(which);
+        cmd.env(ENV_NOT_CHECKED, &not_checked_file);
         for (key, value) in runtime::test_env() {
             cmd.env(key, value);
         }
@@ -571,5 +643,10 @@ mod tests {
         assert!(error.contains("no ci step \"lint\"") && error.contains("bench-build"), "{error}");
         assert!(CiOptions::parse(&["--repeat", "0"]).is_err());
         assert!(CiOptions::parse(&["--only"]).is_err());
+        for nothing in ["", " ", ","] {
+            let error = CiOptions::parse(&["--only", nothing]).unwrap_err().to_string();
+            assert!(error.contains("no ci step named"), "--only {nothing:?}: {error}");
+            assert!(CiOptions::parse(&["--skip", nothing]).is_err(), "--skip {nothing:?}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask cluster up|down|status`: a real control plane on loopback for the cluster-mode
-//! tests: Debian's etcd and upstream's kube-apiserver, built from source with
-//! `shared/tools/upstream-k8s` (its README) and found through `KUBELET_RS_KUBE_APISERVER`.
+//! tests: Debian's etcd and upstream's kube-apiserver, the one `cargo xtask setup` built from
+//! Debian's source package ([`kube_apiserver`]), or another build `KUBELET_RS_KUBE_APISERVER`
+//! names.
 //!
 //! The API server runs as a cluster's does for its nodes: `--authorization-mode=Node,RBAC` and
 //! the NodeRestriction admission plugin. `up` makes a PKI with openssl, an admin kubeconfig, and a
@@ -20,6 +21,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
+    kube_apiserver,
     layout::STATE_DIR,
     runtime::{Daemon, wait_until},
     util::{have, output, run},
@@ -69,11 +71,17 @@ pub(crate) fn running() -> bool {
     ETCD.running_pid().is_some() && APISERVER.running_pid().is_some()
 }
 
-/// The kube-apiserver binary, if `KUBELET_RS_KUBE_APISERVER` names one.
-fn apiserver_binary() -> Result<PathBuf, String> {
+/// The kube-apiserver binary: the one `KUBELET_RS_KUBE_APISERVER` names, or else the one
+/// `cargo xtask setup` built.
+pub(crate) fn apiserver_binary() -> Result<PathBuf, String> {
     let Some(path) = std::env::var_os(ENV_APISERVER).filter(|p| !p.is_empty()) else {
+        let built = kube_apiserver::built_binary();
+        if built.is_file() {
+            return Ok(built);
+        }
         return Err(format!(
-            "{ENV_APISERVER} is not set (build kube-apiserver with shared/tools/upstream-k8s and point it there)"
+            "no kube-apiserver: `cargo xtask setup` builds one into {} (or set {ENV_APISERVER} to another build)",
+            built.display()
         ));
     };
     let path = PathBuf::from(path);

@@ -16,6 +16,7 @@ mod dist;
 mod example;
 mod harness;
 mod images;
+mod kube_apiserver;
 mod lane;
 mod layout;
 mod leaks;
@@ -42,14 +43,15 @@ commands:
                           the .deb (cargo-deb): the binary (also /usr/bin/kubelet), kubelet.service
                           (Type=notify), a standalone configuration, man page and completions;
                           --check (root) installs it and runs its unit as CI does
-  setup                   (root) install Debian packages and build the test images
+  setup                   (root) install Debian packages, build the test images, and build the
+                          cluster tests' kube-apiserver from Debian's source package (once per machine)
   runtime start|stop|status
                           (root) the project's own containerd and local registry
   runtime start|stop --second
                           (root) the second containerd, which CI's chaos scenarios run on (it
                           needs the first's registry running)
-  cluster up|down|status  (root) etcd and upstream's kube-apiserver (KUBELET_RS_KUBE_APISERVER) on
-                          loopback, with Node,RBAC authorization, NodeRestriction and node credentials
+  cluster up|down|status  (root) etcd and the kube-apiserver setup built (or KUBELET_RS_KUBE_APISERVER)
+                          on loopback, with Node,RBAC authorization, NodeRestriction and node credentials
   images                  (root) rebuild the test images (and load them if the runtime runs)
   tidy                    project rules no compiler checks
   symbol-order            (root, valgrind) list the functions the shipped agent runs at start-up,
@@ -57,13 +59,15 @@ commands:
   codegen PROTO           the CRI bindings of kubelet-cri-client from the CRI's api.proto
                           (cargo run -p xtask --features codegen -- codegen PROTO)
   example                 the example agent (crates/sdk/examples/process_agent.rs) running a pod
-  bench [--quick] [--repeat N] [--check] [--save-baseline | --widen-baseline]
+  bench [--quick] [--repeat N] [--check] [--save-baseline | --widen-baseline] [--reason TEXT]
                           (root) the agent against the bare CRI floor: start-up and its breakdown,
-                          teardown, idle cost, cluster mode (with KUBELET_RS_KUBE_APISERVER) and a
+                          teardown, idle cost, cluster mode (with setup's kube-apiserver) and a
                           hollow node on fake://; one table, also under target/bench/ as
-                          Markdown, JSON and SVG; --check fails on a figure 20 % worse than
-                          xtask/bench-baseline.json, --save-baseline rewrites that file,
-                          --widen-baseline keeps each figure's worse of it and this run
+                          Markdown, JSON and SVG; --check fails on a ratio to a same-run floor
+                          20 % worse than xtask/bench-baseline.json's, a nominal count missed, or
+                          (full mode) a target missed; --save-baseline rewrites that file,
+                          --widen-baseline keeps each figure's worse of it and this run; either
+                          refuses a worse baseline without --reason
   bench criterion         every criterion benchmark (fake runtime; real ones when root)
   chaos [--short] [--only SCENARIO] [--dev] [--second-runtime]
                           (root) crash-consistency, runtime outage, churn and bad-input scenarios;

@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: installs what builds and tests need on Debian and the cargo tools CI runs,
-//! and builds the test images; the demo uses it without the cargo tools.
+//! builds the test images, and builds the kube-apiserver of the cluster-mode tests once per
+//! machine ([`kube_apiserver`]); the demo uses it without the cargo tools and kube-apiserver.
 //!
 //! Idempotent: installs only missing packages and says what it did.
 
@@ -8,7 +9,7 @@ use std::process::Command;
 use anyhow::{Result, bail};
 
 use crate::{
-    images, runtime,
+    images, kube_apiserver, runtime,
     util::{have, is_root, output, run},
 };
 
@@ -59,11 +60,14 @@ fn installed(package: &str) -> bool {
         .is_ok_and(|s| s.contains("install ok installed"))
 }
 
-/// `cargo xtask setup`: the Debian packages, the cargo tools CI runs and the test images.
+/// `cargo xtask setup`: the Debian packages, the cargo tools CI runs, the test images and
+/// kube-apiserver.
 pub(crate) fn run_setup() -> Result<()> {
     install_packages()?;
+    install_kubectl()?;
     install_cargo_tools()?;
     build_images()?;
+    kube_apiserver::ensure_built()?;
     println!("setup done: start the test runtime with `cargo xtask runtime start`, or run `cargo xtask ci`");
     Ok(())
 }
@@ -92,6 +96,19 @@ fn install_packages() -> Result<()> {
     run(Command::new("apt-get")
         .args(["install", "-y", "-q", "--no-install-recommends"])
         .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// kubectl, which the cluster-mode tests drive `kubectl exec` and `kubectl logs` with: Debian's
+/// `kubernetes-client` unless the machine has a kubectl already.
+fn install_kubectl() -> Result<()> {
+    if have("kubectl") {
+        println!("kubectl: present");
+        return Ok(());
+    }
+    println!("kubectl: installing Debian's kubernetes-client");
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends", "kubernetes-client"])
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 

@@ -179,6 +179,10 @@ async fn inject_faults(
 ) -> Response {
     let fault = *faults.borrow();
     let message = || "the test API server is failing on purpose".to_owned();
+    if fault.is_some_and(|fault| fault != Fault::Hang) {
+        // Counted, so a test can wait for a client to have met the fault rather than sleep.
+        lock(&objects).count("FAILED requests");
+    }
     match fault {
         None => next.run(request).await,
         Some(Fault::InternalError) => failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message()),

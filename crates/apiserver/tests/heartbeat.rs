@@ -118,9 +118,12 @@ async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflic
     assert_eq!(lease["spec"]["leaseDurationSeconds"], 40);
     assert_eq!(lease["metadata"]["ownerReferences"][0]["kind"], "Node");
 
-    // Ticks with nothing new report nothing (the report period is an hour here).
+    // Ticks with nothing new report nothing (the report period is an hour here): three lease
+    // renewals, each after the status checks of its period, and no PATCH.
     let patches = server.requests("PATCH nodes/status");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let renewals = server.requests("PUT leases");
+    until(&server, "three more lease renewals", |o| o.requests.get("PUT leases").copied().unwrap_or(0) >= renewals + 3)
+        .await;
     assert_eq!(server.requests("PATCH nodes/status"), patches, "heartbeat-only changes wait for the report period");
 
     // The runtime goes: reported at the next tick, with upstream's reason.
@@ -145,12 +148,18 @@ async fn the_status_is_reported_on_change_and_the_lease_renewed_across_a_conflic
         lease["metadata"]["resourceVersion"] != version.as_str() && lease["spec"]["renewTime"] != renew_time
     })
     .await;
-    let quiet = tokio::time::timeout(Duration::from_millis(300), api_back.notified()).await;
+    let renewals = server.requests("PUT leases");
+    until(&server, "three more lease renewals", |o| o.requests.get("PUT leases").copied().unwrap_or(0) >= renewals + 3)
+        .await;
+    // A notification with nobody waiting is kept for the next waiter, so this sees any made.
+    let quiet = tokio::time::timeout(Duration::ZERO, api_back.notified()).await;
     assert!(quiet.is_err(), "renewals that never failed tell nobody the API server is back");
 
     // The API server is away for a few renewals, then back: the first renewal after says so.
     server.set_fault(Some(kubelet_cluster::testing::Fault::Unavailable));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let failed = server.requests("FAILED requests");
+    until(&server, "three requests failed", |o| o.requests.get("FAILED requests").copied().unwrap_or(0) >= failed + 3)
+        .await;
     server.set_fault(None);
     let back = tokio::time::timeout(Duration::from_secs(5), api_back.notified()).await;
     assert!(back.is_ok(), "the renewal after the outage tells the API server is back");

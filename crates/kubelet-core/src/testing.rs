@@ -6,6 +6,9 @@
 //! except under CI (`CI=true`), where a missing real runtime is a failure.
 //! By convention, real-runtime test functions are named `real_*`: `cargo xtask ci` runs them in a
 //! step of their own, after the runtime is up.
+//! A test that cannot run here says so with [`skip`], which fails it under CI; a part of a test
+//! that this machine or server cannot check is named with [`not_checked`], which CI's summary
+//! lists.
 
 use std::path::PathBuf;
 
@@ -19,6 +22,41 @@ pub const ENV_BUSYBOX: &str = "KUBELET_RS_TEST_BUSYBOX";
 pub const ENV_PAUSE: &str = "KUBELET_RS_TEST_PAUSE";
 /// Environment variable: a scratch directory for pod log directories and the like.
 pub const ENV_DIR: &str = "KUBELET_RS_TEST_DIR";
+/// Environment variable: the file [`not_checked`] appends its lines to, which `cargo xtask ci`
+/// names in its summary.
+pub const ENV_NOT_CHECKED: &str = "KUBELET_RS_TEST_NOT_CHECKED";
+
+/// Whether the tests run under CI (`CI=true` or `CI=1`), where no test may skip itself.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Says that `test` skipped itself, and why.
+///
+/// # Panics
+///
+/// Under CI ([`in_ci`]): a test CI names must run there.
+pub fn skip(test: &str, why: &str) {
+    assert!(!in_ci(), "{test}: CI=true but the test cannot run here: {why}");
+    eprintln!("SKIPPED {test}: {why}");
+}
+
+/// Says that `test` did not check `what`, and why (a server older than the behaviour, a machine
+/// without the hardware): printed, and appended as a line to the file [`ENV_NOT_CHECKED`] names,
+/// whose lines `cargo xtask ci` lists in its summary. The rest of the test runs as usual.
+pub fn not_checked(test: &str, what: &str, why: &str) {
+    use std::io::Write;
+    let line = format!("{test}: {what} ({why})");
+    eprintln!("NOT CHECKED {line}");
+    let Some(path) = std::env::var_os(ENV_NOT_CHECKED).filter(|p| !p.is_empty()) else { return };
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(format!("{line}\n").as_bytes()));
+    // Reason: a line CI cannot record would hide what it did not check.
+    assert!(appended.is_ok(), "{test}: cannot record what it did not check in {path:?}: {appended:?}");
+}
 
 /// The real runtime a test may use.
 #[derive(Clone, Debug)]
@@ -48,9 +86,7 @@ impl RealRuntime {
             }
             _ => {
                 let why = format!("{ENV_ENDPOINT}, {ENV_BUSYBOX}, {ENV_PAUSE} and {ENV_DIR} are not all set");
-                let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-                assert!(!ci, "{test}: CI=true but no real runtime: {why}; run it through `cargo xtask ci`");
-                eprintln!("SKIPPED {test}: no real runtime ({why}); `cargo xtask ci` as root runs it");
+                skip(test, &format!("no real runtime ({why}); `cargo xtask ci` as root runs it"));
                 None
             }
         }

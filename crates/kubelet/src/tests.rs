@@ -979,8 +979,7 @@ async fn real_an_orphaned_pod_directory_with_a_tmpfs_below_survives() {
     let mount = std::process::Command::new("mount").args(["-t", "tmpfs", "kubelet-rs-test"]).arg(&mounted).output();
     if !mount.as_ref().is_ok_and(|o| o.status.success()) {
         let why = format!("mounting a tmpfs failed (it needs root): {mount:?}");
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-        eprintln!("SKIPPED real_an_orphaned_pod_directory_with_a_tmpfs_below_survives: {why}");
+        kubelet_core::testing::skip("real_an_orphaned_pod_directory_with_a_tmpfs_below_survives", &why);
         return;
     }
     std::fs::write(mounted.join("keep.txt"), "data").unwrap();

@@ -231,11 +231,11 @@ mod tests {
 
     use super::*;
 
-    /// Bind mounts need root: a test without it says so and passes.
+    /// Bind mounts need root: a test without it says so and passes, but under CI.
     fn root_or_skip(test: &str) -> bool {
         let root = crate::tests::is_root();
         if !root {
-            println!("SKIPPED {test}: bind mounts need root");
+            kubelet_core::testing::skip(test, "bind mounts need root");
         }
         root
     }

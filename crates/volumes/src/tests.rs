@@ -115,7 +115,10 @@ async fn a_memory_empty_dir_is_a_tmpfs_of_its_size_limit() {
     let volumes = match manager.mount_pod(&pod).await {
         Ok(volumes) => volumes,
         Err(err) if !is_root() => {
-            println!("SKIPPED a_memory_empty_dir_is_a_tmpfs_of_its_size_limit: mounting needs root ({err})");
+            kubelet_core::testing::skip(
+                "a_memory_empty_dir_is_a_tmpfs_of_its_size_limit",
+                &format!("mounting needs root ({err})"),
+            );
             return;
         }
         Err(err) => panic!("{err}"),
@@ -201,8 +204,9 @@ async fn config_map_secret_and_projected_volumes_come_from_the_object_source_and
         ServiceAccountTokenProjection, VolumeProjection,
     };
     if !is_root() {
-        println!(
-            "SKIPPED config_map_secret_and_projected_volumes_...: secret and projected volumes mount a tmpfs (root)"
+        kubelet_core::testing::skip(
+            "config_map_secret_and_projected_volumes_come_from_the_object_source_and_follow_it",
+            "secret and projected volumes mount a tmpfs (root)",
         );
         return;
     }

@@ -43,8 +43,8 @@ const FILESYSTEM_SIZE: &str = "1g";
 ///
 /// Each agent runs on a tmpfs of its own. On the host's disk, the agent's writes for each pod
 /// (its directories) and the manifests' made the figure the disk's: 1,000 pods took 1.0-1.3 s
-/// on a tmpfs and 1.3-2.6 s on this machine's disk, one build alike, where CI's check allows
-/// 20 %.
+/// on a tmpfs and 1.3-2.6 s on this machine's disk, one build alike, where CI's check then
+/// allowed 20 %.
 pub(super) fn measure(binary: &Path, dir: &Path, pods: usize, options: &Options) -> Result<Hollow> {
     let _ = fs::remove_dir_all(dir);
     let mut running = Vec::new();

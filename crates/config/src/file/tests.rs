@@ -35,13 +35,15 @@ struct Fixture {
 
 impl Fixture {
     fn start_at(dir: tempfile::TempDir, path: PathBuf) -> Fixture {
+        Fixture::rescanning_every(dir, path, Duration::from_secs(3600))
+    }
+
+    /// A source of `path` whose rescan comes every `period`.
+    fn rescanning_every(dir: tempfile::TempDir, path: PathBuf, period: Duration) -> Fixture {
         let ring = Arc::new(RingRecorder::default());
         let (config, rx) = PodConfig::new(ring.clone());
-        let source = FileSource::new(
-            Config::new(path, NODE).check_frequency(Duration::from_secs(3600)),
-            config.source(Source::File),
-            ring.clone(),
-        );
+        let source =
+            FileSource::new(Config::new(path, NODE).check_frequency(period), config.source(Source::File), ring.clone());
         let cancel = CancellationToken::new();
         let task = tokio::spawn(source.run(cancel.clone()));
         Fixture { dir, rx, ring, cancel, task }
@@ -407,19 +409,38 @@ async fn an_idle_directory_is_not_read_again_and_a_change_reads_only_the_changed
     // A broken manifest is read again at every scan: a scan woken by its own reads would loop.
     fs::write(dir.path().join("broken.yaml"), "kind: [").unwrap();
     let path = dir.path().to_path_buf();
-    let mut f = Fixture::start_at(dir, path);
+    // Rescans every 200 ms, so that the test sees several pass over the idle directory.
+    let mut f = Fixture::rescanning_every(dir, path, Duration::from_millis(200));
     assert_eq!(f.next().await.1.len(), 50);
     // Written just now, the broken one is read again once it has settled, and reported then.
     assert_eq!(f.events(1).await.len(), 1);
     let (_watcher, opens) = count_opens(f.dir.path());
 
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(opens.lock().unwrap().is_empty(), "idle, yet files were opened: {:?}", opens.lock().unwrap());
+    // Each rescan reads the broken manifest again: three of them read it, and nothing else.
+    let broken = f.path("broken.yaml");
+    let rescans_seen = |count: usize| {
+        let opens = opens.clone();
+        let broken = broken.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while opens.lock().unwrap().get(&broken).copied().unwrap_or(0) < count {
+                assert!(tokio::time::Instant::now() < deadline, "no {count} rescans in 10 s: {opens:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    rescans_seen(3).await;
+    // (A rescan lists the directory, which opens it.)
+    let manifest_opened = |p: &&PathBuf| **p != broken && *p != f.dir.path();
+    let opened: Vec<PathBuf> = opens.lock().unwrap().keys().filter(manifest_opened).cloned().collect();
+    assert!(opened.is_empty(), "idle, yet unchanged files were opened by the rescans: {opened:?}");
+    opens.lock().unwrap().clear();
 
-    // A new manifest: the scan reads it (and the broken one), not the 50 unchanged ones.
+    // A new manifest: the scan reads it (and the broken one), not the 50 unchanged ones, and
+    // neither do the rescans after it.
     write_atomic(&f.path("pod-new.yaml"), &manifest("pod-new", "busybox:1"));
     assert_eq!(f.next().await, add(&["pod-new-node-a"]));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    rescans_seen(3).await;
     let opened: Vec<PathBuf> = opens.lock().unwrap().keys().cloned().collect();
     assert!(opened.iter().all(|p| !p.file_name().unwrap().to_string_lossy().starts_with("pod-0")), "{opened:?}");
     assert!(opened.contains(&f.path("pod-new.yaml")), "{opened:?}");
