@@ -148,6 +148,12 @@ fn read_manifest(
     // The modification time read after the content: the content is at least as old.
     let mut modified = metadata.modified().ok();
     let mut read = || -> Result<Vec<u8>, ManifestError> {
+        // Refused by its size, unread: a refused file is looked at again at every scan, which
+        // would read 10 MiB of it each time.
+        if metadata.len() > MAX_MANIFEST_BYTES as u64 {
+            let size = usize::try_from(metadata.len()).unwrap_or(usize::MAX);
+            return Err(ManifestError::TooLarge { origin: origin.clone(), size });
+        }
         let file =
             std::fs::File::open(path).map_err(|source| ManifestError::Read { origin: origin.clone(), source })?;
         let mut bytes = Vec::new();

@@ -150,7 +150,22 @@ fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], origin: &Origin) -> Result<
         return serde_json::from_slice(bytes).map_err(|e| decode_error("invalid JSON", e.into()));
     }
     let text = std::str::from_utf8(bytes).map_err(|e| decode_error("not UTF-8", e.into()))?;
-    serde_saphyr::from_str(text).map_err(|e| decode_error("invalid YAML", e.into()))
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = yaml_node_budget(bytes.len(), budget.max_nodes);
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    serde_saphyr::from_str_with_options(text, options).map_err(|e| decode_error("invalid YAML", e.into()))
+}
+
+/// The YAML nodes a manifest of `len` bytes may expand to, at most `ceiling`: a document without
+/// aliases has fewer nodes than bytes, so aliases may multiply that by four, with a floor for
+/// small manifests. Upstream's YAML decoder refuses excessive aliasing likewise (go-yaml's
+/// ratio of aliases to nodes); here a billion-laughs manifest of 500 bytes stops at 12,000
+/// nodes, where the ceiling's 250,000 took 28 MiB of heap, which the allocator kept.
+fn yaml_node_budget(len: usize, ceiling: usize) -> usize {
+    const SMALL_MANIFEST_NODES: usize = 10_000;
+    const ALIAS_EXPANSION: usize = 4;
+    len.saturating_mul(ALIAS_EXPANSION).saturating_add(SMALL_MANIFEST_NODES).min(ceiling)
 }
 
 /// Decodes one Pod, or when `allow_list` also a PodList, from YAML or JSON.

@@ -483,3 +483,25 @@ async fn each_of_a_burst_of_broken_manifests_is_reported_once() {
     assert!(not_once.is_empty(), "{not_once:#?}");
     f.stop().await;
 }
+
+/// A manifest past the size limit is refused by its size, unread (a buffer of the limit's size
+/// read at every scan would stay with the allocator), with its true size in the error.
+#[tokio::test]
+async fn a_manifest_past_the_size_limit_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge.yaml");
+    let size = crate::manifest::MAX_MANIFEST_BYTES as u64 * 2;
+    // Sparse: the size is what counts, and nothing needs writing.
+    fs::File::create(&huge).unwrap().set_len(size).unwrap();
+    let (_watcher, opens) = count_opens(dir.path());
+    let path = dir.path().to_path_buf();
+    let f = Fixture::start_at(dir, path);
+    let events = f.events(1).await;
+    let messages: Vec<&str> = events.iter().map(|e| e.message.as_str()).collect();
+    assert!(
+        messages.len() == 1 && messages[0].contains(&format!("huge.yaml: manifest is {size} bytes, more than the")),
+        "{messages:?}"
+    );
+    assert_eq!(opens.lock().unwrap().get(&huge), None, "the file was opened");
+    f.stop().await;
+}

@@ -84,6 +84,39 @@ fn rejects_manifests_over_ten_megabytes() {
     );
 }
 
+/// Nine anchors, each nine aliases of the one before: 9^10 nodes from 500 bytes.
+fn billion_laughs() -> String {
+    let mut yaml = String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+    for (name, before) in ('b'..='j').zip('a'..='i') {
+        let aliases = vec![format!("*{before}"); 9].join(",");
+        yaml.push_str(&format!("{name}: &{name} [{aliases}]\n"));
+    }
+    yaml
+}
+
+#[test]
+fn aliases_expand_to_a_few_nodes_per_byte_at_most() {
+    assert_eq!(yaml_node_budget(500, 250_000), 12_000);
+    assert_eq!(yaml_node_budget(10 << 20, 250_000), 250_000, "never past serde-saphyr's own ceiling");
+    let laughs = billion_laughs();
+    let Err(ManifestError::Decode { source: Some(source), .. }) = decode(laughs.as_bytes(), &file("laughs"), false)
+    else {
+        panic!("billion laughs decoded")
+    };
+    let message = source.to_string();
+    let nodes = message.split("Nodes { nodes: ").nth(1).and_then(|rest| rest.split(' ').next());
+    let nodes: usize = nodes.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no node budget: {message}"));
+    assert!(nodes <= yaml_node_budget(laughs.len(), 250_000) + 1, "stopped at {nodes} nodes: {message}");
+    // A manifest that uses anchors as people do still decodes.
+    let anchored = format!(
+        "{WEB}    env: &env\n    - {{name: A, value: a}}\n    - {{name: B, value: b}}\n  initContainers:\n  \
+         - name: init\n    image: busybox:1.35\n    env: *env\n"
+    );
+    let pods = decode(anchored.as_bytes(), &file("anchored"), false).unwrap();
+    let init = &pods[0].spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+    assert_eq!(init.env.as_ref().unwrap().len(), 2);
+}
+
 #[test]
 fn default_pull_policy_follows_the_tag() {
     for (image, want) in [
