@@ -10,7 +10,7 @@
 //!   and the agent must converge without duplicates once containerd is back, the pods that ran
 //!   before it the same ones after.
 //! - churn: create/delete cycles through the file source; anonymous memory, threads and open
-//!   files after a warm-up of two batches and at the end (at most 9 KiB more anonymous memory for
+//!   files after a warm-up of two batches and at the end (at most 14 KiB more anonymous memory for
 //!   each pod churned after the warm-up), and leaked cgroups, pod directories and log directories.
 //! - bad input: malformed, oversized, duplicate and hostile manifests next to good ones, a bad
 //!   CNI configuration and a missing image: the good pods run, the agent neither panics nor grows,
@@ -1084,10 +1084,11 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(60);
 const WARM_UP_BATCHES: usize = 2;
 
 /// How much the agent's anonymous memory (heap and stacks) may grow for each pod churned after
-/// the warm-up. The short run's 40 pods grew it by 5.0-5.5 KiB a pod with no leak (the
-/// structures that hold the recent past still filling; 2,000 cycles of the full run, about 1 KiB
-/// a pod), so a leak of 12 KiB a pod on top fails even the short run.
-const LEAK_BOUND_KIB_PER_POD: f64 = 9.0;
+/// the warm-up. The short run's 40 pods grew it by 5.0-9.1 KiB a pod with no leak (5.0-5.5
+/// alone on the machine, 9.1 beside CI's real-runtime tests; the structures that hold the recent
+/// past still filling: 2,000 cycles of the full run, about 1 KiB a pod), so a leak of 12 KiB a
+/// pod on top fails even the short run.
+const LEAK_BOUND_KIB_PER_POD: f64 = 14.0;
 
 fn churn(options: &Options, binaries: &Binaries, dir: &Path) -> Result<Outcome> {
     let mut outcome = Outcome::new("churn");
