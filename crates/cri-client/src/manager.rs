@@ -209,6 +209,8 @@ pub struct CriRuntime {
     objects: Option<Arc<dyn kubelet_core::volume::ObjectSource>>,
     /// What makes `subPath` mounts safe to hand to the runtime.
     sub_paths: Option<Arc<dyn kubelet_core::volume::SubPathMounter>>,
+    /// The pods whose RunPodSandbox is still in flight, however their sync ended.
+    sandboxes_starting: sync::StartingSandboxes,
 }
 
 impl std::fmt::Debug for CriRuntime {
@@ -247,6 +249,7 @@ impl CriRuntime {
             hooks: None,
             objects: None,
             sub_paths: None,
+            sandboxes_starting: sync::StartingSandboxes::default(),
             config,
         }
     }

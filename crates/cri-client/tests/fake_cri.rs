@@ -643,7 +643,12 @@ async fn a_sandbox_start_runs_to_its_end_when_the_sync_is_dropped() {
     let logs = tempfile::tempdir().unwrap();
     f.fake.method_delays.lock().unwrap().insert("run_pod_sandbox", Duration::from_millis(400));
     let client = Client::connect(&Config::new(endpoint(&f.socket))).unwrap();
-    let runtime = CriRuntime::new(client, manager_config(logs.path()), Arc::new(RingRecorder::default()));
+    let mut config = manager_config(logs.path());
+    let cgroups = logs.path().join("cgroup");
+    config.cgroup_mount = cgroups.clone();
+    let pod_cgroup = cgroups.join("memory/kubepods/besteffort/podu");
+    std::fs::create_dir_all(&pod_cgroup).unwrap();
+    let runtime = CriRuntime::new(client, config, Arc::new(RingRecorder::default()));
     let pod = one_container_pod();
     let status = PodStatus::new(PodUid::new("u"), "p", "ns");
     let (backoff, probes) = (Backoff::default(), kubelet_core::ProbeResults::new());
@@ -653,6 +658,11 @@ async fn a_sandbox_start_runs_to_its_end_when_the_sync_is_dropped() {
     let dropped = tokio::time::timeout(Duration::from_millis(150), sync).await;
     assert!(dropped.is_err(), "the sync was still waiting for its sandbox");
     assert!(f.fake.calls.lock().unwrap().contains(&"run_pod_sandbox"), "the sandbox was asked for");
+    // Not listed yet, the sandbox being made already runs in the pod's cgroup: what is left of
+    // the pod is not removed from under it.
+    let removal = runtime.remove_pod_content(&PodUid::new("u")).await;
+    assert!(matches!(removal, Err(kubelet_cri_client::Error::PodStillRuns { .. })), "{removal:?}");
+    assert!(pod_cgroup.exists(), "the pod's cgroup stays while its sandbox is made");
 
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(

@@ -98,6 +98,12 @@ impl CriRuntime {
 }
 
 pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<(), Error> {
+    // A sandbox still being made is not listed yet, but its `runc init` already runs in the
+    // pod's cgroup: removing what is left of the pod would kill it and fail the RunPodSandbox
+    // (leaving runc's bind mount of itself behind).
+    if rt.sandboxes_starting.contains(uid) {
+        return Err(Error::PodStillRuns { uid: uid.to_string() });
+    }
     // Only this pod's sandboxes and containers are asked for: a node's whole listing grows
     // with its pods, and a node that churns pods removes one after another.
     let mut status = rt.get_pod_status(uid, "", "").await?;

@@ -366,8 +366,51 @@ impl CriRuntime {
     }
 }
 
+/// The pods whose RunPodSandbox is in flight, each counted while its call runs: a pod whose
+/// sync was cancelled is still here until the runtime has answered.
+#[derive(Clone, Debug, Default)]
+pub(super) struct StartingSandboxes(Arc<std::sync::Mutex<HashMap<PodUid, usize>>>);
+
+impl StartingSandboxes {
+    /// Whether a RunPodSandbox of pod `uid` is in flight.
+    pub(super) fn contains(&self, uid: &PodUid) -> bool {
+        self.lock().contains_key(uid)
+    }
+
+    /// Counts a call for pod `uid` until the returned guard drops.
+    fn start(&self, uid: PodUid) -> StartingSandbox {
+        *self.lock().entry(uid.clone()).or_default() += 1;
+        StartingSandbox { set: self.clone(), uid }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PodUid, usize>> {
+        // A panic while holding the lock leaves the counts whole: each change is one statement.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One RunPodSandbox in flight, counted in its [`StartingSandboxes`] until dropped.
+struct StartingSandbox {
+    set: StartingSandboxes,
+    uid: PodUid,
+}
+
+impl Drop for StartingSandbox {
+    fn drop(&mut self) {
+        let mut counts = self.set.lock();
+        if let Some(count) = counts.get_mut(&self.uid) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.uid);
+            }
+        }
+    }
+}
+
 /// Asks the runtime for a sandbox and lets the call finish even when the sync that made it is
-/// cancelled (the pod was deleted, or its grace period cut, while it started).
+/// cancelled (the pod was deleted, or its grace period cut, while it started); `starting` holds
+/// the pod until the runtime answers, so that nothing kills the processes of the sandbox being
+/// made in the pod's cgroup meanwhile.
 ///
 /// containerd 1.6 keeps the shim of a RunPodSandbox cancelled in flight running after it forgets
 /// the sandbox (containerd issues 6860, 8931 and 9309), and no CRI call can reach that shim again.
@@ -376,8 +419,13 @@ impl CriRuntime {
 async fn run_sandbox_to_completion(
     mut client: pb::runtime_service_client::RuntimeServiceClient<crate::CriChannel>,
     request: pb::RunPodSandboxRequest,
+    starting: StartingSandbox,
 ) -> Result<tonic::Response<pb::RunPodSandboxResponse>, tonic::Status> {
-    let call = tokio::spawn(async move { client.run_pod_sandbox(request).await });
+    let call = tokio::spawn(async move {
+        let answer = client.run_pod_sandbox(request).await;
+        drop(starting);
+        answer
+    });
     match call.await {
         Ok(answer) => answer,
         Err(ended) => Err(tonic::Status::internal(format!("the RunPodSandbox call ended early: {ended}"))),
@@ -503,7 +551,8 @@ pub(super) async fn sync_pod(
         let request =
             pb::RunPodSandboxRequest { config: Some(config), runtime_handler: rt.config.runtime_handler.clone() };
         metrics::counter!("kubelet_started_pods_total").increment(1);
-        match run_sandbox_to_completion(rt.client.runtime_service(), request).await {
+        let starting = rt.sandboxes_starting.start(PodUid::of(pod));
+        match run_sandbox_to_completion(rt.client.runtime_service(), request, starting).await {
             Ok(response) => {
                 sandbox_id = response.into_inner().pod_sandbox_id;
                 result.push(SyncResult::ok(SyncAction::CreatePodSandbox, &full_name));
