@@ -73,7 +73,7 @@ pub(crate) fn running() -> bool {
 
 /// The kube-apiserver binary: the one `KUBELET_RS_KUBE_APISERVER` names, or else the one
 /// `cargo xtask setup` built.
-pub(crate) fn apiserver_binary() -> Result<PathBuf, String> {
+fn apiserver_binary() -> Result<PathBuf, String> {
     let Some(path) = std::env::var_os(ENV_APISERVER).filter(|p| !p.is_empty()) else {
         let built = kube_apiserver::built_binary();
         if built.is_file() {

@@ -177,7 +177,9 @@ fn deb_stanzas_of_debian(text: &str) -> Vec<String> {
     text.split("\n\n")
         .map(|stanza| stanza.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n"))
         .filter(|stanza| stanza.lines().any(|l| l.trim() == "Types: deb"))
-        .filter(|stanza| stanza.contains("debian-archive-keyring") || stanza.contains("/debian"))
+        // Debian's own archives, by their keyring: a vendor's repository for Debian has no
+        // source indices, and a `deb-src` entry for it would fail `apt-get update`.
+        .filter(|stanza| stanza.contains("debian-archive-keyring"))
         .collect()
 }
 
@@ -198,7 +200,9 @@ mod tests {
                        Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
                        Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n\
                        Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
-                       Types: deb\nURIs: https://vendor.example/node\nSuites: nodistro\n";
+                       Types: deb\nURIs: https://vendor.example/node\nSuites: nodistro\n\n\
+                       Types: deb\nURIs: https://vendor.example/linux/debian\nSuites: bookworm\n\
+                       Signed-By: /usr/share/keyrings/vendor.gpg\n";
         let stanzas = deb_stanzas_of_debian(sources);
         assert_eq!(stanzas.len(), 2, "the mirror and its security archive, not the vendor's: {stanzas:?}");
         assert!(stanzas[0].starts_with("Types: deb\nURIs: http://mirror.example/debian\n"), "{stanzas:?}");

@@ -97,16 +97,23 @@ impl CriRuntime {
     }
 }
 
-pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<(), Error> {
-    // A sandbox still being made is not listed yet, but its `runc init` already runs in the
-    // pod's cgroup: removing what is left of the pod would kill it and fail the RunPodSandbox
-    // (leaving runc's bind mount of itself behind).
+/// Refuses the removal of pod `uid` while a RunPodSandbox of it is in flight: the sandbox is not
+/// listed yet, but its `runc init` already runs in the pod's cgroup, and removing what is left
+/// of the pod would kill it and fail the call (leaving runc's bind mount of itself behind).
+fn no_sandbox_starting(rt: &CriRuntime, uid: &PodUid) -> Result<(), Error> {
     if rt.sandboxes_starting.contains(uid) {
         return Err(Error::PodStillRuns { uid: uid.to_string() });
     }
+    Ok(())
+}
+
+pub(super) async fn remove_pod_content(rt: &CriRuntime, uid: &PodUid) -> Result<(), Error> {
+    no_sandbox_starting(rt, uid)?;
     // Only this pod's sandboxes and containers are asked for: a node's whole listing grows
     // with its pods, and a node that churns pods removes one after another.
     let mut status = rt.get_pod_status(uid, "", "").await?;
+    // Asked again after the listing: a start that began while it ran is not in it.
+    no_sandbox_starting(rt, uid)?;
     if status.sandbox_statuses.is_empty() && status.container_statuses.is_empty() {
         return rt.remove_leftovers(uid).await;
     }
@@ -347,7 +354,9 @@ impl CriRuntime {
     /// its log directory (upstream leaves these to GC and housekeeping; this does all at once).
     pub async fn remove_pod(&self, pod: &ApiPod) -> Result<(), Error> {
         let (name, namespace, uid) = pod_meta(pod);
-        let status = self.get_pod_status(&PodUid::new(uid), name, namespace).await?;
+        let uid = PodUid::new(uid);
+        let status = self.get_pod_status(&uid, name, namespace).await?;
+        no_sandbox_starting(self, &uid)?;
         self.remove_pod_with_status(Some(pod), &status).await
     }
 
