@@ -11,6 +11,7 @@
 
 use std::{
     fs,
+    io::{self, Read},
     os::unix::fs::{PermissionsExt, symlink},
     path::{Path, PathBuf},
     process::Command,
@@ -40,8 +41,15 @@ pub(crate) const BUSYBOX: Image = Image { name: "busybox", tag: "1.35" };
 /// busybox, the host's `openssl` and `control-plane-stand-in.sh` as etcd, kube-apiserver,
 /// kube-controller-manager and kube-scheduler.
 pub(crate) const CONTROL_PLANE: Image = Image { name: "control-plane-stand-in", tag: "1.0" };
-/// An image of one file that no pod runs: only in the registry, for image GC to remove.
-pub(crate) const UNUSED: Image = Image { name: "unused", tag: "1.0" };
+/// An image that no pod runs: only in the registry, for image GC and the eviction manager to
+/// remove. Its one file is [`UNUSED_MIB`] of random bytes, so that pulling it moves the usage of
+/// the runtime's 4 GiB image filesystem by whole percents (upstream's image GC thresholds are
+/// whole percents) and a test can place a threshold between the usage before and after.
+pub(crate) const UNUSED: Image = Image { name: "unused", tag: "2.0" };
+
+/// The size of the unused image's file: held twice on the image filesystem once pulled (the
+/// compressed layer, which random bytes do not shrink, and its unpacked snapshot), about 3 %.
+const UNUSED_MIB: u64 = 64;
 
 impl Image {
     /// The full reference in the local registry.
@@ -50,11 +58,11 @@ impl Image {
     }
 
     fn layout_dir(&self) -> PathBuf {
-        images_dir().join(format!("{}.oci", self.name))
+        images_dir().join(format!("{}-{}.oci", self.name, self.tag))
     }
 
     fn archive(&self) -> PathBuf {
-        images_dir().join(format!("{}.oci.tar", self.name))
+        images_dir().join(format!("{}-{}.oci.tar", self.name, self.tag))
     }
 }
 
@@ -97,7 +105,8 @@ pub(crate) fn build() -> Result<()> {
 
     let unused_root = build_dir.join("unused-rootfs");
     fs::create_dir_all(&unused_root)?;
-    fs::write(unused_root.join("unused"), "an image no pod runs\n")?;
+    let mut random = fs::File::open("/dev/urandom")?.take(UNUSED_MIB * 1024 * 1024);
+    io::copy(&mut random, &mut fs::File::create(unused_root.join("unused"))?)?;
     let digest = write_image(&UNUSED, &unused_root, &build_dir, json!({ "Cmd": ["/unused"] }))?;
     println!("built {} ({digest})", UNUSED.reference());
 

@@ -123,7 +123,13 @@ async fn every_pod_waiting_for_the_first_list_of_services_goes_on_once_it_is_in(
             tokio::spawn(async move { objects.services("default").await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Two lists refused: the watch is retrying, and no reader has gone on without it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.requests("FAILED requests") < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "the watch retried its list within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(readers.iter().all(|r| !r.is_finished()), "no reader went on without the services");
     assert_eq!(server.requests("LIST services"), 0, "no list has been answered yet");
     server.set_fault(None);
 

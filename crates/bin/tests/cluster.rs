@@ -869,10 +869,12 @@ async fn kube_apiserver(test: &str, node: &str) -> Option<Cluster> {
     Some(Cluster::Remote { client, node_kubeconfig: nodes.join(format!("{node}.kubeconfig")), namespace, minor })
 }
 
-/// Runs `body` on the real runtime as node `node` of `cluster`, then removes the pods of the
-/// cluster's namespace and whatever is mounted below `dir` (whatever the outcome), forgets the
-/// node, and reports the body's failure. The body borrows across awaits, so it is not `Send`: it
-/// runs as a local task.
+/// Runs `body` on the real runtime as node `node` of `cluster`; once it has passed, the node's
+/// pods are deleted from the API server and a fresh agent of the node removes them from the
+/// runtime and the host, and must leave nothing of them. Whatever the outcome, the test's own
+/// clean-up then removes the pods of the cluster's namespace and whatever is mounted below `dir`,
+/// forgets the node, and reports the body's failure. The body borrows across awaits, so it is not
+/// `Send`: it runs as a local task.
 async fn run_and_clean_up(
     rt: &RealRuntime,
     dir: &Path,
@@ -881,12 +883,51 @@ async fn run_and_clean_up(
     body: impl Future<Output = ()> + 'static,
 ) {
     let result = tokio::task::LocalSet::new().run_until(async { tokio::task::spawn_local(body).await }).await;
+    let left = match result {
+        Ok(()) => Ok(left_by_a_fresh_agent(rt, dir, cluster, node).await),
+        Err(err) => Err(err),
+    };
     let namespace = cluster.namespace().to_owned();
     remove_pods_and_mounts(rt, dir, |pod| pod.namespace == namespace).await;
     cluster.clean_up(node).await;
-    if let Err(err) = result {
-        std::panic::resume_unwind(err.into_panic());
+    match left {
+        Ok(left) => {
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            let warnings: Vec<&str> = log.lines().filter(|l| l.starts_with(['W', 'E'])).collect();
+            assert!(left.is_empty(), "the agent left, a minute after its pods were deleted: {left:#?}\n{warnings:#?}");
+        }
+        Err(err) => std::panic::resume_unwind(err.into_panic()),
     }
+}
+
+/// Deletes every pod of the cluster's namespace at once, and every static pod's manifest, then
+/// starts an agent as node `node` in `dir` (its configuration file as the body left it) when the
+/// pods left anything, and returns what is left once it has had a minute to remove it.
+async fn left_by_a_fresh_agent(rt: &RealRuntime, dir: &Path, cluster: &Cluster, node: &str) -> Vec<String> {
+    for manifest in std::fs::read_dir(dir.join("manifests")).into_iter().flatten() {
+        std::fs::remove_file(manifest.unwrap().path()).unwrap();
+    }
+    let view = cluster.view(node).await;
+    for key in view.pods.keys() {
+        let (_, name) = key.split_once('/').unwrap();
+        cluster.delete_pod(name, 0).await;
+    }
+    let runtime = cri_runtime(rt, dir);
+    let namespace = cluster.namespace().to_owned();
+    let ours = |pod: &kubelet_core::runtime::Pod| pod.namespace == namespace;
+    let mut left = common::pods_left(&runtime, dir, ours).await;
+    if left.is_empty() {
+        return left;
+    }
+    // The node's own credentials, not whatever certificates the body left in the cert dir.
+    let _ = std::fs::remove_dir_all(dir.join("pki"));
+    let _agent = Agent::join(&rt.endpoint, dir, node, &cluster.kubeconfig(dir), &[]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !left.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = common::pods_left(&runtime, dir, ours).await;
+    }
+    left
 }
 
 /// Makes namespace `namespace` with what the controller-manager would put in it: the `default`
@@ -1500,6 +1541,16 @@ async fn real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserve
     on_node(NODE_3, test, "memory-evictions", None, evict_under_memory_pressure).await;
 }
 
+/// Upstream's PID eviction against kube-apiserver: with `pid.available` set 400 below what the
+/// node has, a BestEffort pod starting 800 processes makes the node report `PIDPressure` and is
+/// evicted with upstream's message, while the Guaranteed pod beside it (two processes) runs on
+/// untouched; the condition clears once the processes are gone.
+#[tokio::test]
+async fn real_pid_pressure_evicts_the_pod_with_the_most_processes_from_kube_apiserver() {
+    let test = "real_pid_pressure_evicts_the_pod_with_the_most_processes_from_kube_apiserver";
+    on_node(NODE_3, test, "pid-evictions", None, evict_under_pid_pressure).await;
+}
+
 /// The test node most kube-apiserver scenarios run as, one at a time.
 const NODE_3: &str = "kubelet-rs-node-3";
 
@@ -1550,63 +1601,112 @@ fn memory_available_mib() -> u64 {
 /// The body of [`real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserver`].
 async fn evict_under_memory_pressure(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
     let threshold = memory_available_mib().saturating_sub(500);
+    let fill = "dd if=/dev/zero of=/data/fill bs=1M count=1000";
+    let mut hog = writer_pod("hog", &node, &rt.busybox_image, fill, None, json!({}));
+    hog["spec"]["volumes"][0]["emptyDir"]["medium"] = json!("Memory");
+    let pressure = NodePressure {
+        eviction_hard: format!("memory.available: {threshold}Mi"),
+        condition: "MemoryPressure",
+        reason: "KubeletHasInsufficientMemory",
+        message: "kubelet has insufficient memory available",
+        hog,
+    };
+    let message = evict_the_hog(&rt, &dir, &cluster, &node, pressure).await;
+    let quantity = format_amount(threshold * 1024 * 1024, Resource::Memory);
+    let expected = format!("The node was low on resource: memory. Threshold quantity: {quantity}, available: ");
+    assert!(message.starts_with(&expected), "upstream's message: {message}");
+    assert!(message.contains("Container app was using "), "the container's usage: {message}");
+}
+
+/// The node's `pid.available`, computed as the agent computes it.
+fn pids_available() -> u64 {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap();
+    let observed = eviction::stats::pid_observation(&read("/proc/sys/kernel/pid_max"), &read("/proc/loadavg"));
+    observed.expect("pid.available").available
+}
+
+/// The body of [`real_pid_pressure_evicts_the_pod_with_the_most_processes_from_kube_apiserver`].
+async fn evict_under_pid_pressure(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    let threshold = pids_available().saturating_sub(400);
+    let fork = "i=0; while [ $i -lt 800 ]; do sleep 3600 & i=$((i+1)); done";
+    let pressure = NodePressure {
+        eviction_hard: format!("pid.available: \"{threshold}\""),
+        condition: "PIDPressure",
+        reason: "KubeletHasInsufficientPID",
+        message: "kubelet has insufficient PID available",
+        hog: writer_pod("hog", &node, &rt.busybox_image, fork, None, json!({})),
+    };
+    let message = evict_the_hog(&rt, &dir, &cluster, &node, pressure).await;
+    let quantity = format_amount(threshold, Resource::Pids);
+    let expected = format!("The node was low on resource: pids. Threshold quantity: {quantity}, available: ");
+    assert!(message.starts_with(&expected), "upstream's message: {message}");
+}
+
+/// A node pressure a BestEffort pod makes, and how the node reports it.
+struct NodePressure {
+    /// The `evictionHard` entry the pod crosses.
+    eviction_hard: String,
+    /// The node condition, and its reason and message while it holds.
+    condition: &'static str,
+    reason: &'static str,
+    message: &'static str,
+    /// The BestEffort pod, named `hog`, that makes the pressure.
+    hog: Value,
+}
+
+/// The agent joins as `node` with `pressure`'s threshold; a Guaranteed pod runs, then the hog
+/// makes the node report the condition and is evicted, the condition clears once the hog is
+/// gone, and the Guaranteed pod runs on untouched. Returns the evicted hog's message.
+async fn evict_the_hog(rt: &RealRuntime, dir: &Path, cluster: &Cluster, node: &str, pressure: NodePressure) -> String {
     std::fs::write(
         dir.join("config.yaml"),
         format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 2s\n\
-             evictionHard: {{memory.available: {threshold}Mi}}\nevictionPressureTransitionPeriod: 5s\n"
+             evictionHard: {{{}}}\nevictionPressureTransitionPeriod: 5s\n",
+            pressure.eviction_hard
         ),
     )
     .unwrap();
-    let kubeconfig = cluster.kubeconfig(&dir);
-    let _agent = Agent::join(&rt.endpoint, &dir, &node, &kubeconfig, &[]);
+    let kubeconfig = cluster.kubeconfig(dir);
+    let _agent = Agent::join(&rt.endpoint, dir, node, &kubeconfig, &[]);
     let ns = cluster.namespace().to_owned();
     let pod_of = |name: &str| {
         let key = format!("{ns}/{name}");
         move |v: &View| v.pods.get(&key).cloned()
     };
-    let memory_pressure = |v: &View| {
-        let conditions = v.nodes.get(&node)?["status"]["conditions"].as_array()?.clone();
-        conditions.into_iter().find(|c| c["type"] == "MemoryPressure")
+    let condition = |v: &View| {
+        let conditions = v.nodes.get(node)?["status"]["conditions"].as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == pressure.condition)
     };
-    let image = &rt.busybox_image;
 
     let both = json!({"cpu": "100m", "memory": "32Mi"});
     let guaranteed = json!({"requests": both, "limits": both});
-    cluster.create_pod(writer_pod("guaranteed", &node, image, "true", None, guaranteed)).await;
-    let running = until(&cluster, &node, &dir, "the Guaranteed pod to run", |v| {
+    cluster.create_pod(writer_pod("guaranteed", node, &rt.busybox_image, "true", None, guaranteed)).await;
+    let running = until(cluster, node, dir, "the Guaranteed pod to run", |v| {
         pod_of("guaranteed")(v).filter(|p| phase(p) == "Running")
     })
     .await;
     let started = running["status"]["containerStatuses"][0]["containerID"].clone();
-    let no_pressure = until(&cluster, &node, &dir, "the node's MemoryPressure condition", memory_pressure).await;
+    let no_pressure = until(cluster, node, dir, "the node's condition", condition).await;
     assert_eq!(no_pressure["status"], "False", "{no_pressure}");
 
-    let mut hog = writer_pod("hog", &node, image, "dd if=/dev/zero of=/data/fill bs=1M count=1000", None, json!({}));
-    hog["spec"]["volumes"][0]["emptyDir"]["medium"] = json!("Memory");
-    cluster.create_pod(hog).await;
-    let pressure =
-        until(&cluster, &node, &dir, "MemoryPressure", |v| memory_pressure(v).filter(|c| c["status"] == "True")).await;
-    assert_eq!(pressure["reason"], "KubeletHasInsufficientMemory", "{pressure}");
-    assert_eq!(pressure["message"], "kubelet has insufficient memory available", "{pressure}");
-    let pod = until(&cluster, &node, &dir, "the pod over its request to be evicted", |v| {
+    cluster.create_pod(pressure.hog.clone()).await;
+    let held = until(cluster, node, dir, pressure.condition, |v| condition(v).filter(|c| c["status"] == "True")).await;
+    assert_eq!(held["reason"], pressure.reason, "{held}");
+    assert_eq!(held["message"], pressure.message, "{held}");
+    let pod = until(cluster, node, dir, "the hog to be evicted", |v| {
         pod_of("hog")(v).filter(|p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted")
     })
     .await;
-    let message = pod["status"]["message"].as_str().unwrap_or_default();
-    let quantity = format_amount(threshold * 1024 * 1024, Resource::Memory);
-    let expected = format!("The node was low on resource: memory. Threshold quantity: {quantity}, available: ");
-    assert!(message.starts_with(&expected), "upstream's message: {message}");
-    assert!(message.contains("Container app was using "), "the container's usage: {message}");
 
-    // The memory comes back with the evicted pod's volume, and the condition clears.
-    until(&cluster, &node, &dir, "MemoryPressure to clear", |v| memory_pressure(v).filter(|c| c["status"] == "False"))
-        .await;
-    let view = cluster.view(&node).await;
+    // What the hog held goes with it, and the condition clears.
+    until(cluster, node, dir, "the condition to clear", |v| condition(v).filter(|c| c["status"] == "False")).await;
+    let view = cluster.view(node).await;
     let guaranteed = pod_of("guaranteed")(&view).unwrap();
     assert_eq!(phase(&guaranteed), "Running", "{guaranteed}");
     assert_eq!(guaranteed["status"]["containerStatuses"][0]["containerID"], started, "the same container");
     assert_eq!(guaranteed["status"]["containerStatuses"][0]["restartCount"], 0);
+    pod["status"]["message"].as_str().unwrap_or_default().to_owned()
 }
 
 /// A pod of `node` running `script` in a busybox container with an emptyDir at `/data` (of at

@@ -93,10 +93,11 @@ impl RealRuntime {
     }
 
     /// An image in the same registry repository as busybox that no pod runs (`cargo xtask`
-    /// pushes `unused:1.0` there and never imports it), for a test to pull and remove.
+    /// pushes `unused:2.0`, 64 MiB of random bytes, there and never imports it), for a test to pull
+    /// and remove.
     pub fn unused_image(&self) -> String {
         let repository = self.busybox_image.rsplit_once('/').map_or("", |(repository, _)| repository);
-        format!("{repository}/unused:1.0")
+        format!("{repository}/unused:2.0")
     }
 
     /// The stand-in for kubeadm's control-plane images, in the same registry repository as

@@ -44,6 +44,11 @@ pub struct Kubelet<R, W> {
     /// What the last walk over the pods read, when it found nothing to do: until something
     /// moves, the next walk would find nothing either.
     settled_on: std::sync::Mutex<Option<WalkInputs>>,
+    /// The pods nobody wants that the runtime or a worker held at the last walk. Once one is
+    /// gone from both, orphaned pod directories are swept again: a pod deleted while the agent
+    /// was down leaves its directory, its volumes still mounted, after its containers and
+    /// sandbox.
+    undesired: std::sync::Mutex<HashSet<PodUid>>,
 }
 
 /// What housekeeping's walk over the pods reads, by generation: the desired pods, what the
@@ -116,6 +121,7 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
             api_node: Arc::default(),
             housekeepings: AtomicU64::new(0),
             settled_on: std::sync::Mutex::default(),
+            undesired: std::sync::Mutex::default(),
         }
     }
 
@@ -390,13 +396,25 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
                 }
             }
         }
+        // Pods nobody wants that the runtime or a worker holds; one that is gone from both since
+        // the last walk (a pod deleted while the agent was down: killed as an orphan) may have
+        // left its directory, its volumes mounted, and its cgroup.
+        let undesired: HashSet<PodUid> =
+            in_runtime.iter().chain(workers.keys()).filter(|uid| !desired_uids.contains(*uid)).cloned().collect();
+        let orphans_gone = {
+            let mut held = lock(&self.undesired);
+            let gone = held.iter().any(|uid| !undesired.contains(uid));
+            *held = undesired;
+            gone
+        };
         let keep: HashSet<PodUid> = desired_uids.into_iter().chain(workers.into_keys()).collect();
         // Pod cgroups nobody claims: those a crash left, looked for at the first housekeeping,
         // and those of pods that went since, not every round (idle costs nothing per pod).
         // Orphaned pod directories alike, and again while the last sweep left one behind
         // (something still mounted below it, or the runtime not done with the pod).
-        let sweep_cgroups = self.sync.cgroups.is_some() && (first || forgot_any);
-        let sweep_dirs = first || forgot_any || self.cleanups.orphaned_dirs_left();
+        let went = first || forgot_any || orphans_gone;
+        let sweep_cgroups = self.sync.cgroups.is_some() && went;
+        let sweep_dirs = went || self.cleanups.orphaned_dirs_left();
         let keep_cgroups = sweep_cgroups.then(|| keep.iter().chain(&in_runtime).cloned().collect());
         if sweep_dirs {
             self.cleanups.push(Job::RemoveOrphanedPodDirs { keep });

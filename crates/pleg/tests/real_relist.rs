@@ -118,6 +118,23 @@ async fn real_container_stopped_behind_the_kubelets_back_is_reported_dead() {
     runtime.remove_pod(&pod).await.unwrap();
 }
 
+/// Waits until `cache`'s time has moved `count` times (each relist of a generic PLEG moves it),
+/// within 10 s.
+async fn relists(cache: &Cache, count: usize) {
+    let mut seen = cache.timestamp();
+    let mut moved = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while moved < count {
+        assert!(tokio::time::Instant::now() < deadline, "the reference PLEG relisted {moved} of {count} times in 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = cache.timestamp();
+        if now != seen {
+            seen = now;
+            moved += 1;
+        }
+    }
+}
+
 #[tokio::test]
 async fn real_evented_pleg_relists_on_containerd_hints_and_not_while_idle() {
     let Some(rt) = RealRuntime::from_env("real_evented_pleg_relists_on_containerd_hints_and_not_while_idle") else {
@@ -133,6 +150,14 @@ async fn real_evented_pleg_relists_on_containerd_hints_and_not_while_idle() {
     let task = tokio::spawn({
         let (pleg, cancel) = (pleg.clone(), cancel.clone());
         async move { pleg.run(cancel).await }
+    });
+    // The clock the idle check reads: a generic PLEG beside it, relisting every second into a
+    // cache of its own.
+    let reference_cache = Arc::new(Cache::new());
+    let (reference, _reference_events) = GenericPleg::new(runtime.clone(), reference_cache.clone(), Config::default());
+    let reference_task = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { reference.run(cancel).await }
     });
     let outcome = async {
         let status = runtime.get_pod_status(&uid, "evented", "kubelet-rs-test").await.unwrap();
@@ -154,11 +179,11 @@ async fn real_evented_pleg_relists_on_containerd_hints_and_not_while_idle() {
         };
         assert!(pleg.healthy().is_ok());
 
-        // Idle: after the follow-ups of the last hint (1 s), no relist moves the cache's time, where
-        // relisting every second would.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Idle: once the follow-ups of the last hint (1 s) are over, the reference relists three
+        // times and the evented PLEG not once (hints never move the cache's time; relists do).
+        relists(&reference_cache, 2).await;
         let idle_since = cache.timestamp();
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        relists(&reference_cache, 3).await;
         assert_eq!(cache.timestamp(), idle_since, "no relist while nothing changed");
 
         // Stopped behind the kubelet's back: containerd's task exit makes the PLEG relist.
@@ -184,5 +209,6 @@ async fn real_evented_pleg_relists_on_containerd_hints_and_not_while_idle() {
     outcome.await;
     cancel.cancel();
     task.await.unwrap();
+    reference_task.await.unwrap();
     runtime.remove_pod(&pod).await.unwrap();
 }

@@ -34,3 +34,26 @@ pub(crate) fn agent_command(endpoint: &str, dir: &Path, node: &str) -> Command {
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
+
+/// What pods `ours` says are the test's hold, for a test's agent running in `dir`: pods in the
+/// runtime, pod directories and the mounts below them, log directories and container log links.
+#[allow(dead_code)]
+pub(crate) async fn pods_left(
+    runtime: &cri_client::manager::CriRuntime,
+    dir: &Path,
+    ours: impl Fn(&kubelet_core::runtime::Pod) -> bool,
+) -> Vec<String> {
+    use kubelet_core::Runtime;
+    let pods = runtime.get_pods(true).await.unwrap();
+    let mut left: Vec<String> =
+        pods.iter().filter(|p| ours(p)).map(|p| format!("pod {}/{} in the runtime", p.namespace, p.name)).collect();
+    for (sub, what) in [("root/pods", "pod directory"), ("pods", "log directory"), ("containers", "log link")] {
+        let entries = std::fs::read_dir(dir.join(sub)).into_iter().flatten();
+        left.extend(entries.map(|e| format!("{what} {}", e.unwrap().file_name().to_string_lossy())));
+    }
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let pods_dir = dir.join("root/pods");
+    let mounts = kubelet_core::volume::mount_points(&table).filter(|p| Path::new(p).starts_with(&pods_dir));
+    left.extend(mounts.map(|p| format!("mount {p}")));
+    left
+}
