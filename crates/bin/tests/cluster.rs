@@ -891,11 +891,7 @@ async fn run_and_clean_up(
     remove_pods_and_mounts(rt, dir, |pod| pod.namespace == namespace).await;
     cluster.clean_up(node).await;
     match left {
-        Ok(left) => {
-            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-            let warnings: Vec<&str> = log.lines().filter(|l| l.starts_with(['W', 'E'])).collect();
-            assert!(left.is_empty(), "the agent left, a minute after its pods were deleted: {left:#?}\n{warnings:#?}");
-        }
+        Ok(left) => assert!(left.is_empty(), "the agent left, a minute after its pods were deleted: {left:#?}"),
         Err(err) => std::panic::resume_unwind(err.into_panic()),
     }
 }
@@ -921,11 +917,18 @@ async fn left_by_a_fresh_agent(rt: &RealRuntime, dir: &Path, cluster: &Cluster, 
     }
     // The node's own credentials, not whatever certificates the body left in the cert dir.
     let _ = std::fs::remove_dir_all(dir.join("pki"));
+    let logged_before = std::fs::read_to_string(dir.join("agent.log")).map_or(0, |log| log.len());
     let _agent = Agent::join(&rt.endpoint, dir, node, &cluster.kubeconfig(dir), &[]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !left.is_empty() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
         left = common::pods_left(&runtime, dir, ours).await;
+    }
+    if !left.is_empty() {
+        // What the agent said of it: its warnings and errors.
+        let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        let said = log.get(logged_before..).unwrap_or_default().lines();
+        left.extend(said.filter(|l| l.starts_with(['W', 'E'])).map(|l| format!("agent: {l}")));
     }
     left
 }
@@ -1147,12 +1150,7 @@ async fn remove_pods_and_mounts(rt: &RealRuntime, dir: &Path, ours: impl Fn(&kub
         api.metadata.uid = Some(pod.uid.to_string());
         runtime.remove_pod(&api).await.unwrap();
     }
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let below: Vec<String> =
-        kubelet_core::volume::mount_points(&table).filter(|p| Path::new(p).starts_with(dir)).collect();
-    for point in below.iter().rev() {
-        let _ = std::process::Command::new("umount").arg(point).status();
-    }
+    common::unmount_below(dir);
 }
 
 /// The body of [`real_no_container_reaches_the_host_through_its_volumes`].
@@ -1541,8 +1539,8 @@ async fn real_memory_pressure_evicts_the_pod_over_its_request_from_kube_apiserve
     on_node(NODE_3, test, "memory-evictions", None, evict_under_memory_pressure).await;
 }
 
-/// Upstream's PID eviction against kube-apiserver: with `pid.available` set 400 below what the
-/// node has, a BestEffort pod starting 800 processes makes the node report `PIDPressure` and is
+/// Upstream's PID eviction against kube-apiserver: with `pid.available` set 1000 below what the
+/// node has, a BestEffort pod starting 2000 processes makes the node report `PIDPressure` and is
 /// evicted with upstream's message, while the Guaranteed pod beside it (two processes) runs on
 /// untouched; the condition clears once the processes are gone.
 #[tokio::test]
@@ -1627,8 +1625,10 @@ fn pids_available() -> u64 {
 
 /// The body of [`real_pid_pressure_evicts_the_pod_with_the_most_processes_from_kube_apiserver`].
 async fn evict_under_pid_pressure(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
-    let threshold = pids_available().saturating_sub(400);
-    let fork = "i=0; while [ $i -lt 800 ]; do sleep 3600 & i=$((i+1)); done";
+    // The host's own tasks move by tens (the agent's blocking threads, shims, kube-apiserver):
+    // the threshold is 1000 below what is free, and the hog takes 2000.
+    let threshold = pids_available().saturating_sub(1000);
+    let fork = "i=0; while [ $i -lt 2000 ]; do sleep 3600 & i=$((i+1)); done";
     let pressure = NodePressure {
         eviction_hard: format!("pid.available: \"{threshold}\""),
         condition: "PIDPressure",

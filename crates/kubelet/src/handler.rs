@@ -2,7 +2,7 @@
 //! and the rest, and `HandlePodCleanups`) on top of the pod workers.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -12,6 +12,7 @@ use std::{
 use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
 use kubelet_core::{
     Cache, KillPodOptions, PodManager, PodUid, PodWorkers, SourcesReady, SyncHandler, SyncPodType, UpdatePodOptions,
+    WorkerSync,
     events::{Event, EventType, ObjectRef},
     eviction::NodePressure,
     runtime::Runtime,
@@ -44,11 +45,9 @@ pub struct Kubelet<R, W> {
     /// What the last walk over the pods read, when it found nothing to do: until something
     /// moves, the next walk would find nothing either.
     settled_on: std::sync::Mutex<Option<WalkInputs>>,
-    /// The pods nobody wants that the runtime or a worker held at the last walk. Once one is
-    /// gone from both, orphaned pod directories are swept again: a pod deleted while the agent
-    /// was down leaves its directory, its volumes still mounted, after its containers and
-    /// sandbox.
-    undesired: std::sync::Mutex<HashSet<PodUid>>,
+    /// The pods nobody wants that the runtime or a worker held at the last walk
+    /// ([`Kubelet::orphans_gone`]).
+    undesired_at_last_walk: std::sync::Mutex<HashSet<PodUid>>,
 }
 
 /// What housekeeping's walk over the pods reads, by generation: the desired pods, what the
@@ -121,7 +120,7 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
             api_node: Arc::default(),
             housekeepings: AtomicU64::new(0),
             settled_on: std::sync::Mutex::default(),
-            undesired: std::sync::Mutex::default(),
+            undesired_at_last_walk: std::sync::Mutex::default(),
         }
     }
 
@@ -396,17 +395,7 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
                 }
             }
         }
-        // Pods nobody wants that the runtime or a worker holds; one that is gone from both since
-        // the last walk (a pod deleted while the agent was down: killed as an orphan) may have
-        // left its directory, its volumes mounted, and its cgroup.
-        let undesired: HashSet<PodUid> =
-            in_runtime.iter().chain(workers.keys()).filter(|uid| !desired_uids.contains(*uid)).cloned().collect();
-        let orphans_gone = {
-            let mut held = lock(&self.undesired);
-            let gone = held.iter().any(|uid| !undesired.contains(uid));
-            *held = undesired;
-            gone
-        };
+        let orphans_gone = self.orphans_gone(&desired_uids, &in_runtime, &workers);
         let keep: HashSet<PodUid> = desired_uids.into_iter().chain(workers.into_keys()).collect();
         // Pod cgroups nobody claims: those a crash left, looked for at the first housekeeping,
         // and those of pods that went since, not every round (idle costs nothing per pod).
@@ -423,5 +412,22 @@ impl<R: Runtime, W: PodWorkers> Kubelet<R, W> {
             self.cleanups.push(Job::RemoveOrphanedPodCgroups { keep });
         }
         acted || forgot_any
+    }
+
+    /// Whether a pod nobody wants that the runtime or a worker held at the last walk is gone
+    /// from both now. Orphaned pod directories and cgroups are then swept again: a pod deleted
+    /// while the agent was down is killed as an orphan after the first housekeeping's sweep
+    /// (which its worker kept it from), and leaves its directory, its volumes still mounted.
+    fn orphans_gone(
+        &self,
+        desired: &HashSet<PodUid>,
+        in_runtime: &HashSet<PodUid>,
+        workers: &HashMap<PodUid, WorkerSync>,
+    ) -> bool {
+        let held = |uid: &PodUid| in_runtime.contains(uid) || workers.contains_key(uid);
+        let undesired: HashSet<PodUid> =
+            in_runtime.iter().chain(workers.keys()).filter(|uid| !desired.contains(*uid)).cloned().collect();
+        let before = std::mem::replace(&mut *lock(&self.undesired_at_last_walk), undesired);
+        before.iter().any(|uid| !held(uid))
     }
 }

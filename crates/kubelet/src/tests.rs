@@ -693,17 +693,49 @@ async fn housekeeping_walks_every_time_while_an_orphan_is_left_and_settles_once_
     k.cleanups().run_queued().await;
     f.relist().await;
     assert!(f.runtime.get_pods(true).await.unwrap().is_empty(), "the runtime holds nothing of it");
-    // Its directory outlived its removal (a volume was still mounted below it): the walk that
-    // finds the orphan gone sweeps the orphaned directories.
-    std::fs::create_dir_all(f.root.path().join("pods/ghost/volumes")).unwrap();
     k.handle_pod_cleanups().await.unwrap();
     k.cleanups().run_queued().await;
-    assert!(!f.root.path().join("pods/ghost").exists(), "swept once the orphan is gone");
     let settled = walks(&w);
     for _ in 0..3 {
         k.handle_pod_cleanups().await.unwrap();
     }
     assert_eq!(walks(&w), settled, "nothing is left: no walk");
+    assert!(!f.root.path().join("pods/ghost").exists());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_orphan_killed_after_the_first_sweep_has_its_directory_swept_once_it_is_gone() {
+    let f = fixture();
+    let (k, w, sources) = kubelet(&f, 110);
+    sources.add_source(Source::File);
+    *w.lifecycle.lock().unwrap() = Some(0);
+    // A pod deleted while the agent was down: in the runtime, with its directory, and a worker
+    // killing it as an orphan when the first housekeeping sweeps the directories.
+    let ghost = pod("ghost", "Always", &["c"]);
+    f.sync(&ghost).await.unwrap();
+    // The agent that started it is gone, and with it the status it kept.
+    f.sync.forget(&PodUid::new("ghost"));
+    f.relist().await;
+    let ghost_dir = f.root.path().join("pods/ghost");
+    assert!(ghost_dir.is_dir());
+    let killing = WorkerSync::new(kubelet_core::WorkerState::Terminating, false, false, false);
+    w.know(PodUid::new("ghost"), killing);
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    assert!(ghost_dir.is_dir(), "its worker keeps it while it is killed");
+    // Killed and removed from the runtime, its directory kept (a volume was still mounted
+    // below it), and its worker gone: the walk that finds it gone sweeps the directories.
+    let running = f.runtime.get_pods(false).await.unwrap().into_iter().find(|p| p.uid.as_str() == "ghost").unwrap();
+    f.runtime.kill_pod(None, &running, Some(0)).await.unwrap();
+    f.runtime.remove_pod_content(&PodUid::new("ghost")).await.unwrap();
+    std::fs::create_dir_all(ghost_dir.join("volumes")).unwrap();
+
+    f.relist().await;
+    w.known.lock().unwrap().clear();
+    *w.lifecycle.lock().unwrap() = Some(1);
+    k.handle_pod_cleanups().await.unwrap();
+    k.cleanups().run_queued().await;
+    assert!(!ghost_dir.exists(), "swept once the orphan is gone from the runtime and the workers");
 }
 
 #[tokio::test(start_paused = true)]

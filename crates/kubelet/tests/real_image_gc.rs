@@ -91,10 +91,7 @@ async fn real_image_gc_removes_an_unused_image_and_never_a_used_one() {
     let api = k8s_openapi::api::core::v1::Pod { metadata: pod.metadata.clone(), ..Default::default() };
     runtime.remove_pod(&api).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        usage_collected <= usage_before,
-        "back to {usage_collected} % from {usage_after} %, {usage_before} % before"
-    );
+    assert!(usage_collected < usage_after, "below the high threshold again: {usage_collected} % from {usage_after} %");
     assert!(unused_gone, "the unused image was removed");
     assert!(busybox_kept, "the image a container uses stays");
     assert!(pause_kept, "the sandbox image stays");

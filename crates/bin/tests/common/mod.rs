@@ -35,8 +35,9 @@ pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// What pods `ours` says are the test's hold, for a test's agent running in `dir`: pods in the
-/// runtime, pod directories and the mounts below them, log directories and container log links.
+/// What the test's pods hold: the pods in the runtime that `ours` says are the test's, and every
+/// pod directory, mount below them, log directory and container log link of the agent running
+/// in `dir` (each test has a scratch directory of its own, so all of them are the test's).
 #[allow(dead_code)]
 pub(crate) async fn pods_left(
     runtime: &cri_client::manager::CriRuntime,
@@ -56,4 +57,16 @@ pub(crate) async fn pods_left(
     let mounts = kubelet_core::volume::mount_points(&table).filter(|p| Path::new(p).starts_with(&pods_dir));
     left.extend(mounts.map(|p| format!("mount {p}")));
     left
+}
+
+/// Unmounts whatever is mounted below `dir`, deepest first: what a failed test leaves would
+/// otherwise confuse the next one.
+#[allow(dead_code)]
+pub(crate) fn unmount_below(dir: &Path) {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let below: Vec<String> =
+        kubelet_core::volume::mount_points(&table).filter(|p| Path::new(p).starts_with(dir)).collect();
+    for point in below.iter().rev() {
+        let _ = std::process::Command::new("umount").arg(point).status();
+    }
 }
