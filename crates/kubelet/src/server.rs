@@ -351,16 +351,16 @@ async fn container_logs<R: Runtime>(
         return (StatusCode::NOT_FOUND, format!("pod {namespace}/{name} not found\n")).into_response();
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
+    // Upstream answers 404 for a container its spec does not have; a name is then never joined
+    // to a path unchecked (`..`, or `a/b` from `a%2Fb`).
+    if !in_spec(&pod, &container) {
+        let message = format!("container {container:?} not found in pod {name:?}\n");
+        return (StatusCode::NOT_FOUND, message).into_response();
+    }
     let dir = kubelet_core::types::pod_log_dir(&state.pod_logs_dir, &namespace, &name, &uid).join(&container);
     let files = match logs::files_for(&dir, query.previous) {
         Ok(files) => files,
-        Err(e) => {
-            let known = pod.spec.as_ref().is_some_and(|s| {
-                s.containers.iter().chain(s.init_containers.iter().flatten()).any(|c| c.name == container)
-            });
-            let message = if known { e.to_string() } else { format!("container {container} is not in pod {name}") };
-            return (StatusCode::NOT_FOUND, format!("{message}\n")).into_response();
-        }
+        Err(e) => return (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
     };
     let mut text = String::new();
     let mut live_read = 0;
@@ -380,6 +380,16 @@ async fn container_logs<R: Runtime>(
     tokio::spawn(follow(live, live_read, query.timestamps, tx).instrument(span));
     let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|chunk| (chunk, rx)) });
     ([(header::CONTENT_TYPE, "text/plain")], Body::from_stream(stream)).into_response()
+}
+
+/// Whether `pod`'s spec has a container, init container or ephemeral container named
+/// `container` (upstream `GetContainerSpec`), and the name is one path component.
+fn in_spec(pod: &Pod, container: &str) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let one_component = !container.is_empty() && !container.contains('/') && container != "." && container != "..";
+    let regular = spec.containers.iter().chain(spec.init_containers.iter().flatten()).map(|c| c.name.as_str());
+    let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| c.name.as_str());
+    one_component && regular.chain(ephemeral).any(|name| name == container)
 }
 
 /// Sends what is appended to `live` from `offset` on, whole lines only, until the reader goes
@@ -543,6 +553,27 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_logs_are_read_only_for_a_container_of_the_spec() {
+        let mut pod = (*pod_named("web", "busybox")).clone();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.init_containers =
+            Some(vec![k8s_openapi::api::core::v1::Container { name: "init".into(), ..Default::default() }]);
+        spec.ephemeral_containers =
+            Some(vec![k8s_openapi::api::core::v1::EphemeralContainer { name: "debug".into(), ..Default::default() }]);
+        let app = spec.containers[0].name.clone();
+        for known in [app.as_str(), "init", "debug"] {
+            assert!(in_spec(&pod, known), "{known}");
+        }
+        // Names a path would resolve elsewhere, or no container has.
+        for unknown in ["..", ".", "", "../../etc", "a/b", "other", "web/../web"] {
+            assert!(!in_spec(&pod, unknown), "{unknown:?}");
+        }
+        // A spec that names a container `..` (nothing validated it) still gets no path of it.
+        pod.spec.as_mut().unwrap().containers[0].name = "..".into();
+        assert!(!in_spec(&pod, ".."));
+    }
 
     #[test]
     fn a_pod_list_is_upstreams_with_each_pod_whole() {
