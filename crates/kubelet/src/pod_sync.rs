@@ -33,6 +33,9 @@ use crate::{
     status_store::StatusStore,
 };
 
+/// The mode of the directories the agent makes for pods (upstream's 0750).
+pub(crate) const PRIVATE_DIR_MODE: u32 = 0o750;
+
 /// How the kubelet runs on this node.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -397,10 +400,16 @@ impl<R: Runtime> PodSync<R> {
         self.config.root_dir.join("pods").join(uid.as_str())
     }
 
-    /// The pod's data directories (upstream `makePodDataDirs`).
+    /// The pod's data directories (upstream `makePodDataDirs`), and the root and `pods`
+    /// directories above them where they do not exist yet: 0750 as upstream makes them, so no
+    /// other local user reads a pod's volumes (its projected token among them).
     async fn make_pod_dirs(&self, uid: &PodUid) -> std::io::Result<()> {
         for dir in ["volumes", "plugins", "containers"] {
-            tokio::fs::create_dir_all(self.pod_dir(uid).join(dir)).await?;
+            tokio::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(PRIVATE_DIR_MODE)
+                .create(self.pod_dir(uid).join(dir))
+                .await?;
         }
         Ok(())
     }

@@ -504,7 +504,12 @@ pub async fn serve_unix(
     use std::os::unix::fs::PermissionsExt;
     let listen = |source| Error::Listen { what: path.display().to_string(), source };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(listen)?;
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(crate::pod_sync::PRIVATE_DIR_MODE)
+            .create(dir)
+            .map_err(listen)?;
     }
     if tokio::net::UnixStream::connect(path).await.is_ok() {
         return Err(Error::InUse(path.to_owned()));

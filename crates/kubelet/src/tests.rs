@@ -704,6 +704,17 @@ async fn housekeeping_walks_every_time_while_an_orphan_is_left_and_settles_once_
 }
 
 #[tokio::test(start_paused = true)]
+async fn pod_directories_are_made_0750_as_upstream_makes_them() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture();
+    f.sync(&pod("web", "Always", &["c"])).await.unwrap();
+    for dir in ["pods", "pods/web", "pods/web/volumes", "pods/web/plugins", "pods/web/containers"] {
+        let mode = std::fs::metadata(f.root.path().join(dir)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o750, "{dir}: {mode:o}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_orphan_killed_after_the_first_sweep_has_its_directory_swept_once_it_is_gone() {
     let f = fixture();
     let (k, w, sources) = kubelet(&f, 110);

@@ -4,6 +4,9 @@
 use super::*;
 use crate::hosts;
 
+/// The mode of a pod's directory where this manager makes it (upstream's 0750).
+const POD_DIR_MODE: u32 = 0o750;
+
 /// The `container_type` label of upstream's container metrics.
 pub(super) fn container_type(pod: &ApiPod, name: &str) -> &'static str {
     let spec = pod.spec.as_ref();
@@ -131,7 +134,7 @@ impl CriRuntime {
             let dir = self.config.pods_dir.join(pod_meta(pod).2).join("containers").join(&spec.name);
             let file = dir.join(format!("{restart_count}-termination-log"));
             let created = async {
-                tokio::fs::create_dir_all(&dir).await?;
+                tokio::fs::DirBuilder::new().recursive(true).mode(POD_DIR_MODE).create(&dir).await?;
                 tokio::fs::write(&file, b"").await?;
                 use std::os::unix::fs::PermissionsExt;
                 tokio::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).await
@@ -280,7 +283,7 @@ impl CriRuntime {
         let pod_dir = self.config.pods_dir.join(pod_meta(pod).2);
         let file = pod_dir.join(hosts::FILE_NAME);
         let written = async {
-            tokio::fs::create_dir_all(&pod_dir).await?;
+            tokio::fs::DirBuilder::new().recursive(true).mode(POD_DIR_MODE).create(&pod_dir).await?;
             write_without_following(&file, text.as_bytes()).await
         };
         written.await.map_err(|e| format!("cannot write the pod's hosts file {}: {e}", file.display()))?;
