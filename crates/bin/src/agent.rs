@@ -563,7 +563,14 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         .await?,
     ];
     let stats = crate::stats::Stats::new(summary, agent.pods().clone(), agent.statuses().clone(), &settings.node_name);
-    let kubelet_api = server::local_router(api_state.clone())
+    // Upstream's debugging handlers (exec, attach, port-forward, run, container logs, running
+    // pods) only with `enableDebuggingHandlers`; the local socket, root's alone, keeps them.
+    let api_routes = if settings.file.server.enable_debugging_handlers {
+        server::local_router(api_state.clone())
+    } else {
+        server::router_without_debugging(api_state.clone())
+    };
+    let kubelet_api = api_routes
         .merge(crate::stats::router(stats))
         .merge(crate::spec::router())
         .merge(crate::configz::router(&settings));

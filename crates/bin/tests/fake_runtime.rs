@@ -22,13 +22,19 @@ impl Drop for Agent {
 }
 
 fn start(dir: &Path, endpoint: &str) -> Agent {
+    start_with(dir, endpoint, &[])
+}
+
+/// The agent on `endpoint` with the pod `web` (an init container `setup`, a container `app`)
+/// and `extra` flags.
+fn start_with(dir: &Path, endpoint: &str, extra: &[&str]) -> Agent {
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
     std::fs::write(
         dir.join("manifests/web.yaml"),
         "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  initContainers:\n  - {name: setup, image: busybox}\n  containers:\n  - {name: app, image: busybox}\n",
     )
     .unwrap();
-    let child = common::agent_command(endpoint, dir, "fake").args(["--healthz-port", "0"]).spawn().unwrap();
+    let child = common::agent_command(endpoint, dir, "fake").args(["--healthz-port", "0"]).args(extra).spawn().unwrap();
     Agent(child)
 }
 
@@ -166,4 +172,76 @@ async fn systemd_hears_ready_the_watchdog_and_stopping() {
         last = next().await;
     }
     assert_eq!(last, "STOPPING=1\n");
+}
+
+/// What `curl` got from the kubelet API on `port` for `method path`: the status code and body
+/// (code 0 while nothing answers).
+fn kubelet_api(port: u16, method: &str, path: &str) -> (u16, String) {
+    let output = Command::new("curl")
+        .args(["-sk", "--path-as-is", "--max-time", "5", "-X", method, "-w", "\n%{http_code}"])
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// Starts the agent on the fake runtime with its kubelet API on `port` (anonymous, always
+/// allowed) and `extra` configuration lines; returns once `/pods` lists `web-fake`.
+async fn serve_the_kubelet_api(dir: &Path, port: u16, extra: &str) -> Agent {
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nport: {port}\n\
+             authentication: {{anonymous: {{enabled: true}}, webhook: {{enabled: false}}}}\n\
+             authorization: {{mode: AlwaysAllow}}\n{extra}"
+        ),
+    )
+    .unwrap();
+    let agent = start_with(dir, "fake://", &["--config", config.to_str().unwrap()]);
+    for _ in 0..200 {
+        if kubelet_api(port, "GET", "/pods").1.contains("web-fake") {
+            return agent;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the kubelet API did not list the pod within 20 s");
+}
+
+/// With `enableDebuggingHandlers: false` every path of upstream's debugging handlers answers
+/// 405 `Debug endpoints are disabled.` while `/pods` is served; with it on (the default),
+/// `/containerLogs` answers 404 for a container the pod does not have, whatever its name
+/// decodes to (`..`, a slash), and never reads outside the pod's log directory.
+#[tokio::test]
+async fn the_kubelet_api_serves_debugging_handlers_only_when_enabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let agent = serve_the_kubelet_api(dir.path(), port, "enableDebuggingHandlers: false\n").await;
+    let debugging = [
+        ("POST", "/run/default/web-fake/app?cmd=ls"),
+        ("POST", "/exec/default/web-fake/app?command=ls"),
+        ("GET", "/attach/default/web-fake/app"),
+        ("POST", "/portForward/default/web-fake"),
+        ("GET", "/containerLogs/default/web-fake/app"),
+        ("GET", "/runningpods/"),
+        ("GET", "/debug/pprof/"),
+        ("GET", "/logs/"),
+    ];
+    for (method, path) in debugging {
+        let answer = kubelet_api(port, method, path);
+        assert_eq!(answer, (405, "Debug endpoints are disabled.\n".to_owned()), "{method} {path}");
+    }
+    drop(agent);
+
+    let _agent = serve_the_kubelet_api(dir.path(), port, "").await;
+    assert_eq!(kubelet_api(port, "GET", "/runningpods/").0, 200);
+    let names =
+        [("%2E%2E", ".."), ("..%2F..%2F..%2Fetc", "../../../etc"), ("app%2F..%2F..", "app/../.."), ("other", "other")];
+    for (encoded, name) in names {
+        let answer = kubelet_api(port, "GET", &format!("/containerLogs/default/web-fake/{encoded}"));
+        let expected = format!("container {name:?} not found in pod \"web-fake\"\n");
+        assert_eq!(answer, (404, expected), "{encoded}");
+    }
 }

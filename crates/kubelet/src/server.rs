@@ -23,7 +23,7 @@ use axum::{
     extract::{Path as UrlPath, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::{any, get, post},
 };
 use k8s_openapi::{
     List,
@@ -534,6 +534,30 @@ pub fn router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
         .route("/metrics", get(metrics::<R>))
         .route("/metrics/probes", get(probe_metrics::<R>))
         .with_state(state)
+}
+
+/// The paths of upstream's debugging handlers, which answer 405 with `enableDebuggingHandlers:
+/// false` (upstream `InstallDebuggingDisabledHandlers`).
+const DEBUGGING_PATHS: [&str; 8] =
+    ["/run", "/exec", "/attach", "/portForward", "/containerLogs", "/runningpods", "/debug/pprof", "/logs"];
+
+/// The kubelet API's routes of this module with `enableDebuggingHandlers: false`: the read-only
+/// API without `/runningpods/`, and every path of the debugging handlers answering 405 `Debug
+/// endpoints are disabled.` as upstream's do.
+pub fn router_without_debugging<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
+    async fn disabled() -> Response {
+        (StatusCode::METHOD_NOT_ALLOWED, "Debug endpoints are disabled.\n").into_response()
+    }
+    let mut router = Router::new()
+        .route("/healthz", get(healthz::<R>))
+        .route("/pods", get(pods::<R>))
+        .route("/metrics", get(metrics::<R>))
+        .route("/metrics/probes", get(probe_metrics::<R>));
+    for path in DEBUGGING_PATHS {
+        router = router.route(path, any(disabled)).route(&format!("{path}/"), any(disabled));
+        router = router.route(&format!("{path}/{{*rest}}"), any(disabled));
+    }
+    router.with_state(state)
 }
 
 /// The `/healthz` router alone (upstream's healthz port).

@@ -48,7 +48,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("preloadedImagesVerificationAllowlist", WithoutEffect),
     ("eventRecordQPS", Honoured),
     ("eventBurst", Honoured),
-    ("enableDebuggingHandlers", WithoutEffect),
+    ("enableDebuggingHandlers", Honoured),
     ("enableContentionProfiling", WithoutEffect),
     ("healthzPort", Honoured),
     ("healthzBindAddress", Honoured),
@@ -160,6 +160,9 @@ pub fn support(field: &str) -> Option<Support> {
 pub fn describe(field: &str) -> Option<&'static str> {
     let sentence = match field {
         "enableServer" => "Serve the kubelet API (TLS, authenticated and authorized) on address:port.",
+        "enableDebuggingHandlers" => {
+            "Serve run, exec, attach, port-forward, container logs and running pods on the kubelet API (true)."
+        }
         "failSwapOn" => "Refuse to start when swap is on.",
         "staticPodPath" => "The directory (or file) of static pod manifests to run.",
         "syncFrequency" => "How often running pods are synced again without a change (a Go duration, 1m0s).",

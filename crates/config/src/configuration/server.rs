@@ -28,6 +28,9 @@ pub struct ServerConfiguration {
     pub authentication: Authentication,
     /// `authorization`.
     pub authorization: Authorization,
+    /// `enableDebuggingHandlers` (true): serve `/run`, `/exec`, `/attach`, `/portForward`,
+    /// `/containerLogs` and `/runningpods/` on the kubelet API; off, they answer 405.
+    pub enable_debugging_handlers: bool,
 }
 
 impl Default for ServerConfiguration {
@@ -41,6 +44,7 @@ impl Default for ServerConfiguration {
             tls_cipher_suites: Vec::new(),
             authentication: Authentication::default(),
             authorization: Authorization::default(),
+            enable_debugging_handlers: true,
         }
     }
 }
@@ -114,6 +118,7 @@ pub(super) struct RawServer {
     tls_cipher_suites: Option<Vec<String>>,
     authentication: Option<RawAuthentication>,
     authorization: Option<RawAuthorization>,
+    enable_debugging_handlers: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -164,8 +169,11 @@ struct RawAccessWebhook {
 impl RawServer {
     /// The settings, checked as upstream's validation checks them.
     pub(super) fn read(self, at: &impl Fn(&str, String) -> Error) -> Result<ServerConfiguration, Error> {
-        let mut server =
-            ServerConfiguration { enable_server: self.enable_server.unwrap_or(true), ..Default::default() };
+        let mut server = ServerConfiguration {
+            enable_server: self.enable_server.unwrap_or(true),
+            enable_debugging_handlers: self.enable_debugging_handlers.unwrap_or(true),
+            ..Default::default()
+        };
         if let Some(port) = self.port {
             server.port = u16::try_from(port)
                 .map_err(|_| at("port", format!("{port} must be between 0 and 65535, inclusive")))?;

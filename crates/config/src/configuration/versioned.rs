@@ -74,6 +74,7 @@ impl KubeletConfiguration {
         };
         json!({
             "enableServer": server.enable_server,
+            "enableDebuggingHandlers": server.enable_debugging_handlers,
             "address": self.address.to_string(),
             "port": server.port,
             "readOnlyPort": self.read_only_port,
