@@ -564,16 +564,14 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     ];
     let stats = crate::stats::Stats::new(summary, agent.pods().clone(), agent.statuses().clone(), &settings.node_name);
     // Upstream's debugging handlers (exec, attach, port-forward, run, container logs, running
-    // pods) only with `enableDebuggingHandlers`; the local socket, root's alone, keeps them.
+    // pods, configz) only with `enableDebuggingHandlers`; the local socket, root's alone, keeps
+    // them.
     let api_routes = if settings.file.server.enable_debugging_handlers {
-        server::local_router(api_state.clone())
+        server::local_router(api_state.clone()).merge(crate::configz::router(&settings))
     } else {
         server::router_without_debugging(api_state.clone())
     };
-    let kubelet_api = api_routes
-        .merge(crate::stats::router(stats))
-        .merge(crate::spec::router())
-        .merge(crate::configz::router(&settings));
+    let kubelet_api = api_routes.merge(crate::stats::router(stats)).merge(crate::spec::router());
     servers.extend(crate::kubelet_api::serve(&settings, api_client, kubelet_api, cancel.child_token()).await?);
     if let Some(addr) = settings.read_only {
         servers.push(server::serve(addr, server::router(api_state.clone()), cancel.child_token()).await?);

@@ -181,7 +181,7 @@ fn kubelet_api(port: u16, method: &str, path: &str) -> (u16, String) {
         .args(["-sk", "--path-as-is", "--max-time", "5", "-X", method, "-w", "\n%{http_code}"])
         .arg(format!("https://127.0.0.1:{port}{path}"))
         .output()
-        .unwrap();
+        .expect("curl (`cargo xtask setup` installs it)");
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_owned())
@@ -201,7 +201,8 @@ async fn serve_the_kubelet_api(dir: &Path, port: u16, extra: &str) -> Agent {
     )
     .unwrap();
     let agent = start_with(dir, "fake://", &["--config", config.to_str().unwrap()]);
-    for _ in 0..200 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::time::Instant::now() < deadline {
         if kubelet_api(port, "GET", "/pods").1.contains("web-fake") {
             return agent;
         }
@@ -233,15 +234,18 @@ async fn the_kubelet_api_serves_debugging_handlers_only_when_enabled() {
         let answer = kubelet_api(port, method, path);
         assert_eq!(answer, (405, "Debug endpoints are disabled.\n".to_owned()), "{method} {path}");
     }
+    // configz is one of upstream's debugging handlers too, not installed at all when they are off.
+    assert_eq!(kubelet_api(port, "GET", "/configz").0, 404);
     drop(agent);
 
     let _agent = serve_the_kubelet_api(dir.path(), port, "").await;
     assert_eq!(kubelet_api(port, "GET", "/runningpods/").0, 200);
+    assert_eq!(kubelet_api(port, "GET", "/configz").0, 200);
     let names =
         [("%2E%2E", ".."), ("..%2F..%2F..%2Fetc", "../../../etc"), ("app%2F..%2F..", "app/../.."), ("other", "other")];
     for (encoded, name) in names {
         let answer = kubelet_api(port, "GET", &format!("/containerLogs/default/web-fake/{encoded}"));
-        let expected = format!("container {name:?} not found in pod \"web-fake\"\n");
+        let expected = format!("container {name:?} not found in pod \"web-fake\"");
         assert_eq!(answer, (404, expected), "{encoded}");
     }
 }

@@ -354,7 +354,7 @@ async fn container_logs<R: Runtime>(
     // Upstream answers 404 for a container its spec does not have; a name is then never joined
     // to a path unchecked (`..`, or `a/b` from `a%2Fb`).
     if !in_spec(&pod, &container) {
-        let message = format!("container {container:?} not found in pod {name:?}\n");
+        let message = format!("container {container:?} not found in pod {name:?}");
         return (StatusCode::NOT_FOUND, message).into_response();
     }
     let dir = kubelet_core::types::pod_log_dir(&state.pod_logs_dir, &namespace, &name, &uid).join(&container);
@@ -527,13 +527,16 @@ pub async fn serve_unix(
 
 /// The router of the read-only API.
 pub fn router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
+    read_only_routes::<R>().route("/runningpods/", get(running_pods::<R>)).with_state(state)
+}
+
+/// The read-only API's routes but upstream's debugging handler among them (`/runningpods/`).
+fn read_only_routes<R: Runtime>() -> Router<Arc<ApiState<R>>> {
     Router::new()
         .route("/healthz", get(healthz::<R>))
         .route("/pods", get(pods::<R>))
-        .route("/runningpods/", get(running_pods::<R>))
         .route("/metrics", get(metrics::<R>))
         .route("/metrics/probes", get(probe_metrics::<R>))
-        .with_state(state)
 }
 
 /// The paths of upstream's debugging handlers, which answer 405 with `enableDebuggingHandlers:
@@ -548,11 +551,7 @@ pub fn router_without_debugging<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
     async fn disabled() -> Response {
         (StatusCode::METHOD_NOT_ALLOWED, "Debug endpoints are disabled.\n").into_response()
     }
-    let mut router = Router::new()
-        .route("/healthz", get(healthz::<R>))
-        .route("/pods", get(pods::<R>))
-        .route("/metrics", get(metrics::<R>))
-        .route("/metrics/probes", get(probe_metrics::<R>));
+    let mut router = read_only_routes::<R>();
     for path in DEBUGGING_PATHS {
         router = router.route(path, any(disabled)).route(&format!("{path}/"), any(disabled));
         router = router.route(&format!("{path}/{{*rest}}"), any(disabled));
