@@ -569,15 +569,17 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     let api_routes = if settings.file.server.enable_debugging_handlers {
         server::local_router(api_state.clone()).merge(crate::configz::router(&settings))
     } else {
-        server::router_without_debugging(api_state.clone())
+        server::read_only_router(api_state.clone())
     };
     let kubelet_api = api_routes.merge(crate::stats::router(stats)).merge(crate::spec::router());
     servers.extend(crate::kubelet_api::serve(&settings, api_client, kubelet_api, cancel.child_token()).await?);
     if let Some(addr) = settings.read_only {
-        servers.push(server::serve(addr, server::router(api_state.clone()), cancel.child_token()).await?);
+        let router = server::read_only_router(api_state.clone());
+        servers.push(server::serve(addr, router, "the read-only API", cancel.child_token()).await?);
     }
     if let Some(addr) = settings.healthz {
-        servers.push(server::serve(addr, server::healthz_router(api_state.clone()), cancel.child_token()).await?);
+        let router = server::healthz_router(api_state.clone());
+        servers.push(server::serve(addr, router, "the healthz API", cancel.child_token()).await?);
     }
     servers.extend(crate::systemd::spawn_watchdog(api_state, cancel.child_token()));
     crate::systemd::ready();

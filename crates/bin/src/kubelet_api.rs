@@ -79,7 +79,7 @@ pub(crate) async fn serve(
         (AuthorizationMode::Webhook, None) => return Ok(Vec::new()),
     };
     let guard = Guard::new(tls, authenticator, authorizer, &settings.node_name);
-    tasks.push(server::serve(address, guard, router, cancel).await?);
+    tasks.push(server::serve(address, guard, router, server::Limits::default(), cancel).await?);
     Ok(tasks)
 }
 

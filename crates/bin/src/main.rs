@@ -183,6 +183,21 @@ fn run(cli: Cli, run_matches: &ArgMatches) -> Result<ExitCode> {
 }
 
 /// The agent: resolves its configuration, sets up logging, checks the node, and runs.
+/// Raises the soft limit on open files to the hard one, as Go raises upstream's kubelet's at
+/// start-up: the node's connections, log files, cgroups and the runtime's socket share it, and
+/// the listeners' connection bounds are set well under the hard limit a unit gives.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the soft limit on open files"),
+            Err(error) => warn!(%error, soft, hard, "cannot raise the soft limit on open files"),
+        },
+        Ok(_) => {}
+        Err(error) => warn!(%error, "cannot read the limit on open files"),
+    }
+}
+
 fn run_node(args: RunArgs, matches: &ArgMatches) -> ExitCode {
     // Before any thread exists, so every thread shares the bounded arenas.
     let arenas = alloc::limit_arenas();
@@ -208,6 +223,7 @@ fn run_node(args: RunArgs, matches: &ArgMatches) -> ExitCode {
     };
     logging::init(settings.verbosity, settings.log_format);
     tracing::debug!(?arenas, bound = alloc::ARENAS, "memory allocator arenas");
+    raise_open_files_limit();
     if !settings.without_effect.is_empty() {
         warn!("set but without effect in kubelet-rs: {}", settings.without_effect.join(", "));
     }

@@ -17,7 +17,7 @@
 //!   runtime status poll, and the sync loop.
 //!
 //! - [`server`] (feature `server`) is the local API: upstream's read-only API (`/healthz`,
-//!   `/pods`, `/runningpods/`, `/metrics`) and, on a unix socket, container logs and events.
+//!   `/pods`, `/metrics`) and, on a unix socket, running pods, container logs and events.
 //!
 //! The crate names no concrete runtime, PLEG or pod workers: the caller picks them (the
 //! `kubelet-rs` binary picks `kubelet-cri-client`, `kubelet-pleg` and `kubelet-podworkers`).

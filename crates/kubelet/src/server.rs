@@ -1,11 +1,13 @@
 //! The agent's local API (feature `server`), as upstream's read-only port serves it: `/healthz`,
-//! `/pods`, `/runningpods/` and `/metrics` (Prometheus text); and on the unix socket under the
-//! root directory (and as the kubelet API, behind its authentication) also upstream's
-//! `/containerLogs/{namespace}/{pod}/{container}`, `/exec`, `/attach`, `/portForward` and
-//! `/run`, and `/events/{namespace}/{pod}`, which `kubelet-rs get`, `describe` and `logs` use.
+//! `/pods` and `/metrics` (Prometheus text), its debugging handlers answering 405; and on the
+//! unix socket under the root directory (and as the kubelet API, behind its authentication)
+//! also upstream's `/runningpods/`, `/containerLogs/{namespace}/{pod}/{container}`, `/exec`,
+//! `/attach`, `/portForward` and `/run`, and `/events/{namespace}/{pod}`, which `kubelet-rs
+//! get`, `describe` and `logs` use.
 //!
-//! [`ApiState::of`] reads an [`Agent`]; [`local_router`], [`router`] and
-//! [`healthz_router`] are the three APIs; [`serve_unix`] and [`serve`] run one until cancelled.
+//! [`ApiState::of`] reads an [`Agent`]; [`local_router`], [`read_only_router`] and
+//! [`healthz_router`] are the three APIs; [`serve_unix`] and [`serve`] run one until cancelled,
+//! within `kubelet-server`'s bounds of every listener.
 
 mod logs;
 mod stream;
@@ -487,7 +489,7 @@ pub fn local_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
         .route("/run/{namespace}/{pod}/{container}", post(stream::run::<R>))
         .route("/run/{namespace}/{pod}/{uid}/{container}", post(stream::run::<R>))
         .with_state(state.clone());
-    router(state).merge(extra)
+    read_only_routes::<R>().route("/runningpods/", get(running_pods::<R>)).with_state(state).merge(extra)
 }
 
 /// The unix socket of the local API under the root directory.
@@ -495,7 +497,11 @@ pub fn socket_path(root_dir: &Path) -> PathBuf {
     root_dir.join("kubelet-rs.sock")
 }
 
-/// Serves `router` on a unix socket only root can open (mode 0600), replacing a stale one.
+/// Serves `router` on a unix socket only root can open (mode 0600), replacing a stale one, within
+/// the local socket's [`Limits`](kubelet_server::Limits).
+///
+/// The socket is bound under a name of its own, given its mode, and only then renamed into
+/// place: no client ever finds it at `path` with a wider mode.
 pub async fn serve_unix(
     path: &Path,
     router: Router,
@@ -514,20 +520,26 @@ pub async fn serve_unix(
     if tokio::net::UnixStream::connect(path).await.is_ok() {
         return Err(Error::InUse(path.to_owned()));
     }
-    let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path).map_err(listen)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen)?;
+    let mut binding = path.as_os_str().to_owned();
+    binding.push(format!(".{}.binding", std::process::id()));
+    let binding = PathBuf::from(binding);
+    let _ = std::fs::remove_file(&binding);
+    let listener = tokio::net::UnixListener::bind(&binding).map_err(listen)?;
+    std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(0o600)).map_err(listen)?;
+    std::fs::rename(&binding, path).map_err(listen)?;
     info!(socket = %path.display(), "serving the local API");
     let path = path.to_owned();
     Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, router).with_graceful_shutdown(async move { cancel.cancelled().await }).await;
+        kubelet_server::listen::serve_router(
+            listener,
+            router,
+            kubelet_server::Limits::local(),
+            "the local API",
+            cancel,
+        )
+        .await;
         let _ = std::fs::remove_file(path);
     }))
-}
-
-/// The router of the read-only API.
-pub fn router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
-    read_only_routes::<R>().route("/runningpods/", get(running_pods::<R>)).with_state(state)
 }
 
 /// The read-only API's routes but upstream's debugging handler among them (`/runningpods/`).
@@ -544,10 +556,11 @@ fn read_only_routes<R: Runtime>() -> Router<Arc<ApiState<R>>> {
 const DEBUGGING_PATHS: [&str; 8] =
     ["/run", "/exec", "/attach", "/portForward", "/containerLogs", "/runningpods", "/debug/pprof", "/logs"];
 
-/// The kubelet API's routes of this module with `enableDebuggingHandlers: false`: the read-only
-/// API without `/runningpods/`, and every path of the debugging handlers answering 405 `Debug
-/// endpoints are disabled.` as upstream's do.
-pub fn router_without_debugging<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
+/// The router of the read-only port, and the kubelet API's routes of this module with
+/// `enableDebuggingHandlers: false`: `/healthz`, `/pods` and `/metrics`, and every path of the
+/// debugging handlers (`/runningpods/` among them) answering 405 `Debug endpoints are disabled.`
+/// as upstream's do.
+pub fn read_only_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
     async fn disabled() -> Response {
         (StatusCode::METHOD_NOT_ALLOWED, "Debug endpoints are disabled.\n").into_response()
     }
@@ -564,18 +577,25 @@ pub fn healthz_router<R: Runtime>(state: Arc<ApiState<R>>) -> Router {
     Router::new().route("/healthz", get(healthz::<R>)).with_state(state)
 }
 
-/// Binds `addr` (failing clearly if the port is taken) and serves `router` until `cancel`.
+/// Binds `addr` (failing clearly if the port is taken) and serves `router` as `what` (the
+/// read-only API, healthz) within the [`Limits`](kubelet_server::Limits) of every port until
+/// `cancel`.
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
+    what: &'static str,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Listen { what: addr.to_string(), source })?;
-    info!(%addr, "serving the local API");
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, router).with_graceful_shutdown(async move { cancel.cancelled().await }).await;
-    }))
+    info!(%addr, "serving {what}");
+    Ok(tokio::spawn(kubelet_server::listen::serve_router(
+        listener,
+        router,
+        kubelet_server::Limits::default(),
+        what,
+        cancel,
+    )))
 }
 
 #[cfg(test)]

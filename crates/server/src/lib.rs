@@ -13,6 +13,7 @@
 pub mod authn;
 pub mod authz;
 mod cache;
+pub mod listen;
 pub mod review;
 pub mod tls;
 
@@ -21,15 +22,15 @@ use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 use axum::{Router, body::Body};
 use http::{Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
 pub use authn::{Authenticator, User};
 pub use authz::{Attributes, Authorizer, Decision};
+pub use listen::Limits;
 
 /// The kubelet API could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -45,9 +46,6 @@ pub enum Error {
         source: std::io::Error,
     },
 }
-
-/// How long a client has to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What guards the handlers: TLS, who is calling, and what they may do on which node.
 pub struct Guard {
@@ -122,56 +120,51 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Binds `address` (failing clearly when it is taken) and serves `router` behind `guard` until
-/// `cancel`; the returned task ends once every connection has.
+/// Binds `address` (failing clearly when it is taken) and serves `router` behind `guard` within
+/// `limits` until `cancel`; the returned task ends once every connection has.
 pub async fn serve(
     address: SocketAddr,
     guard: Guard,
     router: Router,
+    limits: Limits,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
     let listener = tokio::net::TcpListener::bind(address).await.map_err(|source| Error::Listen { address, source })?;
     info!(%address, "serving the kubelet API");
     let guard = Arc::new(guard);
     Ok(tokio::spawn(async move {
-        let connections = TaskTracker::new();
-        loop {
-            let accepted = tokio::select! {
-                () = cancel.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    let connection = connection(stream, guard.clone(), router.clone(), cancel.clone());
-                    connections.spawn(async move {
-                        if let Err(error) = connection.await {
-                            debug!(%peer, %error, "kubelet API connection ended");
-                        }
-                    });
-                }
-                Err(error) => {
-                    warn!(%error, "cannot accept a kubelet API connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-        connections.close();
-        connections.wait().await;
+        let builder = limits.http1();
+        let handshake_timeout = limits.handshake_timeout;
+        let connection_cancel = cancel.clone();
+        listen::accept_until_cancelled(listener, &limits, "the kubelet API", cancel, move |stream| {
+            let guarded = GuardedRouter { guard: guard.clone(), router: router.clone() };
+            connection(stream, guarded, builder.clone(), handshake_timeout, connection_cancel.clone())
+        })
+        .await;
     }))
 }
 
-/// One connection: the TLS handshake, then HTTP/1.1 (with upgrades) until the client or
-/// `cancel` ends it.
-async fn connection(
-    stream: tokio::net::TcpStream,
+/// The router behind the guard, for one connection.
+struct GuardedRouter {
     guard: Arc<Guard>,
     router: Router,
+}
+
+/// One connection: the TLS handshake within `handshake_timeout`, then HTTP/1.1 (with upgrades)
+/// until the client or `cancel` ends it.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    guarded: GuardedRouter,
+    builder: hyper::server::conn::http1::Builder,
+    handshake_timeout: Duration,
     cancel: CancellationToken,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(guard.tls.clone()).accept(stream)).await??;
+) -> Result<(), listen::ConnectionError> {
+    let tls = TlsAcceptor::from(guarded.guard.tls.clone());
+    let tls = tokio::time::timeout(handshake_timeout, tls.accept(stream)).await??;
     let client_certificate: Option<CertificateDer<'static>> =
         tls.get_ref().1.peer_certificates().and_then(|chain| chain.first()).map(|c| c.clone().into_owned());
     let client_certificate = Arc::new(client_certificate);
+    let GuardedRouter { guard, router } = guarded;
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let (guard, router, client_certificate) = (guard.clone(), router.clone(), client_certificate.clone());
         async move {
@@ -179,15 +172,5 @@ async fn connection(
             Ok::<_, Infallible>(response)
         }
     });
-    let serving =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).with_upgrades();
-    tokio::pin!(serving);
-    tokio::select! {
-        result = serving.as_mut() => result?,
-        () = cancel.cancelled() => {
-            serving.as_mut().graceful_shutdown();
-            serving.await?;
-        }
-    }
-    Ok(())
+    listen::serve_http(builder, tls, service, cancel).await
 }

@@ -8,9 +8,23 @@ use std::{
 /// The agent as upstream's kubelet is started (flags, no subcommand) on `endpoint` as node
 /// `node`, with every directory under `dir` (`manifests`, `root`, `pods`, `containers`, `pki`)
 /// and its log in `dir/agent.log`.
+#[allow(dead_code)]
 pub(crate) fn agent_command(endpoint: &str, dir: &Path, node: &str) -> Command {
+    agent_command_in(Command::new(env!("CARGO_BIN_EXE_kubelet-rs")), endpoint, dir, node)
+}
+
+/// The agent, as [`agent_command`] starts it, with its soft limit on open files at `soft` (as a
+/// shell's default leaves it), through util-linux's `prlimit`, which runs it in its own place.
+#[allow(dead_code)]
+pub(crate) fn agent_command_with_open_files(soft: u32, endpoint: &str, dir: &Path, node: &str) -> Command {
+    let mut prlimit = Command::new("prlimit");
+    prlimit.arg(format!("--nofile={soft}:")).arg(env!("CARGO_BIN_EXE_kubelet-rs"));
+    agent_command_in(prlimit, endpoint, dir, node)
+}
+
+/// `command` (the binary, or what runs it) given the agent's flags, environment and log.
+fn agent_command_in(mut command: Command, endpoint: &str, dir: &Path, node: &str) -> Command {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kubelet-rs"));
     command
         .args(["--container-runtime-endpoint", endpoint, "--hostname-override", node])
         .arg("--pod-manifest-path")
