@@ -2087,10 +2087,12 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     assert_eq!(call_kubelet(port, "/pods", &[]), (401, "Unauthorized".to_owned()));
     let (other_cert, other_key) = (pki.join("kubelet-rs-node-0.crt"), pki.join("kubelet-rs-node-0.key"));
     let other_node = ["--cert", other_cert.to_str().unwrap(), "--key", other_key.to_str().unwrap()];
-    let forbidden = |user: &str, subresource: &str| {
-        format!("Forbidden (user={user}, verb=get, resource=nodes, subresource={subresource})")
+    // Fine-grained kubelet authorization (v1.36): `pods` is asked first, then `proxy`.
+    let forbidden = |user: &str, subresources: &str| {
+        format!("Forbidden (user={user}, verb=get, resource=nodes, subresource(s)=[{subresources}])\n")
     };
-    assert_eq!(call_kubelet(port, "/pods", &other_node), (403, forbidden("system:node:kubelet-rs-node-0", "proxy")));
+    let refused = (403, forbidden("system:node:kubelet-rs-node-0", "pods proxy"));
+    assert_eq!(call_kubelet(port, "/pods", &other_node), refused);
     // kube-apiserver's own certificate may do anything: /run runs a command to its end.
     let (master_cert, master_key) =
         (pki.join("apiserver-kubelet-client.crt"), pki.join("apiserver-kubelet-client.key"));
@@ -2123,7 +2125,7 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     let bearer = format!("Authorization: Bearer {token}");
     let with_token = ["-H", bearer.as_str()];
     let account = format!("system:serviceaccount:{namespace}:default");
-    assert_eq!(call_kubelet(port, "/pods", &with_token), (403, forbidden(&account, "proxy")));
+    assert_eq!(call_kubelet(port, "/pods", &with_token), (403, forbidden(&account, "pods proxy")));
     assert_eq!(call_kubelet(port, "/stats/summary", &with_token), (403, forbidden(&account, "stats")));
     assert_eq!(call_kubelet(port, "/pods", &["-H", "Authorization: Bearer not-a-token"]).0, 401);
     let name = format!("{namespace}-nodes-proxy");

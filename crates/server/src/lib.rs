@@ -70,12 +70,11 @@ impl Guard {
     /// refusal.
     pub async fn handle(
         &self,
-        request: Request<Body>,
+        mut request: Request<Body>,
         client_certificate: Option<&CertificateDer<'_>>,
         router: Router,
     ) -> Response<Body> {
-        let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        let user = match self.authenticator.authenticate(client_certificate, authorization).await {
+        let user = match self.authenticator.authenticate(client_certificate, request.headers_mut()).await {
             Ok(Some(user)) => user,
             Ok(None) => return text(StatusCode::UNAUTHORIZED, "Unauthorized".to_owned()),
             Err(error) => {
@@ -83,22 +82,33 @@ impl Guard {
                 return text(StatusCode::UNAUTHORIZED, "Unauthorized".to_owned());
             }
         };
-        let attributes = Attributes::of(user, request.method(), request.uri().path(), &self.node_name);
-        match self.authorizer.authorize(&attributes).await {
-            Ok(Decision::Allow) => {}
-            Ok(Decision::Deny) => {
-                debug!(user = %attributes.user.name, verb = %attributes.verb, subresource = attributes.subresource, "Forbidden");
-                return text(StatusCode::FORBIDDEN, attributes.describe("Forbidden"));
-            }
-            Err(error) => {
-                warn!(%error, user = %attributes.user.name, verb = %attributes.verb, subresource = attributes.subresource, "Authorization error");
-                return text(StatusCode::INTERNAL_SERVER_ERROR, attributes.describe("Authorization error"));
-            }
+        let attributes = Attributes::of_request(user, request.method(), request.uri().path(), &self.node_name);
+        if let Err(refusal) = self.authorize_any(&attributes).await {
+            return refusal;
         }
         match router.oneshot(request).await {
             Ok(response) => response,
             Err(never) => match never {},
         }
+    }
+
+    /// Allows a request when any of its `attributes` is allowed, asked in order; the first
+    /// failed review is a 500, and none allowed a 403, with upstream's texts.
+    async fn authorize_any(&self, attributes: &[Attributes]) -> Result<(), Response<Body>> {
+        for asked in attributes {
+            match self.authorizer.authorize(asked).await {
+                Ok(Decision::Allow) => return Ok(()),
+                Ok(Decision::Deny) => {}
+                Err(error) => {
+                    warn!(%error, user = %asked.user.name, verb = %asked.verb, subresource = asked.subresource, "Authorization error");
+                    return Err(text(StatusCode::INTERNAL_SERVER_ERROR, asked.describe_error()));
+                }
+            }
+        }
+        let subresources: Vec<&str> = attributes.iter().map(|a| a.subresource).collect();
+        let user = attributes.first().map(|a| a.user.name.as_str()).unwrap_or_default();
+        debug!(user, subresources = ?subresources, "Forbidden");
+        Err(text(StatusCode::FORBIDDEN, authz::describe_forbidden(attributes)))
     }
 }
 

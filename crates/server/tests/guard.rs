@@ -1,13 +1,15 @@
 //! `Guard::handle` over every route of the kubelet API, in process and with no network: each
-//! request is authenticated (client certificate, bearer token, or anonymous), asked about in one
-//! SubjectAccessReview for the `nodes/node-1` subresource its path falls under and the verb its
-//! method maps to, and then passed to the router (200), refused (403 `Forbidden (...)`) or failed
-//! (500 `Authorization error (...)`) as the reviewer answers; a request nobody authenticates gets
-//! 401 `Unauthorized` and asks nothing. A refused or failed request never reaches the router.
+//! request is authenticated (client certificate, bearer token, or anonymous), asked about in
+//! SubjectAccessReviews for the `nodes/node-1` subresources its path falls under, in order, with
+//! the verb its method maps to, and then passed to the router (200) at the first allowed, refused
+//! (403 `Forbidden (...)`) when none is, or failed (500 `Authorization error (...)`) at the first
+//! review that fails; a request nobody authenticates gets 401 `Unauthorized` and asks nothing. A
+//! refused or failed request never reaches the router.
 //!
-//! The expected mapping is what `authz.rs` does today. Where that differs from upstream's v1.26
-//! `pkg/kubelet/server/auth.go` (`GetRequestAttributes` gives `stats` for `/stats`, `metrics`
-//! for `/metrics`, `log` for `/logs`, and `proxy` for everything else), the row says so.
+//! The mapping is upstream's `GetRequestAttributes` (`pkg/kubelet/server/auth.go`) at v1.36, the
+//! version the agent reports, where fine-grained kubelet authorization is always on: `pods`,
+//! `healthz`, `configz` and `statusz` first, then `proxy`; `stats`, `metrics`, `log` and
+//! `checkpoint` alone; `proxy` for the rest; the path matched decoded, as Go's `URL.Path` is.
 
 // Reason: tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -32,54 +34,57 @@ use rustls::pki_types::CertificateDer;
 /// The node the guard serves.
 const NODE: &str = "node-1";
 
-/// Every route of the kubelet API (a request target) and the subresource of `nodes/node-1` it is
-/// asked about.
-const ROUTES: &[(&str, &str)] = &[
-    ("/stats", "stats"),
-    ("/stats/", "stats"),
-    ("/stats/summary", "stats"),
-    ("/stats/summary?only_cpu_and_memory=true", "stats"),
-    ("/stats/container/ns/pod/uid/c", "stats"),
-    ("/metrics", "metrics"),
-    ("/metrics/cadvisor", "metrics"),
-    ("/metrics/probes", "metrics"),
-    ("/metrics/resource", "metrics"),
-    ("/metrics/slis", "metrics"),
-    ("/logs", "log"),
-    ("/logs/", "log"),
-    ("/logs/x", "log"),
-    ("/containerLogs/ns/pod/c", "proxy"),
-    // Upstream v1.26: `proxy` (its switch has no case for `/spec`).
-    ("/spec/", "spec"),
-    ("/pods", "proxy"),
-    ("/pods/", "proxy"),
-    ("/runningpods/", "proxy"),
-    ("/healthz", "proxy"),
-    ("/healthz/syncloop", "proxy"),
-    ("/configz", "proxy"),
-    ("/debug/pprof/profile", "proxy"),
-    ("/debug/flags/v", "proxy"),
-    ("/run/ns/pod/c", "proxy"),
-    ("/run/ns/pod/uid/c", "proxy"),
-    ("/exec/ns/pod/c", "proxy"),
-    ("/exec/ns/pod/uid/c", "proxy"),
-    ("/attach/ns/pod/c", "proxy"),
-    ("/attach/ns/pod/uid/c", "proxy"),
-    ("/portForward/ns/pod", "proxy"),
-    ("/portForward/ns/pod/uid", "proxy"),
-    // Upstream v1.26: `proxy` (its switch has no case for `/checkpoint`).
-    ("/checkpoint/ns/pod/c", "checkpoint"),
+/// Every route of the kubelet API (a request target) and the subresources of `nodes/node-1` it is
+/// asked about, in order.
+const ROUTES: &[(&str, &[&str])] = &[
+    ("/stats", &["stats"]),
+    ("/stats/", &["stats"]),
+    ("/stats/summary", &["stats"]),
+    ("/stats/summary?only_cpu_and_memory=true", &["stats"]),
+    ("/stats/container/ns/pod/uid/c", &["stats"]),
+    ("/metrics", &["metrics"]),
+    ("/metrics/cadvisor", &["metrics"]),
+    ("/metrics/probes", &["metrics"]),
+    ("/metrics/resource", &["metrics"]),
+    ("/metrics/slis", &["metrics"]),
+    ("/logs", &["log"]),
+    ("/logs/", &["log"]),
+    ("/logs/x", &["log"]),
+    ("/containerLogs/ns/pod/c", &["proxy"]),
+    // No subresource of its own since cAdvisor's JSON endpoints went (v1.21).
+    ("/spec/", &["proxy"]),
+    ("/pods", &["pods", "proxy"]),
+    ("/pods/", &["pods", "proxy"]),
+    ("/runningpods/", &["pods", "proxy"]),
+    ("/healthz", &["healthz", "proxy"]),
+    ("/healthz/syncloop", &["healthz", "proxy"]),
+    ("/configz", &["configz", "proxy"]),
+    ("/statusz", &["statusz", "proxy"]),
+    ("/debug/pprof/profile", &["proxy"]),
+    ("/debug/flags/v", &["proxy"]),
+    ("/run/ns/pod/c", &["proxy"]),
+    ("/run/ns/pod/uid/c", &["proxy"]),
+    ("/exec/ns/pod/c", &["proxy"]),
+    ("/exec/ns/pod/uid/c", &["proxy"]),
+    ("/attach/ns/pod/c", &["proxy"]),
+    ("/attach/ns/pod/uid/c", &["proxy"]),
+    ("/portForward/ns/pod", &["proxy"]),
+    ("/portForward/ns/pod/uid", &["proxy"]),
+    ("/checkpoint/ns/pod/c", &["checkpoint"]),
     // Unknown paths, and prefixes that are not a whole path segment, fall back to `proxy`.
-    ("/no/such/route", "proxy"),
-    ("/statsz", "proxy"),
-    ("/metricsz", "proxy"),
-    ("/logsz", "proxy"),
-    ("/spec2", "proxy"),
-    ("/checkpoints", "proxy"),
-    ("//stats/summary", "proxy"),
-    // The path is matched as sent, percent-encoded. Upstream v1.26: `stats` (Go's
-    // `r.URL.Path` is decoded before `isSubpath` sees it).
-    ("/%73tats/summary", "proxy"),
+    ("/no/such/route", &["proxy"]),
+    ("/statsz", &["proxy"]),
+    ("/metricsz", &["proxy"]),
+    ("/logsz", &["proxy"]),
+    ("/spec2", &["proxy"]),
+    ("/checkpoints", &["proxy"]),
+    ("/podsz", &["proxy"]),
+    ("/healthzz", &["proxy"]),
+    ("//stats/summary", &["proxy"]),
+    // The path is matched decoded, as Go's `r.URL.Path` is.
+    ("/%73tats/summary", &["stats"]),
+    ("/stats%2Fsummary", &["stats"]),
+    ("/%70ods", &["pods", "proxy"]),
 ];
 
 /// Every method and the verb it is asked as (`create` for POST, also on `/run`, `/exec`,
@@ -147,12 +152,11 @@ struct Asked {
     verb: String,
     subresource: String,
     name: String,
-    path: String,
 }
 
 impl Asked {
-    /// A review for `user` in `groups` (no UID, no extra) of `verb` on `subresource` at `target`.
-    fn of(user: &str, groups: &[&str], verb: &str, subresource: &str, target: &str) -> Self {
+    /// A review for `user` in `groups` (no UID, no extra) of `verb` on `subresource`.
+    fn of(user: &str, groups: &[&str], verb: &str, subresource: &str) -> Self {
         Asked {
             user: user.to_owned(),
             uid: String::new(),
@@ -161,7 +165,6 @@ impl Asked {
             verb: verb.to_owned(),
             subresource: subresource.to_owned(),
             name: NODE.to_owned(),
-            path: target.split('?').next().unwrap().to_owned(),
         }
     }
 }
@@ -194,7 +197,6 @@ impl AccessReviewer for Reviews {
             verb: attributes.verb.clone(),
             subresource: attributes.subresource.to_owned(),
             name: attributes.node.clone(),
-            path: attributes.path.clone(),
         });
         match self.answers.get(user.name.as_str()) {
             Some(Answer::Allow) => Ok(Decision::Allow),
@@ -236,14 +238,29 @@ impl Reply {
         Reply::refusal(StatusCode::UNAUTHORIZED, "Unauthorized")
     }
 
-    /// The answer `answer` gives `user`'s `method` on `subresource`.
-    fn answering(answer: Answer, method: &Method, user: &str, verb: &str, subresource: &str) -> Self {
-        let what = format!("(user={user}, verb={verb}, resource=nodes, subresource={subresource})");
+    /// The answer `answer` gives `user`'s `method` on `subresources`: the first review that fails
+    /// names its subresource, a refusal names them all.
+    fn answering(answer: Answer, method: &Method, user: &str, verb: &str, subresources: &[&str]) -> Self {
         match answer {
             Answer::Allow => Reply::reached(method),
-            Answer::Deny => Reply::refusal(StatusCode::FORBIDDEN, &format!("Forbidden {what}")),
-            Answer::Fail => Reply::refusal(StatusCode::INTERNAL_SERVER_ERROR, &format!("Authorization error {what}")),
+            Answer::Deny => {
+                let all = subresources.join(" ");
+                let text = format!("Forbidden (user={user}, verb={verb}, resource=nodes, subresource(s)=[{all}])\n");
+                Reply::refusal(StatusCode::FORBIDDEN, &text)
+            }
+            Answer::Fail => {
+                let first = subresources[0];
+                let text =
+                    format!("Authorization error (user={user}, verb={verb}, resource=nodes, subresource={first})");
+                Reply::refusal(StatusCode::INTERNAL_SERVER_ERROR, &text)
+            }
         }
+    }
+
+    /// The subresources asked about before `answer` decides: the first allowed or failed one,
+    /// or every one when each is refused.
+    fn asked<'s>(answer: Answer, subresources: &[&'s str]) -> Vec<&'s str> {
+        if answer == Answer::Deny { subresources.to_vec() } else { subresources[..1].to_vec() }
     }
 }
 
@@ -329,15 +346,19 @@ impl Node {
 async fn every_route_and_method_is_asked_about_as_its_subresource_and_verb_and_answered() {
     let node = Node::webhook(false);
     let mut cases = 0;
-    for (target, subresource) in ROUTES {
+    for (target, subresources) in ROUTES {
         for (method, verb) in &METHODS {
             for (user, token, answer) in CALLERS {
                 let case = format!("{method} {target} as {user} ({answer:?})");
                 let reply = node.call(method, target, Some(&format!("Bearer {token}")), None).await;
-                assert_eq!(reply, Reply::answering(answer, method, user, verb, subresource), "{case}");
+                assert_eq!(reply, Reply::answering(answer, method, user, verb, subresources), "{case}");
                 assert_eq!(node.tokens_asked(), [token], "{case}");
-                let asked = Asked::of(user, &["dev", AUTHENTICATED_GROUP], verb, subresource, target);
-                assert_eq!(node.access_asked(), [asked], "{case}");
+                let groups = &["dev", AUTHENTICATED_GROUP];
+                let asked: Vec<Asked> = Reply::asked(answer, subresources)
+                    .into_iter()
+                    .map(|subresource| Asked::of(user, groups, verb, subresource))
+                    .collect();
+                assert_eq!(node.access_asked(), asked, "{case}");
                 let reached = if answer == Answer::Allow { vec![format!("{method} {target}")] } else { vec![] };
                 assert_eq!(node.reached(), reached, "{case}: only an allowed request reaches the router");
                 cases += 1;
@@ -380,18 +401,15 @@ const CREDENTIALS: &[Credentials] = &[
     credentials(true, Some("Bearer alice-token"), Some("alice-token"), Some("alice")),
     // A review that fails is 401, never anonymous (upstream's `NewFailOnError`).
     credentials(true, Some("Bearer unknown-token"), Some("unknown-token"), None),
-    // The crate refuses an empty bearer token as invalid, anonymous or not. Upstream v1.26's
-    // bearertoken authenticator ignores it (`return nil, false, nil`), so it is anonymous there.
-    credentials(true, Some("Bearer "), None, None),
-    // The crate treats a token the API server rejects as no credentials: anonymous. Upstream
-    // v1.26 answers 401: its bearertoken authenticator turns the rejection into an error
-    // (`err = invalidToken`) and anonymous is chained with `unionauth.NewFailOnError`.
-    credentials(true, Some("Bearer revoked-token"), Some("revoked-token"), Some(ANONYMOUS_USER)),
-    // The crate's token is everything after the scheme, trimmed. Upstream v1.26 splits the
-    // header on single spaces (`strings.SplitN(auth, " ", 3)`) and takes the second part: an
-    // empty token here (401), and `alice-token` on the next row.
-    credentials(false, Some("Bearer  alice-token"), Some("alice-token"), Some("alice")),
-    credentials(false, Some("Bearer alice-token trailing"), Some("alice-token trailing"), None),
+    // `Bearer ` is no token at all: no credentials, so anonymous.
+    credentials(true, Some("Bearer "), None, Some(ANONYMOUS_USER)),
+    // A token the API server rejects is an error (`invalid bearer token`): 401, not anonymous.
+    credentials(true, Some("Bearer revoked-token"), Some("revoked-token"), None),
+    // The header is split on single spaces (`strings.SplitN(auth, " ", 3)`) and the token is the
+    // second part: empty here (no credentials), and `alice-token` on the next row.
+    credentials(false, Some("Bearer  alice-token"), None, None),
+    credentials(true, Some("Bearer  alice-token"), None, Some(ANONYMOUS_USER)),
+    credentials(false, Some("Bearer alice-token trailing"), Some("alice-token"), Some("alice")),
 ];
 
 #[tokio::test]
@@ -408,10 +426,13 @@ async fn the_credentials_decide_who_is_asked_about_and_without_any_it_is_401_ask
             continue;
         };
         let answer = access_answers()[user];
-        assert_eq!(reply, Reply::answering(answer, &Method::GET, user, "get", "proxy"), "{case}");
+        let subresources = ["pods", "proxy"];
+        assert_eq!(reply, Reply::answering(answer, &Method::GET, user, "get", &subresources), "{case}");
         let groups =
             if user == ANONYMOUS_USER { [UNAUTHENTICATED_GROUP].as_slice() } else { &["dev", AUTHENTICATED_GROUP] };
-        assert_eq!(node.access_asked(), [Asked::of(user, groups, "get", "proxy", "/pods")], "{case}");
+        let asked: Vec<Asked> =
+            Reply::asked(answer, &subresources).into_iter().map(|sub| Asked::of(user, groups, "get", sub)).collect();
+        assert_eq!(node.access_asked(), asked, "{case}");
         let reached = if answer == Answer::Allow { vec!["GET /pods"] } else { vec![] };
         assert_eq!(node.reached(), reached, "{case}");
     }
@@ -439,13 +460,7 @@ async fn the_user_asked_about_is_the_certificates_else_the_tokens_with_its_uid_a
     let reply = node.call(&Method::GET, "/stats/summary", Some("Bearer bob-token"), Some(&apiserver)).await;
     assert_eq!(reply, Reply::reached(&Method::GET), "the certificate wins over the token");
     assert_eq!(node.tokens_asked(), Vec::<String>::new(), "the token is not reviewed");
-    let asked = Asked::of(
-        "kube-apiserver-kubelet-client",
-        &["system:masters", AUTHENTICATED_GROUP],
-        "get",
-        "stats",
-        "/stats/summary",
-    );
+    let asked = Asked::of("kube-apiserver-kubelet-client", &["system:masters", AUTHENTICATED_GROUP], "get", "stats");
     assert_eq!(node.access_asked(), [asked]);
     assert_eq!(node.reached(), ["GET /stats/summary"]);
 
@@ -453,7 +468,7 @@ async fn the_user_asked_about_is_the_certificates_else_the_tokens_with_its_uid_a
     let reply = node.call(&Method::POST, "/exec/ns/pod/c", Some("Bearer dave-token"), Some(&nameless)).await;
     assert_eq!(reply, Reply::reached(&Method::POST), "a certificate without a common name is no user: the token is");
     assert_eq!(node.tokens_asked(), ["dave-token"]);
-    let mut asked = Asked::of("dave", &["dev", AUTHENTICATED_GROUP], "create", "proxy", "/exec/ns/pod/c");
+    let mut asked = Asked::of("dave", &["dev", AUTHENTICATED_GROUP], "create", "proxy");
     asked.uid = "uid-dave".to_owned();
     asked.extra = BTreeMap::from([("scopes".to_owned(), vec!["a".to_owned(), "b".to_owned()])]);
     assert_eq!(node.access_asked(), [asked]);
