@@ -2039,8 +2039,9 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
         rbac::v1::{ClusterRole, ClusterRoleBinding},
     };
     let pki = cluster_pki();
-    let (_agent, port) = join_with_the_kubelet_api(&rt, &dir, &cluster, &node, "").await;
+    let (agent, port) = join_with_the_kubelet_api(&rt, &dir, &cluster, &node, "").await;
     let Cluster::Remote { client, namespace, .. } = &*cluster else { panic!("kube-apiserver only") };
+    distinct_large_tokens_cost_the_agent_no_memory(agent.0.id(), port).await;
     let script = "echo hello through the kubelet API; sleep 3; echo and once more; while sleep 1; do echo tick; done";
     cluster.create_pod(writer_pod("talker", &node, &rt.busybox_image, script, None, json!({}))).await;
     let key = format!("{namespace}/talker");
@@ -2155,6 +2156,88 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     let list: Value = serde_json::from_str(&answer.1).unwrap();
     assert!(list["items"].as_array().unwrap().iter().any(|p| p["metadata"]["name"] == "talker"), "{list}");
     assert_eq!(call_kubelet(port, "/stats/summary", &with_token).0, 403, "nodes/proxy is not nodes/stats");
+}
+
+/// Tokens a caller sends and kube-apiserver rejects: 400 MB that a cache keyed by the token
+/// would hold (each takes kube-apiserver about 20 ms to review on two cores, so the token
+/// cache's whole 4,096 would add over a minute to every CI run).
+const FLOOD_TOKENS: usize = 1024;
+/// The size of each.
+const FLOOD_TOKEN_BYTES: usize = 400 * 1024;
+
+/// 1,024 distinct tokens of 400 KB each, sent to the kubelet API over four kept-alive
+/// connections: each is reviewed by kube-apiserver and refused (401), and the agent's resident
+/// memory grows by less than 32 MiB, what the requests in flight and the allocator's arenas
+/// hold (the token cache keeps a digest of each token, not the token: 400 MB before).
+async fn distinct_large_tokens_cost_the_agent_no_memory(pid: u32, port: u64) {
+    let resident = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_owned();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    // A few first, as the flood sends them, so that the buffers its requests grow are in the
+    // figure before.
+    send_tokens_in_four(port, 0..64).await;
+    let before = resident();
+    let started = std::time::Instant::now();
+    send_tokens_in_four(port, 64..64 + FLOOD_TOKENS).await;
+    let after = resident();
+    let grown = after.saturating_sub(before);
+    println!(
+        "{FLOOD_TOKENS} tokens of {} KiB refused in {:.1} s; the agent's resident memory {} -> {} MiB (+{:.1})",
+        FLOOD_TOKEN_BYTES / 1024,
+        started.elapsed().as_secs_f64(),
+        before >> 20,
+        after >> 20,
+        grown as f64 / f64::from(1 << 20),
+    );
+    assert!(grown < 32 << 20, "the agent's resident memory grew by {grown} bytes");
+}
+
+/// Sends `tokens` over four kept-alive connections at once, a quarter on each.
+async fn send_tokens_in_four(port: u64, tokens: std::ops::Range<usize>) {
+    let quarter = tokens.len() / 4;
+    let senders: Vec<_> = (0..4)
+        .map(|i| tokens.start + i * quarter)
+        .map(|first| tokio::spawn(send_tokens(port, first..first + quarter)))
+        .collect();
+    for sender in senders {
+        sender.await.unwrap();
+    }
+}
+
+/// Sends `GET /pods` with a distinct token of `FLOOD_TOKEN_BYTES` for each of `tokens` on one
+/// kept-alive TLS connection, and checks that each is refused with 401.
+async fn send_tokens(port: u64, tokens: std::ops::Range<usize>) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", u16::try_from(port).unwrap())).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("node").unwrap();
+    let tls = common::trusting_connector().connect(name, stream).await.unwrap();
+    let mut connection = tokio::io::BufReader::new(tls);
+    let padding = "t".repeat(FLOOD_TOKEN_BYTES - 16);
+    for token in tokens {
+        let request = format!("GET /pods HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer {token:016}{padding}\r\n\r\n");
+        connection.get_mut().write_all(request.as_bytes()).await.unwrap();
+        let mut status = String::new();
+        connection.read_line(&mut status).await.unwrap();
+        assert!(status.starts_with("HTTP/1.1 401"), "token {token}: {status:?}");
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            connection.read_line(&mut line).await.unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; length];
+        connection.read_exact(&mut body).await.unwrap();
+        assert_eq!(body, b"Unauthorized", "token {token}");
+    }
 }
 
 /// `kubectl exec`, `attach` and `port-forward` over WebSocket through kube-apiserver to the

@@ -16,7 +16,6 @@ use std::{
     net::SocketAddr,
     path::Path,
     process::{Child, Command},
-    sync::Arc,
     time::Duration,
 };
 
@@ -141,14 +140,7 @@ fn still_open(stream: &TcpStream) -> bool {
 /// Opens `count` TLS connections to `port` from 127.0.0.1 and finishes each handshake; returns
 /// those the agent admitted (the others are closed before their handshake).
 async fn flood_tls(port: u16, count: usize) -> Vec<tokio_rustls::client::TlsStream<TcpStream>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer))
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = common::trusting_connector();
     let mut handshakes = tokio::task::JoinSet::new();
     for _ in 0..count {
         let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -163,45 +155,6 @@ async fn flood_tls(port: u16, count: usize) -> Vec<tokio_rustls::client::TlsStre
         admitted.extend(handshake.unwrap());
     }
     admitted
-}
-
-/// Trusts whatever certificate the agent presents: the attack is on the port, not on TLS.
-#[derive(Debug)]
-struct AnyServer;
-
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &rustls::pki_types::CertificateDer<'_>,
-        _dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _message: &[u8],
-        _cert: &rustls::pki_types::CertificateDer<'_>,
-        _dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::ring::default_provider().signature_verification_algorithms.supported_schemes()
-    }
 }
 
 /// What one attack found, printed and checked.

@@ -185,6 +185,21 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
     connection_upgrade && headers.contains_key(header::UPGRADE)
 }
 
+/// The headers of a caller's request the runtime's streaming server gets: those that negotiate
+/// the upgrade and its protocol (SPDY's `X-Stream-Protocol-Version`, WebSocket's
+/// `Sec-WebSocket-*` and `Origin`), and nothing else. Upstream's kubelet forwards every header;
+/// here the caller's credentials, cookies and impersonation headers stay with the kubelet API.
+const FORWARDED_HEADERS: [header::HeaderName; 8] = [
+    header::CONNECTION,
+    header::UPGRADE,
+    header::SEC_WEBSOCKET_KEY,
+    header::SEC_WEBSOCKET_VERSION,
+    header::SEC_WEBSOCKET_PROTOCOL,
+    header::SEC_WEBSOCKET_EXTENSIONS,
+    header::ORIGIN,
+    header::HeaderName::from_static("x-stream-protocol-version"),
+];
+
 /// Sends `caller`'s request to the runtime's streaming server at `url` and answers with its
 /// response; a switch of protocols joins the two connections.
 async fn proxy(url: &str, mut caller: Request) -> Answer {
@@ -208,11 +223,8 @@ async fn proxy(url: &str, mut caller: Request) -> Answer {
     let (parts, body) = caller.into_parts();
     let path = target.path_and_query().map_or("/", |p| p.as_str());
     let mut forwarded = axum::http::Request::builder().method(parts.method).uri(path);
-    for (name, value) in &parts.headers {
-        // The caller's credentials are the kubelet API's business, not the runtime's.
-        if name != header::HOST && name != header::AUTHORIZATION {
-            forwarded = forwarded.header(name, value);
-        }
+    for (name, value) in parts.headers.iter().filter(|(name, _)| FORWARDED_HEADERS.contains(name)) {
+        forwarded = forwarded.header(name, value);
     }
     forwarded = forwarded.header(header::HOST, authority.as_str());
     let body = if upgrading.is_some() { Body::empty() } else { body };
@@ -258,5 +270,50 @@ mod tests {
         assert!(is_upgrade(&headers));
         headers.insert(header::CONNECTION, "close".parse().unwrap());
         assert!(!is_upgrade(&headers));
+    }
+
+    #[tokio::test]
+    async fn the_runtime_gets_the_upgrades_headers_and_never_the_callers_credentials() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let runtime = tokio::spawn(async move {
+            let (mut connection, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let read = connection.read(&mut buffer).await.unwrap();
+                head.extend(&buffer[..read]);
+            }
+            connection.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+            String::from_utf8(head).unwrap().to_ascii_lowercase()
+        });
+        let caller = Request::builder()
+            .uri("/exec/ns/pod/c?command=ls")
+            .header(header::AUTHORIZATION, "Bearer secret")
+            .header(header::PROXY_AUTHORIZATION, "Basic c2VjcmV0")
+            .header(header::COOKIE, "session=secret")
+            .header("Impersonate-User", "admin")
+            .header("Impersonate-Group", "system:masters")
+            .header("X-Stream-Protocol-Version", "v4.channel.k8s.io")
+            .header("X-Stream-Protocol-Version", "v3.channel.k8s.io")
+            .header(header::SEC_WEBSOCKET_PROTOCOL, "v5.channel.k8s.io")
+            .body(Body::empty())
+            .unwrap();
+        let answer = proxy(&format!("http://{address}/exec/abc"), caller).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        let head = runtime.await.unwrap();
+        assert!(head.starts_with("get /exec/abc http/1.1\r\n"), "{head}");
+        for kept in [
+            "x-stream-protocol-version: v4.channel.k8s.io",
+            "x-stream-protocol-version: v3.channel.k8s.io",
+            "sec-websocket-protocol: v5.channel.k8s.io",
+            &format!("host: {address}"),
+        ] {
+            assert!(head.contains(kept), "{kept} in {head}");
+        }
+        for dropped in ["authorization", "cookie", "impersonate", "secret"] {
+            assert!(!head.contains(dropped), "{dropped} in {head}");
+        }
     }
 }
