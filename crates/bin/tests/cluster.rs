@@ -2179,7 +2179,7 @@ async fn distinct_large_tokens_cost_the_agent_no_memory(pid: u32, port: u64) {
     // figure before.
     send_tokens_in_four(port, 0..64).await;
     let before = resident();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     send_tokens_in_four(port, 64..64 + FLOOD_TOKENS).await;
     let after = resident();
     let grown = after.saturating_sub(before);
