@@ -2064,6 +2064,9 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     let (timestamp, line) = log.split_once(' ').unwrap();
     assert!(timestamp.starts_with("20") && timestamp.ends_with('Z'), "{log:?}");
     assert!(matches!(line, "hello through the kubelet API\n" | "and once more\n" | "tick\n"), "one line: {log:?}");
+    // kubectl logs --limit-bytes: the output cut where the bytes run out.
+    let limited = kube::api::LogParams { limit_bytes: Some(5), ..Default::default() };
+    assert_eq!(pods.logs("talker", &limited).await.unwrap(), "hello");
     // kubectl logs -f: the stream goes on with what the container writes next.
     let follow = kube::api::LogParams { follow: true, ..Default::default() };
     let mut lines = futures::AsyncBufReadExt::lines(pods.log_stream("talker", &follow).await.unwrap());

@@ -236,3 +236,81 @@ async fn floods_from_one_peer_hold_only_its_share_of_each_port() {
         }
     }
 }
+
+/// The agent's peak resident memory (bytes).
+fn peak_resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().to_owned();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// `GET path` on the kubelet API: the status and the body's bytes.
+fn kubelet_api_bytes(port: u16, path: &str) -> (u16, Vec<u8>) {
+    let output = Command::new("curl")
+        .args(["-sk", "--max-time", "20", "-w", "\n%{http_code}"])
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .expect("curl (`cargo xtask setup` installs it)");
+    let split = output.stdout.iter().rposition(|b| *b == b'\n').unwrap();
+    let code = String::from_utf8_lossy(&output.stdout[split + 1..]).trim().parse().unwrap_or(0);
+    (code, output.stdout[..split].to_vec())
+}
+
+/// The log directory of the pod's container `app`, where the runtime would write its logs.
+fn app_log_dir(dir: &Path, read_only: u16) -> std::path::PathBuf {
+    let (_, pods, _) = curl("127.0.0.1", "http", read_only, "/pods");
+    let pods: serde_json::Value = serde_json::from_str(&pods).unwrap();
+    let uid = pods["items"][0]["metadata"]["uid"].as_str().unwrap().to_owned();
+    dir.join(format!("pods/default_web-fake_{uid}/app"))
+}
+
+/// A container's log of 500 MB (sparse: what comes before its last lines is a hole) read with
+/// `tailLines=1` by eight callers at once: each gets the last line, and the agent's peak
+/// resident memory grows by less than 8 MiB (the log was read whole into memory before). A log
+/// with bytes that are not UTF-8 is served as it is, every line of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_logs_are_read_from_their_end_and_as_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports =
+        Ports { kubelet_api: common::free_port(), read_only: common::free_port(), healthz: common::free_port() };
+    let agent = start(dir.path(), &ports).await;
+    let pid = agent.0.id();
+    let logs = app_log_dir(dir.path(), ports.read_only);
+    std::fs::create_dir_all(&logs).unwrap();
+
+    let mut raw = b"2026-12-07T10:00:01.000000000Z stdout F before\n".to_vec();
+    raw.extend(b"2026-12-07T10:00:02.000000000Z stdout F \xff\xfe not UTF-8 \xc3\x28\n");
+    raw.extend(b"2026-12-07T10:00:03.000000000Z stderr F after\n");
+    std::fs::write(logs.join("0.log"), &raw).unwrap();
+    let (code, body) = kubelet_api_bytes(ports.kubelet_api, "/containerLogs/default/web-fake/app");
+    assert_eq!((code, body.as_slice()), (200, &b"before\n\xff\xfe not UTF-8 \xc3\x28\nafter\n"[..]));
+
+    const LOG_BYTES: u64 = 500 << 20;
+    // A hole, then the end of a line the hole is the start of, then the last line.
+    let last_line = b"\n2026-12-07T10:00:04.000000000Z stdout F the last line\n";
+    let file = std::fs::OpenOptions::new().write(true).truncate(true).open(logs.join("0.log")).unwrap();
+    file.set_len(LOG_BYTES - last_line.len() as u64).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, last_line, LOG_BYTES - last_line.len() as u64).unwrap();
+    drop(file);
+    let before = peak_resident(pid);
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let port = ports.kubelet_api;
+            std::thread::spawn(move || kubelet_api_bytes(port, "/containerLogs/default/web-fake/app?tailLines=1"))
+        })
+        .collect();
+    for reader in readers {
+        let (code, body) = reader.join().unwrap();
+        let shown = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+        assert_eq!((code, body.len(), shown.as_str()), (200, 14, "the last line\n"), "the last line alone");
+    }
+    let grown = peak_resident(pid).saturating_sub(before);
+    println!(
+        "8 readers of the last line of a {} MB log: the agent's peak resident memory {} -> {} MiB (+{} KiB)",
+        LOG_BYTES >> 20,
+        before >> 20,
+        (before + grown) >> 20,
+        grown >> 10
+    );
+    assert!(grown < 8 << 20, "the agent's peak resident memory grew by {grown} bytes");
+}

@@ -16,12 +16,11 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
-    time::Duration,
 };
 
 use axum::{
     Json, Router,
-    body::{Body, Bytes},
+    body::Body,
     extract::{Path as UrlPath, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
@@ -336,13 +335,40 @@ struct LogQuery {
     follow: bool,
     #[serde(default)]
     previous: bool,
-    tail_lines: Option<usize>,
+    tail_lines: Option<i64>,
+    limit_bytes: Option<i64>,
+    since_seconds: Option<i64>,
+    since_time: Option<String>,
     #[serde(default)]
     timestamps: bool,
 }
 
-/// How often a followed log file is checked for new output.
-const FOLLOW_PERIOD: Duration = Duration::from_millis(200);
+impl LogQuery {
+    /// The read these parameters ask for, at `now`; `None` for what upstream's
+    /// `ValidatePodLogOptions` refuses (a negative `tailLines`, a `limitBytes` or `sinceSeconds`
+    /// under 1, both `sinceSeconds` and `sinceTime`, a `sinceTime` that is not RFC 3339).
+    fn options(&self, now: k8s_openapi::jiff::Timestamp) -> Option<logs::LogOptions> {
+        let positive = |value: Option<i64>, least: i64| match value {
+            None => Some(None),
+            Some(v) if v >= least => Some(u64::try_from(v).ok()),
+            Some(_) => None,
+        };
+        let since = match (self.since_seconds, &self.since_time) {
+            (Some(_), Some(_)) => return None,
+            (Some(seconds), None) if seconds >= 1 => Some(now - k8s_openapi::jiff::SignedDuration::from_secs(seconds)),
+            (Some(_), None) => return None,
+            (None, Some(time)) => Some(time.parse().ok()?),
+            (None, None) => None,
+        };
+        Some(logs::LogOptions {
+            tail: positive(self.tail_lines, 0)?,
+            limit_bytes: positive(self.limit_bytes, 1)?,
+            since,
+            timestamps: self.timestamps,
+            follow: self.follow && !self.previous,
+        })
+    }
+}
 
 async fn container_logs<R: Runtime>(
     State(state): State<Arc<ApiState<R>>>,
@@ -359,28 +385,22 @@ async fn container_logs<R: Runtime>(
         let message = format!("container {container:?} not found in pod {name:?}");
         return (StatusCode::NOT_FOUND, message).into_response();
     }
+    let Some(options) = query.options(kubelet_core::clock::wall_now()) else {
+        return (StatusCode::UNPROCESSABLE_ENTITY, r#"{"message": "Invalid request."}"#).into_response();
+    };
     let dir = kubelet_core::types::pod_log_dir(&state.pod_logs_dir, &namespace, &name, &uid).join(&container);
     let files = match logs::files_for(&dir, query.previous) {
         Ok(files) => files,
         Err(e) => return (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
     };
-    let mut text = String::new();
-    let mut live_read = 0;
-    for file in &files {
-        let content = tokio::fs::read_to_string(file).await.unwrap_or_default();
-        live_read = content.len() as u64;
-        text.push_str(&content);
-    }
-    let first: String = logs::lines(&text, query.tail_lines).iter().map(|l| l.render(query.timestamps)).collect();
-    if !query.follow || query.previous {
-        return ([(header::CONTENT_TYPE, "text/plain")], first).into_response();
-    }
-    let Some(live) = files.last().cloned() else { return first.into_response() };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
-    let _ = tx.try_send(Ok(Bytes::from(first)));
-    let span = info_span!("follow_logs", pod.uid = %uid, pod.name = %name, container = %container);
-    tokio::spawn(follow(live, live_read, query.timestamps, tx).instrument(span));
-    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|chunk| (chunk, rx)) });
+    let start = match logs::tail_start(&files, options.tail).await {
+        Ok(start) => start,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot read the logs: {e}\n")).into_response(),
+    };
+    let (sink, chunks) = tokio::sync::mpsc::channel(4);
+    let span = info_span!("read_logs", pod.uid = %uid, pod.name = %name, container = %container);
+    tokio::spawn(logs::send(files, start, options, sink).instrument(span));
+    let stream = futures::stream::unfold(chunks, |mut chunks| async move { chunks.recv().await.map(|c| (c, chunks)) });
     ([(header::CONTENT_TYPE, "text/plain")], Body::from_stream(stream)).into_response()
 }
 
@@ -392,61 +412,6 @@ fn in_spec(pod: &Pod, container: &str) -> bool {
     let regular = spec.containers.iter().chain(spec.init_containers.iter().flatten()).map(|c| c.name.as_str());
     let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| c.name.as_str());
     one_component && regular.chain(ephemeral).any(|name| name == container)
-}
-
-/// Sends what is appended to `live` from `offset` on, whole lines only, until the reader goes
-/// away or a newer container instance starts. A rotated file is followed into its successor.
-async fn follow(
-    live: PathBuf,
-    mut offset: u64,
-    timestamps: bool,
-    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
-) {
-    use std::os::unix::fs::MetadataExt;
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut reassembler = logs::Reassembler::default();
-    let mut pending = String::new();
-    let mut inode = std::fs::metadata(&live).map(|m| m.ino()).ok();
-    let mut tick = tokio::time::interval(FOLLOW_PERIOD);
-    loop {
-        tokio::select! {
-            () = tx.closed() => return,
-            _ = tick.tick() => {}
-        }
-        let Ok(meta) = tokio::fs::metadata(&live).await else { continue };
-        if Some(meta.ino()) != inode || meta.len() < offset {
-            // Rotated: the new live file starts from its beginning.
-            inode = Some(meta.ino());
-            offset = 0;
-        }
-        if meta.len() > offset {
-            let Ok(mut file) = tokio::fs::File::open(&live).await else { continue };
-            let mut chunk = String::new();
-            if file.seek(std::io::SeekFrom::Start(offset)).await.is_err()
-                || file.read_to_string(&mut chunk).await.is_err()
-            {
-                continue;
-            }
-            offset += chunk.len() as u64;
-            pending.push_str(&chunk);
-            let mut out = String::new();
-            while let Some(end) = pending.find('\n') {
-                let line: String = pending.drain(..=end).collect();
-                if let Some(whole) = reassembler.push(line.trim_end_matches('\n')) {
-                    out.push_str(&whole.render(timestamps));
-                }
-            }
-            if !out.is_empty() && tx.send(Ok(Bytes::from(out))).await.is_err() {
-                return;
-            }
-        }
-        // A newer instance of the container: this one's output is complete.
-        let newer = live.parent().and_then(|dir| logs::instances(dir).ok()).and_then(|i| i.last().copied());
-        let this = live.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse::<u32>().ok());
-        if newer.is_some() && newer != this {
-            return;
-        }
-    }
 }
 
 /// `/events/{namespace}/{pod}`: the events kept about a pod, oldest first, as an EventList.
@@ -601,6 +566,39 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_parameters_are_checked_as_upstream_checks_them() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-12-07T10:00:00Z".parse().unwrap();
+        let query = |text: &str| -> LogQuery { serde_urlencoded::from_str(text).unwrap() };
+        let options =
+            query("tailLines=0&limitBytes=1&sinceSeconds=60&timestamps=true&follow=true").options(now).unwrap();
+        assert_eq!(
+            options,
+            logs::LogOptions {
+                tail: Some(0),
+                limit_bytes: Some(1),
+                since: Some("2026-12-07T09:59:00Z".parse().unwrap()),
+                timestamps: true,
+                follow: true,
+            }
+        );
+        let since = query("sinceTime=2026-12-07T09:00:00Z").options(now).unwrap().since;
+        assert_eq!(since, Some("2026-12-07T09:00:00Z".parse().unwrap()));
+        assert!(
+            !query("follow=true&previous=true").options(now).unwrap().follow,
+            "a previous instance is not followed"
+        );
+        for refused in [
+            "tailLines=-1",
+            "limitBytes=0",
+            "sinceSeconds=0",
+            "sinceSeconds=1&sinceTime=2026-12-07T09:00:00Z",
+            "sinceTime=yesterday",
+        ] {
+            assert_eq!(query(refused).options(now), None, "{refused}");
+        }
+    }
 
     #[test]
     fn container_logs_are_read_only_for_a_container_of_the_spec() {
