@@ -549,7 +549,8 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
         );
     }
 
-    let mut api_state = server::ApiState::of(&agent, recorder, file.pod_logs_dir.clone());
+    let mut api_state = server::ApiState::of(&agent, recorder, file.pod_logs_dir.clone())
+        .streaming_idle_timeout(file.server.streaming_connection_idle_timeout);
     if let Some(handle) = metrics {
         api_state = api_state.metrics(Arc::new(move || handle.render()));
     }

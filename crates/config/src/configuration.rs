@@ -1014,6 +1014,10 @@ volumeStatsAggPeriod: 0s
         assert_eq!(authentication.client_ca_file, Some(PathBuf::from("/etc/kubernetes/pki/ca.crt")));
         assert_eq!(authentication.webhook_cache_ttl, Duration::from_secs(120), "kubeadm's 0s is the default");
         assert_eq!(config.server.authorization.webhook_cache_unauthorized_ttl, Duration::from_secs(30));
+        assert_eq!(config.server.streaming_connection_idle_timeout, Duration::from_secs(4 * 3600), "0s: upstream's 4h");
+        let five_minutes = KUBEADM.replace("streamingConnectionIdleTimeout: 0s", "streamingConnectionIdleTimeout: 5m");
+        let set = KubeletConfiguration::from_yaml(&five_minutes).unwrap();
+        assert_eq!(set.server.streaming_connection_idle_timeout, Duration::from_secs(300));
         assert_eq!(
             config.without_effect,
             [
@@ -1021,7 +1025,6 @@ volumeStatsAggPeriod: 0s
                 "featureGates",
                 "shutdownGracePeriod",
                 "shutdownGracePeriodCriticalPods",
-                "streamingConnectionIdleTimeout",
                 "volumeStatsAggPeriod",
             ]
         );

@@ -16,6 +16,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
+    time::Duration,
 };
 
 use axum::{
@@ -79,6 +80,9 @@ pub struct ApiState<R> {
     pub events: Arc<RingRecorder>,
     /// The runtime's health from the status poll, for `/healthz`.
     pub runtime_state: Arc<kubelet_core::RuntimeState>,
+    /// How long an exec, attach or port-forward session may go without a byte either way
+    /// (`streamingConnectionIdleTimeout`).
+    pub streaming_idle_timeout: Duration,
     /// What `/pods` made of each pod.
     pods_json: PodsJson,
 }
@@ -102,8 +106,17 @@ impl<R: Runtime> ApiState<R> {
             pod_logs_dir: pod_logs_dir.into(),
             events,
             runtime_state: agent.runtime_state().clone(),
+            streaming_idle_timeout: STREAMING_IDLE_TIMEOUT,
             pods_json: PodsJson::default(),
         }
+    }
+
+    /// Closes an exec, attach or port-forward session that goes `timeout` without a byte either
+    /// way (4 h until set, upstream's default `streamingConnectionIdleTimeout`).
+    #[must_use]
+    pub fn streaming_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.streaming_idle_timeout = timeout;
+        self
     }
 
     /// Serves `/metrics` with `render`'s text (and the process metrics).
@@ -113,6 +126,9 @@ impl<R: Runtime> ApiState<R> {
         self
     }
 }
+
+/// Upstream's default `streamingConnectionIdleTimeout`.
+const STREAMING_IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 
 /// A `PodList` of `items`, as upstream's `/pods` and `/runningpods/` answer: serialized straight
 /// from the pods, not through a JSON value tree, which doubled the work of every read.

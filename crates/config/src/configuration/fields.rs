@@ -55,7 +55,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("oomScoreAdj", Honoured),
     ("clusterDomain", Honoured),
     ("clusterDNS", Honoured),
-    ("streamingConnectionIdleTimeout", WithoutEffect),
+    ("streamingConnectionIdleTimeout", Honoured),
     ("nodeStatusUpdateFrequency", Honoured),
     ("nodeStatusReportFrequency", Honoured),
     ("nodeLeaseDurationSeconds", Honoured),

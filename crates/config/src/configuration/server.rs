@@ -31,6 +31,10 @@ pub struct ServerConfiguration {
     /// `enableDebuggingHandlers` (true): serve `/run`, `/exec`, `/attach`, `/portForward`,
     /// `/containerLogs` and `/runningpods/` on the kubelet API; off, they answer 405.
     pub enable_debugging_handlers: bool,
+    /// `streamingConnectionIdleTimeout` (4h): an exec, attach or port-forward session through
+    /// the kubelet API with no bytes either way for this long is closed. Upstream's kubelet no
+    /// longer applies it (its runtime's streaming server has a 4 h idle timeout of its own).
+    pub streaming_connection_idle_timeout: Duration,
 }
 
 impl Default for ServerConfiguration {
@@ -45,9 +49,13 @@ impl Default for ServerConfiguration {
             authentication: Authentication::default(),
             authorization: Authorization::default(),
             enable_debugging_handlers: true,
+            streaming_connection_idle_timeout: STREAMING_CONNECTION_IDLE_TIMEOUT,
         }
     }
 }
+
+/// Upstream's default `streamingConnectionIdleTimeout`.
+const STREAMING_CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 
 /// `authentication`: who a request to the kubelet API comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +127,7 @@ pub(super) struct RawServer {
     authentication: Option<RawAuthentication>,
     authorization: Option<RawAuthorization>,
     enable_debugging_handlers: Option<bool>,
+    streaming_connection_idle_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -205,6 +214,11 @@ impl RawServer {
                 set => Ok(set),
             },
         };
+        server.streaming_connection_idle_timeout = ttl(
+            "streamingConnectionIdleTimeout",
+            self.streaming_connection_idle_timeout,
+            STREAMING_CONNECTION_IDLE_TIMEOUT,
+        )?;
         let authentication = self.authentication.unwrap_or_default();
         let defaults = Authentication::default();
         let webhook = authentication.webhook.unwrap_or_default();

@@ -75,6 +75,7 @@ impl KubeletConfiguration {
         json!({
             "enableServer": server.enable_server,
             "enableDebuggingHandlers": server.enable_debugging_handlers,
+            "streamingConnectionIdleTimeout": duration(server.streaming_connection_idle_timeout),
             "address": self.address.to_string(),
             "port": server.port,
             "readOnlyPort": self.read_only_port,

@@ -3,7 +3,7 @@
 //! HTTP upgrade to SPDY or WebSocket, is proxied to the URL of the runtime's streaming server;
 //! once both sides have switched protocols the bytes are copied both ways until either closes.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     body::Body,
@@ -102,7 +102,7 @@ async fn runtime_id<R: Runtime>(state: &ApiState<R>, pod: &PodRef, container: Op
 /// Asks the runtime for `request`'s stream and proxies `caller` to it.
 async fn stream<R: Runtime>(state: &ApiState<R>, request: StreamRequest, caller: Request) -> Answer {
     match state.runtime.stream_url(request).await {
-        Ok(Some(url)) => proxy(&url, caller).await,
+        Ok(Some(url)) => proxy(&url, caller, state.streaming_idle_timeout).await,
         Ok(None) => Err(refuse(StatusCode::NOT_IMPLEMENTED, "the container runtime cannot stream")),
         Err(e) => Err(refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     }
@@ -201,8 +201,9 @@ const FORWARDED_HEADERS: [header::HeaderName; 8] = [
 ];
 
 /// Sends `caller`'s request to the runtime's streaming server at `url` and answers with its
-/// response; a switch of protocols joins the two connections.
-async fn proxy(url: &str, mut caller: Request) -> Answer {
+/// response; a switch of protocols joins the two connections until either ends or no byte goes
+/// either way for `idle_timeout`.
+async fn proxy(url: &str, mut caller: Request, idle_timeout: Duration) -> Answer {
     let bad_gateway = |what: String| refuse(StatusCode::BAD_GATEWAY, what);
     let target =
         url.parse::<Uri>().map_err(|_| bad_gateway(format!("the runtime's stream URL {url:?} is not a URL")))?;
@@ -234,12 +235,107 @@ async fn proxy(url: &str, mut caller: Request) -> Answer {
         let runtime_side = hyper::upgrade::on(&mut response);
         tokio::spawn(async move {
             let (Ok(caller_side), Ok(runtime_side)) = tokio::join!(caller_side, runtime_side) else { return };
-            let copied =
-                tokio::io::copy_bidirectional(&mut TokioIo::new(caller_side), &mut TokioIo::new(runtime_side)).await;
-            debug!(?copied, "stream ended");
+            join_until_idle(TokioIo::new(caller_side), TokioIo::new(runtime_side), idle_timeout).await;
         });
     }
     Ok(response.map(Body::new).into_response())
+}
+
+/// Copies between the two sides of a stream until either ends, or nothing moves either way for
+/// `idle_timeout`; both are then dropped, which closes them.
+async fn join_until_idle<C, R>(caller_side: C, mut runtime_side: R, idle_timeout: Duration)
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    R: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let activity = Activity::default();
+    let mut caller_side = Watched { io: caller_side, activity: &activity };
+    let copying = tokio::io::copy_bidirectional(&mut caller_side, &mut runtime_side);
+    tokio::select! {
+        copied = copying => debug!(?copied, "stream ended"),
+        () = activity.idle_for(idle_timeout) => debug!(?idle_timeout, "idle stream closed"),
+    }
+}
+
+/// When a stream last moved a byte.
+#[derive(Debug)]
+struct Activity(std::sync::Mutex<tokio::time::Instant>);
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity(std::sync::Mutex::new(tokio::time::Instant::now()))
+    }
+}
+
+impl Activity {
+    fn moved(&self) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Returns once nothing has moved for `timeout`: one timer, set again to the last move's
+    /// deadline each time it fires early.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let deadline = self.last() + timeout;
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+/// One side of a stream, every byte read or written through it noted in `activity`.
+struct Watched<'a, T> {
+    io: T,
+    activity: &'a Activity,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<'_, T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.moved();
+        }
+        polled
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<'_, T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(polled, std::task::Poll::Ready(Ok(written)) if written > 0) {
+            self.activity.moved();
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]
@@ -300,7 +396,7 @@ mod tests {
             .header(header::SEC_WEBSOCKET_PROTOCOL, "v5.channel.k8s.io")
             .body(Body::empty())
             .unwrap();
-        let answer = proxy(&format!("http://{address}/exec/abc"), caller).await.unwrap();
+        let answer = proxy(&format!("http://{address}/exec/abc"), caller, Duration::from_secs(60)).await.unwrap();
         assert_eq!(answer.status(), StatusCode::OK);
         let head = runtime.await.unwrap();
         assert!(head.starts_with("get /exec/abc http/1.1\r\n"), "{head}");
@@ -315,5 +411,30 @@ mod tests {
         for dropped in ["authorization", "cookie", "impersonate", "secret"] {
             assert!(!head.contains(dropped), "{dropped} in {head}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_is_closed_once_idle_for_its_timeout_and_not_before() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (caller_side, mut caller) = tokio::io::duplex(1024);
+        let (runtime_side, mut runtime) = tokio::io::duplex(1024);
+        let timeout = Duration::from_secs(60);
+        let started = tokio::time::Instant::now();
+        let joined = tokio::spawn(join_until_idle(caller_side, runtime_side, timeout));
+        let mut byte = [0u8; 1];
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            caller.write_all(b"i").await.unwrap();
+            runtime.read_exact(&mut byte).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            runtime.write_all(b"o").await.unwrap();
+            caller.read_exact(&mut byte).await.unwrap();
+        }
+        assert!(!joined.is_finished(), "bytes either way every 50 s keep it open");
+        let last_move = tokio::time::Instant::now();
+        joined.await.unwrap();
+        assert_eq!(tokio::time::Instant::now() - last_move, timeout, "closed a timeout after the last byte");
+        assert_eq!(last_move - started, Duration::from_secs(300));
+        assert_eq!(caller.read(&mut byte).await.unwrap(), 0, "the caller's side is closed");
     }
 }
