@@ -371,7 +371,11 @@ impl LogQuery {
         };
         let since = match (self.since_seconds, &self.since_time) {
             (Some(_), Some(_)) => return None,
-            (Some(seconds), None) if seconds >= 1 => Some(now - k8s_openapi::jiff::SignedDuration::from_secs(seconds)),
+            // Further back than a timestamp goes is the beginning of the log.
+            (Some(seconds), None) if seconds >= 1 => Some(
+                now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
+                    .unwrap_or(k8s_openapi::jiff::Timestamp::MIN),
+            ),
             (Some(_), None) => return None,
             (None, Some(time)) => Some(time.parse().ok()?),
             (None, None) => None,
@@ -605,6 +609,8 @@ mod tests {
             !query("follow=true&previous=true").options(now).unwrap().follow,
             "a previous instance is not followed"
         );
+        let forever = query("sinceSeconds=9223372036854775807").options(now).unwrap().since;
+        assert_eq!(forever, Some(k8s_openapi::jiff::Timestamp::MIN), "further back than time goes: all of it");
         for refused in [
             "tailLines=-1",
             "limitBytes=0",
@@ -613,6 +619,27 @@ mod tests {
             "sinceTime=yesterday",
         ] {
             assert_eq!(query(refused).options(now), None, "{refused}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 2000,
+            failure_persistence: None,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(kubelet_core::testing::proptest_seed(module_path!())),
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// Any query string is read or refused by axum's decoder, and what is read is checked
+        /// without a panic (numbers at their extremes, times of any shape).
+        #[test]
+        fn any_log_query_is_read_or_refused(
+            query in "((follow|previous|timestamps|tailLines|limitBytes|sinceSeconds|sinceTime)=(-?[0-9]{1,20}|true|[0-9T:Z.+-]{0,30}|%[0-9A-F]{2})&?){0,5}",
+        ) {
+            if let Ok(parsed) = serde_urlencoded::from_str::<LogQuery>(&query) {
+                let _ = parsed.options(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+                let _ = parsed.options(k8s_openapi::jiff::Timestamp::MAX);
+            }
         }
     }
 

@@ -616,4 +616,64 @@ mod tests {
         std::fs::write(only_one.path().join("0.log"), "").unwrap();
         assert!(files_for(only_one.path(), true).unwrap_err().to_string().contains("previous"));
     }
+
+    use proptest::{prelude::*, test_runner::RngSeed};
+
+    /// The offset where the last `tail` raw lines of `text` start, counted the plain way.
+    fn naive_tail_start(text: &[u8], tail: u64) -> u64 {
+        let lines: Vec<&[u8]> = text.split_inclusive(|b| *b == b'\n').collect();
+        let skipped = lines.len().saturating_sub(usize::try_from(tail).unwrap());
+        lines[..skipped].iter().map(|l| l.len() as u64).sum()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 500,
+            failure_persistence: None,
+            rng_seed: RngSeed::Fixed(kubelet_core::testing::proptest_seed(module_path!())),
+            ..ProptestConfig::default()
+        })]
+
+        /// Reading back from the end finds where the plain count of lines says the tail starts,
+        /// whatever the lines' lengths and however they fall across blocks.
+        #[test]
+        fn the_tail_starts_where_a_plain_count_says(
+            lines in proptest::collection::vec((0..CHUNK / 2, any::<bool>()), 0..16),
+            tail in 0u64..20,
+        ) {
+            let mut text = Vec::new();
+            for (length, ended) in lines {
+                text.extend(std::iter::repeat_n(b'x', length));
+                if ended {
+                    text.push(b'\n');
+                }
+            }
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("0.log");
+            std::fs::write(&path, &text).unwrap();
+            let start = runtime.block_on(tail_start(std::slice::from_ref(&path), Some(tail))).unwrap();
+            prop_assert_eq!(start, Start { file: 0, offset: naive_tail_start(&text, tail) });
+        }
+
+        /// Whatever the bytes, the writer never panics and never writes past `limitBytes`.
+        #[test]
+        fn the_writer_takes_any_bytes_and_keeps_to_the_limit(
+            lines in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..80), 0..20),
+            limit in proptest::option::of(1u64..200),
+            timestamps in any::<bool>(),
+        ) {
+            let options = LogOptions { limit_bytes: limit, timestamps, since: Some(Timestamp::UNIX_EPOCH), ..LogOptions::default() };
+            let mut writer = LogWriter::new(&options);
+            let mut out = Vec::new();
+            for line in &lines {
+                if writer.write(line, &mut out) == Flow::Limit {
+                    break;
+                }
+            }
+            if let Some(limit) = limit {
+                prop_assert!(out.len() as u64 <= limit, "{} bytes over a limit of {limit}", out.len());
+            }
+        }
+    }
 }
