@@ -163,6 +163,9 @@ pub fn describe(field: &str) -> Option<&'static str> {
         "enableDebuggingHandlers" => {
             "Serve run, exec, attach, port-forward, container logs and running pods on the kubelet API (true)."
         }
+        "streamingConnectionIdleTimeout" => {
+            "Close an exec, attach or port-forward session idle this long (a Go duration, 4h0m0s)."
+        }
         "failSwapOn" => "Refuse to start when swap is on.",
         "staticPodPath" => "The directory (or file) of static pod manifests to run.",
         "syncFrequency" => "How often running pods are synced again without a change (a Go duration, 1m0s).",
