@@ -182,7 +182,6 @@ fn run(cli: Cli, run_matches: &ArgMatches) -> Result<ExitCode> {
     }
 }
 
-/// The agent: resolves its configuration, sets up logging, checks the node, and runs.
 /// Raises the soft limit on open files to the hard one, as Go raises upstream's kubelet's at
 /// start-up: the node's connections, log files, cgroups and the runtime's socket share it, and
 /// the listeners' connection bounds are set well under the hard limit a unit gives.
@@ -198,6 +197,7 @@ fn raise_open_files_limit() {
     }
 }
 
+/// The agent: resolves its configuration, sets up logging, checks the node, and runs.
 fn run_node(args: RunArgs, matches: &ArgMatches) -> ExitCode {
     // Before any thread exists, so every thread shares the bounded arenas.
     let arenas = alloc::limit_arenas();

@@ -419,9 +419,24 @@ async fn container_logs<R: Runtime>(
     };
     let (sink, chunks) = tokio::sync::mpsc::channel(4);
     let span = info_span!("read_logs", pod.uid = %uid, pod.name = %name, container = %container);
-    tokio::spawn(logs::send(files, start, options, sink).instrument(span));
+    let still_running = {
+        let (statuses, uid) = (state.statuses.clone(), PodUid::from(uid.as_str()));
+        Box::new(move || container_running(&statuses, &uid, &container))
+    };
+    tokio::spawn(logs::send(files, start, options, still_running, sink).instrument(span));
     let stream = futures::stream::unfold(chunks, |mut chunks| async move { chunks.recv().await.map(|c| (c, chunks)) });
     ([(header::CONTENT_TYPE, "text/plain")], Body::from_stream(stream)).into_response()
+}
+
+/// Whether `container` of the pod `uid` runs, by the status the kubelet last computed.
+fn container_running(statuses: &StatusStore, uid: &PodUid, container: &str) -> bool {
+    let Some(stored) = statuses.get(uid) else { return false };
+    let status = &stored.status;
+    let regular = status.container_statuses.iter().chain(status.init_container_statuses.iter()).flatten();
+    let ephemeral = status.ephemeral_container_statuses.iter().flatten();
+    regular
+        .chain(ephemeral)
+        .any(|c| c.name == container && c.state.as_ref().is_some_and(|state| state.running.is_some()))
 }
 
 /// Whether `pod`'s spec has a container, init container or ephemeral container named
@@ -510,8 +525,12 @@ pub async fn serve_unix(
     let binding = PathBuf::from(binding);
     let _ = std::fs::remove_file(&binding);
     let listener = tokio::net::UnixListener::bind(&binding).map_err(listen)?;
-    std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(0o600)).map_err(listen)?;
-    std::fs::rename(&binding, path).map_err(listen)?;
+    let placed = std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&binding, path));
+    if let Err(source) = placed {
+        let _ = std::fs::remove_file(&binding);
+        return Err(Error::Listen { what: binding.display().to_string(), source });
+    }
     info!(socket = %path.display(), "serving the local API");
     let path = path.to_owned();
     Ok(tokio::spawn(async move {

@@ -1,14 +1,15 @@
 //! The kubelet API of kubelet-rs, as upstream's `pkg/kubelet/server` serves it on the kubelet
 //! port (10250): HTTPS, every request authenticated ([`authn`]: client certificate, bearer token
-//! through a TokenReview, or anonymous) and authorized ([`authz`]: the Node subresource its
-//! path falls under, allowed always or by a SubjectAccessReview) before the handlers see it.
+//! through a TokenReview, or anonymous) and authorized ([`authz`]: the Node subresources its
+//! path falls under, allowed always or by SubjectAccessReviews) before the handlers see it; and
+//! the bounds every listener of the node keeps against its clients ([`listen`]).
 //!
 //! The handlers are any axum `Router`: the binary serves `kubelet_node::server`'s API
 //! (`/containerLogs`, `/pods`, `/healthz`, ...). [`tls`] makes the server's TLS configuration,
 //! [`review`] asks the API server, and [`serve`] runs it all until cancelled.
 //!
 //! A refusal is upstream's: 401 `Unauthorized`, 403 `Forbidden (user=..., verb=...,
-//! resource=nodes, subresource=...)`, 500 `Authorization error (...)` when the review fails.
+//! resource=nodes, subresource(s)=[...])`, 500 `Authorization error (...)` when a review fails.
 
 pub mod authn;
 pub mod authz;
@@ -163,7 +164,7 @@ struct GuardedRouter {
 /// One connection: the TLS handshake within `handshake_timeout`, then HTTP/1.1 (with upgrades)
 /// until the client or `cancel` ends it.
 async fn connection(
-    stream: tokio::net::TcpStream,
+    stream: listen::Admitted<tokio::net::TcpStream>,
     guarded: GuardedRouter,
     builder: hyper::server::conn::http1::Builder,
     handshake_timeout: Duration,

@@ -4,7 +4,10 @@
 //! request's head, and how large that head may be.
 //!
 //! A connection over a bound is accepted and closed at once, so the kernel's queue never fills
-//! and a well-behaved peer is still served while another holds its share.
+//! and a well-behaved peer is still served while another holds its share (up to the port's
+//! bound, which a few peers together can fill). A connection's place is given back when its
+//! socket closes, so an exec, attach or port-forward session holds its place for as long as it
+//! runs.
 
 use std::{
     collections::HashMap,
@@ -56,7 +59,7 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The local socket's: root's own clients, a few at a time.
+    /// The local socket's: its clients are root's own commands, so a smaller bound of 256.
     pub fn local() -> Self {
         Limits { connections: 256, ..Limits::default() }
     }
@@ -84,9 +87,16 @@ pub trait Peer {
 }
 
 impl Peer for std::net::SocketAddr {
+    /// An IPv4 client of a dual-stack socket is the same peer as over IPv4; an IPv6 client is
+    /// its /64, which one host holds whole.
     fn peer_ip(&self) -> Option<IpAddr> {
-        // An IPv4 client of a dual-stack socket is the same peer as over IPv4.
-        Some(self.ip().to_canonical())
+        match self.ip().to_canonical() {
+            IpAddr::V6(v6) => {
+                let prefix = u128::from(v6) & !u128::from(u64::MAX);
+                Some(IpAddr::V6(std::net::Ipv6Addr::from(prefix)))
+            }
+            v4 => Some(v4),
+        }
     }
 }
 
@@ -108,6 +118,8 @@ struct Admission {
 struct Held {
     total: usize,
     by_peer: HashMap<IpAddr, PeerCount>,
+    /// Set at the first refusal of a full port, so that one full spell is told of once.
+    refused_full: bool,
 }
 
 #[derive(Debug, Default)]
@@ -120,13 +132,13 @@ struct PeerCount {
 /// Why a connection was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
-    /// The listener holds its bound.
-    Listener,
+    /// The listener holds its bound; `first` when it was under it until now.
+    Listener { first: bool },
     /// The peer holds its share; `first` when it was under it until now.
     Peer { first: bool },
 }
 
-/// One admitted connection; dropping it gives its place back.
+/// One admitted connection's place; dropping it gives the place back.
 #[derive(Debug)]
 struct Permit {
     admission: Arc<Admission>,
@@ -152,7 +164,9 @@ impl Admission {
             return Err(Refusal::Peer { first });
         }
         if held.total >= self.connections {
-            return Err(Refusal::Listener);
+            let first = !held.refused_full;
+            held.refused_full = true;
+            return Err(Refusal::Listener { first });
         }
         held.total += 1;
         if let Some(ip) = peer {
@@ -164,6 +178,7 @@ impl Admission {
     fn release(&self, peer: Option<IpAddr>) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         held.total = held.total.saturating_sub(1);
+        held.refused_full = false;
         let Some(ip) = peer else { return };
         if let Some(count) = held.by_peer.get_mut(&ip) {
             count.open = count.open.saturating_sub(1);
@@ -177,6 +192,60 @@ impl Admission {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.admission.release(self.peer);
+    }
+}
+
+/// An admitted connection's socket, holding its place in the listener's bounds until it is
+/// dropped: when the connection ends, or, once it is upgraded (exec, attach, port-forward), when
+/// the session that took it over ends.
+pub struct Admitted<T> {
+    io: T,
+    _permit: Permit,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Admitted<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Admitted<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -194,7 +263,7 @@ pub(crate) async fn accept_until_cancelled<L, S, F>(
 ) where
     L: Listener,
     L::Addr: Peer,
-    S: Fn(L::Io) -> F,
+    S: Fn(Admitted<L::Io>) -> F,
     F: Future<Output = Result<(), ConnectionError>> + Send + 'static,
 {
     let admission = Admission::new(limits);
@@ -212,25 +281,25 @@ pub(crate) async fn accept_until_cancelled<L, S, F>(
                 continue;
             }
         };
-        let connection = serve(io);
+        let connection = serve(Admitted { io, _permit: permit });
         connections.spawn(async move {
             if let Err(error) = connection.await {
                 debug!(peer = ?peer, %error, "{what} connection ended");
             }
-            drop(permit);
         });
     }
     connections.close();
     connections.wait().await;
 }
 
-/// Logs a refused connection: each time the listener is full, and once per peer held at its
-/// share (a peer that floods the port is not a line per connection).
+/// Logs a refused connection once per spell: when the port is first full, and when a peer
+/// first holds its share (a flood is not a line per connection).
 fn tell_of(refusal: Refusal, what: &str, peer: Option<IpAddr>, limits: &Limits) {
     match refusal {
-        Refusal::Listener => {
-            warn!(peer = ?peer, bound = limits.connections, "{what}: refusing a connection, the port holds its bound");
+        Refusal::Listener { first: true } => {
+            warn!(peer = ?peer, bound = limits.connections, "{what}: refusing connections, the port holds its bound");
         }
+        Refusal::Listener { first: false } => {}
         Refusal::Peer { first: true } => warn!(
             peer = ?peer,
             bound = limits.connections_per_peer,
@@ -299,14 +368,16 @@ mod tests {
         assert_eq!(admission.admit(a).unwrap_err(), Refusal::Peer { first: true });
         assert_eq!(admission.admit(a).unwrap_err(), Refusal::Peer { first: false }, "told of once");
         let _third = admission.admit(b).unwrap();
-        assert_eq!(admission.admit(b).unwrap_err(), Refusal::Listener, "the port is full");
-        assert_eq!(admission.admit(None).unwrap_err(), Refusal::Listener, "a unix peer counts in the whole");
+        assert_eq!(admission.admit(b).unwrap_err(), Refusal::Listener { first: true }, "the port is full");
+        assert_eq!(admission.admit(None).unwrap_err(), Refusal::Listener { first: false }, "told of once");
         let c = IpAddr::from([10, 0, 0, 3]);
-        assert_eq!(admission.admit(Some(c)).unwrap_err(), Refusal::Listener);
+        assert_eq!(admission.admit(Some(c)).unwrap_err(), Refusal::Listener { first: false });
         assert!(!admission.held.lock().unwrap().by_peer.contains_key(&c), "a refused peer is not kept");
         drop(first);
-        let _again = admission.admit(a).unwrap();
+        let again = admission.admit(a).unwrap();
         assert_eq!(admission.held.lock().unwrap().total, 3);
+        assert_eq!(admission.admit(None).unwrap_err(), Refusal::Listener { first: true }, "full again: a new spell");
+        drop(again);
     }
 
     #[test]
@@ -321,8 +392,12 @@ mod tests {
     }
 
     #[test]
-    fn an_ipv4_client_of_a_dual_stack_socket_is_its_ipv4_peer() {
+    fn an_ipv4_client_of_a_dual_stack_socket_is_its_ipv4_peer_and_an_ipv6_one_its_64() {
         let mapped: std::net::SocketAddr = "[::ffff:10.0.0.1]:443".parse().unwrap();
         assert_eq!(mapped.peer_ip(), Some(IpAddr::from([10, 0, 0, 1])));
+        let one: std::net::SocketAddr = "[2001:db8:1:2:aaaa::1]:443".parse().unwrap();
+        let other: std::net::SocketAddr = "[2001:db8:1:2:bbbb::9]:443".parse().unwrap();
+        assert_eq!(one.peer_ip(), other.peer_ip(), "one /64");
+        assert_eq!(one.peer_ip(), Some("2001:db8:1:2::".parse().unwrap()));
     }
 }

@@ -155,3 +155,55 @@ async fn a_tls_handshake_never_finished_is_cut_off_at_its_timeout() {
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
+
+#[tokio::test]
+async fn an_upgraded_session_holds_its_place_until_it_ends() {
+    use axum::{body::Body, extract::Request, response::Response};
+    async fn upgrade(mut request: Request) -> Response {
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            if let Ok(session) = upgrade.await {
+                let mut session = hyper_util::rt::TokioIo::new(session);
+                // The session runs until the client closes it.
+                let _ = tokio::io::copy(&mut session, &mut tokio::io::sink()).await;
+            }
+        });
+        Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", "test")
+            .body(Body::empty())
+            .unwrap()
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut limits = Limits::default();
+    limits.connections_per_peer = 1;
+    let router = Router::new().route("/session", get(upgrade)).route("/healthz", get(|| async { "ok" }));
+    tokio::spawn(serve_router(listener, router, limits, "the test API", CancellationToken::new()));
+
+    let mut session = TcpStream::connect(address).await.unwrap();
+    session
+        .write_all(b"GET /session HTTP/1.1\r\nHost: node\r\nConnection: upgrade\r\nUpgrade: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = [0u8; 256];
+    let read = session.read(&mut response).await.unwrap();
+    assert!(response[..read].starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&response[..read]));
+
+    let mut second = TcpStream::connect(address).await.unwrap();
+    assert!(closed_within(&mut second, Duration::from_secs(2)).await, "the session holds the peer's one place");
+    drop(session);
+    let mut answer = Vec::new();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut after = TcpStream::connect(address).await.unwrap();
+        after.write_all(REQUEST).await.unwrap();
+        answer.clear();
+        let _ = tokio::time::timeout(Duration::from_secs(1), after.read_buf(&mut answer)).await;
+        if answer.starts_with(b"HTTP/1.1 200") {
+            return;
+        }
+    }
+    panic!("the place did not come back once the session ended: {}", String::from_utf8_lossy(&answer));
+}

@@ -42,6 +42,8 @@ const MAX_RAW_LINE: usize = 1 << 20;
 const CHUNK: usize = 64 * 1024;
 /// How often a followed log file is checked for new output.
 const FOLLOW_PERIOD: Duration = Duration::from_millis(200);
+/// How often a follower checks that its container still runs (upstream's `stateCheckPeriod`).
+const STATE_CHECK_PERIOD: Duration = Duration::from_secs(5);
 
 /// One raw line of a CRI log file, split.
 #[derive(Debug, PartialEq, Eq)]
@@ -234,11 +236,22 @@ async fn read_raw_line(reader: &mut BufReader<tokio::fs::File>, line: &mut Vec<u
 /// Where a reader of a log sends its output; closed when the caller goes away.
 pub(crate) type Sink = tokio::sync::mpsc::Sender<Result<Bytes, io::Error>>;
 
+/// Whether the container whose logs are followed still runs, as the kubelet last saw it.
+pub(crate) type StillRunning = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// Streams `files` (one instance's, oldest first) from `start` as `options` ask to `sink`, then
-/// with `follow` what the live file (the last) gets next, until the caller goes away, a newer
-/// instance of the container starts, or `limitBytes` is reached.
-pub(crate) async fn send(files: Vec<PathBuf>, start: Start, options: LogOptions, sink: Sink) {
-    let mut reader = LogReader { writer: LogWriter::new(&options), out: Vec::with_capacity(CHUNK), sink };
+/// with `follow` what the live file (the last) gets next, until the caller goes away, the
+/// container stops running (as upstream's `ReadLogs` ends) or a newer instance of it starts, or
+/// `limitBytes` is reached.
+pub(crate) async fn send(
+    files: Vec<PathBuf>,
+    start: Start,
+    options: LogOptions,
+    still_running: StillRunning,
+    sink: Sink,
+) {
+    let writer = LogWriter::new(&options);
+    let mut reader = LogReader { writer, out: Vec::with_capacity(CHUNK), sink, still_running };
     let result = reader.send_all(&files, start, options.follow).await;
     if let Err(error) = result {
         let _ = reader.sink.send(Err(error)).await;
@@ -250,6 +263,7 @@ struct LogReader {
     writer: LogWriter,
     out: Vec<u8>,
     sink: Sink,
+    still_running: StillRunning,
 }
 
 /// Why a read stopped early.
@@ -285,7 +299,7 @@ impl LogReader {
             let offset = if index == start.file { start.offset } else { 0 };
             let mut reader = open_at(path, offset).await?;
             while read_raw_line(&mut reader, &mut line).await? > 0 {
-                let whole = line.ends_with(b"\n");
+                let whole = line.ends_with(b"\n") || line.len() >= MAX_RAW_LINE;
                 if !whole && follow && index == files.len() - 1 {
                     // The live file's last line is still being written: follow it from there.
                     return self.follow(live, reader, line).await;
@@ -301,7 +315,8 @@ impl LogReader {
     }
 
     /// Goes on reading `live` through `reader` (at its end, `pending` read of a line not yet
-    /// ended), into its successor when it is rotated, until a newer instance starts.
+    /// ended), into its successor when it is rotated, until the container stops running or a
+    /// newer instance starts (checked every `STATE_CHECK_PERIOD`, as upstream checks).
     async fn follow(
         &mut self,
         live: &Path,
@@ -310,8 +325,9 @@ impl LogReader {
     ) -> Result<(), Stop> {
         use std::os::unix::fs::MetadataExt;
         let mut inode = reader.get_ref().metadata().await?.ino();
-        let mut offset = reader.get_mut().stream_position().await?;
+        let mut offset = position(&mut reader).await?;
         let mut tick = tokio::time::interval(FOLLOW_PERIOD);
+        let mut state_checked = tokio::time::Instant::now();
         loop {
             self.flush().await?;
             tokio::select! {
@@ -319,20 +335,34 @@ impl LogReader {
                 _ = tick.tick() => {}
             }
             offset += self.read_available(&mut reader, &mut pending).await?;
-            let Ok(now) = tokio::fs::metadata(live).await else { continue };
-            if now.ino() != inode || now.len() < offset {
-                // Rotated (or cut short): what the old file got last is read, then the new one
-                // from its beginning.
+            if let Ok(now) = tokio::fs::metadata(live).await
+                && (now.ino() != inode || now.len() < offset)
+            {
+                // Rotated (or cut short): what the old file got last is read (a line it left
+                // unended too), then the new one from its beginning.
                 self.read_available(&mut reader, &mut pending).await?;
+                self.write_unended(&mut pending).await?;
                 reader = open_at(live, 0).await?;
                 inode = reader.get_ref().metadata().await?.ino();
                 offset = 0;
             }
-            if newer_instance_started(live) {
-                self.read_available(&mut reader, &mut pending).await?;
-                return Ok(());
+            if state_checked.elapsed() >= STATE_CHECK_PERIOD {
+                state_checked = tokio::time::Instant::now();
+                if !(self.still_running)() || newer_instance_started(live).await {
+                    self.read_available(&mut reader, &mut pending).await?;
+                    return self.write_unended(&mut pending).await;
+                }
             }
         }
+    }
+
+    /// Writes what `pending` holds of a line the file did not end, if anything.
+    async fn write_unended(&mut self, pending: &mut Vec<u8>) -> Result<(), Stop> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let line = std::mem::take(pending);
+        self.write_line(&line).await
     }
 
     /// Reads what `reader` has up to its end, writing each whole line; a line not yet ended
@@ -383,11 +413,18 @@ async fn open_at(path: &Path, offset: u64) -> io::Result<BufReader<tokio::fs::Fi
     Ok(BufReader::with_capacity(CHUNK, file))
 }
 
+/// Where `reader` is in its file: the file's position less what the reader holds unread.
+async fn position(reader: &mut BufReader<tokio::fs::File>) -> io::Result<u64> {
+    let unread = reader.buffer().len() as u64;
+    Ok(reader.get_mut().stream_position().await?.saturating_sub(unread))
+}
+
 /// Whether the container directory of `live` has an instance newer than `live`'s.
-fn newer_instance_started(live: &Path) -> bool {
-    let newest = live.parent().and_then(|dir| instances(dir).ok()).and_then(|i| i.last().copied());
+async fn newer_instance_started(live: &Path) -> bool {
+    let Some(dir) = live.parent().map(Path::to_owned) else { return false };
+    let Ok(Ok(instances)) = tokio::task::spawn_blocking(move || instances(&dir)).await else { return false };
     let this = live.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse::<u32>().ok());
-    newest.is_some() && newest != this
+    instances.last().is_some_and(|newest| Some(*newest) != this)
 }
 
 /// The restart numbers with a log file in a container's log directory, ascending.
@@ -438,6 +475,11 @@ pub(crate) fn files_for(container_dir: &Path, previous: bool) -> io::Result<Vec<
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+
     use super::*;
 
     /// What `options` show of `text`'s raw lines, read as one.
@@ -547,7 +589,7 @@ mod tests {
     /// What `send` streams of `files` from `start` with `options`, the caller reading all.
     async fn sent(files: Vec<PathBuf>, start: Start, options: LogOptions) -> Vec<u8> {
         let (sink, mut chunks) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(send(files, start, options, sink));
+        tokio::spawn(send(files, start, options, Box::new(|| true), sink));
         let mut out = Vec::new();
         while let Some(chunk) = chunks.recv().await {
             out.extend(chunk.unwrap());
@@ -564,35 +606,91 @@ mod tests {
         assert_eq!(sent(files, Start { file: 0, offset: 0 }, LogOptions::default()).await, b"a\nb\nc\nd");
     }
 
-    #[tokio::test]
+    /// A follower of `live` from its start, told the container runs while `running` holds.
+    struct Follower {
+        chunks: tokio::sync::mpsc::Receiver<Result<Bytes, io::Error>>,
+        out: Vec<u8>,
+    }
+
+    impl Follower {
+        fn start(live: &Path, running: Arc<AtomicBool>) -> Self {
+            let (sink, chunks) = tokio::sync::mpsc::channel(4);
+            let options = LogOptions { follow: true, ..LogOptions::default() };
+            let still_running = Box::new(move || running.load(Ordering::SeqCst));
+            tokio::spawn(send(vec![live.to_owned()], Start { file: 0, offset: 0 }, options, still_running, sink));
+            Follower { chunks, out: Vec::new() }
+        }
+
+        /// All it has sent once what it sent ends with `end` (at most a minute of the test's
+        /// paused clock).
+        async fn until(&mut self, end: &[u8]) -> String {
+            while !self.out.ends_with(end) {
+                let chunk = tokio::time::timeout(Duration::from_secs(60), self.chunks.recv()).await;
+                self.out.extend(chunk.unwrap().expect("the follower went on").unwrap());
+            }
+            String::from_utf8_lossy(&self.out).into_owned()
+        }
+
+        /// Whether it ends (its stream closes) within `wait`, after anything left to send.
+        async fn ends_within(&mut self, wait: Duration) -> bool {
+            let deadline = tokio::time::Instant::now() + wait;
+            loop {
+                match tokio::time::timeout_at(deadline, self.chunks.recv()).await {
+                    Err(_) => return false,
+                    Ok(None) => return true,
+                    Ok(Some(chunk)) => self.out.extend(chunk.unwrap()),
+                }
+            }
+        }
+    }
+
+    async fn append(path: &Path, bytes: &[u8]) {
+        let mut file = tokio::fs::OpenOptions::new().append(true).open(path).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut file, bytes).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_follower_gets_new_lines_once_and_a_rotated_files_successor() {
         let dir = tempfile::tempdir().unwrap();
         let live = dir.path().join("0.log");
         tokio::fs::write(&live, "t stdout F first\nt stdout F sec").await.unwrap();
-        let (sink, mut chunks) = tokio::sync::mpsc::channel(4);
-        let options = LogOptions { follow: true, ..LogOptions::default() };
-        tokio::spawn(send(vec![live.clone()], Start { file: 0, offset: 0 }, options, sink));
-        let mut out = Vec::new();
-        let mut read_until = async |chunks: &mut tokio::sync::mpsc::Receiver<Result<Bytes, io::Error>>, end: &[u8]| {
-            while !out.ends_with(end) {
-                let chunk = tokio::time::timeout(Duration::from_secs(5), chunks.recv()).await.unwrap().unwrap();
-                out.extend(chunk.unwrap());
-            }
-            String::from_utf8_lossy(&out).into_owned()
-        };
-        assert_eq!(read_until(&mut chunks, b"first\n").await, "first\n");
-        let mut file = tokio::fs::OpenOptions::new().append(true).open(&live).await.unwrap();
-        tokio::io::AsyncWriteExt::write_all(&mut file, b"ond\nt stdout F \xff third\n").await.unwrap();
-        assert_eq!(read_until(&mut chunks, b" third\n").await, "first\nsecond\n\u{fffd} third\n");
+        let mut follower = Follower::start(&live, Arc::new(AtomicBool::new(true)));
+        assert_eq!(follower.until(b"first\n").await, "first\n");
+        append(&live, b"ond\nt stdout F \xff third\n").await;
+        assert_eq!(follower.until(b" third\n").await, "first\nsecond\n\u{fffd} third\n");
         tokio::fs::rename(&live, dir.path().join("0.log.20261122-100000")).await.unwrap();
         tokio::fs::write(&live, "t stdout F after rotation\n").await.unwrap();
-        let text = read_until(&mut chunks, b"after rotation\n").await;
+        let text = follower.until(b"after rotation\n").await;
         assert_eq!(text.matches("second").count(), 1, "nothing read twice: {text}");
         tokio::fs::write(dir.path().join("1.log"), "").await.unwrap();
-        assert!(
-            tokio::time::timeout(Duration::from_secs(5), chunks.recv()).await.unwrap().is_none(),
-            "a newer instance ends it"
-        );
+        assert!(follower.ends_within(STATE_CHECK_PERIOD * 2).await, "a newer instance ends it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_ends_once_its_container_stops_with_what_it_wrote_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("0.log");
+        tokio::fs::write(&live, "t stdout F one\n").await.unwrap();
+        let running = Arc::new(AtomicBool::new(true));
+        let mut follower = Follower::start(&live, running.clone());
+        follower.until(b"one\n").await;
+        assert!(!follower.ends_within(STATE_CHECK_PERIOD * 3).await, "it follows while the container runs");
+        append(&live, b"t stdout F last words\nt stdout F unended").await;
+        running.store(false, Ordering::SeqCst);
+        assert!(follower.ends_within(STATE_CHECK_PERIOD * 2).await, "ended once the container stopped");
+        assert_eq!(String::from_utf8_lossy(&follower.out), "one\nlast words\nunended\n");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_line_longer_than_a_piece_stalls_no_follower() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("0.log");
+        let long = vec![b'x'; MAX_RAW_LINE + MAX_RAW_LINE / 2];
+        tokio::fs::write(&live, &long).await.unwrap();
+        let mut follower = Follower::start(&live, Arc::new(AtomicBool::new(true)));
+        append(&live, b"\nt stdout F next\n").await;
+        let text = follower.until(b"next\n").await;
+        assert_eq!(text.len(), long.len() + "\n".len() * 2 + "next\n".len(), "every byte, once");
     }
 
     #[test]

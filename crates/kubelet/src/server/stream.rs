@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use axum::{
     body::Body,
     extract::{Path as UrlPath, Query, Request, State},
-    http::{HeaderMap, StatusCode, Uri, header},
+    http::{HeaderMap, HeaderValue, StatusCode, Uri, header},
     response::{IntoResponse, Response},
 };
 use hyper_util::rt::TokioIo;
@@ -200,6 +200,18 @@ const FORWARDED_HEADERS: [header::HeaderName; 8] = [
     header::HeaderName::from_static("x-stream-protocol-version"),
 ];
 
+/// A `Sec-WebSocket-Protocol` value without the bearer token subprotocols
+/// (`base64url.bearer.authorization.k8s.io.<token>`) that another credential left in it.
+fn without_token_subprotocols(value: &HeaderValue) -> HeaderValue {
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let kept: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|protocol| !protocol.starts_with("base64url.bearer.authorization.k8s.io."))
+        .collect();
+    HeaderValue::from_str(&kept.join(", ")).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
 /// Sends `caller`'s request to the runtime's streaming server at `url` and answers with its
 /// response; a switch of protocols joins the two connections until either ends or no byte goes
 /// either way for `idle_timeout`.
@@ -225,7 +237,11 @@ async fn proxy(url: &str, mut caller: Request, idle_timeout: Duration) -> Answer
     let path = target.path_and_query().map_or("/", |p| p.as_str());
     let mut forwarded = axum::http::Request::builder().method(parts.method).uri(path);
     for (name, value) in parts.headers.iter().filter(|(name, _)| FORWARDED_HEADERS.contains(name)) {
-        forwarded = forwarded.header(name, value);
+        if name == header::SEC_WEBSOCKET_PROTOCOL {
+            forwarded = forwarded.header(name, without_token_subprotocols(value));
+        } else {
+            forwarded = forwarded.header(name, value);
+        }
     }
     forwarded = forwarded.header(header::HOST, authority.as_str());
     let body = if upgrading.is_some() { Body::empty() } else { body };
@@ -280,7 +296,8 @@ impl Activity {
     /// deadline each time it fires early.
     async fn idle_for(&self, timeout: Duration) {
         loop {
-            let deadline = self.last() + timeout;
+            // A timeout past what the clock can count is no timeout.
+            let Some(deadline) = self.last().checked_add(timeout) else { return std::future::pending().await };
             if tokio::time::Instant::now() >= deadline {
                 return;
             }
@@ -393,7 +410,7 @@ mod tests {
             .header("Impersonate-Group", "system:masters")
             .header("X-Stream-Protocol-Version", "v4.channel.k8s.io")
             .header("X-Stream-Protocol-Version", "v3.channel.k8s.io")
-            .header(header::SEC_WEBSOCKET_PROTOCOL, "v5.channel.k8s.io")
+            .header(header::SEC_WEBSOCKET_PROTOCOL, "base64url.bearer.authorization.k8s.io.c2VjcmV0, v5.channel.k8s.io")
             .body(Body::empty())
             .unwrap();
         let answer = proxy(&format!("http://{address}/exec/abc"), caller, Duration::from_secs(60)).await.unwrap();
