@@ -1932,6 +1932,56 @@ async fn exec_in_app(runtime: &CriRuntime, name: &str, command: &[&str]) -> Stri
     String::from_utf8_lossy(&result.stdout).into_owned()
 }
 
+/// A pod with `fsGroup` (and `runAsUser`, `runAsGroup`, `supplementalGroups`): its container
+/// runs in the groups upstream gives it (its group, then fsGroup, then the supplemental ones),
+/// its emptyDir volumes, on disk and in memory, are the fsGroup's and setgid, so what the
+/// container makes there is the group's too, and a downwardAPI file of mode 0400 gains the
+/// group's read (0440, the fsGroup's), so the pod's non-root user reads it.
+#[tokio::test]
+async fn real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers() {
+    let test = "real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let (dir, node) = scratch(&rt, "agent-fs-group", "fs-group");
+    let port = free_port();
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: owned, labels: {{app: owned}}}}\nspec:\n\
+         \x20 securityContext: {{runAsUser: 1000, runAsGroup: 3000, fsGroup: 2000, supplementalGroups: [4000]}}\n\
+         \x20 volumes:\n\
+         \x20 - {{name: scratch, emptyDir: {{}}}}\n\
+         \x20 - {{name: shm, emptyDir: {{medium: Memory}}}}\n\
+         \x20 - name: info\n\
+         \x20   downwardAPI: {{defaultMode: 0400, items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}\n\
+         \x20 containers:\n\
+         \x20 - name: app\n\
+         \x20   image: {}\n\
+         \x20   command: [sh, -c, 'touch /scratch/made /shm/made && exec sleep 3600']\n\
+         \x20   volumeMounts: [{{name: scratch, mountPath: /scratch}}, {{name: shm, mountPath: /shm}}, {{name: info, mountPath: /info}}]\n",
+        rt.busybox_image
+    );
+    std::fs::write(dir.join("manifests/owned.yaml"), manifest).unwrap();
+    let agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+    let runtime = test_runtime(&rt, &dir, &node);
+    let outcome = {
+        let node = node.clone();
+        let rt_for_body = test_runtime(&rt, &dir, &node);
+        async move {
+            let name = format!("owned-{node}");
+            pod_status(port, &name, "the pod to run", |s| s["phase"] == "Running").await;
+            let exec = |command: &'static [&'static str]| exec_in_app(&rt_for_body, &name, command);
+            assert_eq!(exec(&["id", "-u"]).await, "1000\n");
+            assert_eq!(exec(&["id", "-G"]).await, "3000 2000 4000\n", "its group, the fsGroup, the supplemental one");
+            let volumes = exec(&["stat", "-c", "%g %a", "/scratch", "/shm"]).await;
+            assert_eq!(volumes, "2000 2777\n2000 2777\n", "the fsGroup's, setgid and writable by all");
+            let made = exec(&["stat", "-c", "%u %g", "/scratch/made", "/shm/made"]).await;
+            assert_eq!(made, "1000 2000\n1000 2000\n", "what the container made is the group's");
+            assert_eq!(exec(&["cat", "/info/labels"]).await, "app=\"owned\"", "its user reads a 0400 file");
+            assert_eq!(exec(&["stat", "-L", "-c", "%u %g %a", "/info/labels"]).await, "0 2000 440\n");
+            agent
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 #[tokio::test]
 async fn real_volumes_for_node_local_pods() {
     let Some(rt) = RealRuntime::from_env("real_volumes_for_node_local_pods") else { return };

@@ -154,6 +154,8 @@ fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], origin: &Origin) -> Result<
     budget.max_nodes = yaml_node_budget(bytes.len(), budget.max_nodes);
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
+    // YAML 1.1's octal, as upstream's decoder (go-yaml v2) reads it: `defaultMode: 0400` is 256.
+    options.legacy_octal_numbers = true;
     serde_saphyr::from_str_with_options(text, options).map_err(|e| decode_error("invalid YAML", e.into()))
 }
 

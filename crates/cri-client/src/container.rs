@@ -254,7 +254,7 @@ pub fn security_context(
         run_as_user: run_as_user.map(|value| pb::Int64Value { value }),
         run_as_group: run_as_group.map(|value| pb::Int64Value { value }),
         readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
-        supplemental_groups: pod_sc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
+        supplemental_groups: supplemental_groups(pod_sc),
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
         seccomp: seccomp(
             sc.and_then(|s| s.seccomp_profile.as_ref()).or_else(|| pod_sc.and_then(|s| s.seccomp_profile.as_ref())),
@@ -264,6 +264,15 @@ pub fn security_context(
         readonly_paths,
         ..pb::LinuxContainerSecurityContext::default()
     })
+}
+
+/// A container's supplemental groups as upstream's `determineEffectiveSecurityContext` lists
+/// them: the pod's `fsGroup` first, then its `supplementalGroups` in order (no volume adds a
+/// group here: upstream's come from persistent volumes' `pv.beta.kubernetes.io/gid`).
+fn supplemental_groups(pod_sc: Option<&k8s_openapi::api::core::v1::PodSecurityContext>) -> Vec<i64> {
+    let fs_group = pod_sc.and_then(|s| s.fs_group);
+    let listed = pod_sc.and_then(|s| s.supplemental_groups.as_ref()).into_iter().flatten().copied();
+    fs_group.into_iter().chain(listed).collect()
 }
 
 /// The host paths prepared for a container's `subPath` mounts (bind mounts made by

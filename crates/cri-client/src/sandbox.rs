@@ -167,7 +167,12 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_root: &str
         namespace_options: Some(namespace_options),
         run_as_user: pod_security.and_then(|s| s.run_as_user).map(|value| pb::Int64Value { value }),
         run_as_group: pod_security.and_then(|s| s.run_as_group).map(|value| pb::Int64Value { value }),
-        supplemental_groups: pod_security.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
+        // Upstream's sandbox lists the pod's fsGroup first, then its supplementalGroups.
+        supplemental_groups: pod_security
+            .and_then(|s| s.fs_group)
+            .into_iter()
+            .chain(pod_security.and_then(|s| s.supplemental_groups.as_ref()).into_iter().flatten().copied())
+            .collect(),
         privileged: spec.is_some_and(has_privileged_container),
         // Upstream runs every sandbox under the runtime's default seccomp profile, whatever its
         // containers run under.

@@ -19,7 +19,6 @@ pub const FIELDS: &[&str] = &[
     "spec.setHostnameAsFQDN",
     "spec.hostUsers",
     "spec.resourceClaims",
-    "spec.securityContext.fsGroup",
     "spec.securityContext.seLinuxOptions",
     "spec.securityContext.appArmorProfile",
     "spec.securityContext.supplementalGroupsPolicy",
@@ -122,7 +121,6 @@ fn pod_fields(spec: &PodSpec, abilities: Abilities<'_>) -> Vec<String> {
     check(spec.host_users == Some(false), "spec.hostUsers");
     check(spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()), "spec.resourceClaims");
     if let Some(sc) = &spec.security_context {
-        check(sc.fs_group.is_some(), "spec.securityContext.fsGroup");
         check(sc.se_linux_options.is_some(), "spec.securityContext.seLinuxOptions");
         check(sc.app_armor_profile.is_some(), "spec.securityContext.appArmorProfile");
         check(
@@ -284,10 +282,6 @@ mod tests {
             "spec.resourceClaims" => {
                 spec.resource_claims =
                     Some(vec![PodResourceClaim { name: "gpu".into(), ..PodResourceClaim::default() }]);
-            }
-            "spec.securityContext.fsGroup" => {
-                spec.security_context =
-                    Some(PodSecurityContext { fs_group: Some(2000), ..PodSecurityContext::default() });
             }
             "spec.securityContext.seLinuxOptions" => {
                 spec.security_context =

@@ -17,8 +17,8 @@ use kubelet_core::{
 };
 
 use crate::{
-    atomic::{self, File},
-    downward, mount,
+    atomic::{self, File, Group},
+    downward, mount, ownership,
 };
 
 /// Files' mode when the volume sets none (upstream's default for all four).
@@ -44,7 +44,7 @@ fn select(
         None => {
             for (key, bytes) in data {
                 atomic::validate_path(key)?;
-                files.insert(key.clone(), File { content: bytes.clone(), mode: mode_of(default_mode) });
+                files.insert(key.clone(), File::new(bytes.clone(), mode_of(default_mode)));
             }
         }
         Some(items) => {
@@ -57,7 +57,7 @@ fn select(
                     return Err(format!("configuration error: {what} has no key {:?}", item.key));
                 };
                 let mode = mode_of(item.mode.unwrap_or(default_mode));
-                files.insert(item.path.clone(), File { content: bytes.clone(), mode });
+                files.insert(item.path.clone(), File::new(bytes.clone(), mode));
             }
         }
     }
@@ -84,15 +84,21 @@ fn namespace(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().unwrap_or("default")
 }
 
-/// Writes `payload` into `dir` atomically (on a tmpfs mounted there first when `tmpfs`).
-pub(crate) async fn write(dir: &Path, payload: BTreeMap<String, File>, tmpfs: bool) -> Result<PathBuf, String> {
+/// Writes `payload` into `dir` atomically (on a tmpfs mounted there first when `tmpfs`),
+/// everything given to `group`.
+pub(crate) async fn write(
+    dir: &Path,
+    payload: BTreeMap<String, File>,
+    tmpfs: bool,
+    group: Group,
+) -> Result<PathBuf, String> {
     tokio::fs::create_dir_all(dir).await.map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     if tmpfs && !mount::is_mount_point(dir).await? {
         mount::tmpfs(dir, None).await?;
     }
     let target = dir.to_owned();
     let stamp = kubelet_core::clock::wall_now().strftime("%Y_%m_%d_%H_%M_%S.%f").to_string();
-    tokio::task::spawn_blocking(move || atomic::write(&target, &payload, &stamp))
+    tokio::task::spawn_blocking(move || atomic::write(&target, &payload, &stamp, group))
         .await
         .map_err(|e| format!("the writer failed: {e}"))??;
     Ok(dir.to_owned())
@@ -126,7 +132,7 @@ impl VolumePlugin for ConfigMap {
             let what = format!("configmap {:?}", source.name);
             let files =
                 select(&data, source.items.as_ref(), source.default_mode.unwrap_or(DEFAULT_MODE), &what, optional)?;
-            write(dir, files, false).await
+            write(dir, files, false, ownership::fs_group(pod)).await
         })
     }
 
@@ -160,7 +166,7 @@ impl VolumePlugin for Secret {
             let what = format!("secret {name:?}");
             let files =
                 select(&data, source.items.as_ref(), source.default_mode.unwrap_or(DEFAULT_MODE), &what, optional)?;
-            write(dir, files, true).await
+            write(dir, files, true, ownership::fs_group(pod)).await
         })
     }
 
@@ -211,9 +217,13 @@ impl Projected {
             atomic::validate_path(&token.path)?;
             let seconds = token.expiration_seconds.unwrap_or(DEFAULT_TOKEN_SECONDS);
             let jwt = self.objects()?.service_account_token(pod, token.audience.as_deref(), seconds).await?;
-            // The volume's mode, as upstream writes it without fsUser/fsGroup (which the agent
-            // refuses): 0644 by default, so a container of any user can read its token.
-            let file = File { content: jwt.into_bytes(), mode: mode_of(mode) };
+            // Upstream's mode: the volume's (0644 by default, so a container of any user can
+            // read it), but 0600 for the user every container runs as, and the fsGroup's read
+            // on top (0640) when the pod has one.
+            let fs_user = ownership::fs_user(pod);
+            let private = fs_user.is_some() || ownership::fs_group(pod).0.is_some();
+            let file =
+                File { content: jwt.into_bytes(), mode: if private { 0o600 } else { mode_of(mode) }, owner: fs_user };
             return Ok(BTreeMap::from([(token.path.clone(), file)]));
         }
         Err("a projection this agent cannot write".to_owned())
@@ -237,7 +247,7 @@ impl VolumePlugin for Projected {
             for projection in source.sources.iter().flatten() {
                 payload.extend(self.files(pod, projection, mode).await?);
             }
-            write(dir, payload, self.0.is_some()).await
+            write(dir, payload, self.0.is_some(), ownership::fs_group(pod)).await
         })
     }
 

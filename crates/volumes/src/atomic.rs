@@ -20,9 +20,9 @@ use std::{
 };
 
 use nix::{
-    fcntl::{OFlag, openat, readlinkat, renameat},
+    fcntl::{AtFlags, OFlag, openat, readlinkat, renameat},
     sys::stat::{Mode, SFlag, fchmod, fstat},
-    unistd::symlinkat,
+    unistd::{Gid, Uid, fchown, fchownat, symlinkat},
 };
 
 use crate::at;
@@ -31,11 +31,56 @@ use crate::at;
 pub(crate) const DATA: &str = "..data";
 const DATA_TMP: &str = "..data_tmp";
 
-/// One file of the set: its content and mode.
+/// One file of the set: its content, mode and, when it has one of its own, owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct File {
     pub(crate) content: Vec<u8>,
     pub(crate) mode: u32,
+    /// The user the file is given to (a projected token's, upstream's `FsUser`); root's otherwise.
+    pub(crate) owner: Option<u32>,
+}
+
+impl File {
+    /// A file of root's with `content` and `mode`.
+    pub(crate) fn new(content: Vec<u8>, mode: u32) -> Self {
+        File { content, mode, owner: None }
+    }
+}
+
+/// The group a set's files and directories are given (the pod's `fsGroup`), as upstream's
+/// `SetVolumeOwnership` leaves a volume whose content the kubelet writes: the group owns every
+/// entry, files gain read for their owner and group (0440), and directories are setgid.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Group(pub(crate) Option<u32>);
+
+impl Group {
+    /// The mode `file` is written with.
+    fn file_mode(self, file: &File) -> u32 {
+        if self.0.is_some() { file.mode | 0o440 } else { file.mode }
+    }
+
+    /// The mode of a directory of the set (and of the volume's directory).
+    fn dir_mode(self) -> u32 {
+        if self.0.is_some() { 0o2755 } else { 0o755 }
+    }
+
+    fn gid(self) -> Option<Gid> {
+        self.0.map(Gid::from_raw)
+    }
+
+    /// Gives `fd` to `owner` and this group, where either is set.
+    fn give(self, fd: impl AsFd, owner: Option<u32>) -> io::Result<()> {
+        if owner.is_none() && self.0.is_none() {
+            return Ok(());
+        }
+        fchown(fd, owner.map(Uid::from_raw), self.gid()).map_err(io::Error::from)
+    }
+
+    /// Gives the link `name` in `dir` (not what it points to) to this group, where it is set.
+    fn give_link(self, dir: impl AsFd, name: &OsStr) -> io::Result<()> {
+        let Some(gid) = self.gid() else { return Ok(()) };
+        fchownat(dir, name, None, Some(gid), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(io::Error::from)
+    }
 }
 
 /// Checks a payload path: relative, no `..`, not starting with `..` (upstream `validatePath`).
@@ -66,27 +111,32 @@ fn failed(what: &str, path: &Path, err: impl std::fmt::Display) -> String {
     format!("{what} {}: {err}", path.display())
 }
 
-/// Makes `dir` hold exactly `payload` (paths relative to `dir`); returns whether anything changed.
-/// Blocking: call it on the blocking pool.
-pub(crate) fn write(dir: &Path, payload: &BTreeMap<String, File>, stamp: &str) -> Result<bool, String> {
+/// Makes `dir` hold exactly `payload` (paths relative to `dir`), everything given to `group`;
+/// returns whether anything changed. Blocking: call it on the blocking pool.
+pub(crate) fn write(dir: &Path, payload: &BTreeMap<String, File>, stamp: &str, group: Group) -> Result<bool, String> {
     for path in payload.keys() {
         validate_path(path)?;
     }
     std::fs::create_dir_all(dir).map_err(|e| failed("cannot create", dir, e))?;
     let root = at::open_dir(dir).map_err(|e| failed("cannot open", dir, e))?;
+    if group.0.is_some() {
+        group.give(&root, None).map_err(|e| failed("cannot give the group", dir, e))?;
+        fchmod(&root, Mode::from_bits_truncate(group.dir_mode()))
+            .map_err(|e| failed("cannot set the mode of", dir, e))?;
+    }
     let current = current_set(&root);
-    let up_to_date = current.as_ref().is_some_and(|set| same_set(&root, set, payload));
+    let up_to_date = current.as_ref().is_some_and(|set| same_set(&root, set, payload, group));
     let set = match current {
         Some(set) if up_to_date => set,
         current => {
             let set = fresh_name(stamp, current.as_deref());
-            write_set(&root, &set, payload).map_err(|e| failed("cannot write", &dir.join(&set), e))?;
-            swap(&root, &set).map_err(|e| failed("cannot swap", &dir.join(DATA), e))?;
+            write_set(&root, &set, payload, group).map_err(|e| failed("cannot write", &dir.join(&set), e))?;
+            swap(&root, &set, group).map_err(|e| failed("cannot swap", &dir.join(DATA), e))?;
             set
         }
     };
     let visible: BTreeSet<&OsStr> = payload.keys().filter_map(|p| p.split('/').next()).map(OsStr::new).collect();
-    let relinked = link_visible(&root, &visible).map_err(|e| failed("cannot link in", dir, e))?;
+    let relinked = link_visible(&root, &visible, group).map_err(|e| failed("cannot link in", dir, e))?;
     let removed = remove_strays(&root, &set, &visible).map_err(|e| failed("cannot clean", dir, e))?;
     Ok(!up_to_date || relinked || removed)
 }
@@ -107,19 +157,21 @@ fn fresh_name(stamp: &str, current: Option<&OsStr>) -> OsString {
     name
 }
 
-/// Whether set `set` holds `payload` exactly: contents, modes, and no other file.
-fn same_set(root: &OwnedFd, set: &OsStr, payload: &BTreeMap<String, File>) -> bool {
+/// Whether set `set` holds `payload` exactly, given to `group`: contents, modes, owners, and no
+/// other file.
+fn same_set(root: &OwnedFd, set: &OsStr, payload: &BTreeMap<String, File>, group: Group) -> bool {
     let Ok(set) = at::open_dir_at(root, set) else { return false };
-    let all_match = payload.iter().all(|(path, file)| same_file(&set, Path::new(path), file).unwrap_or(false));
+    let all_match = payload.iter().all(|(path, file)| same_file(&set, Path::new(path), file, group).unwrap_or(false));
     all_match && count_files(&set, 0).is_ok_and(|n| n == payload.len())
 }
 
-fn same_file(set: &OwnedFd, path: &Path, file: &File) -> io::Result<bool> {
+fn same_file(set: &OwnedFd, path: &Path, file: &File, group: Group) -> io::Result<bool> {
     let opened = open_in_set(set, path, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())?;
     let stat = fstat(&opened).map_err(io::Error::from)?;
     let regular = SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG;
     let same_size = u64::try_from(stat.st_size).is_ok_and(|size| size == file.content.len() as u64);
-    if !regular || !same_size || stat.st_mode & 0o7777 != file.mode {
+    let same_owner = file.owner.unwrap_or(0) == stat.st_uid && group.0.unwrap_or(0) == stat.st_gid;
+    if !regular || !same_size || !same_owner || stat.st_mode & 0o7777 != group.file_mode(file) {
         return Ok(false);
     }
     let mut content = Vec::with_capacity(file.content.len());
@@ -134,18 +186,27 @@ fn open_in_set(set: &OwnedFd, path: &Path, flags: OFlag, mode: Mode) -> io::Resu
     let Some((file, dirs)) = names.split_last() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "an empty path"));
     };
-    let parent = directories(set, dirs, false)?;
+    let parent = directories(set, dirs, None)?;
     let parent = parent.as_ref().map_or(set.as_fd(), AsFd::as_fd);
     openat(parent, *file, flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, mode).map_err(io::Error::from)
 }
 
-/// Opens (and with `make`, makes) directories `dirs` below `set`, one inside the other, never
-/// through a link; returns the last one (none when `dirs` is empty: the set itself).
-fn directories(set: &OwnedFd, dirs: &[&OsStr], make: bool) -> io::Result<Option<OwnedFd>> {
+/// Opens (and with `make`, makes, given to `group`) directories `dirs` below `set`, one inside
+/// the other, never through a link; returns the last one (none when `dirs` is empty: the set
+/// itself).
+fn directories(set: &OwnedFd, dirs: &[&OsStr], make: Option<Group>) -> io::Result<Option<OwnedFd>> {
     let mut parent: Option<OwnedFd> = None;
     for name in dirs {
         let here = parent.as_ref().map_or(set.as_fd(), AsFd::as_fd);
-        let next = if make { at::make_dir_at(here, name, 0o755)?.0 } else { at::open_dir_at(here, name)? };
+        let next = match make {
+            Some(group) => {
+                let (made, _) = at::make_dir_at(here, name, 0o755)?;
+                group.give(&made, None)?;
+                fchmod(&made, Mode::from_bits_truncate(group.dir_mode())).map_err(io::Error::from)?;
+                made
+            }
+            None => at::open_dir_at(here, name)?,
+        };
         parent = Some(next);
     }
     Ok(parent)
@@ -167,27 +228,31 @@ fn count_files(dir: &OwnedFd, depth: usize) -> io::Result<usize> {
     Ok(count)
 }
 
-/// Writes `payload` into a new directory `set`, whatever had that name before.
-fn write_set(root: &OwnedFd, set: &OsStr, payload: &BTreeMap<String, File>) -> io::Result<()> {
+/// Writes `payload` into a new directory `set`, whatever had that name before, everything given
+/// to `group`.
+fn write_set(root: &OwnedFd, set: &OsStr, payload: &BTreeMap<String, File>, group: Group) -> io::Result<()> {
     at::remove_entry(root, set)?;
     let (set_dir, _) = at::make_dir_at(root, set, 0o700)?;
     for (path, file) in payload {
         let names = at::components(Path::new(path))?;
         if let Some((_, dirs)) = names.split_last() {
-            directories(&set_dir, dirs, true)?;
+            directories(&set_dir, dirs, Some(group))?;
         }
         let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
         let created = open_in_set(&set_dir, Path::new(path), flags, Mode::from_bits_truncate(0o600))?;
-        fchmod(&created, Mode::from_bits_truncate(file.mode)).map_err(io::Error::from)?;
+        group.give(&created, file.owner)?;
+        fchmod(&created, Mode::from_bits_truncate(group.file_mode(file))).map_err(io::Error::from)?;
         std::fs::File::from(created).write_all(&file.content)?;
     }
-    fchmod(&set_dir, Mode::from_bits_truncate(0o755)).map_err(io::Error::from)
+    group.give(&set_dir, None)?;
+    fchmod(&set_dir, Mode::from_bits_truncate(group.dir_mode())).map_err(io::Error::from)
 }
 
 /// Points `..data` at `set` with one rename.
-fn swap(root: &OwnedFd, set: &OsStr) -> io::Result<()> {
+fn swap(root: &OwnedFd, set: &OsStr, group: Group) -> io::Result<()> {
     at::remove_entry(root, OsStr::new(DATA_TMP))?;
     symlinkat(set, root, DATA_TMP).map_err(io::Error::from)?;
+    group.give_link(root, OsStr::new(DATA_TMP))?;
     // Only a link can be renamed over: anything else named `..data` goes first.
     if at::type_at(root, OsStr::new(DATA))?.is_some_and(|kind| kind != SFlag::S_IFLNK) {
         at::remove_entry(root, OsStr::new(DATA))?;
@@ -195,8 +260,9 @@ fn swap(root: &OwnedFd, set: &OsStr) -> io::Result<()> {
     renameat(root, DATA_TMP, root, DATA).map_err(io::Error::from)
 }
 
-/// Makes each visible name the link `..data/<name>`; returns whether any was missing or wrong.
-fn link_visible(root: &OwnedFd, visible: &BTreeSet<&OsStr>) -> io::Result<bool> {
+/// Makes each visible name the link `..data/<name>`, given to `group`; returns whether any was
+/// missing or wrong.
+fn link_visible(root: &OwnedFd, visible: &BTreeSet<&OsStr>, group: Group) -> io::Result<bool> {
     let mut changed = false;
     for name in visible {
         let wanted = Path::new(DATA).join(name);
@@ -205,6 +271,7 @@ fn link_visible(root: &OwnedFd, visible: &BTreeSet<&OsStr>) -> io::Result<bool> 
         }
         at::remove_entry(root, name)?;
         symlinkat(&wanted, root, *name).map_err(io::Error::from)?;
+        group.give_link(root, name)?;
         changed = true;
     }
     Ok(changed)
@@ -231,7 +298,7 @@ mod tests {
     use super::*;
 
     fn payload(files: &[(&str, &str)]) -> BTreeMap<String, File> {
-        files.iter().map(|(p, c)| ((*p).to_owned(), File { content: c.as_bytes().to_vec(), mode: 0o644 })).collect()
+        files.iter().map(|(p, c)| ((*p).to_owned(), File::new(c.as_bytes().to_vec(), 0o644))).collect()
     }
 
     #[test]
@@ -247,18 +314,22 @@ mod tests {
     fn a_set_appears_whole_and_is_swapped_whole() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("vol");
-        assert!(write(&root, &payload(&[("labels", "app=\"web\""), ("sub/name", "web")]), "1").unwrap());
+        assert!(
+            write(&root, &payload(&[("labels", "app=\"web\""), ("sub/name", "web")]), "1", Group::default()).unwrap()
+        );
         assert_eq!(std::fs::read_to_string(root.join("labels")).unwrap(), "app=\"web\"");
         assert_eq!(std::fs::read_to_string(root.join("sub/name")).unwrap(), "web");
         assert_eq!(std::fs::read_link(root.join("labels")).unwrap(), Path::new("..data/labels"));
         let first = std::fs::read_link(root.join(DATA)).unwrap();
 
         // The same set again: nothing is written.
-        assert!(!write(&root, &payload(&[("labels", "app=\"web\""), ("sub/name", "web")]), "2").unwrap());
+        assert!(
+            !write(&root, &payload(&[("labels", "app=\"web\""), ("sub/name", "web")]), "2", Group::default()).unwrap()
+        );
         assert_eq!(std::fs::read_link(root.join(DATA)).unwrap(), first);
 
         // A changed set: a new directory behind `..data`; the old one and a dropped name go.
-        assert!(write(&root, &payload(&[("labels", "app=\"api\"")]), "3").unwrap());
+        assert!(write(&root, &payload(&[("labels", "app=\"api\"")]), "3", Group::default()).unwrap());
         assert_eq!(std::fs::read_to_string(root.join("labels")).unwrap(), "app=\"api\"");
         assert_eq!(std::fs::read_link(root.join(DATA)).unwrap(), Path::new("..3"));
         assert!(!root.join(&first).exists(), "the old set is removed");
@@ -267,7 +338,7 @@ mod tests {
         // A mode change alone is a change.
         let mut modes = payload(&[("labels", "app=\"api\"")]);
         modes.get_mut("labels").unwrap().mode = 0o400;
-        assert!(write(&root, &modes, "4").unwrap());
+        assert!(write(&root, &modes, "4", Group::default()).unwrap());
         let mode = std::fs::metadata(root.join("labels")).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o400);
     }
@@ -281,7 +352,7 @@ mod tests {
             let body = format!("{n:08}\n").repeat(8 * 1024);
             payload(&[("a", &body), ("b", &body)])
         };
-        write(&root, &set(0), "0").unwrap();
+        write(&root, &set(0), "0", Group::default()).unwrap();
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader = {
             let (root, done) = (root.clone(), done.clone());
@@ -306,7 +377,7 @@ mod tests {
             })
         };
         for n in 1..200 {
-            assert!(write(&root, &set(n), &n.to_string()).unwrap());
+            assert!(write(&root, &set(n), &n.to_string(), Group::default()).unwrap());
         }
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(reader.join().unwrap() > 0, "the reader read whole sets");
@@ -363,7 +434,7 @@ mod tests {
         let host = tree(&outside);
         let root = dir.path().join("vol");
         let files = [("labels", "app=\"web\""), ("sub/name", "web")];
-        write(&root, &payload(&files), "0").unwrap();
+        write(&root, &payload(&files), "0", Group::default()).unwrap();
 
         // What a root container could do to a volume it could write, one state at a time.
         let plants: Vec<(&str, Plant<'_>)> = vec![
@@ -422,11 +493,15 @@ mod tests {
         ];
         for (n, (what, plant)) in plants.iter().enumerate() {
             plant(&root);
-            let changed = write(&root, &payload(&files), &format!("{}", n + 1));
+            let changed = write(&root, &payload(&files), &format!("{}", n + 1), Group::default());
             assert_eq!(changed, Ok(true), "{what}: the write restores the volume");
             assert_eq!(tree(&outside), host, "{what}: nothing outside the volume changed");
             assert_exactly(&root, &files);
-            assert_eq!(write(&root, &payload(&files), "again"), Ok(false), "{what}: then nothing to do");
+            assert_eq!(
+                write(&root, &payload(&files), "again", Group::default()),
+                Ok(false),
+                "{what}: then nothing to do"
+            );
         }
     }
 
@@ -442,8 +517,43 @@ mod tests {
     fn a_repeated_stamp_does_not_remove_the_current_set() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("vol");
-        write(&root, &payload(&[("a", "1")]), "same").unwrap();
-        assert!(write(&root, &payload(&[("a", "2")]), "same").unwrap());
+        write(&root, &payload(&[("a", "1")]), "same", Group::default()).unwrap();
+        assert!(write(&root, &payload(&[("a", "2")]), "same", Group::default()).unwrap());
         assert_eq!(std::fs::read_to_string(root.join("a")).unwrap(), "2");
+    }
+
+    #[test]
+    fn an_fs_group_owns_every_entry_with_group_read_and_setgid_directories() {
+        use std::os::unix::fs::MetadataExt;
+        if !crate::tests::is_root() {
+            kubelet_core::testing::skip(
+                "an_fs_group_owns_every_entry_with_group_read_and_setgid_directories",
+                "giving files to another user and group needs root",
+            );
+            return;
+        }
+        let scratch = tempfile::tempdir().unwrap();
+        let root = scratch.path().join("volume");
+        let mut files = payload(&[("token", "t"), ("sub/name", "web")]);
+        let token = files.get_mut("token").unwrap();
+        token.mode = 0o400;
+        token.owner = Some(1000);
+        let group = Group(Some(2000));
+        assert!(write(&root, &files, "1", group).unwrap());
+        let of = |path: &str| std::fs::metadata(root.join(path)).unwrap();
+        let link = |path: &str| std::fs::symlink_metadata(root.join(path)).unwrap();
+        let owned = |meta: std::fs::Metadata| (meta.uid(), meta.gid(), meta.mode() & 0o7777);
+        assert_eq!(owned(of("token")), (1000, 2000, 0o440), "group read added, given to its user");
+        assert_eq!(owned(of("sub/name")), (0, 2000, 0o644));
+        assert_eq!(owned(of("sub")), (0, 2000, 0o2755), "through the links: the set's directory");
+        assert_eq!(owned(of("..data")), (0, 2000, 0o2755));
+        assert_eq!(owned(of(".")), (0, 2000, 0o2755), "the volume's directory");
+        for name in ["..data", "token", "sub"] {
+            assert_eq!(link(name).gid(), 2000, "the link {name} itself");
+        }
+        assert_eq!(write(&root, &files, "2", group), Ok(false), "nothing to do once owned");
+        files.get_mut("token").unwrap().owner = Some(1001);
+        assert!(write(&root, &files, "3", group).unwrap(), "another owner is a change");
+        assert_eq!(owned(of("token")), (1001, 2000, 0o440));
     }
 }

@@ -58,7 +58,7 @@ impl VolumePlugin for DownwardApi {
             let source = volume.downward_api.as_ref().ok_or("not a downwardAPI volume")?;
             let mode = source.default_mode.unwrap_or(DEFAULT_MODE);
             let payload = files(pod, source.items.iter().flatten(), mode, &self.0)?;
-            write(dir, payload).await
+            crate::api::write(dir, payload, false, crate::ownership::fs_group(pod)).await
         })
     }
 
@@ -69,10 +69,6 @@ impl VolumePlugin for DownwardApi {
     fn read_only(&self) -> bool {
         true
     }
-}
-
-async fn write(dir: &Path, payload: BTreeMap<String, File>) -> Result<PathBuf, String> {
-    crate::api::write(dir, payload, false).await
 }
 
 /// The files of `items` for `pod`, each with its own mode or `default_mode`.
@@ -93,7 +89,7 @@ pub(crate) fn files<'a>(
             return Err(format!("{:?}: neither fieldRef nor resourceFieldRef", item.path));
         };
         let mode = u32::try_from(item.mode.unwrap_or(default_mode) & 0o777).unwrap_or(0o644);
-        payload.insert(item.path.clone(), File { content: content.into_bytes(), mode });
+        payload.insert(item.path.clone(), File::new(content.into_bytes(), mode));
     }
     Ok(payload)
 }

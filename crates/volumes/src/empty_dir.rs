@@ -29,12 +29,7 @@ impl VolumePlugin for EmptyDir {
         volume.empty_dir.as_ref().is_some_and(|e| matches!(e.medium.as_deref().unwrap_or_default(), "" | "Memory"))
     }
 
-    fn set_up<'a>(
-        &'a self,
-        _pod: &'a Pod,
-        volume: &'a Volume,
-        dir: &'a Path,
-    ) -> BoxFuture<'a, Result<PathBuf, String>> {
+    fn set_up<'a>(&'a self, pod: &'a Pod, volume: &'a Volume, dir: &'a Path) -> BoxFuture<'a, Result<PathBuf, String>> {
         Box::pin(async move {
             let source = volume.empty_dir.as_ref().ok_or("not an emptyDir volume")?;
             tokio::fs::create_dir_all(dir).await.map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -42,8 +37,18 @@ impl VolumePlugin for EmptyDir {
                 let size = source.size_limit.as_ref().and_then(units).filter(|s| *s > 0);
                 mount::tmpfs(dir, size).await?;
             }
-            // Upstream's emptyDir is world-writable, so any container user can write to it.
-            tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+            // Upstream's emptyDir is world-writable, so any container user can write to it; with
+            // an fsGroup the group owns it and what is made in it (setgid). Only the directory:
+            // what containers wrote in it is theirs (upstream walks it only while it is empty).
+            let mode = match crate::ownership::fs_group(pod).0 {
+                Some(gid) => {
+                    std::os::unix::fs::lchown(dir, None, Some(gid))
+                        .map_err(|e| format!("cannot give {} to group {gid}: {e}", dir.display()))?;
+                    0o2777
+                }
+                None => 0o777,
+            };
+            tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
                 .await
                 .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
             Ok(dir.to_owned())

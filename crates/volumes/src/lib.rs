@@ -49,6 +49,7 @@ mod downward;
 mod empty_dir;
 mod host_path;
 mod mount;
+mod ownership;
 pub mod subpath;
 
 use std::{

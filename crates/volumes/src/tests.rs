@@ -305,6 +305,32 @@ async fn config_map_secret_and_projected_volumes_come_from_the_object_source_and
     manager.mount_pod(&pod).await.unwrap();
     assert_eq!(std::fs::read_to_string(cfg.join("dir/hello.txt")).unwrap(), "bye");
 
+    // With an fsGroup (and one runAsUser for every container): the group owns every file, which
+    // gains its read, and the token is that user's, 0640.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let mut owned = pod.clone();
+        owned.metadata.uid = Some("u2".into());
+        let spec = owned.spec.as_mut().unwrap();
+        spec.containers = vec![k8s_openapi::api::core::v1::Container { name: "app".into(), ..Default::default() }];
+        spec.security_context = Some(k8s_openapi::api::core::v1::PodSecurityContext {
+            fs_group: Some(2000),
+            run_as_user: Some(1000),
+            ..Default::default()
+        });
+        let volumes = manager.mount_pod(&owned).await.unwrap();
+        let owner = |volume: &str, file: &str| {
+            let meta = std::fs::metadata(volumes.get(volume).unwrap().join(file)).unwrap();
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777)
+        };
+        assert_eq!(owner("cfg", "dir/hello.txt"), (0, 2000, 0o640), "0600 and the group's read");
+        assert_eq!(owner("cfg", "dir"), (0, 2000, 0o2755));
+        assert_eq!(owner("creds", "password"), (0, 2000, 0o644));
+        assert_eq!(owner("kube-api-access-x", "token"), (1000, 2000, 0o640), "the token is its user's");
+        assert_eq!(owner("kube-api-access-x", "ca.crt"), (0, 2000, 0o644));
+        manager.unmount_pod(&PodUid::new("u2")).await.unwrap();
+    }
+
     // A missing config map is an error in upstream's words, unless optional; a missing key too.
     objects.config_maps.lock().unwrap().remove("default/app");
     let err = manager.mount_pod(&pod).await.unwrap_err().to_string();

@@ -304,6 +304,23 @@ fn run_as_non_root_is_checked_against_the_effective_user() {
 }
 
 #[test]
+fn the_fs_group_comes_first_among_the_supplemental_groups() {
+    let c = Container { name: "c".into(), ..Container::default() };
+    let mut pod = pod_with(c.clone());
+    pod.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+        fs_group: Some(2000),
+        supplemental_groups: Some(vec![4000, 2000, 5000]),
+        ..PodSecurityContext::default()
+    });
+    let sc = security_context(&pod, &c, &ImageUser::default(), profiles()).unwrap();
+    assert_eq!(sc.supplemental_groups, [2000, 4000, 2000, 5000], "upstream's order, a repeat passed on as it is");
+    let log_dir = std::path::Path::new("/var/log/pods/x");
+    let sandbox = crate::sandbox::sandbox_config(&pod, 0, log_dir, "/kubepods", &crate::sandbox::Dns::default());
+    let groups = sandbox.linux.unwrap().security_context.unwrap().supplemental_groups;
+    assert_eq!(groups, [2000, 4000, 2000, 5000]);
+}
+
+#[test]
 fn containers_get_upstreams_masked_and_read_only_proc_paths() {
     let mut c = Container { name: "c".into(), ..Container::default() };
     let sc = security_context(&pod_with(c.clone()), &c, &ImageUser::default(), profiles()).unwrap();
