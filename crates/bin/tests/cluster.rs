@@ -1841,6 +1841,34 @@ async fn real_config_map_and_secret_changes_reach_their_volumes_within_seconds_f
 }
 
 /// The body of [`real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver`].
+/// A pod whose non-root user reads, through its fsGroup, a secret of mode 0400 and its projected
+/// service account token, which is its own (0640, the fsGroup's), as upstream's kubelet writes
+/// them.
+async fn read_volumes_through_an_fs_group(rt: &RealRuntime, dir: &Path, cluster: &Cluster, node: &str) {
+    let script = "echo \"secret: $(cat /db/password)\"; echo \"owners: $(stat -L -c %u:%g:%a /db/password) $(stat -L -c %u:%g:%a /tok/token)\"; \
+                  echo \"token: $(head -c 3 /tok/token)\"; exec sleep 3600";
+    let mut pod = writer_pod("owned-reader", node, &rt.busybox_image, script, None, json!({}));
+    pod["spec"]["securityContext"] = json!({"runAsUser": 1000, "fsGroup": 2000});
+    pod["spec"]["volumes"] = json!([
+        {"name": "db", "secret": {"secretName": "db", "defaultMode": 0o400}},
+        {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+    ]);
+    pod["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "db", "mountPath": "/db"}, {"name": "tok", "mountPath": "/tok"}]);
+    cluster.create_pod(pod).await;
+    let key = format!("{}/owned-reader", cluster.namespace());
+    let uid = until(cluster, node, dir, "the owned reader to run", |v| {
+        let pod = v.pods.get(&key).filter(|p| phase(p) == "Running")?;
+        pod["metadata"]["uid"].as_str().map(str::to_owned)
+    })
+    .await;
+    let log = dir.join("pods").join(format!("{}_owned-reader_{uid}", cluster.namespace())).join("app/0.log");
+    wait_for_text(&log, "token: eyJ").await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("secret: hunter2\n"), "its user reads the 0400 secret through the fsGroup: {text}");
+    assert!(text.contains("owners: 0:2000:440 1000:2000:640\n"), "{text}");
+}
+
 async fn follow_object_changes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
     std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
         .unwrap();
@@ -1868,6 +1896,7 @@ async fn follow_object_changes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     .await;
     let log = dir.join("pods").join(format!("{}_reader_{uid}", cluster.namespace())).join("app/0.log");
     wait_for_text(&log, "seen: hello hunter2 hello").await;
+    read_volumes_through_an_fs_group(&rt, &dir, &cluster, &node).await;
 
     // Both objects change; the container sees both within 10 s (the resync would take a minute).
     let changed = tokio::time::Instant::now();

@@ -61,10 +61,8 @@ fn decodes_yaml_and_json_pods_and_pod_lists() {
 
 #[test]
 fn a_leading_zero_is_octal_as_upstreams_yaml_reads_it() {
-    let pod = one(
-        "metadata: {name: web}\nspec:\n  containers: [{name: c, image: i}]\n  \
-         volumes: [{name: v, downwardAPI: {defaultMode: 0400, items: [{path: p, mode: 0644, fieldRef: {fieldPath: metadata.name}}]}}]\n",
-    );
+    let pod = one("metadata: {name: web}\nspec:\n  containers: [{name: c, image: i}]\n  \
+         volumes: [{name: v, downwardAPI: {defaultMode: 0400, items: [{path: p, mode: 0644, fieldRef: {fieldPath: metadata.name}}]}}]\n");
     let downward = pod.spec.unwrap().volumes.unwrap()[0].downward_api.clone().unwrap();
     assert_eq!(downward.default_mode, Some(0o400));
     assert_eq!(downward.items.unwrap()[0].mode, Some(0o644));
