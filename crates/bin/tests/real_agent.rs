@@ -1946,6 +1946,7 @@ async fn real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers() {
     let manifest = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: owned, labels: {{app: owned}}}}\nspec:\n\
          \x20 securityContext: {{runAsUser: 1000, runAsGroup: 3000, fsGroup: 2000, supplementalGroups: [4000]}}\n\
+         \x20 terminationGracePeriodSeconds: 1\n\
          \x20 volumes:\n\
          \x20 - {{name: scratch, emptyDir: {{}}}}\n\
          \x20 - {{name: shm, emptyDir: {{medium: Memory}}}}\n\
@@ -1976,6 +1977,66 @@ async fn real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers() {
             assert_eq!(made, "1000 2000\n1000 2000\n", "what the container made is the group's");
             assert_eq!(exec(&["cat", "/info/labels"]).await, "app=\"owned\"", "its user reads a 0400 file");
             assert_eq!(exec(&["stat", "-L", "-c", "%u %g %a", "/info/labels"]).await, "0 2000 440\n");
+            agent
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
+/// `setHostnameAsFQDN`: a pod with a subdomain takes its FQDN as its hostname, as upstream
+/// gives it; one whose FQDN does not fit the kernel's 64 characters gets no sandbox, with
+/// upstream's event, and stays pending.
+#[tokio::test]
+async fn real_a_pod_may_take_its_fqdn_as_its_hostname() {
+    let test = "real_a_pod_may_take_its_fqdn_as_its_hostname";
+    let Some(rt) = RealRuntime::from_env(test) else { return };
+    let (dir, node) = scratch(&rt, "agent-fqdn", "fqdn");
+    let port = free_port();
+    let pod = |name: &str, hostname: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  hostname: {hostname}\n  subdomain: web\n\
+             \x20 setHostnameAsFQDN: true\n  terminationGracePeriodSeconds: 1\n\
+             \x20 containers: [{{name: app, image: {}, command: [sleep, '3600']}}]\n",
+            rt.busybox_image
+        )
+    };
+    std::fs::write(dir.join("manifests/fqdn.yaml"), pod("fqdn", "web-0")).unwrap();
+    let long = "a".repeat(40);
+    std::fs::write(dir.join("manifests/long.yaml"), pod("long", &long)).unwrap();
+    let agent = Agent::start_with(
+        &rt,
+        &dir,
+        &node,
+        &["--read-only-port", &port.to_string(), "--cluster-domain", "cluster.local"],
+    );
+    let runtime = test_runtime(&rt, &dir, &node);
+    let outcome = {
+        let (node, dir) = (node.clone(), dir.clone());
+        let rt_for_body = test_runtime(&rt, &dir, &node);
+        async move {
+            let name = format!("fqdn-{node}");
+            pod_status(port, &name, "the pod to run", |s| s["phase"] == "Running").await;
+            let hostname = exec_in_app(&rt_for_body, &name, &["hostname"]).await;
+            assert_eq!(hostname, "web-0.web.default.svc.cluster.local\n");
+            let fqdn = format!("{long}.web.default.svc.cluster.local");
+            let event = format!(
+                "Failed to create pod sandbox: failed to construct FQDN from pod hostname and cluster domain, \
+                 FQDN {fqdn} is too long (64 characters is the max, {} characters requested)",
+                fqdn.len()
+            );
+            let root = dir.join("root").display().to_string();
+            let long_pod = format!("long-{node}");
+            let mut described = String::new();
+            for _ in 0..100 {
+                described = kubelet_rs(&["describe", "pod", &long_pod, "--root-dir", &root]).1;
+                if described.contains(&event) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(described.contains("FailedCreatePodSandBox") && described.contains(&event), "{described}");
+            let status = pod_status(port, &long_pod, "the long pod's status", |s| s["phase"].is_string()).await;
+            assert_eq!(status["phase"], "Pending", "{status}");
             agent
         }
     };

@@ -138,6 +138,30 @@ pub fn hostname(pod: &Pod) -> String {
     truncated.trim_end_matches(['-', '.']).to_owned()
 }
 
+/// The longest hostname the kernel keeps (upstream's `fqdnMaxLen`).
+const KERNEL_HOSTNAME_MAX: usize = 64;
+
+/// The hostname the sandbox gets (upstream's `GetNodenameForKernel`): [`hostname`], or with
+/// `setHostnameAsFQDN` and a `subdomain` the pod's FQDN, which must fit the kernel's 64
+/// characters; `Err` is upstream's message.
+pub fn kernel_hostname(pod: &Pod, cluster_domain: &str) -> Result<String, String> {
+    let hostname = hostname(pod);
+    let as_fqdn = pod.spec.as_ref().and_then(|s| s.set_hostname_as_fqdn).unwrap_or(false);
+    let domain = crate::hosts::domain(pod, cluster_domain);
+    if hostname.is_empty() || !as_fqdn || domain.is_empty() {
+        return Ok(hostname);
+    }
+    let fqdn = format!("{hostname}.{domain}");
+    if fqdn.len() > KERNEL_HOSTNAME_MAX {
+        return Err(format!(
+            "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long \
+             ({KERNEL_HOSTNAME_MAX} characters is the max, {} characters requested)",
+            fqdn.len()
+        ));
+    }
+    Ok(fqdn)
+}
+
 fn protocol(p: Option<&str>) -> i32 {
     match p {
         Some("UDP") => pb::Protocol::Udp as i32,
@@ -146,8 +170,15 @@ fn protocol(p: Option<&str>) -> i32 {
     }
 }
 
-/// The sandbox config of `pod` at `attempt`.
-pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_root: &str, dns: &Dns) -> pb::PodSandboxConfig {
+/// The sandbox config of `pod` at `attempt`; `Err` when its FQDN cannot be its hostname
+/// ([`kernel_hostname`]).
+pub fn sandbox_config(
+    pod: &Pod,
+    attempt: u32,
+    log_dir: &Path,
+    cgroup_root: &str,
+    dns: &Dns,
+) -> Result<pb::PodSandboxConfig, String> {
     let spec = pod.spec.as_ref();
     let port_mappings = spec
         .map(|s| s.containers.iter().flat_map(|c| c.ports.iter().flatten()).collect::<Vec<_>>())
@@ -186,14 +217,14 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_root: &str
         .and_then(|s| s.sysctls.as_ref())
         .map(|list| list.iter().map(|s| (s.name.clone(), s.value.clone())).collect())
         .unwrap_or_default();
-    pb::PodSandboxConfig {
+    Ok(pb::PodSandboxConfig {
         metadata: Some(pb::PodSandboxMetadata {
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             attempt,
         }),
-        hostname: hostname(pod),
+        hostname: kernel_hostname(pod, &dns.cluster_domain)?,
         log_directory: log_dir.display().to_string(),
         dns_config: Some(dns_config(pod, dns)),
         port_mappings,
@@ -207,7 +238,7 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_root: &str
             overhead: Some(overhead_resources(pod)),
         }),
         ..pb::PodSandboxConfig::default()
-    }
+    })
 }
 
 /// The resources of the whole pod for the runtime (upstream `calculateSandboxResources`): its
@@ -301,7 +332,7 @@ mod tests {
     fn sandbox_config_carries_identity_ports_cgroup_and_namespaces() {
         let host = parse_resolv_conf("# comment\nnameserver 192.0.2.53\nsearch example.test\noptions ndots:2\n");
         let dns = Dns { host: Some(host), ..Dns::default() };
-        let config = sandbox_config(&pod(), 2, Path::new("/var/log/pods/ns_web-_u1"), "/kubepods", &dns);
+        let config = sandbox_config(&pod(), 2, Path::new("/var/log/pods/ns_web-_u1"), "/kubepods", &dns).unwrap();
         let meta = config.metadata.unwrap();
         assert_eq!((meta.name.as_str(), meta.uid.as_str(), meta.attempt), ("web-", "u1", 2));
         assert_eq!(config.hostname, "web", "trailing dash trimmed");
@@ -334,7 +365,7 @@ mod tests {
         let spec = pod.spec.as_mut().unwrap();
         spec.ephemeral_containers =
             Some(vec![EphemeralContainer { name: "debug".into(), security_context: privileged, ..Default::default() }]);
-        let config = sandbox_config(&pod, 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default());
+        let config = sandbox_config(&pod, 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default()).unwrap();
         assert!(config.linux.unwrap().security_context.unwrap().privileged);
     }
 
@@ -351,10 +382,37 @@ mod tests {
     }
 
     #[test]
+    fn set_hostname_as_fqdn_makes_the_fqdn_the_hostname_when_it_fits() {
+        let mut p = pod();
+        let spec = p.spec.as_mut().unwrap();
+        spec.hostname = Some("web-0".into());
+        spec.subdomain = Some("web".into());
+        assert_eq!(kernel_hostname(&p, "cluster.local").unwrap(), "web-0", "not asked for");
+        p.spec.as_mut().unwrap().set_hostname_as_fqdn = Some(true);
+        assert_eq!(kernel_hostname(&p, "cluster.local").unwrap(), "web-0.web.ns.svc.cluster.local");
+        let dns = Dns { cluster_domain: "cluster.local".into(), ..Dns::default() };
+        let config = sandbox_config(&p, 0, Path::new("/l"), "/kubepods", &dns).unwrap();
+        assert_eq!(config.hostname, "web-0.web.ns.svc.cluster.local");
+        p.spec.as_mut().unwrap().subdomain = None;
+        assert_eq!(kernel_hostname(&p, "cluster.local").unwrap(), "web-0", "no subdomain, no domain");
+        let spec = p.spec.as_mut().unwrap();
+        spec.hostname = Some("a".repeat(40));
+        spec.subdomain = Some("b".repeat(10));
+        let fqdn = format!("{}.{}.ns.svc.cluster.local", "a".repeat(40), "b".repeat(10));
+        let expected = format!(
+            "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long \
+             (64 characters is the max, {} characters requested)",
+            fqdn.len()
+        );
+        assert_eq!(kernel_hostname(&p, "cluster.local").unwrap_err(), expected);
+        assert!(sandbox_config(&p, 0, Path::new("/l"), "/kubepods", &dns).is_err());
+    }
+
+    #[test]
     fn host_network_pods_use_the_node_namespace_and_hostname() {
         let mut p = pod();
         p.spec.as_mut().unwrap().host_network = Some(true);
-        let config = sandbox_config(&p, 0, Path::new("/l"), "/kubepods", &Dns::default());
+        let config = sandbox_config(&p, 0, Path::new("/l"), "/kubepods", &Dns::default()).unwrap();
         assert_eq!(config.hostname, "");
         let ns = config.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
         assert_eq!(ns.network, pb::NamespaceMode::Node as i32);
@@ -415,7 +473,7 @@ mod tests {
         spec.overhead =
             Some([("cpu", "100m"), ("memory", "32Mi")].map(|(k, v)| (k.to_owned(), Quantity(v.to_owned()))).into());
 
-        let config = sandbox_config(&pod, 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default());
+        let config = sandbox_config(&pod, 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default()).unwrap();
         let linux = config.linux.unwrap();
         let resources = linux.resources.unwrap();
         assert_eq!(resources.cpu_shares, 1024, "the init container's 1 CPU, above the containers' 500m");
@@ -428,7 +486,7 @@ mod tests {
 
     #[test]
     fn a_pod_without_resources_gets_the_least_shares_no_quota_and_an_empty_overhead() {
-        let config = sandbox_config(&pod(), 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default());
+        let config = sandbox_config(&pod(), 0, Path::new("/var/log/pods/x"), "/kubepods", &Dns::default()).unwrap();
         let linux = config.linux.unwrap();
         let resources = linux.resources.unwrap();
         assert_eq!(

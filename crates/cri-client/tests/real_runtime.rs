@@ -634,7 +634,8 @@ async fn real_a_task_left_under_a_created_container_goes_with_its_pod() {
     let mut cri = env.runtime.client().runtime_service();
     let log_dir = env.logs.join("pods").join(format!("kubelet-rs-test_{name}_{uid}"));
     std::fs::create_dir_all(&log_dir).unwrap();
-    let sandbox_config = kubelet_cri_client::sandbox::sandbox_config(&p, 0, &log_dir, "/kubepods", &Default::default());
+    let sandbox_config =
+        kubelet_cri_client::sandbox::sandbox_config(&p, 0, &log_dir, "/kubepods", &Default::default()).unwrap();
     let sandbox_id = cri
         .run_pod_sandbox(pb::RunPodSandboxRequest {
             config: Some(sandbox_config.clone()),

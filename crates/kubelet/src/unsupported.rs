@@ -16,7 +16,6 @@ pub const FIELDS: &[&str] = &[
     "spec.volumes[*]",
     "spec.runtimeClassName",
     "spec.readinessGates",
-    "spec.setHostnameAsFQDN",
     "spec.hostUsers",
     "spec.resourceClaims",
     "spec.securityContext.seLinuxOptions",
@@ -117,7 +116,6 @@ fn pod_fields(spec: &PodSpec, abilities: Abilities<'_>) -> Vec<String> {
     };
     check(spec.runtime_class_name.as_ref().is_some_and(|s| !s.is_empty()), "spec.runtimeClassName");
     check(spec.readiness_gates.as_ref().is_some_and(|g| !g.is_empty()), "spec.readinessGates");
-    check(spec.set_hostname_as_fqdn == Some(true), "spec.setHostnameAsFQDN");
     check(spec.host_users == Some(false), "spec.hostUsers");
     check(spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()), "spec.resourceClaims");
     if let Some(sc) = &spec.security_context {
@@ -277,7 +275,6 @@ mod tests {
             "spec.readinessGates" => {
                 spec.readiness_gates = Some(vec![PodReadinessGate { condition_type: "x".into() }]);
             }
-            "spec.setHostnameAsFQDN" => spec.set_hostname_as_fqdn = Some(true),
             "spec.hostUsers" => spec.host_users = Some(false),
             "spec.resourceClaims" => {
                 spec.resource_claims =

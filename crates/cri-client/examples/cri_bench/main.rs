@@ -264,7 +264,7 @@ async fn start_pod(mut rpc: Rpc, pod: Pod, image: String, logs: PathBuf) -> Resu
     let log_dir = logs.join(pod.metadata.uid.as_deref().unwrap_or_default());
     tokio::fs::create_dir_all(&log_dir).await?;
     let mut config =
-        sandbox_config(&pod, 0, &log_dir, "", &Dns { host: Some(ResolvConf::default()), ..Dns::default() });
+        sandbox_config(&pod, 0, &log_dir, "", &Dns { host: Some(ResolvConf::default()), ..Dns::default() })?;
     if let Some(linux) = config.linux.as_mut() {
         // The runtime's own cgroup parent, which it removes with the sandbox.
         linux.cgroup_parent = String::new();

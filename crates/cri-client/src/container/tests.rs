@@ -315,7 +315,8 @@ fn the_fs_group_comes_first_among_the_supplemental_groups() {
     let sc = security_context(&pod, &c, &ImageUser::default(), profiles()).unwrap();
     assert_eq!(sc.supplemental_groups, [2000, 4000, 2000, 5000], "upstream's order, a repeat passed on as it is");
     let log_dir = std::path::Path::new("/var/log/pods/x");
-    let sandbox = crate::sandbox::sandbox_config(&pod, 0, log_dir, "/kubepods", &crate::sandbox::Dns::default());
+    let sandbox =
+        crate::sandbox::sandbox_config(&pod, 0, log_dir, "/kubepods", &crate::sandbox::Dns::default()).unwrap();
     let groups = sandbox.linux.unwrap().security_context.unwrap().supplemental_groups;
     assert_eq!(groups, [2000, 4000, 2000, 5000]);
 }

@@ -550,7 +550,21 @@ pub(super) async fn sync_pod(
             );
             rt.event(pod, EventType::Warning, "MissingClusterDNS", message);
         }
-        let config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &dns);
+        let config = match sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &dns) {
+            Ok(config) => config,
+            Err(message) => {
+                // Upstream's words: the config could not be made, so the sandbox was not created.
+                rt.event(
+                    pod,
+                    EventType::Warning,
+                    "FailedCreatePodSandBox",
+                    format!("Failed to create pod sandbox: {message}"),
+                );
+                let failure = SyncFailure::new(reasons::CREATE_POD_SANDBOX_ERROR, message);
+                result.push(SyncResult::failed(SyncAction::CreatePodSandbox, &full_name, failure));
+                return result;
+            }
+        };
         let request =
             pb::RunPodSandboxRequest { config: Some(config), runtime_handler: rt.config.runtime_handler.clone() };
         metrics::counter!("kubelet_started_pods_total").increment(1);
@@ -586,7 +600,13 @@ pub(super) async fn sync_pod(
             }
         }
     }
-    let sandbox_config = sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &dns);
+    let sandbox_config = match sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &dns) {
+        Ok(config) => config,
+        Err(message) => {
+            result.failure = Some(SyncFailure::new(reasons::CREATE_POD_SANDBOX_ERROR, message));
+            return result;
+        }
+    };
 
     // Step 4: ephemeral, then the next init container, then regular containers.
     for &i in &actions.ephemeral_containers_to_start {
