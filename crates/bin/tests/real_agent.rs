@@ -1898,6 +1898,7 @@ fn volumes_pod_yaml(uid: &str, app: &str, image: &str, host: &Path) -> String {
         "  - name: app",
         &format!("    image: {image}"),
         "    command: [sh, -c, 'exec sleep 3600']",
+        "    env: [{name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]",
         "    volumeMounts:",
         "    - {name: cache, mountPath: /cache}",
         "    - {name: shm, mountPath: /shm}",
@@ -1905,6 +1906,7 @@ fn volumes_pod_yaml(uid: &str, app: &str, image: &str, host: &Path) -> String {
         "    - {name: info, mountPath: /info, readOnly: true}",
         "    - {name: proj, mountPath: /proj}",
         "    - {name: cache, mountPath: /sub, subPath: nested}",
+        "    - {name: cache, mountPath: /own, subPathExpr: 'by-name/$(POD_NAME)'}",
         "",
     ]
     .join("\n")
@@ -2102,6 +2104,10 @@ async fn real_volumes_for_node_local_pods() {
             assert_eq!(exec(&["hostname"]).await, "db-0\n");
             exec(&["touch", "/sub/x"]).await;
             assert_eq!(exec(&["ls", "/cache/nested"]).await, "x\n", "the subPath is inside the volume");
+            exec(&["touch", "/own/y"]).await;
+            assert_eq!(exec(&["ls", "/cache/by-name"]).await, format!("{name}\n"), "subPathExpr: the pod's name");
+            let own = format!("/cache/by-name/{name}");
+            assert_eq!(exec_in_app(&rt_for_body, &name, &["ls", &own]).await, "y\n");
             let pod_dir = dir.join("root/pods").join(&uid);
             let mounted = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
             assert!(mounted.contains(&pod_dir.join("volumes/kubernetes.io~empty-dir/shm").display().to_string()));

@@ -279,6 +279,34 @@ fn supplemental_groups(pod_sc: Option<&k8s_openapi::api::core::v1::PodSecurityCo
 /// `kubelet_volumes::subpath::prepare`), by the mount's index in its `volumeMounts`.
 pub type SubPathMounts = BTreeMap<usize, PathBuf>;
 
+/// The `subPath` a volume mount asks for: its `subPath`, or its `subPathExpr` expanded with the
+/// container's environment `env` (upstream's `ExpandContainerVolumeMounts`), where a variable
+/// that is missing or empty is an error naming each; `None` for neither.
+pub fn sub_path_of(
+    mount: &k8s_openapi::api::core::v1::VolumeMount,
+    env: &[(String, String)],
+) -> Result<Option<String>, String> {
+    if let Some(sub_path) = mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
+        return Ok(Some(sub_path.to_owned()));
+    }
+    let Some(expression) = mount.sub_path_expr.as_deref().filter(|s| !s.is_empty()) else { return Ok(None) };
+    // The last definition of a name wins, as upstream's map of the variables keeps it.
+    let values: std::collections::HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let missing = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let expanded = expand(expression, &|name| match values.get(name) {
+        Some(value) if !value.is_empty() => Some((*value).to_owned()),
+        _ => {
+            missing.borrow_mut().insert(name.to_owned());
+            Some(String::new())
+        }
+    });
+    let missing = missing.into_inner();
+    if !missing.is_empty() {
+        return Err(format!("missing value for {}", missing.into_iter().collect::<Vec<_>>().join(", ")));
+    }
+    Ok(Some(expanded))
+}
+
 /// The container's mounts from its `volumeMounts` and the pod's volumes' host paths (upstream
 /// `makeMounts`); an error (a volume that is not set up, a `subPath` not prepared, a bad
 /// propagation) is a `CreateContainerConfigError` message.
@@ -296,12 +324,14 @@ pub fn mounts(
         let volume = volumes.get(&mount.name).ok_or_else(|| {
             format!("cannot find volume {:?} to mount into container {:?}", mount.name, container.name)
         })?;
-        let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            None => volume.to_owned(),
-            Some(sub_path) => sub_paths
+        let has_sub_path = [&mount.sub_path, &mount.sub_path_expr].into_iter().flatten().any(|s| !s.is_empty());
+        let host_path = if has_sub_path {
+            sub_paths
                 .get(&index)
                 .cloned()
-                .ok_or_else(|| format!("subPath {sub_path:?} of volumeMount {:?} has not been prepared", mount.name))?,
+                .ok_or_else(|| format!("the subPath of volumeMount {:?} has not been prepared", mount.name))?
+        } else {
+            volume.to_owned()
         };
         let propagation = match mount.mount_propagation.as_deref().unwrap_or("None") {
             "None" => pb::MountPropagation::PropagationPrivate,

@@ -21,7 +21,6 @@ pub const FIELDS: &[&str] = &[
     "spec.securityContext.seLinuxOptions",
     "spec.securityContext.appArmorProfile",
     "spec.securityContext.supplementalGroupsPolicy",
-    "spec.containers[*].volumeMounts[*].subPathExpr",
     "spec.containers[*].volumeMounts[*].recursiveReadOnly",
     "spec.containers[*].volumeDevices",
     "spec.containers[*].lifecycle.postStart.tcpSocket",
@@ -184,7 +183,6 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: 
     let mounts = c.volume_mounts.as_deref().unwrap_or_default();
     check(!mounts.is_empty() && abilities.volumes.is_none(), "volumeMounts");
     for (j, mount) in mounts.iter().enumerate().filter(|_| abilities.volumes.is_some()) {
-        check(mount.sub_path_expr.as_ref().is_some_and(|e| !e.is_empty()), &format!("volumeMounts[{j}].subPathExpr"));
         check(
             mount.recursive_read_only.as_deref().is_some_and(|r| r != "Disabled"),
             &format!("volumeMounts[{j}].recursiveReadOnly"),
@@ -253,14 +251,6 @@ mod tests {
                     name: "v".into(),
                     config_map: Some(ConfigMapVolumeSource::default()),
                     ..Volume::default()
-                }]);
-            }
-            "spec.containers[*].volumeMounts[*].subPathExpr" => {
-                c.volume_mounts = Some(vec![VolumeMount {
-                    name: "v".into(),
-                    mount_path: "/v".into(),
-                    sub_path_expr: Some("$(POD)".into()),
-                    ..VolumeMount::default()
                 }]);
             }
             "spec.containers[*].volumeMounts[*].recursiveReadOnly" => {

@@ -304,6 +304,28 @@ fn run_as_non_root_is_checked_against_the_effective_user() {
 }
 
 #[test]
+fn a_sub_path_expr_expands_with_the_containers_environment() {
+    use k8s_openapi::api::core::v1::VolumeMount;
+    let mount = |sub_path: Option<&str>, expression: Option<&str>| VolumeMount {
+        name: "v".into(),
+        mount_path: "/v".into(),
+        sub_path: sub_path.map(Into::into),
+        sub_path_expr: expression.map(Into::into),
+        ..VolumeMount::default()
+    };
+    let env: Vec<(String, String)> =
+        [("POD", "web-0"), ("EMPTY", ""), ("POD", "web-1")].iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+    assert_eq!(sub_path_of(&mount(None, Some("logs/$(POD)")), &env), Ok(Some("logs/web-1".into())), "the last wins");
+    assert_eq!(sub_path_of(&mount(Some("fixed"), Some("$(POD)")), &env), Ok(Some("fixed".into())));
+    assert_eq!(sub_path_of(&mount(None, Some("$$(POD)")), &env), Ok(Some("$(POD)".into())), "$$ is a $");
+    assert_eq!(sub_path_of(&mount(None, None), &env), Ok(None));
+    assert_eq!(
+        sub_path_of(&mount(None, Some("$(NONE)/$(EMPTY)/$(ALSO_NONE)")), &env),
+        Err("missing value for ALSO_NONE, EMPTY, NONE".into())
+    );
+}
+
+#[test]
 fn the_fs_group_comes_first_among_the_supplemental_groups() {
     let c = Container { name: "c".into(), ..Container::default() };
     let mut pod = pod_with(c.clone());
@@ -445,7 +467,7 @@ fn volume_mounts_become_cri_mounts_with_sub_paths_and_propagation() {
     let err = mounts(&with(mount("gone", "/x", None, None)), &volumes, &none).unwrap_err();
     assert_eq!(err, "cannot find volume \"gone\" to mount into container \"app\"");
     let err = mounts(&with(mount("cache", "/x", Some("a/b"), None)), &volumes, &none).unwrap_err();
-    assert_eq!(err, "subPath \"a/b\" of volumeMount \"cache\" has not been prepared");
+    assert_eq!(err, "the subPath of volumeMount \"cache\" has not been prepared");
     let bidirectional = mount("cache", "/x", None, Some("Bidirectional"));
     assert!(mounts(&with(bidirectional), &volumes, &none).unwrap_err().contains("privileged"));
 }

@@ -85,13 +85,6 @@ impl CriRuntime {
             Some(user) => user,
             None => self.image_user(&image_ref).await,
         };
-        let sub_paths = match self.prepare_sub_paths(pod, spec, volumes).await {
-            Ok(sub_paths) => sub_paths,
-            Err(message) => {
-                self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
-                return Err(SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message));
-            }
-        };
         let config_error = |message: String| {
             self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
             SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
@@ -112,6 +105,8 @@ impl CriRuntime {
         for message in &env.invalid_names {
             self.event(pod, EventType::Warning, "InvalidEnvironmentVariableNames", message.clone());
         }
+        // After the environment, as upstream's `makeMounts`: a `subPathExpr` expands with it.
+        let sub_paths = self.prepare_sub_paths(pod, spec, volumes, &env.vars).await.map_err(config_error)?;
         let input = container::ConfigInput {
             pod,
             container: spec,
@@ -335,14 +330,14 @@ impl CriRuntime {
         pod: &ApiPod,
         spec: &ApiContainer,
         volumes: &PodVolumes,
+        env: &[(String, String)],
     ) -> Result<container::SubPathMounts, String> {
         let mut prepared = container::SubPathMounts::new();
         for (index, mount) in spec.volume_mounts.iter().flatten().enumerate() {
-            let (Some(volume), Some(sub_path)) =
-                (volumes.get(&mount.name), mount.sub_path.as_deref().filter(|s| !s.is_empty()))
-            else {
+            let (Some(volume), Some(sub_path)) = (volumes.get(&mount.name), container::sub_path_of(mount, env)?) else {
                 continue;
             };
+            let sub_path = sub_path.as_str();
             kubelet_core::volume::validate_sub_path(sub_path)?;
             let Some(mounter) = &self.sub_paths else {
                 return Err(format!(
