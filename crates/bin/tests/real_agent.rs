@@ -1938,7 +1938,8 @@ async fn exec_in_app(runtime: &CriRuntime, name: &str, command: &[&str]) -> Stri
 /// runs in the groups upstream gives it (its group, then fsGroup, then the supplemental ones),
 /// its emptyDir volumes, on disk and in memory, are the fsGroup's and setgid, so what the
 /// container makes there is the group's too, and a downwardAPI file of mode 0400 gains the
-/// group's read (0440, the fsGroup's), so the pod's non-root user reads it.
+/// group's read (0440, the fsGroup's), so the pod's non-root user reads it. The memory emptyDir,
+/// without a sizeLimit, is as large as the pod's memory limit.
 #[tokio::test]
 async fn real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers() {
     let test = "real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers";
@@ -1958,6 +1959,7 @@ async fn real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers() {
          \x20 - name: app\n\
          \x20   image: {}\n\
          \x20   command: [sh, -c, 'touch /scratch/made /shm/made && exec sleep 3600']\n\
+         \x20   resources: {{limits: {{memory: 64Mi}}}}\n\
          \x20   volumeMounts: [{{name: scratch, mountPath: /scratch}}, {{name: shm, mountPath: /shm}}, {{name: info, mountPath: /info}}]\n",
         rt.busybox_image
     );
@@ -1979,6 +1981,9 @@ async fn real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers() {
             assert_eq!(made, "1000 2000\n1000 2000\n", "what the container made is the group's");
             assert_eq!(exec(&["cat", "/info/labels"]).await, "app=\"owned\"", "its user reads a 0400 file");
             assert_eq!(exec(&["stat", "-L", "-c", "%u %g %a", "/info/labels"]).await, "0 2000 440\n");
+            // A memory emptyDir without sizeLimit is the pod's memory limit, as upstream sizes it.
+            let df = exec(&["df", "-k", "/shm"]).await;
+            assert!(df.contains("tmpfs") && df.contains(" 65536 "), "a 64 MiB tmpfs: {df}");
             agent
         }
     };

@@ -35,7 +35,7 @@ impl Allocatable {
         *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = allocatable;
     }
 
-    fn get(&self) -> BTreeMap<String, Quantity> {
+    pub(crate) fn get(&self) -> BTreeMap<String, Quantity> {
         self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }

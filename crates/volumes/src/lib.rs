@@ -94,7 +94,7 @@ impl Manager {
         Manager {
             pods_dir: pods_dir.into(),
             plugins: vec![
-                Arc::new(empty_dir::EmptyDir),
+                Arc::new(empty_dir::EmptyDir(allocatable.clone())),
                 Arc::new(host_path::HostPath),
                 Arc::new(downward::DownwardApi(allocatable.clone())),
                 Arc::new(api::Projected(None, allocatable.clone())),
