@@ -2093,6 +2093,10 @@ async fn serve_the_kubelet_api(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     let (timestamp, line) = log.split_once(' ').unwrap();
     assert!(timestamp.starts_with("20") && timestamp.ends_with('Z'), "{log:?}");
     assert!(matches!(line, "hello through the kubelet API\n" | "and once more\n" | "tick\n"), "one line: {log:?}");
+    // kubectl logs --previous of a container that never restarted: upstream's 400, as kubectl shows it.
+    let previous = kube::api::LogParams { previous: true, ..Default::default() };
+    let error = pods.logs("talker", &previous).await.unwrap_err().to_string();
+    assert!(error.contains("previous terminated container \"app\" in pod \"talker\" not found"), "{error}");
     // kubectl logs --limit-bytes: the output cut where the bytes run out.
     let limited = kube::api::LogParams { limit_bytes: Some(5), ..Default::default() };
     assert_eq!(pods.logs("talker", &limited).await.unwrap(), "hello");

@@ -240,6 +240,9 @@ async fn the_kubelet_api_serves_debugging_handlers_only_when_enabled() {
 
     let _agent = serve_the_kubelet_api(dir.path(), port, "").await;
     assert_eq!(kubelet_api(port, "GET", "/runningpods/").0, 200);
+    // A container that never restarted has no previous logs: upstream's 400.
+    let previous = kubelet_api(port, "GET", "/containerLogs/default/web-fake/app?previous=true");
+    assert_eq!(previous, (400, "previous terminated container \"app\" in pod \"web-fake\" not found".to_owned()));
     assert_eq!(kubelet_api(port, "GET", "/configz").0, 200);
     let names =
         [("%2E%2E", ".."), ("..%2F..%2F..%2Fetc", "../../../etc"), ("app%2F..%2F..", "app/../.."), ("other", "other")];

@@ -411,6 +411,11 @@ async fn container_logs<R: Runtime>(
     let dir = kubelet_core::types::pod_log_dir(&state.pod_logs_dir, &namespace, &name, &uid).join(&container);
     let files = match logs::files_for(&dir, query.previous) {
         Ok(files) => files,
+        // Upstream's `validateContainerLogStatus`: a 400 that kubectl shows as it is.
+        Err(_) if query.previous => {
+            let message = format!("previous terminated container {container:?} in pod {name:?} not found");
+            return (StatusCode::BAD_REQUEST, message).into_response();
+        }
         Err(e) => return (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
     };
     let start = match logs::tail_start(&files, options.tail).await {
