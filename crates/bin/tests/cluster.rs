@@ -1840,13 +1840,12 @@ async fn real_config_map_and_secret_changes_reach_their_volumes_within_seconds_f
     on_node(NODE_3, test, "volume-updates", None, follow_object_changes).await;
 }
 
-/// The body of [`real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver`].
 /// A pod whose non-root user reads, through its fsGroup, a secret of mode 0400 and its projected
 /// service account token, which is its own (0640, the fsGroup's), as upstream's kubelet writes
 /// them.
 async fn read_volumes_through_an_fs_group(rt: &RealRuntime, dir: &Path, cluster: &Cluster, node: &str) {
     let script = "echo \"secret: $(cat /db/password)\"; echo \"owners: $(stat -L -c %u:%g:%a /db/password) $(stat -L -c %u:%g:%a /tok/token)\"; \
-                  echo \"token: $(head -c 3 /tok/token)\"; exec sleep 3600";
+                  echo \"token: $(head -c 3 /tok/token)\"";
     let mut pod = writer_pod("owned-reader", node, &rt.busybox_image, script, None, json!({}));
     pod["spec"]["securityContext"] = json!({"runAsUser": 1000, "fsGroup": 2000});
     pod["spec"]["volumes"] = json!([
@@ -1869,6 +1868,7 @@ async fn read_volumes_through_an_fs_group(rt: &RealRuntime, dir: &Path, cluster:
     assert!(text.contains("owners: 0:2000:440 1000:2000:640\n"), "{text}");
 }
 
+/// The body of [`real_config_map_and_secret_changes_reach_their_volumes_within_seconds_from_kube_apiserver`].
 async fn follow_object_changes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
     std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
         .unwrap();

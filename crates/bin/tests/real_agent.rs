@@ -1976,7 +1976,7 @@ async fn real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers() {
             assert_eq!(exec(&["id", "-u"]).await, "1000\n");
             assert_eq!(exec(&["id", "-G"]).await, "3000 2000 4000\n", "its group, the fsGroup, the supplemental one");
             let volumes = exec(&["stat", "-c", "%g %a", "/scratch", "/shm"]).await;
-            assert_eq!(volumes, "2000 2777\n2000 2777\n", "the fsGroup's, setgid and writable by all");
+            assert_eq!(volumes, "2000 2777\n2000 3777\n", "the fsGroup's, setgid, writable by all (a tmpfs sticky)");
             let made = exec(&["stat", "-c", "%u %g", "/scratch/made", "/shm/made"]).await;
             assert_eq!(made, "1000 2000\n1000 2000\n", "what the container made is the group's");
             assert_eq!(exec(&["cat", "/info/labels"]).await, "app=\"owned\"", "its user reads a 0400 file");

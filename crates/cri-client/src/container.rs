@@ -269,7 +269,7 @@ pub fn security_context(
 /// A container's supplemental groups as upstream's `determineEffectiveSecurityContext` lists
 /// them: the pod's `fsGroup` first, then its `supplementalGroups` in order (no volume adds a
 /// group here: upstream's come from persistent volumes' `pv.beta.kubernetes.io/gid`).
-fn supplemental_groups(pod_sc: Option<&k8s_openapi::api::core::v1::PodSecurityContext>) -> Vec<i64> {
+pub(crate) fn supplemental_groups(pod_sc: Option<&k8s_openapi::api::core::v1::PodSecurityContext>) -> Vec<i64> {
     let fs_group = pod_sc.and_then(|s| s.fs_group);
     let listed = pod_sc.and_then(|s| s.supplemental_groups.as_ref()).into_iter().flatten().copied();
     fs_group.into_iter().chain(listed).collect()
@@ -279,17 +279,16 @@ fn supplemental_groups(pod_sc: Option<&k8s_openapi::api::core::v1::PodSecurityCo
 /// `kubelet_volumes::subpath::prepare`), by the mount's index in its `volumeMounts`.
 pub type SubPathMounts = BTreeMap<usize, PathBuf>;
 
-/// The `subPath` a volume mount asks for: its `subPath`, or its `subPathExpr` expanded with the
-/// container's environment `env` (upstream's `ExpandContainerVolumeMounts`), where a variable
-/// that is missing or empty is an error naming each; `None` for neither.
+/// The `subPath` a volume mount asks for: its `subPathExpr` expanded with the container's
+/// environment `env` (upstream's `ExpandContainerVolumeMounts`), where a variable that is
+/// missing or empty is an error naming each, else its `subPath`; `None` for neither.
 pub fn sub_path_of(
     mount: &k8s_openapi::api::core::v1::VolumeMount,
     env: &[(String, String)],
 ) -> Result<Option<String>, String> {
-    if let Some(sub_path) = mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
-        return Ok(Some(sub_path.to_owned()));
-    }
-    let Some(expression) = mount.sub_path_expr.as_deref().filter(|s| !s.is_empty()) else { return Ok(None) };
+    let Some(expression) = mount.sub_path_expr.as_deref().filter(|s| !s.is_empty()) else {
+        return Ok(mount.sub_path.clone().filter(|s| !s.is_empty()));
+    };
     // The last definition of a name wins, as upstream's map of the variables keeps it.
     let values: std::collections::HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let missing = std::cell::RefCell::new(std::collections::BTreeSet::new());

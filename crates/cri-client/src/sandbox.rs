@@ -198,12 +198,9 @@ pub fn sandbox_config(
         namespace_options: Some(namespace_options),
         run_as_user: pod_security.and_then(|s| s.run_as_user).map(|value| pb::Int64Value { value }),
         run_as_group: pod_security.and_then(|s| s.run_as_group).map(|value| pb::Int64Value { value }),
-        // Upstream's sandbox lists the pod's fsGroup first, then its supplementalGroups.
-        supplemental_groups: pod_security
-            .and_then(|s| s.fs_group)
-            .into_iter()
-            .chain(pod_security.and_then(|s| s.supplemental_groups.as_ref()).into_iter().flatten().copied())
-            .collect(),
+        // As a container's: upstream's sandbox puts volumes' groups before the supplemental
+        // ones, and no volume here adds any.
+        supplemental_groups: crate::container::supplemental_groups(pod_security),
         privileged: spec.is_some_and(has_privileged_container),
         // Upstream runs every sandbox under the runtime's default seccomp profile, whatever its
         // containers run under.

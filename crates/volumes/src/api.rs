@@ -218,8 +218,8 @@ impl Projected {
             let seconds = token.expiration_seconds.unwrap_or(DEFAULT_TOKEN_SECONDS);
             let jwt = self.objects()?.service_account_token(pod, token.audience.as_deref(), seconds).await?;
             // Upstream's mode: the volume's (0644 by default, so a container of any user can
-            // read it), but 0600 for the user every container runs as, and the fsGroup's read
-            // on top (0640) when the pod has one.
+            // read it), but 0600 when every container runs as one user (the token is then
+            // that user's) or the pod has an fsGroup (whose read makes it 0640).
             let fs_user = ownership::fs_user(pod);
             let private = fs_user.is_some() || ownership::fs_group(pod).0.is_some();
             let file =

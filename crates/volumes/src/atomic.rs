@@ -36,12 +36,13 @@ const DATA_TMP: &str = "..data_tmp";
 pub(crate) struct File {
     pub(crate) content: Vec<u8>,
     pub(crate) mode: u32,
-    /// The user the file is given to (a projected token's, upstream's `FsUser`); root's otherwise.
+    /// The user the file is given to (a projected token's, upstream's `FsUser`); otherwise the
+    /// agent's, which makes it.
     pub(crate) owner: Option<u32>,
 }
 
 impl File {
-    /// A file of root's with `content` and `mode`.
+    /// A file of the agent's with `content` and `mode`.
     pub(crate) fn new(content: Vec<u8>, mode: u32) -> Self {
         File { content, mode, owner: None }
     }
@@ -170,7 +171,8 @@ fn same_file(set: &OwnedFd, path: &Path, file: &File, group: Group) -> io::Resul
     let stat = fstat(&opened).map_err(io::Error::from)?;
     let regular = SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG;
     let same_size = u64::try_from(stat.st_size).is_ok_and(|size| size == file.content.len() as u64);
-    let same_owner = file.owner.unwrap_or(0) == stat.st_uid && group.0.unwrap_or(0) == stat.st_gid;
+    // Only what the writer sets: a file left to whoever made it is that user's, whoever that is.
+    let same_owner = file.owner.is_none_or(|uid| uid == stat.st_uid) && group.0.is_none_or(|gid| gid == stat.st_gid);
     if !regular || !same_size || !same_owner || stat.st_mode & 0o7777 != group.file_mode(file) {
         return Ok(false);
     }

@@ -50,17 +50,19 @@ impl VolumePlugin for EmptyDir {
                 let allocatable = self.0.get().get("memory").and_then(units);
                 mount::tmpfs(dir, memory_size(pod, source, allocatable)).await?;
             }
-            // Upstream's emptyDir is world-writable, so any container user can write to it; with
-            // an fsGroup the group owns it and what is made in it (setgid). Only the directory:
-            // what containers wrote in it is theirs (upstream walks it only while it is empty).
-            let mode = match crate::ownership::fs_group(pod).0 {
-                Some(gid) => {
-                    std::os::unix::fs::lchown(dir, None, Some(gid))
-                        .map_err(|e| format!("cannot give {} to group {gid}: {e}", dir.display()))?;
-                    0o2777
-                }
-                None => 0o777,
-            };
+            // Upstream's emptyDir is world-writable, so any container user can write to it (a
+            // tmpfs keeps its sticky bit, so no user removes another's files); with an fsGroup
+            // the group owns it and what is made in it (setgid). Only the directory: what
+            // containers wrote in it is theirs (upstream walks it only while it is empty).
+            let mut mode = if source.medium.as_deref() == Some("Memory") { 0o1777 } else { 0o777 };
+            if let Some(gid) = crate::ownership::fs_group(pod).0 {
+                let dir = dir.to_owned();
+                tokio::task::spawn_blocking(move || std::os::unix::fs::lchown(&dir, None, Some(gid)))
+                    .await
+                    .map_err(|e| format!("cannot give the volume to group {gid}: {e}"))?
+                    .map_err(|e| format!("cannot give the volume to group {gid}: {e}"))?;
+                mode |= 0o2000;
+            }
             tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
                 .await
                 .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;

@@ -316,7 +316,8 @@ fn a_sub_path_expr_expands_with_the_containers_environment() {
     let env: Vec<(String, String)> =
         [("POD", "web-0"), ("EMPTY", ""), ("POD", "web-1")].iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
     assert_eq!(sub_path_of(&mount(None, Some("logs/$(POD)")), &env), Ok(Some("logs/web-1".into())), "the last wins");
-    assert_eq!(sub_path_of(&mount(Some("fixed"), Some("$(POD)")), &env), Ok(Some("fixed".into())));
+    assert_eq!(sub_path_of(&mount(Some("fixed"), Some("$(POD)")), &env), Ok(Some("web-1".into())), "the expression");
+    assert_eq!(sub_path_of(&mount(Some("fixed"), None), &env), Ok(Some("fixed".into())));
     assert_eq!(sub_path_of(&mount(None, Some("$$(POD)")), &env), Ok(Some("$(POD)".into())), "$$ is a $");
     assert_eq!(sub_path_of(&mount(None, None), &env), Ok(None));
     assert_eq!(

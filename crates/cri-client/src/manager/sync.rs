@@ -334,9 +334,9 @@ impl CriRuntime {
     ) -> Result<container::SubPathMounts, String> {
         let mut prepared = container::SubPathMounts::new();
         for (index, mount) in spec.volume_mounts.iter().flatten().enumerate() {
-            let (Some(volume), Some(sub_path)) = (volumes.get(&mount.name), container::sub_path_of(mount, env)?) else {
-                continue;
-            };
+            // A volume that is not there is the mounts' error to tell, as upstream's first.
+            let Some(volume) = volumes.get(&mount.name) else { continue };
+            let Some(sub_path) = container::sub_path_of(mount, env)? else { continue };
             let sub_path = sub_path.as_str();
             kubelet_core::volume::validate_sub_path(sub_path)?;
             let Some(mounter) = &self.sub_paths else {
@@ -597,6 +597,8 @@ pub(super) async fn sync_pod(
     }
     let sandbox_config = match sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &dns) {
         Ok(config) => config,
+        // Only when the config changed under a running sandbox (another `clusterDomain` after a
+        // restart): its containers cannot be configured as its sandbox was.
         Err(message) => {
             result.failure = Some(SyncFailure::new(reasons::CREATE_POD_SANDBOX_ERROR, message));
             return result;
