@@ -40,6 +40,11 @@ fn start_with(dir: &Path, endpoint: &str, extra: &[&str]) -> Agent {
 
 /// The `get pods` row of `web-fake` once it matches `done` (at most 20 s).
 async fn row_when(dir: &Path, done: impl Fn(&[&str]) -> bool) -> String {
+    row_of(dir, "web-fake", done).await
+}
+
+/// The `get pods` row of the pod named `name` once it matches `done` (at most 20 s).
+async fn row_of(dir: &Path, name: &str, done: impl Fn(&[&str]) -> bool) -> String {
     let root = dir.join("root");
     let mut last = String::new();
     for _ in 0..200 {
@@ -49,7 +54,7 @@ async fn row_when(dir: &Path, done: impl Fn(&[&str]) -> bool) -> String {
             .output()
             .unwrap();
         last = String::from_utf8_lossy(&output.stdout).into_owned();
-        if let Some(row) = last.lines().find(|l| l.starts_with("web-fake")) {
+        if let Some(row) = last.lines().find(|l| l.split_whitespace().next() == Some(name)) {
             let cells: Vec<&str> = row.split_whitespace().collect();
             if done(&cells) {
                 return row.to_owned();
@@ -58,6 +63,24 @@ async fn row_when(dir: &Path, done: impl Fn(&[&str]) -> bool) -> String {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("timed out; last table:\n{last}");
+}
+
+/// A pod with postStart and preStop hooks runs on the fake runtime as on a real node (its hooks
+/// succeed at once: a hollow node has no process for them to act on).
+#[tokio::test]
+async fn a_pod_with_lifecycle_hooks_runs_on_the_fake_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("manifests")).unwrap();
+    std::fs::write(
+        dir.path().join("manifests/hooked.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: hooked}\nspec:\n  containers:\n  - name: app\n    image: busybox\n\
+         \x20   lifecycle:\n      postStart: {exec: {command: [touch, /started]}}\n\
+         \x20     preStop: {httpGet: {path: /stop, port: 8080}}\n",
+    )
+    .unwrap();
+    let _agent = start(dir.path(), "fake://");
+    let row = row_of(dir.path(), "hooked-fake", |c| c[2] == "Running").await;
+    assert!(row.split_whitespace().nth(1) == Some("1/1"), "{row}");
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@
 //! regular containers, honours the restart policy and the crash-loop backoff, and restarts
 //! containers whose hash changed.
 //! Every call is recorded; latencies, exit codes and CRI-like errors can be scripted per method.
+//! Lifecycle hooks succeed at once, so pods with hooks are accepted as on a real node.
 //! It never replaces a test against a real runtime.
 
 use std::{
@@ -569,6 +570,12 @@ impl Runtime for FakeRuntime {
     async fn version(&self) -> Result<Version, FakeError> {
         self.enter(Method::Version, "").await?;
         Ok(Version::new("fake", "0.1.0", "v1"))
+    }
+
+    /// Hooks succeed at once: a hollow node runs no processes, so a postStart or preStop hook
+    /// has nothing to act on, and a pod with hooks is accepted as a real node accepts it.
+    fn runs_hooks(&self) -> bool {
+        true
     }
 
     async fn status(&self) -> Result<RuntimeStatus, FakeError> {
