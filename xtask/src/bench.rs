@@ -68,7 +68,7 @@ use crate::{
     harness::{self, Agent, CriTool, write_manifest},
     layout::STATE_DIR,
     leaks, runtime,
-    util::{in_ci, is_root, output, project_root, run},
+    util::{SmallFilesystems, in_ci, is_root, output, project_root, run},
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -696,10 +696,23 @@ fn remove_leftover_pods(tool: &CriTool, cgroups_before: &BTreeSet<String>) {
     }
 }
 
+/// The size of the tmpfs the bench's agents keep their root directories and pod logs on.
+const SCRATCH_SIZE: &str = "2g";
+
+/// Measures with the bench's scratch directory on a tmpfs of its own, and keeps its agents' logs
+/// whatever the outcome. The directory is the agents' node filesystem (`nodefs`): on the host's
+/// disk, a host with less than a tenth of its disk free gives the agent upstream's DiskPressure,
+/// which refuses every API pod (a clean clone's cold build on a full CI disk did so).
 fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool) -> Result<Results> {
     let dir = bench_dir();
     let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
+    let _scratch = SmallFilesystems::mount(std::slice::from_ref(&dir), SCRATCH_SIZE)?;
+    let measured = measure_in(options, binaries, tool, &dir);
+    keep_agent_logs(&dir)?;
+    measured
+}
+
+fn measure_in(options: &Options, binaries: &harness::Binaries, tool: &CriTool, dir: &Path) -> Result<Results> {
     let mut results = Results { load_before: harness::load(), ..Results::default() };
     let largest = options.sizes.iter().copied().max().unwrap_or(1);
 
@@ -708,7 +721,7 @@ fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool)
     let served = harness::kubelet_api_served(&agent_dir)?;
     let served: Vec<&str> = served.iter().map(String::as_str).collect();
     let mut agent = Agent::start(&binaries.agent, &agent_dir, &served)?;
-    let measured = agent_figures(options, &mut agent, tool, &dir, largest);
+    let measured = agent_figures(options, &mut agent, tool, dir, largest);
     agent.stop(Duration::from_secs(10))?;
     let runs = measured?;
     let api_pods = largest.min(CLUSTER_PODS);
@@ -761,12 +774,10 @@ fn measure_with(options: &Options, binaries: &harness::Binaries, tool: &CriTool)
         results.left_out.push(cluster::FIGURES);
     }
     if !options.startup_only {
-        others(options, binaries, &dir, &runs, &mut results)?;
+        others(options, binaries, dir, &runs, &mut results)?;
     }
     apply_targets(options, &mut results.figures);
     results.load_after = harness::load();
-    keep_agent_logs(&dir)?;
-    let _ = fs::remove_dir_all(&dir);
     Ok(results)
 }
 

@@ -197,7 +197,7 @@ fn measure_on_cluster(
             .arg(cluster::admin_kubeconfig())
             .args(["--node", &node]),
     );
-    measured.with_context(|| format!("see {}", dir.join("agent.log").display()))?;
+    measured.context("see the agent's log, kept as target/bench/logs/cluster.log")?;
     forgotten.with_context(|| format!("deleting the Node {node}"))?;
     Ok(runs)
 }
