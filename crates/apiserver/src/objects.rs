@@ -13,7 +13,9 @@
 //! the cache drops every token due, so it holds no more than the tokens of the last lifetime.
 //!
 //! Services are watched all at once from the first read on (upstream's service informer), for
-//! the service variables of containers; the watch lasts as long as the source.
+//! the service variables of containers; runtime classes likewise from the first lookup on
+//! (upstream's runtime class manager), for the handler a pod's sandbox runs with. Each watch
+//! lasts as long as the source.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -32,6 +34,7 @@ use tracing::{Instrument, info_span, warn};
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
     core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount},
+    node::v1::RuntimeClass,
 };
 use kube::{Api, Client, api::PostParams};
 use kubelet_core::{
@@ -80,14 +83,52 @@ type WatchedObjects = Mutex<HashMap<(&'static str, String, String), Watched>>;
 /// How long a first read waits for its watch's initial list.
 const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The services the service watch keeps, and whether it has listed them once.
+/// Every object of a kind, as a cluster-wide watch keeps them, and whether it has listed them
+/// once (services, runtime classes).
 ///
 /// The readiness is the watch's own: the store's `wait_until_ready` keeps the waker of only the
 /// last task that polled it, so of the pods that start together and wait for the first list,
 /// all but one slept until their timeout.
-struct Services {
-    store: reflector::Store<Service>,
+struct WatchedKind<K: kube::Resource<DynamicType = ()> + 'static> {
+    store: reflector::Store<K>,
     listed: watch::Receiver<bool>,
+}
+
+impl<K> WatchedKind<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Starts the watch of every `K` through `client` on `tracker`, until `stop`; `kind` names
+    /// them in its span and warnings.
+    fn start(client: Client, kind: &'static str, tracker: &TaskTracker, stop: CancellationToken) -> Self {
+        let (store, writer) = reflector::store();
+        let (listed_tx, listed) = watch::channel(false);
+        let api: Api<K> = Api::all(client);
+        let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+        let watch = async move {
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = stop.run_until_cancelled(events.next()).await.flatten() {
+                match event {
+                    // The reflector has stored the list before it passes this on.
+                    Ok(watcher::Event::InitDone) => _ = listed_tx.send_replace(true),
+                    Ok(_) => {}
+                    Err(err) => warn!(kind, error = %err, "a watch failed; listing again"),
+                }
+            }
+        };
+        tracker.spawn(watch.instrument(info_span!("kind_watch", kind)));
+        WatchedKind { store, listed }
+    }
+
+    /// Every object, once the watch has listed them; `kind` names them in the error.
+    async fn all(&self, kind: &str) -> Result<Vec<Arc<K>>, String> {
+        let mut listed = self.listed.clone();
+        match tokio::time::timeout(FIRST_LIST_TIMEOUT, listed.wait_for(|listed| *listed)).await {
+            Ok(Ok(_)) => Ok(self.store.state()),
+            Ok(Err(_)) => Err(format!("the watch of {kind} has stopped")),
+            Err(_) => Err(format!("timed out listing the {kind}")),
+        }
+    }
 }
 
 /// Config maps, secrets and service account tokens from the API server.
@@ -99,7 +140,9 @@ pub struct ApiObjects {
     /// Where the pods that use a changed object are queued for a sync, once set.
     sync_queue: Arc<OnceLock<Arc<WorkQueue>>>,
     /// Every service of the cluster, from the watch the first read starts.
-    services: OnceLock<Services>,
+    services: OnceLock<WatchedKind<Service>>,
+    /// Every runtime class of the cluster, from the watch the first lookup starts.
+    runtime_classes: OnceLock<WatchedKind<RuntimeClass>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
 }
@@ -119,6 +162,7 @@ impl ApiObjects {
             watched: Arc::default(),
             sync_queue: Arc::default(),
             services: OnceLock::new(),
+            runtime_classes: OnceLock::new(),
             tracker,
             cancel,
         }
@@ -192,26 +236,16 @@ impl ApiObjects {
     }
 
     /// The services, their watch started on the first call.
-    fn services_watched(&self) -> &Services {
-        self.services.get_or_init(|| {
-            let (store, writer) = reflector::store();
-            let (listed_tx, listed) = watch::channel(false);
-            let api: Api<Service> = Api::all(self.client.clone());
-            let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
-            let stop = self.cancel.clone();
-            let watch = async move {
-                let mut events = std::pin::pin!(events);
-                while let Some(event) = stop.run_until_cancelled(events.next()).await.flatten() {
-                    match event {
-                        // The reflector has stored the list before it passes this on.
-                        Ok(watcher::Event::InitDone) => _ = listed_tx.send_replace(true),
-                        Ok(_) => {}
-                        Err(err) => warn!(error = %err, "the watch of services failed; listing again"),
-                    }
-                }
-            };
-            self.tracker.spawn(watch.instrument(info_span!("service_watch")));
-            Services { store, listed }
+    fn services_watched(&self) -> &WatchedKind<Service> {
+        self.services
+            .get_or_init(|| WatchedKind::start(self.client.clone(), "services", &self.tracker, self.cancel.clone()))
+    }
+
+    /// The runtime classes, their watch started on the first call (upstream's runtime class
+    /// manager's informer).
+    fn runtime_classes_watched(&self) -> &WatchedKind<RuntimeClass> {
+        self.runtime_classes.get_or_init(|| {
+            WatchedKind::start(self.client.clone(), "runtime classes", &self.tracker, self.cancel.clone())
         })
     }
 
@@ -305,18 +339,23 @@ impl ObjectSource for ApiObjects {
 
     fn services<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Option<Vec<Service>>, String>> {
         Box::pin(async move {
-            let Services { store, listed } = self.services_watched();
-            let mut listed = listed.clone();
-            match tokio::time::timeout(FIRST_LIST_TIMEOUT, listed.wait_for(|listed| *listed)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(_)) => return Err("the watch of services has stopped".to_owned()),
-                Err(_) => return Err("timed out listing the services".to_owned()),
-            }
+            let services = self.services_watched().all("services").await?;
             let wanted = |service: &Service| {
                 let (ns, name) = (service.metadata.namespace.as_deref(), service.metadata.name.as_deref());
                 ns == Some(namespace) || (ns == Some("default") && name == Some("kubernetes"))
             };
-            Ok(Some(store.state().iter().filter(|s| wanted(s)).map(|s| Service::clone(s)).collect()))
+            Ok(Some(services.iter().filter(|s| wanted(s)).map(|s| Service::clone(s)).collect()))
+        })
+    }
+
+    fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async move {
+            let classes = self.runtime_classes_watched().all("runtime classes").await?;
+            match classes.iter().find(|c| c.metadata.name.as_deref() == Some(class)) {
+                Some(found) => Ok(Some(found.handler.clone())),
+                // The API's NotFound, as upstream's lister words it.
+                None => Err(format!("runtimeclass.node.k8s.io {class:?} not found")),
+            }
         })
     }
 

@@ -18,7 +18,7 @@ use std::{
 use futures::StreamExt;
 
 use k8s_openapi::{
-    api::core::v1::{Pod, PodStatus},
+    api::core::v1::{Pod, PodCondition, PodStatus},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{
@@ -35,6 +35,10 @@ use tracing::{debug, info, trace, warn};
 /// API has them.
 pub const KUBELET_CONDITIONS: [&str; 5] =
     ["PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "DisruptionTarget"];
+
+fn is_kubelets(condition: &PodCondition) -> bool {
+    KUBELET_CONDITIONS.contains(&condition.type_.as_str())
+}
 
 fn terminal(status: Option<&PodStatus>) -> bool {
     matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
@@ -57,20 +61,19 @@ pub fn status_patch(api: &Pod, uid: &str, ours: &PodStatus) -> Option<Value> {
     }
     let mut merged = ours.clone();
     let theirs = api.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten();
-    let kept: Vec<_> = theirs.filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str())).cloned().collect();
-    let mut conditions: Vec<_> = merged
-        .conditions
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| KUBELET_CONDITIONS.contains(&c.type_.as_str()))
-        .collect();
+    let kept: Vec<_> = theirs.filter(|c| !is_kubelets(c)).cloned().collect();
+    let mut conditions: Vec<_> = merged.conditions.take().unwrap_or_default().into_iter().filter(is_kubelets).collect();
     conditions.extend(kept);
     merged.conditions = (!conditions.is_empty()).then_some(conditions);
     if api.status.as_ref() == Some(&merged) {
         return None;
     }
-    let mut status = serde_json::to_value(&merged).ok()?;
+    // The patch names the kubelet's conditions alone: a strategic merge patch merges conditions
+    // by type, so the others stay as the API has them, even when their writer changed one since
+    // the copy was read (upstream's two-way patch leaves them out as unchanged).
+    let mut sent = merged;
+    sent.conditions = Some(ours.conditions.iter().flatten().filter(|c| is_kubelets(c)).cloned().collect());
+    let mut status = serde_json::to_value(&sent).ok()?;
     if let Some(theirs) = api.status.as_ref().and_then(|s| serde_json::to_value(s).ok()) {
         delete_what_went(&theirs, &mut status);
     }
@@ -638,8 +641,6 @@ async fn delete_terminated(pods: &Api<Pod>, change: &Change, uid: String) -> Res
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::{api::core::v1::PodCondition, apimachinery::pkg::apis::meta::v1::ObjectMeta};
-
     use super::*;
 
     fn condition(kind: &str, status: &str) -> PodCondition {
@@ -669,10 +670,17 @@ mod tests {
         let patch = status_patch(&api_pod("u1", theirs), "u1", &running("True")).expect("a patch");
         assert_eq!(patch["metadata"]["uid"], "u1");
         assert_eq!(patch["status"]["phase"], "Running");
-        let conditions = patch["status"]["conditions"].as_array().unwrap();
-        assert_eq!(conditions.len(), 2);
-        assert!(conditions.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
-        assert!(conditions.iter().any(|c| c["type"] == "example.com/gate"), "a gate's condition stays");
+        assert_eq!(patch["status"]["conditions"], json!([{"type": "Ready", "status": "True"}]), "the kubelet's alone");
+        // Applied as the API server applies it, after the gate's writer turned it False: the
+        // gate keeps what its writer said last.
+        let mut changed_since = running("False");
+        changed_since.conditions.as_mut().unwrap().push(condition("example.com/gate", "False"));
+        let mut api = serde_json::to_value(changed_since).unwrap();
+        crate::testing::strategic_merge(&mut api, &patch["status"]);
+        assert_eq!(
+            api["conditions"],
+            json!([{"type": "Ready", "status": "True"}, {"type": "example.com/gate", "status": "False"}])
+        );
     }
 
     #[test]

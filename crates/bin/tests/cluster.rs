@@ -27,6 +27,7 @@ use std::{
 use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret, Service},
+    node::v1::RuntimeClass,
 };
 use kube::{
     Api,
@@ -279,6 +280,42 @@ impl Cluster {
                     .unwrap();
             }
         }
+    }
+
+    /// Sets condition `kind` of pod `name`'s status to `status`, as the controller of a readiness
+    /// gate does: a strategic merge patch of the status, which merges conditions by type.
+    async fn set_pod_condition(&self, name: &str, kind: &str, status: &str) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let patch = json!({"status": {"conditions": [{"type": kind, "status": status, "lastTransitionTime": now}]}});
+        match self {
+            Cluster::Local(server) => {
+                let mut pod = server.objects.lock().unwrap().pods[&format!("default/{name}")].clone();
+                kubelet_cluster::testing::strategic_merge(&mut pod, &patch);
+                server.put_pod(pod);
+            }
+            Cluster::Remote { client, namespace, .. } => {
+                Api::<Pod>::namespaced(client.clone(), namespace)
+                    .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Creates runtime class `name` with `handler` and `overhead` (its `podFixed`), replacing
+    /// one an earlier run left (runtime classes belong to no namespace).
+    async fn put_runtime_class(&self, name: &str, handler: &str, overhead: Value) {
+        let Cluster::Remote { client, .. } = self else { panic!("the in-process API server has no runtime classes") };
+        let class = json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name},
+            "handler": handler, "overhead": {"podFixed": overhead}});
+        let params = PatchParams::apply("kubelet-rs-test").force();
+        Api::<RuntimeClass>::all(client.clone()).patch(name, &params, &Patch::Apply(class)).await.unwrap();
+    }
+
+    /// Deletes runtime class `name`, if it exists.
+    async fn delete_runtime_class(&self, name: &str) {
+        let Cluster::Remote { client, .. } = self else { return };
+        let _ = Api::<RuntimeClass>::all(client.clone()).delete(name, &DeleteParams::default()).await;
     }
 
     /// Asks for the deletion of pod `name` with `grace` seconds (0: gone at once).
@@ -1904,6 +1941,173 @@ async fn follow_object_changes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Clust
     cluster.put_secret("db", &[("password", b"letmein")]).await;
     wait_for_text(&log, "seen: bye letmein bye").await;
     eprintln!("the changes reached the container {:?} after the API", changed.elapsed());
+}
+
+/// A pod with a readiness gate is Ready only while the gate's condition, which another
+/// controller sets in the API, is True (upstream's readiness gates): before, `Ready` is False
+/// with reason `ReadinessGatesNotReady`; the condition outlives the kubelet's status patches; and
+/// `Ready` follows each change of it, which the agent hears as a change of the pod's status.
+#[tokio::test]
+async fn real_readiness_gates_hold_ready_until_their_conditions_are_true_from_kube_apiserver() {
+    let test = "real_readiness_gates_hold_ready_until_their_conditions_are_true_from_kube_apiserver";
+    on_node(NODE_3, test, "readiness-gates", None, hold_ready_behind_a_gate).await;
+}
+
+/// Pod `name`'s condition `kind` in `view`, once the pod runs.
+fn running_pod_condition<'a>(view: &'a View, cluster: &Cluster, name: &str, kind: &str) -> Option<&'a Value> {
+    let pod = view.pods.get(&format!("{}/{name}", cluster.namespace())).filter(|p| phase(p) == "Running")?;
+    pod["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == kind)
+}
+
+/// The body of [`real_readiness_gates_hold_ready_until_their_conditions_are_true_from_kube_apiserver`].
+async fn hold_ready_behind_a_gate(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+        .unwrap();
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &[]);
+    let gate = "example.com/load-balancer";
+    let mut pod = writer_pod("gated", &node, &rt.busybox_image, "true", None, json!({}));
+    pod["spec"]["readinessGates"] = json!([{"conditionType": gate}]);
+    cluster.create_pod(pod).await;
+    let ready_with = |reason: &'static str| {
+        let cluster = cluster.clone();
+        move |v: &View| {
+            let ready = running_pod_condition(v, &cluster, "gated", "Ready")?;
+            (ready["reason"].as_str().unwrap_or_default() == reason).then(|| ready.clone())
+        }
+    };
+    let held =
+        until(&cluster, &node, &dir, "the gated pod to run, not Ready", ready_with("ReadinessGatesNotReady")).await;
+    assert_eq!(held["status"], "False");
+    let missing = format!("corresponding condition of pod readiness gate \"{gate}\" does not exist.");
+    assert_eq!(held["message"], missing.as_str());
+    let view = cluster.view(&node).await;
+    let containers_ready = running_pod_condition(&view, &cluster, "gated", "ContainersReady").unwrap();
+    assert_eq!(containers_ready["status"], "True", "only the gate holds it back");
+
+    // The gate's controller opens it: Ready follows, and the kubelet's patch that says so keeps
+    // the gate's condition.
+    let opened = tokio::time::Instant::now();
+    cluster.set_pod_condition("gated", gate, "True").await;
+    let ready = until(&cluster, &node, &dir, "the pod to be Ready", ready_with("")).await;
+    eprintln!("Ready followed the gate {:?} after the API took it", opened.elapsed());
+    assert_eq!(ready["status"], "True");
+    let view = cluster.view(&node).await;
+    let kept = running_pod_condition(&view, &cluster, "gated", gate).expect("the gate's condition is kept");
+    assert_eq!(kept["status"], "True");
+
+    // And closes it again: Ready goes False, naming the gate's status.
+    cluster.set_pod_condition("gated", gate, "False").await;
+    let closed =
+        until(&cluster, &node, &dir, "the pod to be unready again", ready_with("ReadinessGatesNotReady")).await;
+    let message = format!("the status of pod readiness gate \"{gate}\" is not \"True\", but False");
+    assert_eq!(closed["message"], message.as_str());
+}
+
+/// A pod of a runtime class runs with the class's handler and with the class's overhead in its
+/// pod cgroup (upstream's runtime class manager and pod overhead). A class that does not exist
+/// fails the sandbox with upstream's `FailedCreatePodSandBox` event, the pod is not refused, and
+/// it runs once the class exists; a handler the runtime lacks fails it with the runtime's error.
+#[tokio::test]
+async fn real_runtime_classes_choose_the_sandbox_handler_and_add_their_overhead_from_kube_apiserver() {
+    let test = "real_runtime_classes_choose_the_sandbox_handler_and_add_their_overhead_from_kube_apiserver";
+    on_node(NODE_3, test, "runtime-classes", None, run_pods_of_runtime_classes).await;
+}
+
+/// Runtime classes the scenario makes (each name its own, as classes belong to no namespace).
+const LATE_CLASS: &str = "kubelet-rs-test-late";
+const BOGUS_CLASS: &str = "kubelet-rs-test-bogus";
+
+/// A pod of runtime class `class` that sleeps, with `resources` for its container.
+fn pod_of_class(name: &str, node: &str, image: &str, class: &str, resources: Value) -> Value {
+    let mut pod = writer_pod(name, node, image, "true", None, resources);
+    pod["spec"]["runtimeClassName"] = json!(class);
+    pod
+}
+
+/// The event of `reason` about pod `name` in `view`, once there is one.
+fn pod_event<'a>(view: &'a View, name: &str, reason: &str) -> Option<&'a Value> {
+    view.events.iter().find(|e| e["involvedObject"]["name"] == name && e["reason"] == reason)
+}
+
+/// The handler of the ready sandbox of pod `uid`, as the runtime has it.
+async fn sandbox_handler(endpoint: &str, uid: &str) -> String {
+    use cri_client::pb;
+    let client = cri_client::Client::connect(&cri_client::Config::new(endpoint)).unwrap();
+    let filter = pb::PodSandboxFilter {
+        label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+        state: Some(pb::PodSandboxStateValue { state: pb::PodSandboxState::SandboxReady.into() }),
+        ..Default::default()
+    };
+    let request = pb::ListPodSandboxRequest { filter: Some(filter) };
+    let sandboxes = client.runtime_service().list_pod_sandbox(request).await.unwrap().into_inner().items;
+    assert_eq!(sandboxes.len(), 1, "one ready sandbox for {uid}");
+    sandboxes[0].runtime_handler.clone()
+}
+
+/// The body of [`real_runtime_classes_choose_the_sandbox_handler_and_add_their_overhead_from_kube_apiserver`].
+async fn run_pods_of_runtime_classes(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    for class in [LATE_CLASS, BOGUS_CLASS] {
+        cluster.delete_runtime_class(class).await;
+    }
+    // A class deleted after its pod was made (the API server's admission refuses a pod of a
+    // class that does not exist): the sandbox fails, in upstream's words, and the pod waits.
+    let overhead = json!({"cpu": "100m", "memory": "32Mi"});
+    cluster.put_runtime_class(LATE_CLASS, "runc", overhead.clone()).await;
+    cluster.create_pod(pod_of_class("late", &node, &rt.busybox_image, LATE_CLASS, json!({}))).await;
+    cluster.delete_runtime_class(LATE_CLASS).await;
+    std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+        .unwrap();
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &[]);
+    let failed = until(&cluster, &node, &dir, "the late pod's sandbox to fail", |v| {
+        pod_event(v, "late", "FailedCreatePodSandBox").cloned()
+    })
+    .await;
+    let not_found = format!("Failed to create pod sandbox: runtimeclass.node.k8s.io {LATE_CLASS:?} not found");
+    assert_eq!(failed["message"], not_found.as_str());
+    assert_eq!(failed["type"], "Warning");
+    let view = cluster.view(&node).await;
+    assert_eq!(phase(&view.pods[&format!("{}/late", cluster.namespace())]), "Pending", "waiting, not refused");
+
+    // A class whose handler the runtime lacks: the runtime's error.
+    cluster.put_runtime_class(BOGUS_CLASS, "no-such-handler", json!({})).await;
+    cluster.create_pod(pod_of_class("bogus", &node, &rt.busybox_image, BOGUS_CLASS, json!({}))).await;
+    let failed = until(&cluster, &node, &dir, "the bogus pod's sandbox to fail", |v| {
+        pod_event(v, "bogus", "FailedCreatePodSandBox").cloned()
+    })
+    .await;
+    let message = failed["message"].as_str().unwrap();
+    assert!(message.starts_with("Failed to create pod sandbox: ") && message.contains("no-such-handler"), "{message}");
+
+    // The class comes back: the late pod runs at its next try, on the class's handler; a pod
+    // made now gets the class's overhead (the API server's admission sets it) and its pod cgroup
+    // holds its limits and the overhead.
+    cluster.put_runtime_class(LATE_CLASS, "runc", overhead.clone()).await;
+    let limits = json!({"cpu": "200m", "memory": "64Mi"});
+    let resources = json!({"requests": limits, "limits": limits});
+    cluster.create_pod(pod_of_class("classy", &node, &rt.busybox_image, LATE_CLASS, resources)).await;
+    let ns = cluster.namespace().to_owned();
+    let uids = until(&cluster, &node, &dir, "the late and classy pods to run", |v| {
+        let running_uid = |name: &str| {
+            let pod = v.pods.get(&format!("{ns}/{name}")).filter(|p| phase(p) == "Running")?;
+            pod["metadata"]["uid"].as_str().map(str::to_owned)
+        };
+        Some((running_uid("late")?, running_uid("classy")?))
+    })
+    .await;
+    let view = cluster.view(&node).await;
+    assert_eq!(view.pods[&format!("{ns}/classy")]["spec"]["overhead"], overhead, "the API server's admission");
+    for uid in [&uids.0, &uids.1] {
+        assert_eq!(sandbox_handler(&rt.endpoint, uid).await, "runc");
+    }
+    let cgroup = |controller: &str, file: &str| {
+        let path = format!("/sys/fs/cgroup/{controller}/kubepods/pod{}/{file}", uids.1);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")).trim().to_owned()
+    };
+    assert_eq!(cgroup("memory", "memory.limit_in_bytes"), (96u64 << 20).to_string(), "64Mi and 32Mi of overhead");
+    assert_eq!(cgroup("cpu", "cpu.cfs_quota_us"), "30000", "200m and 100m of overhead");
+    for class in [LATE_CLASS, BOGUS_CLASS] {
+        cluster.delete_runtime_class(class).await;
+    }
 }
 
 #[tokio::test]

@@ -388,6 +388,10 @@ impl Runtime for CriRuntime {
         self.hooks.is_some()
     }
 
+    fn runs_runtime_classes(&self) -> bool {
+        self.objects.is_some()
+    }
+
     async fn status(&self) -> Result<RuntimeStatus, Error> {
         let status = self.client.status().await?;
         Ok(RuntimeStatus::new(

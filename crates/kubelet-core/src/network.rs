@@ -279,6 +279,10 @@ impl<R: Runtime, N: NetworkPlugin> Runtime for Networked<R, N> {
         self.runtime.runs_hooks()
     }
 
+    fn runs_runtime_classes(&self) -> bool {
+        self.runtime.runs_runtime_classes()
+    }
+
     /// The runtime's conditions, with `NetworkReady` the plugin's.
     async fn status(&self) -> Result<RuntimeStatus, Self::Error> {
         let mut status = self.runtime.status().await.map_err(NetworkedError::Runtime)?;

@@ -844,6 +844,13 @@ pub trait Runtime: Send + Sync + 'static {
         false
     }
 
+    /// Whether the runtime runs pods of a `runtimeClassName`, with the handler of the class it
+    /// looks up in the API server's runtime classes; the kubelet refuses such pods when it does
+    /// not (without an API server, no class can be looked up).
+    fn runs_runtime_classes(&self) -> bool {
+        false
+    }
+
     /// The runtime's conditions (`RuntimeReady`, `NetworkReady`).
     fn status(&self) -> impl Future<Output = Result<RuntimeStatus, Self::Error>> + Send;
 

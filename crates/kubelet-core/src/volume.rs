@@ -75,6 +75,15 @@ pub trait ObjectSource: Send + Sync + 'static {
         let _ = namespace;
         Box::pin(async { Ok(None) })
     }
+
+    /// The handler of runtime class `class`, which a pod's sandbox runs with (upstream's runtime
+    /// class manager's `LookupRuntimeHandler`): an error in upstream's words when the class does
+    /// not exist or cannot be read; `Ok(None)` when the source has no runtime classes, as a
+    /// kubelet without an API server, which cannot run such a pod as its spec says.
+    fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+        let _ = class;
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// How long a sync waits for a pod's volumes before it fails with `FailedMount` and is retried

@@ -278,6 +278,10 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                 // Its dead containers go at once.
                 self.cleanups.push(Job::RemoveDeadContainers(PodUid::of(&pod)));
             }
+            if crate::status::readiness_needs_reconcile(&pod) {
+                // A readiness gate's condition changed: Ready follows at once.
+                self.dispatch(pod, SyncPodType::Sync);
+            }
         }
     }
 

@@ -271,7 +271,8 @@ impl<R: Runtime> PodSync<R> {
     /// The unsupported fields of `pod` for this agent: probes are implemented with a prober,
     /// lifecycle hooks when the runtime runs them, volumes as far as the volume manager sets them up.
     pub(crate) fn unsupported_fields(&self, pod: &Pod) -> Vec<String> {
-        let abilities = crate::unsupported::Abilities::new(self.prober.is_some(), self.runtime.runs_hooks());
+        let abilities = crate::unsupported::Abilities::new(self.prober.is_some(), self.runtime.runs_hooks())
+            .runtime_classes(self.runtime.runs_runtime_classes());
         match &self.volumes {
             Some(volumes) => {
                 let supports = |volume: &k8s_openapi::api::core::v1::Volume| volumes.supports(volume);
@@ -327,11 +328,12 @@ impl<R: Runtime> PodSync<R> {
         }
     }
 
-    /// The pod with its last known status (the stored one, else the config's).
+    /// The pod with its last known status: the stored one, with the conditions others own as
+    /// the config has them; else the config's.
     fn with_last_status(&self, pod: &Pod) -> Pod {
         let mut pod = pod.clone();
         if let Some(stored) = self.statuses.get(&PodUid::of(&pod)) {
-            pod.status = Some(stored.status);
+            pod.status = Some(status::with_others_conditions(stored.status, pod.status.as_ref()));
         }
         pod
     }

@@ -242,6 +242,49 @@ pub fn pod_ready(pod: &Pod, conditions: &[PodCondition], statuses: &[ContainerSt
     }
 }
 
+/// Whether the pod's `Ready` condition, as the API has it, is no longer what its readiness gates
+/// and container statuses make it (upstream `NeedToReconcilePodReadiness`): a gate's condition,
+/// set by another controller, changed. Only a pod with gates and a `Ready` condition needs it.
+pub fn readiness_needs_reconcile(pod: &Pod) -> bool {
+    if pod.spec.as_ref().and_then(|s| s.readiness_gates.as_ref()).is_none_or(Vec::is_empty) {
+        return false;
+    }
+    let status = pod.status.clone().unwrap_or_default();
+    let conditions = status.conditions.unwrap_or_default();
+    let Some(current) = conditions.iter().find(|c| c.type_ == "Ready") else { return false };
+    let statuses: Vec<ContainerStatus> = status
+        .init_container_statuses
+        .into_iter()
+        .flatten()
+        .chain(status.container_statuses.into_iter().flatten())
+        .collect();
+    let expected = pod_ready(pod, &conditions, &statuses, status.phase.as_deref().unwrap_or_default());
+    current.status != expected.status || current.message != expected.message
+}
+
+/// The pod conditions the kubelet makes anew at each status (upstream `PodConditionsByKubelet`).
+pub const OWNED_CONDITIONS: [&str; 5] =
+    ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
+
+/// The condition the kubelet shares with others: it sets it when it evicts a pod, and keeps
+/// what it set (upstream `PodConditionSharedByKubelet`).
+pub const SHARED_CONDITION: &str = "DisruptionTarget";
+
+/// `stored`, the kubelet's last status of a pod, with the conditions others own (a readiness
+/// gate's, a scheduler's) as `config`, the pod's status from its source, has them: the base of
+/// its next status (upstream `generateAPIPodStatus` takes those from the API's pod).
+pub fn with_others_conditions(mut stored: ApiPodStatus, config: Option<&ApiPodStatus>) -> ApiPodStatus {
+    let kubelets = |c: &PodCondition| OWNED_CONDITIONS.contains(&c.type_.as_str()) || c.type_ == SHARED_CONDITION;
+    let mut conditions: Vec<PodCondition> = stored.conditions.take().unwrap_or_default();
+    conditions.retain(kubelets);
+    let others = config.and_then(|s| s.conditions.as_ref()).into_iter().flatten();
+    let others: Vec<PodCondition> =
+        others.filter(|c| !conditions.iter().any(|k| k.type_ == c.type_) && !kubelets(c)).cloned().collect();
+    conditions.extend(others);
+    stored.conditions = (!conditions.is_empty()).then_some(conditions);
+    stored
+}
+
 /// `Initialized` (upstream `GeneratePodInitializedCondition`).
 pub fn initialized(pod: &Pod, statuses: &[ContainerStatus], phase: &str) -> PodCondition {
     let Some(spec) = pod.spec.as_ref() else { return condition("Initialized", true, None, None) };
@@ -660,8 +703,7 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         scheduled(),
     ];
     // Conditions the kubelet does not own are kept.
-    let owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
-    conditions.extend(old_conditions.iter().filter(|c| !owned.contains(&c.type_.as_str())).cloned());
+    conditions.extend(old_conditions.iter().filter(|c| !OWNED_CONDITIONS.contains(&c.type_.as_str())).cloned());
     set_transition_times(&mut conditions, &old_conditions, &input.now);
     let mut ips = input.runtime.ips.clone();
     // A host-network pod's IPs are the node's (upstream `generateAPIPodStatus`).

@@ -14,8 +14,6 @@ pub const REASON: &str = "UnsupportedPodSpec";
 /// `containers` stands for init, regular and ephemeral containers alike).
 pub const FIELDS: &[&str] = &[
     "spec.volumes[*]",
-    "spec.runtimeClassName",
-    "spec.readinessGates",
     "spec.hostUsers",
     "spec.resourceClaims",
     "spec.securityContext.seLinuxOptions",
@@ -45,6 +43,10 @@ pub const PROBE_FIELDS: &[&str] =
 /// validation forbids them).
 pub const HOOK_FIELDS: &[&str] = &["spec.containers[*].lifecycle"];
 
+/// The runtime class, refused as well when the runtime looks no runtime classes up (an agent
+/// without an API server).
+pub const RUNTIME_CLASS_FIELDS: &[&str] = &["spec.runtimeClassName"];
+
 /// The volume mounts, refused as well when the agent has no volume manager (then every volume
 /// is refused too).
 pub const VOLUME_FIELDS: &[&str] = &["spec.containers[*].volumeMounts"];
@@ -57,6 +59,8 @@ pub struct Abilities<'a> {
     pub probes: bool,
     /// The runtime runs lifecycle hooks: the [`HOOK_FIELDS`] are implemented.
     pub hooks: bool,
+    /// The runtime looks runtime classes up: the [`RUNTIME_CLASS_FIELDS`] are implemented.
+    pub runtime_classes: bool,
     /// The agent's volume manager says which volumes it sets up; `None`: no volumes at all.
     pub volumes: Option<&'a (dyn Fn(&Volume) -> bool + Sync)>,
 }
@@ -66,6 +70,7 @@ impl std::fmt::Debug for Abilities<'_> {
         f.debug_struct("Abilities")
             .field("probes", &self.probes)
             .field("hooks", &self.hooks)
+            .field("runtime_classes", &self.runtime_classes)
             .field("volumes", &self.volumes.is_some())
             .finish()
     }
@@ -74,7 +79,14 @@ impl std::fmt::Debug for Abilities<'_> {
 impl<'a> Abilities<'a> {
     /// What an agent with (or without) a prober and hooks, and without volumes, can do.
     pub fn new(probes: bool, hooks: bool) -> Self {
-        Abilities { probes, hooks, volumes: None }
+        Abilities { probes, hooks, runtime_classes: false, volumes: None }
+    }
+
+    /// Whether the runtime looks runtime classes up (`spec.runtimeClassName`).
+    #[must_use]
+    pub fn runtime_classes(mut self, runs_them: bool) -> Self {
+        self.runtime_classes = runs_them;
+        self
     }
 
     /// Volumes for which `supports` holds are implemented, and so are volume mounts.
@@ -113,8 +125,8 @@ fn pod_fields(spec: &PodSpec, abilities: Abilities<'_>) -> Vec<String> {
             found.push(field.to_owned());
         }
     };
-    check(spec.runtime_class_name.as_ref().is_some_and(|s| !s.is_empty()), "spec.runtimeClassName");
-    check(spec.readiness_gates.as_ref().is_some_and(|g| !g.is_empty()), "spec.readinessGates");
+    let names_a_class = spec.runtime_class_name.as_ref().is_some_and(|s| !s.is_empty());
+    check(names_a_class && !abilities.runtime_classes, "spec.runtimeClassName");
     check(spec.host_users == Some(false), "spec.hostUsers");
     check(spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()), "spec.resourceClaims");
     if let Some(sc) = &spec.security_context {
@@ -218,8 +230,8 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: 
 mod tests {
     use k8s_openapi::api::core::v1::{
         AppArmorProfile, ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
-        EphemeralContainer, Lifecycle, LifecycleHandler, PodReadinessGate, PodResourceClaim, PodSecurityContext, Probe,
-        ResourceClaim, ResourceRequirements, SELinuxOptions, TCPSocketAction, Volume, VolumeDevice, VolumeMount,
+        EphemeralContainer, Lifecycle, LifecycleHandler, PodResourceClaim, PodSecurityContext, Probe, ResourceClaim,
+        ResourceRequirements, SELinuxOptions, TCPSocketAction, Volume, VolumeDevice, VolumeMount,
     };
 
     use super::*;
@@ -233,9 +245,9 @@ mod tests {
         volume.empty_dir.is_some() || volume.host_path.is_some() || volume.downward_api.is_some()
     }
 
-    /// Everything: a prober, hooks and node-local volumes.
+    /// Everything: a prober, hooks, runtime classes and node-local volumes.
     fn all() -> Abilities<'static> {
-        Abilities::new(true, true).volumes(&node_local)
+        Abilities::new(true, true).runtime_classes(true).volumes(&node_local)
     }
 
     /// A pod that uses `field` and nothing else unsupported, for every entry of [`FIELDS`].
@@ -262,9 +274,6 @@ mod tests {
                 }]);
             }
             "spec.runtimeClassName" => spec.runtime_class_name = Some("gvisor".into()),
-            "spec.readinessGates" => {
-                spec.readiness_gates = Some(vec![PodReadinessGate { condition_type: "x".into() }]);
-            }
             "spec.hostUsers" => spec.host_users = Some(false),
             "spec.resourceClaims" => {
                 spec.resource_claims =
@@ -364,7 +373,8 @@ mod tests {
         let without = [
             (PROBE_FIELDS, Abilities::new(false, true).volumes(&node_local)),
             (HOOK_FIELDS, Abilities::new(true, false).volumes(&node_local)),
-            (VOLUME_FIELDS, Abilities::new(true, true)),
+            (VOLUME_FIELDS, Abilities::new(true, true).runtime_classes(true)),
+            (RUNTIME_CLASS_FIELDS, Abilities::new(true, true).volumes(&node_local)),
         ];
         for (fields, lacking) in without {
             for field in fields {

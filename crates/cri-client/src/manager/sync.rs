@@ -289,6 +289,34 @@ impl CriRuntime {
         }))
     }
 
+    /// The request that runs `pod`'s sandbox (upstream `createPodSandbox`): its config, and the
+    /// handler of its runtime class (the runtime's default handler without one), or why it
+    /// cannot be made, in upstream's words.
+    async fn sandbox_request(
+        &self,
+        pod: &ApiPod,
+        attempt: u32,
+        log_dir: &Path,
+        dns: &sandbox::Dns,
+    ) -> Result<pb::RunPodSandboxRequest, String> {
+        let config = sandbox::sandbox_config(pod, attempt, log_dir, &self.config.cgroup_root, dns)?;
+        let runtime_handler = self.runtime_handler(pod).await?;
+        Ok(pb::RunPodSandboxRequest { config: Some(config), runtime_handler })
+    }
+
+    /// The handler of `pod`'s runtime class, looked up in the object source's runtime classes
+    /// (upstream's runtime class manager), or the runtime's default handler for a pod without
+    /// a class.
+    async fn runtime_handler(&self, pod: &ApiPod) -> Result<String, String> {
+        let class = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()).filter(|c| !c.is_empty());
+        let Some(class) = class else { return Ok(self.config.runtime_handler.clone()) };
+        let no_classes = || format!("no runtime classes to look runtime class {class:?} up in");
+        let source = self.objects.as_ref().ok_or_else(no_classes)?;
+        let handler = source.runtime_handler(class).await?.ok_or_else(no_classes)?;
+        debug!(runtime_class = class, handler = %handler, "running the pod with its runtime class's handler");
+        Ok(handler)
+    }
+
     /// Reads the config maps and secrets the container's environment names, and the services
     /// whose variables it gets, from the runtime's object source; without one, none is read (the
     /// environment then says so of a config map or secret, and has no service variables).
@@ -545,10 +573,10 @@ pub(super) async fn sync_pod(
             );
             rt.event(pod, EventType::Warning, "MissingClusterDNS", message);
         }
-        let config = match sandbox::sandbox_config(pod, actions.attempt, &log_dir, &rt.config.cgroup_root, &dns) {
-            Ok(config) => config,
+        let request = match rt.sandbox_request(pod, actions.attempt, &log_dir, &dns).await {
+            Ok(request) => request,
             Err(message) => {
-                // Upstream's words: the config could not be made, so the sandbox was not created.
+                // Upstream's words: the request could not be made, so the sandbox was not created.
                 rt.event(
                     pod,
                     EventType::Warning,
@@ -560,8 +588,6 @@ pub(super) async fn sync_pod(
                 return result;
             }
         };
-        let request =
-            pb::RunPodSandboxRequest { config: Some(config), runtime_handler: rt.config.runtime_handler.clone() };
         metrics::counter!("kubelet_started_pods_total").increment(1);
         let starting = rt.sandboxes_starting.start(PodUid::of(pod));
         match run_sandbox_to_completion(rt.client.runtime_service(), request, starting).await {

@@ -205,6 +205,60 @@ fn ready_follows_containers_ready_and_readiness_gates() {
 }
 
 #[test]
+fn a_gate_condition_changed_by_another_controller_needs_the_ready_condition_reconciled() {
+    let mut p = pod("Always", vec![], &["a"]);
+    let gate = "example.com/lb";
+    let with_status = |p: &Pod, conditions: Vec<PodCondition>| Pod {
+        status: Some(ApiPodStatus {
+            phase: Some(RUNNING.into()),
+            conditions: Some(conditions),
+            container_statuses: Some(vec![run("a")]),
+            ..ApiPodStatus::default()
+        }),
+        ..p.clone()
+    };
+    let ready = |p: &Pod, gates: &[PodCondition]| pod_ready(p, gates, &[run("a")], RUNNING);
+    // Without gates, never: Ready follows the containers alone.
+    let ungated = with_status(&p, vec![condition("Ready", false, None, None)]);
+    assert!(!readiness_needs_reconcile(&ungated));
+
+    p.spec.as_mut().unwrap().readiness_gates = Some(vec![PodReadinessGate { condition_type: gate.into() }]);
+    let gate_true = condition(gate, true, None, None);
+    let unset = with_status(&p, vec![ready(&p, &[])]);
+    assert!(!readiness_needs_reconcile(&unset), "Ready already says the gate is missing");
+    let set = with_status(&p, vec![ready(&p, &[]), gate_true.clone()]);
+    assert!(readiness_needs_reconcile(&set), "the gate turned True: Ready must follow");
+    let followed = with_status(&p, vec![ready(&p, std::slice::from_ref(&gate_true)), gate_true]);
+    assert!(!readiness_needs_reconcile(&followed));
+    let gate_false = condition(gate, false, None, None);
+    let unset_again = with_status(&p, vec![ready(&p, &[]), gate_false]);
+    assert!(readiness_needs_reconcile(&unset_again), "the message names the False gate, not a missing one");
+    assert!(!readiness_needs_reconcile(&with_status(&p, vec![])), "no Ready condition yet: the sync sets it");
+}
+
+#[test]
+fn the_next_status_takes_others_conditions_from_the_config_and_the_kubelets_from_its_own() {
+    let with = |conditions: Vec<PodCondition>| ApiPodStatus { conditions: Some(conditions), ..ApiPodStatus::default() };
+    let stored = with(vec![
+        condition("Ready", false, Some("ReadinessGatesNotReady"), None),
+        condition("DisruptionTarget", true, Some("TerminationByKubelet"), None),
+        condition("example.com/lb", false, None, None),
+    ]);
+    let config = with(vec![
+        condition("Ready", true, None, None),
+        condition("example.com/lb", true, None, None),
+        condition("example.com/other", true, None, None),
+    ]);
+    let base = with_others_conditions(stored, Some(&config));
+    let said: Vec<(&str, &str)> =
+        base.conditions.iter().flatten().map(|c| (c.type_.as_str(), c.status.as_str())).collect();
+    assert_eq!(
+        said,
+        [("Ready", "False"), ("DisruptionTarget", "True"), ("example.com/lb", "True"), ("example.com/other", "True")]
+    );
+}
+
+#[test]
 fn initialized_waits_for_every_init_container() {
     let p = pod("Always", vec![c("i1"), c("i2")], &["a"]);
     let got = initialized(&p, &[done("i1", 0)], PENDING);
