@@ -610,8 +610,10 @@ pub(crate) fn stop() -> Result<()> {
         let _ = output(Command::new("ip").args(["link", "delete", this.bridge()]));
     }
     unmount_own_filesystems();
+    // The tests' agents are gone with the runtime: the QoS cgroups they made (a node's kubelet
+    // keeps its own) go too, where nothing is left in them.
+    remove_cgroup_root(this.cgroup_root());
     if this == Instance::Second {
-        remove_cgroup_root(this.cgroup_root());
         return Ok(());
     }
     REGISTRY_DAEMON.stop()?;
@@ -624,14 +626,18 @@ pub(crate) fn stop() -> Result<()> {
 }
 
 /// Removes the empty cgroups of the QoS hierarchy the agents made under `root` in every
-/// controller, and `root` itself (the first's agents keep upstream's `/kubepods`, as a node does).
+/// controller, and `root` itself unless it is the hierarchy's (the first's agents use upstream's
+/// `/kubepods`).
 fn remove_cgroup_root(root: &str) {
     let Ok(controllers) = fs::read_dir("/sys/fs/cgroup") else { return };
+    let root = root.trim_start_matches('/');
     for controller in controllers.filter_map(Result::ok) {
-        let root = controller.path().join(root.trim_start_matches('/'));
-        let kubepods = root.join("kubepods");
-        for dir in [kubepods.join("besteffort"), kubepods.join("burstable"), kubepods, root] {
+        let kubepods = controller.path().join(root).join("kubepods");
+        for dir in [kubepods.join("besteffort"), kubepods.join("burstable"), kubepods] {
             let _ = fs::remove_dir(dir);
+        }
+        if !root.is_empty() {
+            let _ = fs::remove_dir(controller.path().join(root));
         }
     }
 }
