@@ -178,6 +178,9 @@ pub(crate) fn up() -> Result<()> {
         "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
         "--endpoint-reconciler-type=none".to_owned(),
         "--allow-privileged=true".to_owned(),
+        // `kubectl debug`'s ephemeral containers: alpha before v1.23 (off unless asked for, as a
+        // v1.20 cluster's admin would), GA from v1.25 (where setting it is allowed and warned of).
+        "--feature-gates=EphemeralContainers=true".to_owned(),
         // `/debug/pprof` for the admin: a goroutine dump shows where a request the server holds
         // waits (README, "Join a cluster").
         "--profiling=true".to_owned(),

@@ -2110,6 +2110,80 @@ async fn run_pods_of_runtime_classes(rt: RealRuntime, dir: PathBuf, cluster: Arc
     }
 }
 
+/// `kubectl debug`: an ephemeral container added to a running pod runs in the process namespace
+/// of its target container, with its `envFrom`, and its status is reported in the pod's
+/// `ephemeralContainerStatuses` (upstream's ephemeral containers).
+#[tokio::test]
+async fn real_an_ephemeral_container_debugs_its_target_from_kube_apiserver() {
+    let test = "real_an_ephemeral_container_debugs_its_target_from_kube_apiserver";
+    on_node(NODE_3, test, "ephemeral-containers", None, debug_a_running_pod).await;
+}
+
+/// Adds `ephemeral` to pod `name` through its `ephemeralcontainers` subresource, as `kubectl
+/// debug` does: read, then written back with the container added (before v1.22 the subresource
+/// is an `EphemeralContainers` object, from then on the pod).
+async fn add_ephemeral_container(client: &kube::Client, namespace: &str, name: &str, ephemeral: Value) {
+    let path = format!("/api/v1/namespaces/{namespace}/pods/{name}/ephemeralcontainers");
+    let read = axum::http::Request::get(&path).body(Vec::new()).unwrap();
+    let mut object: Value = client.request(read).await.unwrap();
+    let list = if object["kind"] == "EphemeralContainers" {
+        &mut object["ephemeralContainers"]
+    } else {
+        &mut object["spec"]["ephemeralContainers"]
+    };
+    if list.is_null() {
+        *list = json!([]);
+    }
+    list.as_array_mut().unwrap().push(ephemeral);
+    let write = axum::http::Request::put(&path)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&object).unwrap())
+        .unwrap();
+    let _: Value = client.request(write).await.unwrap();
+}
+
+/// The body of [`real_an_ephemeral_container_debugs_its_target_from_kube_apiserver`].
+async fn debug_a_running_pod(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    let Cluster::Remote { client, namespace, .. } = &*cluster else { panic!("kube-apiserver only") };
+    std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+        .unwrap();
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &[]);
+    cluster.put_config_map("debug-env", json!({"greeting": "hello"})).await;
+    // The target's command line names a word its own process alone shows. It reads the config
+    // map the debugger's `envFrom` names too: kube-apiserver v1.20's node authorizer lets a node
+    // read only what the pod's spec named when it was bound, not what an ephemeral container adds.
+    let mut target = writer_pod("target", &node, &rt.busybox_image, "echo the-target-runs", None, json!({}));
+    target["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "debug-env"}}]);
+    cluster.create_pod(target).await;
+    let key = format!("{namespace}/target");
+    let uid = until(&cluster, &node, &dir, "the target to run", |v| {
+        let pod = v.pods.get(&key).filter(|p| phase(p) == "Running")?;
+        pod["metadata"]["uid"].as_str().map(str::to_owned)
+    })
+    .await;
+
+    let debugger = json!({"name": "debugger", "image": rt.busybox_image, "imagePullPolicy": "IfNotPresent",
+        "targetContainerName": "app", "envFrom": [{"configMapRef": {"name": "debug-env"}, "prefix": "CFG_"}],
+        "command": ["sh", "-c", "echo \"greeting: $CFG_greeting\"; ps -o args; exec sleep 3600"],
+        "terminationMessagePolicy": "File"});
+    add_ephemeral_container(client, namespace, "target", debugger).await;
+    let status = until(&cluster, &node, &dir, "the debugger's status", |v| {
+        let statuses = v.pods.get(&key)?["status"]["ephemeralContainerStatuses"].as_array()?.clone();
+        statuses.into_iter().find(|s| s["name"] == "debugger" && s["state"]["running"].is_object())
+    })
+    .await;
+    assert!(status["containerID"].as_str().unwrap().starts_with("containerd://"), "{status}");
+    let log = dir.join("pods").join(format!("{namespace}_target_{uid}")).join("debugger/0.log");
+    wait_for_text(&log, "sleep 3600").await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("greeting: hello"), "its envFrom: {said}");
+    assert!(said.contains("the-target-runs"), "it sees its target's processes: {said}");
+    let view = cluster.view(&node).await;
+    let pod = &view.pods[&key];
+    assert_eq!(phase(pod), "Running");
+    assert_eq!(pod["status"]["containerStatuses"].as_array().unwrap().len(), 1, "the debugger is not a container");
+}
+
 #[tokio::test]
 async fn real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver() {
     let test = "real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver";

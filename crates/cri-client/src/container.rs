@@ -381,6 +381,9 @@ pub struct ConfigInput<'a> {
     pub sub_paths: &'a SubPathMounts,
     /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
     pub seccomp_profiles: &'a Path,
+    /// The runtime ID of the running container whose process namespace an ephemeral container
+    /// joins (its `targetContainerName`).
+    pub pid_target: Option<&'a str>,
 }
 
 /// The container config; an error is a `CreateContainerConfigError` message.
@@ -411,10 +414,30 @@ pub fn container_config(input: &ConfigInput<'_>) -> Result<pb::ContainerConfig, 
         tty: container.tty.unwrap_or(false),
         linux: Some(pb::LinuxContainerConfig {
             resources: Some(linux_resources(pod, container, input.memory_capacity, input.hugepage_sizes)),
-            security_context: Some(security_context(pod, container, input.image_user, input.seccomp_profiles)?),
+            security_context: Some(targeting(
+                security_context(pod, container, input.image_user, input.seccomp_profiles)?,
+                input.pid_target,
+            )),
         }),
         ..pb::ContainerConfig::default()
     })
+}
+
+/// `context` with its process namespace that of container `target` when one is given and the
+/// container would have a process namespace of its own (upstream `generateLinuxContainerConfig`:
+/// a pod sharing its process namespace, or the node's, keeps it).
+fn targeting(
+    mut context: pb::LinuxContainerSecurityContext,
+    target: Option<&str>,
+) -> pb::LinuxContainerSecurityContext {
+    let Some(target) = target else { return context };
+    if let Some(namespaces) = context.namespace_options.as_mut()
+        && namespaces.pid == pb::NamespaceMode::Container as i32
+    {
+        namespaces.pid = pb::NamespaceMode::Target as i32;
+        namespaces.target_id = target.to_owned();
+    }
+    context
 }
 
 mod env;

@@ -233,6 +233,41 @@ pub fn is_sidecar(container: &k8s_openapi::api::core::v1::Container) -> bool {
     container.restart_policy.as_deref() == Some("Always")
 }
 
+/// An ephemeral container as the container it runs as (upstream converts its
+/// `EphemeralContainerCommon`, every field but `targetContainerName`).
+pub fn ephemeral_as_container(
+    ephemeral: &k8s_openapi::api::core::v1::EphemeralContainer,
+) -> k8s_openapi::api::core::v1::Container {
+    let e = ephemeral.clone();
+    k8s_openapi::api::core::v1::Container {
+        name: e.name,
+        image: e.image,
+        command: e.command,
+        args: e.args,
+        working_dir: e.working_dir,
+        ports: e.ports,
+        env_from: e.env_from,
+        env: e.env,
+        resources: e.resources,
+        resize_policy: e.resize_policy,
+        restart_policy: e.restart_policy,
+        restart_policy_rules: e.restart_policy_rules,
+        volume_mounts: e.volume_mounts,
+        volume_devices: e.volume_devices,
+        liveness_probe: e.liveness_probe,
+        readiness_probe: e.readiness_probe,
+        startup_probe: e.startup_probe,
+        lifecycle: e.lifecycle,
+        termination_message_path: e.termination_message_path,
+        termination_message_policy: e.termination_message_policy,
+        image_pull_policy: e.image_pull_policy,
+        security_context: e.security_context,
+        stdin: e.stdin,
+        stdin_once: e.stdin_once,
+        tty: e.tty,
+    }
+}
+
 /// The hash a mirror pod records of its static pod, or a static pod's own hash.
 pub fn config_hash(pod: &Pod) -> Option<&str> {
     annotation(pod, annotations::CONFIG_MIRROR).or_else(|| annotation(pod, annotations::CONFIG_HASH))

@@ -683,6 +683,18 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         input.failures,
         input.runtime_name,
     );
+    // Ephemeral containers as the containers they run as (upstream's `convertStatusToAPIStatus`).
+    let ephemeral: Vec<Container> =
+        spec.ephemeral_containers.iter().flatten().map(kubelet_core::types::ephemeral_as_container).collect();
+    let ephemeral_statuses = container_statuses(
+        pod,
+        input.runtime,
+        old.ephemeral_container_statuses.as_deref().unwrap_or_default(),
+        &ephemeral,
+        false,
+        input.failures,
+        input.runtime_name,
+    );
     let mut init_statuses = init_statuses;
     if let Some(results) = input.probes {
         apply_probes(&mut init_statuses, &init, input.runtime, results);
@@ -724,6 +736,7 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         qos_class: Some(kubelet_core::resources::qos_class(pod).to_owned()),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
+        ephemeral_container_statuses: (!ephemeral_statuses.is_empty()).then_some(ephemeral_statuses),
         ..old
     }
 }

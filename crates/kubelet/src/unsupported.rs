@@ -150,8 +150,7 @@ fn volume_source(volume: &Volume) -> String {
     }
 }
 
-/// Every container with its path: init, regular, then ephemeral (ephemeral containers share
-/// the fields that matter here).
+/// Every container with its path: init, regular, then ephemeral (as the containers they run as).
 fn containers(spec: &PodSpec) -> Vec<(String, Container)> {
     let init = spec
         .init_containers
@@ -161,20 +160,7 @@ fn containers(spec: &PodSpec) -> Vec<(String, Container)> {
         .map(|(i, c)| (format!("spec.initContainers[{i}]"), c.clone()));
     let regular = spec.containers.iter().enumerate().map(|(i, c)| (format!("spec.containers[{i}]"), c.clone()));
     let ephemeral = spec.ephemeral_containers.iter().flatten().enumerate().map(|(i, e)| {
-        let as_container = Container {
-            name: e.name.clone(),
-            volume_mounts: e.volume_mounts.clone(),
-            volume_devices: e.volume_devices.clone(),
-            liveness_probe: e.liveness_probe.clone(),
-            readiness_probe: e.readiness_probe.clone(),
-            startup_probe: e.startup_probe.clone(),
-            lifecycle: e.lifecycle.clone(),
-            resources: e.resources.clone(),
-            security_context: e.security_context.clone(),
-            restart_policy: e.restart_policy.clone(),
-            restart_policy_rules: e.restart_policy_rules.clone(),
-            ..Container::default()
-        };
+        let as_container = kubelet_core::types::ephemeral_as_container(e);
         (format!("spec.ephemeralContainers[{i}]"), as_container)
     });
     init.chain(regular).chain(ephemeral).collect()

@@ -411,6 +411,7 @@ fn container_config_has_log_path_attempt_labels_and_expanded_command() {
         volumes: &PodVolumes::new(),
         sub_paths: &SubPathMounts::new(),
         seccomp_profiles: std::path::Path::new("/var/lib/kubelet/seccomp"),
+        pid_target: None,
     };
     let config = container_config(&input).unwrap();
     let hugepages = &config.linux.as_ref().unwrap().resources.as_ref().unwrap().hugepage_limits;
@@ -561,4 +562,33 @@ fn service_variables_come_last_and_give_way_to_the_containers_own() {
     let got = environment(&no_links, &c, &Downward::default(), &objects).unwrap();
     assert_eq!(got.vars[0].1, "$(REDIS_MASTER_SERVICE_HOST):$(REDIS_MASTER_SERVICE_PORT)", "left as written");
     assert!(!got.vars.iter().any(|(k, _)| k.starts_with("REDIS_MASTER")));
+}
+
+#[test]
+fn an_ephemeral_container_joins_its_targets_process_namespace_unless_the_pod_shares_one() {
+    let c = Container { name: "debug".into(), ..Container::default() };
+    let user = ImageUser::default();
+    let pid_of = |pod: &Pod| {
+        let input = ConfigInput {
+            pod,
+            container: &c,
+            restart_count: 0,
+            image_ref: "sha256:abc",
+            image_user: &user,
+            env: &[],
+            memory_capacity: 1 << 30,
+            hugepage_sizes: &[],
+            volumes: &PodVolumes::new(),
+            sub_paths: &SubPathMounts::new(),
+            seccomp_profiles: std::path::Path::new("/var/lib/kubelet/seccomp"),
+            pid_target: Some("c0ffee"),
+        };
+        let config = container_config(&input).unwrap();
+        let namespaces = config.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
+        (pb::NamespaceMode::try_from(namespaces.pid).unwrap(), namespaces.target_id)
+    };
+    let mut pod = pod_with(c.clone());
+    assert_eq!(pid_of(&pod), (pb::NamespaceMode::Target, "c0ffee".to_owned()));
+    pod.spec.as_mut().unwrap().share_process_namespace = Some(true);
+    assert_eq!(pid_of(&pod), (pb::NamespaceMode::Pod, String::new()), "the pod's namespace holds the target already");
 }

@@ -42,13 +42,14 @@ impl CriRuntime {
         &self,
         pod: &ApiPod,
         status: &PodStatus,
-        spec: &ApiContainer,
+        start: StartSpec<'_>,
         sandbox_id: &str,
         sandbox_config: &pb::PodSandboxConfig,
         pod_ips: &[String],
         backoff: &Backoff,
         volumes: &PodVolumes,
     ) -> Result<(), SyncFailure> {
+        let spec = start.container;
         let previous = status.container_status(&spec.name);
         // Crash-loop backoff: the newest dead instance decides.
         if let Some(dead) = previous.filter(|c| c.state == ContainerState::Exited)
@@ -89,6 +90,7 @@ impl CriRuntime {
             self.event(pod, EventType::Warning, "Failed", format!("Error: {message}"));
             SyncFailure::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message)
         };
+        let pid_target = start.target_id(status).map_err(config_error)?;
         let env_objects = self.env_objects(pod, spec).await.map_err(config_error)?;
         // A host-network pod's IPs are the node's (upstream gives them to its downward API).
         let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
@@ -119,6 +121,7 @@ impl CriRuntime {
             volumes,
             sub_paths: &sub_paths,
             seccomp_profiles: &self.config.seccomp_dir,
+            pid_target: pid_target.as_deref(),
         };
         let mut config = container::container_config(&input).map_err(config_error)?;
         if let Some(hosts) = self.etc_hosts_mount(pod, spec, pod_ips).await.map_err(config_error)? {
@@ -475,6 +478,30 @@ async fn write_without_following(file: &Path, bytes: &[u8]) -> std::io::Result<(
     out.flush().await
 }
 
+/// A container to start (upstream's `startSpec`): the container, and for an ephemeral one the
+/// container whose process namespace it joins.
+#[derive(Clone, Copy)]
+pub(super) struct StartSpec<'a> {
+    container: &'a ApiContainer,
+    /// The `targetContainerName` of an ephemeral container.
+    pid_target: Option<&'a str>,
+}
+
+impl<'a> StartSpec<'a> {
+    fn of(container: &'a ApiContainer) -> Self {
+        StartSpec { container, pid_target: None }
+    }
+
+    /// The runtime ID of the target container, which must run (upstream `getTargetID`).
+    fn target_id(&self, status: &PodStatus) -> Result<Option<String>, String> {
+        let Some(name) = self.pid_target else { return Ok(None) };
+        match status.container_status(name).filter(|c| c.state == ContainerState::Running) {
+            Some(target) => Ok(Some(target.id.clone())),
+            None => Err(format!("unable to find target container {name}")),
+        }
+    }
+}
+
 pub(super) async fn sync_pod(
     rt: &CriRuntime,
     pod: &ApiPod,
@@ -634,23 +661,11 @@ pub(super) async fn sync_pod(
     // Step 4: ephemeral, then the next init container, then regular containers.
     for &i in &actions.ephemeral_containers_to_start {
         let Some(ephemeral) = spec.ephemeral_containers.as_ref().and_then(|e| e.get(i)) else { continue };
-        let as_container = ApiContainer {
-            name: ephemeral.name.clone(),
-            image: ephemeral.image.clone(),
-            command: ephemeral.command.clone(),
-            args: ephemeral.args.clone(),
-            env: ephemeral.env.clone(),
-            working_dir: ephemeral.working_dir.clone(),
-            image_pull_policy: ephemeral.image_pull_policy.clone(),
-            security_context: ephemeral.security_context.clone(),
-            stdin: ephemeral.stdin,
-            tty: ephemeral.tty,
-            volume_mounts: ephemeral.volume_mounts.clone(),
-            ..ApiContainer::default()
-        };
-        let outcome = rt
-            .start_container(pod, status, &as_container, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes)
-            .await;
+        let as_container = kubelet_core::types::ephemeral_as_container(ephemeral);
+        let target = ephemeral.target_container_name.as_deref().filter(|name| !name.is_empty());
+        let start = StartSpec { container: &as_container, pid_target: target };
+        let outcome =
+            rt.start_container(pod, status, start, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes).await;
         result.push(match outcome {
             Ok(()) => SyncResult::ok(SyncAction::StartContainer, &as_container.name),
             Err(failure) => SyncResult::failed(SyncAction::StartContainer, &as_container.name, failure),
@@ -658,8 +673,9 @@ pub(super) async fn sync_pod(
     }
     for &i in &actions.init_containers_to_start {
         let Some(init) = spec.init_containers.as_ref().and_then(|c| c.get(i)) else { continue };
+        let start = StartSpec::of(init);
         let outcome =
-            rt.start_container(pod, status, init, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes).await;
+            rt.start_container(pod, status, start, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes).await;
         let failed = outcome.is_err();
         result.push(match outcome {
             Ok(()) => SyncResult::ok(SyncAction::InitContainer, &init.name),
@@ -673,8 +689,9 @@ pub(super) async fn sync_pod(
     }
     for &i in &actions.containers_to_start {
         let Some(c) = spec.containers.get(i) else { continue };
+        let start = StartSpec::of(c);
         let outcome =
-            rt.start_container(pod, status, c, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes).await;
+            rt.start_container(pod, status, start, &sandbox_id, &sandbox_config, &pod_ips, backoff, volumes).await;
         result.push(match outcome {
             Ok(()) => SyncResult::ok(SyncAction::StartContainer, &c.name),
             Err(failure) => SyncResult::failed(SyncAction::StartContainer, &c.name, failure),

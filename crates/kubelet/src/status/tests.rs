@@ -471,6 +471,28 @@ mod api {
     }
 
     #[test]
+    fn ephemeral_containers_have_statuses_of_their_own_and_no_say_in_the_phase() {
+        let mut p = pod("Always", vec![], &["a"]);
+        p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![
+            k8s_openapi::api::core::v1::EphemeralContainer { name: "debug".into(), ..Default::default() },
+            k8s_openapi::api::core::v1::EphemeralContainer { name: "later".into(), ..Default::default() },
+        ]);
+        let status = rt_status(&[("a", Rt::Running, 0, 0), ("debug", Rt::Exited, 1, 0)]);
+        let got = api_pod_status(&StatusInput::new(&p, &status, &no_failures, now()));
+        assert_eq!(got.phase.as_deref(), Some(RUNNING), "an ephemeral container that failed fails nothing");
+        let ephemeral = got.ephemeral_container_statuses.unwrap();
+        let states: Vec<(&str, bool, bool)> = ephemeral
+            .iter()
+            .map(|s| {
+                let state = s.state.as_ref().unwrap();
+                (s.name.as_str(), state.terminated.is_some(), state.waiting.is_some())
+            })
+            .collect();
+        assert_eq!(states, [("debug", true, false), ("later", false, true)]);
+        assert_eq!(got.container_statuses.unwrap().len(), 1);
+    }
+
+    #[test]
     fn a_host_network_pods_ips_are_the_nodes() {
         let mut p = pod("Always", vec![], &["a"]);
         p.spec.as_mut().unwrap().host_network = Some(true);
