@@ -157,7 +157,7 @@ pub(crate) fn up() -> Result<()> {
     let pki = pki();
     let file = |name: &str| pki.join(name).display().to_string();
     let apiserver = apiserver_binary().map_err(anyhow::Error::msg)?;
-    let args = [
+    let mut args = vec![
         format!("--etcd-servers={etcd_url}"),
         "--bind-address=127.0.0.1".to_owned(),
         "--advertise-address=127.0.0.1".to_owned(),
@@ -178,19 +178,27 @@ pub(crate) fn up() -> Result<()> {
         "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
         "--endpoint-reconciler-type=none".to_owned(),
         "--allow-privileged=true".to_owned(),
-        // `kubectl debug`'s ephemeral containers: alpha before v1.23 (off unless asked for, as a
-        // v1.20 cluster's admin would), GA from v1.25 (where setting it is allowed and warned of).
-        "--feature-gates=EphemeralContainers=true".to_owned(),
         // `/debug/pprof` for the admin: a goroutine dump shows where a request the server holds
         // waits (README, "Join a cluster").
         "--profiling=true".to_owned(),
     ];
+    // `kubectl debug`'s ephemeral containers: alpha before v1.23 (off unless asked for, as a v1.20
+    // cluster's admin would ask), GA from v1.25, the gate gone from v1.27 (naming it is an error).
+    if minor_version(&apiserver).is_some_and(|minor| minor < 27) {
+        args.push("--feature-gates=EphemeralContainers=true".to_owned());
+    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let pid = APISERVER.spawn_program(&apiserver, &args)?;
     wait_until("kube-apiserver", Duration::from_secs(60), || ready(&server))
         .with_context(|| format!("see {} and {}", APISERVER.log_file().display(), ETCD.log_file().display()))?;
     println!("started kube-apiserver on {server} (pid {pid}); admin kubeconfig {}", admin_kubeconfig().display());
     Ok(())
+}
+
+/// The minor version kube-apiserver `binary` says it is (`Kubernetes v1.20.2`: 20).
+fn minor_version(binary: &Path) -> Option<u32> {
+    let said = output(Command::new(binary).arg("--version")).ok()?;
+    said.trim().strip_prefix("Kubernetes v")?.split('.').nth(1)?.parse().ok()
 }
 
 /// Whether the API server answers `/readyz` with 200 to the admin.

@@ -104,6 +104,8 @@ pub struct Facts {
     pub hostname: String,
     /// The node's IP (`--node-ip`), reported as its `InternalIP`; none: no InternalIP.
     pub ip: Option<IpAddr>,
+    /// The second address of a dual-stack `--node-ip`, reported as a second `InternalIP`.
+    pub secondary_ip: Option<IpAddr>,
     /// Extra labels (`--node-labels`).
     pub labels: BTreeMap<String, String>,
     /// Taints to register with (`--register-with-taints`).
@@ -153,6 +155,7 @@ impl Facts {
             hostname: name.clone(),
             name,
             ip: None,
+            secondary_ip: None,
             labels: BTreeMap::new(),
             taints: Vec::new(),
             cpu_milli: 0,
@@ -356,9 +359,9 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
         reason,
         message: format!("Node {name} status is now: {reason}"),
     };
-    // Addresses: the node IP, then the host name.
+    // Addresses: the node IPs (a dual-stack pair in the order given), then the host name.
     let mut addresses = Vec::new();
-    if let Some(ip) = facts.ip {
+    for ip in facts.ip.iter().chain(&facts.secondary_ip) {
         addresses.push(NodeAddress { type_: "InternalIP".into(), address: ip.to_string() });
     }
     addresses.push(NodeAddress { type_: "Hostname".into(), address: facts.hostname.clone() });

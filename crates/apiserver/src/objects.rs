@@ -350,7 +350,8 @@ impl ObjectSource for ApiObjects {
 
     fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
         Box::pin(async move {
-            let classes = self.runtime_classes_watched().all("runtime classes").await?;
+            let classes = self.runtime_classes_watched().all("runtime classes").await;
+            let classes = classes.map_err(|err| format!("failed to lookup RuntimeClass {class}: {err}"))?;
             match classes.iter().find(|c| c.metadata.name.as_deref() == Some(class)) {
                 Some(found) => Ok(Some(found.handler.clone())),
                 // The API's NotFound, as upstream's lister words it.

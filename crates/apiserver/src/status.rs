@@ -65,7 +65,7 @@ pub fn status_patch(api: &Pod, uid: &str, ours: &PodStatus) -> Option<Value> {
     let mut conditions: Vec<_> = merged.conditions.take().unwrap_or_default().into_iter().filter(is_kubelets).collect();
     conditions.extend(kept);
     merged.conditions = (!conditions.is_empty()).then_some(conditions);
-    if api.status.as_ref() == Some(&merged) {
+    if api.status.as_ref().is_some_and(|theirs| says_the_same(theirs, &merged)) {
         return None;
     }
     // The patch names the kubelet's conditions alone: a strategic merge patch merges conditions
@@ -79,6 +79,19 @@ pub fn status_patch(api: &Pod, uid: &str, ours: &PodStatus) -> Option<Value> {
     }
     replace_lists(&mut status);
     Some(json!({ "metadata": { "uid": uid }, "status": status }))
+}
+
+/// Whether two statuses say the same, whatever the order of their conditions: the API server
+/// appends a condition it did not have, so its order is not the kubelet's.
+fn says_the_same(theirs: &PodStatus, ours: &PodStatus) -> bool {
+    let by_type = |status: &PodStatus| {
+        let mut status = status.clone();
+        if let Some(conditions) = status.conditions.as_mut() {
+            conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+        }
+        status
+    };
+    by_type(theirs) == by_type(ours)
 }
 
 /// Says `null` for what the API's status (`theirs`) has and the kubelet's (`ours`) has not, as
@@ -681,6 +694,16 @@ mod tests {
             api["conditions"],
             json!([{"type": "Ready", "status": "True"}, {"type": "example.com/gate", "status": "False"}])
         );
+    }
+
+    #[test]
+    fn a_status_the_api_has_in_another_order_is_not_sent_again() {
+        let mut ours = running("True");
+        ours.conditions.as_mut().unwrap().push(condition("ContainersReady", "True"));
+        let mut theirs = ours.clone();
+        theirs.conditions.as_mut().unwrap().reverse();
+        theirs.conditions.as_mut().unwrap().push(condition("example.com/gate", "True"));
+        assert_eq!(status_patch(&api_pod("u1", theirs), "u1", &ours), None);
     }
 
     #[test]

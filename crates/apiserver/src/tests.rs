@@ -47,6 +47,18 @@ fn registration_carries_the_kubelets_labels_over_the_extra_ones_and_the_taints()
 }
 
 #[test]
+fn a_dual_stack_node_reports_both_internal_ips_in_the_order_given() {
+    let mut facts = facts();
+    facts.secondary_ip = Some("2001:db8::10".parse().unwrap());
+    let mut node = registration(&facts);
+    set_status(&mut node, &facts, &Health::default(), at(0));
+    let addresses: Vec<(String, String)> =
+        node.status.unwrap().addresses.unwrap().into_iter().map(|a| (a.type_, a.address)).collect();
+    let expected = [("InternalIP", "192.0.2.10"), ("InternalIP", "2001:db8::10"), ("Hostname", "node-1")];
+    assert_eq!(addresses, expected.map(|(kind, address)| (kind.to_owned(), address.to_owned())));
+}
+
+#[test]
 fn the_first_status_is_ready_with_capacity_allocatable_and_info() {
     let facts = facts();
     let mut node = registration(&facts);

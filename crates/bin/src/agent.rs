@@ -107,6 +107,7 @@ async fn run_with(
         .seccomp_dir(settings.root_dir.join("seccomp"))
         .cgroup_root(&settings.pods_cgroup)
         .node_ip(&settings.node_ip)
+        .secondary_node_ip(settings.secondary_node_ip.map(|ip| ip.to_string()).unwrap_or_default())
         .image_pull_limit(file.image_pull_limit())
         .allocatable(allocatable_quantities(&node))
         .hugepage_sizes(node.hugepages.keys().copied().collect())
@@ -389,8 +390,11 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
 
     let node = node_allocatable(&settings);
     let allocatable = allocatable_quantities(&node);
-    let kubelet_config =
-        kubelet::Config::new(&settings.node_name).root_dir(&settings.root_dir).node_ip(&settings.node_ip).node(node);
+    let kubelet_config = kubelet::Config::new(&settings.node_name)
+        .root_dir(&settings.root_dir)
+        .node_ip(&settings.node_ip)
+        .secondary_node_ip(settings.secondary_node_ip.map(|ip| ip.to_string()).unwrap_or_default())
+        .node(node);
     let mut sources = Vec::new();
     if file.static_pod_path.is_some() {
         sources.push(Source::File);

@@ -116,6 +116,7 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     let file = &settings.file;
     let mut facts = Facts::new(&settings.node_name, runtime).read_host(&settings.root_dir);
     facts.ip = settings.node_ip.parse().ok();
+    facts.secondary_ip = settings.secondary_node_ip;
     facts.labels.clone_from(&settings.node_labels);
     facts.taints.clone_from(&file.register_with_taints);
     let node = NodeResources::of_this_node();

@@ -111,7 +111,7 @@ fn keep_serving_certificate(
     if current.exists() {
         present(&current);
     }
-    let ips = settings.node_ip.parse().into_iter().collect();
+    let ips = settings.node_ip.parse().into_iter().chain(settings.secondary_node_ip).collect();
     let renewal =
         Renewal::new(SERVING, &settings.cert_dir, &settings.node_name).for_names(vec![settings.node_name.clone()], ips);
     let existing = move || std::fs::read(&current).ok();

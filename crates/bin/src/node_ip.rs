@@ -1,33 +1,65 @@
 //! The node's IP, as upstream's `NodeAddress` setter finds it: `--node-ip` when given; else the
 //! node's name when it is an IP; else the first address the node's name resolves to that can be
-//! a node IP (not loopback, link-local or multicast, and assigned to this host); else the source
-//! address of the default route. Pods' `hostIP`, the downward API's `status.hostIP` and the
-//! probes of host-network pods use it, standalone as in a cluster.
+//! a node IP (not loopback, link-local or multicast, and assigned to this host), of the family
+//! `--node-ip` prefers (`::` prefers IPv6); else the source address of the default route. Pods'
+//! `hostIP`, the downward API's `status.hostIP` and the probes of host-network pods use it,
+//! standalone as in a cluster.
+//!
+//! `--node-ip` may also be a dual-stack pair (upstream's `ParseNodeIPArgument` without a cloud
+//! provider): its second address is the node's secondary IP, which the Node reports as a second
+//! `InternalIP` and pods as their second `hostIPs` entry.
 
 use std::net::{IpAddr, ToSocketAddrs as _, UdpSocket};
 
-/// The node's IP, from `--node-ip` (`given`, its first address when there are two) or found as
-/// upstream finds it; `None` when this host has no address to offer.
-pub(crate) fn node_ip(given: &str, node_name: &str) -> Option<IpAddr> {
-    choose(given, node_name, &resolve, &is_assigned_here, default_route_ip)
+/// The addresses `--node-ip` gives (upstream `ParseNodeIPArgument`): none, one, or a dual-stack
+/// pair, neither of which is unspecified; otherwise upstream's reason.
+pub(crate) fn parse_node_ips(given: &str) -> Result<Vec<IpAddr>, String> {
+    if given.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ips = Vec::new();
+    for text in given.split(',').map(str::trim) {
+        ips.push(text.parse::<IpAddr>().map_err(|_| format!("could not parse {text:?}"))?);
+    }
+    match ips.as_slice() {
+        [_] => Ok(ips),
+        [first, second] if first.is_ipv6() != second.is_ipv6() => {
+            if first.is_unspecified() || second.is_unspecified() {
+                return Err("dual-stack node IP cannot include '0.0.0.0' or '::'".to_owned());
+            }
+            Ok(ips)
+        }
+        _ => Err("must contain either a single IP or a dual-stack pair of IPs".to_owned()),
+    }
+}
+
+/// The node's IP, from `--node-ip` (`given`, already [`parse_node_ips`]d: its first address
+/// unless unspecified) or found as upstream finds it; `None` when this host has no address to
+/// offer.
+pub(crate) fn node_ip(given: &[IpAddr], node_name: &str) -> Option<IpAddr> {
+    choose(given.first().copied(), node_name, &resolve, &is_assigned_here, default_route_ip)
 }
 
 /// [`node_ip`] with the host's answers passed in.
 fn choose(
-    given: &str,
+    given: Option<IpAddr>,
     node_name: &str,
     resolve: &dyn Fn(&str) -> Vec<IpAddr>,
     assigned_here: &dyn Fn(IpAddr) -> bool,
     default_route: impl FnOnce() -> Option<IpAddr>,
 ) -> Option<IpAddr> {
-    if let Some(first) = given.split(',').map(str::trim).find(|ip| !ip.is_empty()) {
-        return first.parse().ok();
+    if let Some(given) = given.filter(|ip| !ip.is_unspecified()) {
+        return Some(given);
     }
     if let Ok(ip) = node_name.parse::<IpAddr>() {
         return Some(ip);
     }
+    // IPv4 is preferred unless `--node-ip` is `::`; an address of the other family still does.
+    let prefer_ipv6 = given.is_some_and(|ip| ip.is_ipv6());
     let can_be_node_ip = |ip: &IpAddr| !is_loopback_link_local_or_multicast(*ip) && assigned_here(*ip);
-    resolve(node_name).into_iter().find(can_be_node_ip).or_else(default_route)
+    let candidates: Vec<IpAddr> = resolve(node_name).into_iter().filter(can_be_node_ip).collect();
+    let preferred = candidates.iter().find(|ip| ip.is_ipv6() == prefer_ipv6);
+    preferred.or(candidates.first()).copied().or_else(default_route)
 }
 
 /// Upstream's `validateNodeIP`, but for the check against the host's interfaces.
@@ -69,12 +101,39 @@ mod tests {
         let here = |candidate: IpAddr| candidate == ip("10.0.0.5") || candidate == ip("127.0.1.1");
         let dns = |_: &str| vec![ip("127.0.1.1"), ip("169.254.1.1"), ip("10.9.9.9"), ip("10.0.0.5")];
         let route = || Some(ip("10.0.0.7"));
-        assert_eq!(choose("192.0.2.9,fd00::9", "n", &dns, &here, route), Some(ip("192.0.2.9")));
-        assert_eq!(choose("", "192.0.2.10", &dns, &here, route), Some(ip("192.0.2.10")));
+        assert_eq!(choose(Some(ip("192.0.2.9")), "n", &dns, &here, route), Some(ip("192.0.2.9")));
+        assert_eq!(choose(None, "192.0.2.10", &dns, &here, route), Some(ip("192.0.2.10")));
         // Loopback and link-local are skipped, and 10.9.9.9 is not this host's.
-        assert_eq!(choose("", "n", &dns, &here, route), Some(ip("10.0.0.5")));
+        assert_eq!(choose(None, "n", &dns, &here, route), Some(ip("10.0.0.5")));
+        assert_eq!(choose(Some(ip("0.0.0.0")), "n", &dns, &here, route), Some(ip("10.0.0.5")), "unspecified: found");
         // A name that resolves to loopback alone (Debian's 127.0.1.1): the default route.
-        assert_eq!(choose("", "n", &|_| vec![ip("127.0.1.1")], &here, route), Some(ip("10.0.0.7")));
+        assert_eq!(choose(None, "n", &|_| vec![ip("127.0.1.1")], &here, route), Some(ip("10.0.0.7")));
+    }
+
+    #[test]
+    fn unspecified_ipv6_prefers_the_names_ipv6_address() {
+        let here = |_: IpAddr| true;
+        let dns = |_: &str| vec![ip("10.0.0.5"), ip("fd00::5")];
+        assert_eq!(choose(None, "n", &dns, &here, || None), Some(ip("10.0.0.5")));
+        assert_eq!(choose(Some(ip("::")), "n", &dns, &here, || None), Some(ip("fd00::5")));
+        let v4_only = |_: &str| vec![ip("10.0.0.5")];
+        assert_eq!(choose(Some(ip("::")), "n", &v4_only, &here, || None), Some(ip("10.0.0.5")), "the other family");
+    }
+
+    #[test]
+    fn node_ip_takes_one_address_or_a_dual_stack_pair_as_upstream() {
+        assert_eq!(parse_node_ips(""), Ok(vec![]));
+        assert_eq!(parse_node_ips("192.0.2.9"), Ok(vec![ip("192.0.2.9")]));
+        assert_eq!(parse_node_ips("192.0.2.9, fd00::9"), Ok(vec![ip("192.0.2.9"), ip("fd00::9")]));
+        assert_eq!(parse_node_ips("fd00::9,192.0.2.9"), Ok(vec![ip("fd00::9"), ip("192.0.2.9")]));
+        let pair = "must contain either a single IP or a dual-stack pair of IPs";
+        assert_eq!(parse_node_ips("192.0.2.9,192.0.2.10").unwrap_err(), pair);
+        assert_eq!(parse_node_ips("192.0.2.9,fd00::9,192.0.2.10").unwrap_err(), pair);
+        assert_eq!(
+            parse_node_ips("0.0.0.0,fd00::9").unwrap_err(),
+            "dual-stack node IP cannot include '0.0.0.0' or '::'"
+        );
+        assert_eq!(parse_node_ips("192.0.2.9,x").unwrap_err(), "could not parse \"x\"");
     }
 
     #[test]
@@ -82,7 +141,7 @@ mod tests {
         if default_route_ip().is_none() {
             return;
         }
-        let found = node_ip("", "localhost").expect("an address");
+        let found = node_ip(&[], "localhost").expect("an address");
         assert!(!is_loopback_link_local_or_multicast(found), "{found}");
         assert!(is_assigned_here(found));
     }

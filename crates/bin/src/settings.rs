@@ -75,6 +75,8 @@ pub(crate) struct Settings {
     pub(crate) root_dir: PathBuf,
     pub(crate) node_name: String,
     pub(crate) node_ip: String,
+    /// The second address of a dual-stack `--node-ip`.
+    pub(crate) secondary_node_ip: Option<std::net::IpAddr>,
     pub(crate) container_logs_dir: PathBuf,
     /// The cgroup parent of pod cgroups: `<cgroupRoot>/kubepods`.
     pub(crate) pods_cgroup: String,
@@ -193,12 +195,10 @@ impl Settings {
         let mut without_effect = std::mem::take(&mut file.without_effect);
         without_effect.extend(given.missing);
         let node_name = args.hostname_override.map(|h| h.to_lowercase()).unwrap_or_else(host_name);
-        if let Some(bad) =
-            args.node_ip.split(',').map(str::trim).find(|ip| !ip.is_empty() && ip.parse::<std::net::IpAddr>().is_err())
-        {
-            let message = format!("invalid IP address {bad:?}: expected an IP address (or two, comma-separated)");
-            return Err(ConfigFileError { origin: "--node-ip".to_owned(), message });
-        }
+        let node_ips = crate::node_ip::parse_node_ips(&args.node_ip).map_err(|reason| ConfigFileError {
+            origin: "--node-ip".to_owned(),
+            message: format!("bad --node-ip {:?}: {reason}", args.node_ip),
+        })?;
         if args.bootstrap_kubeconfig.is_some() && args.kubeconfig.is_none() {
             let message = "needs --kubeconfig, the file the node's kubeconfig is written to".to_owned();
             return Err(ConfigFileError { origin: "--bootstrap-kubeconfig".to_owned(), message });
@@ -217,7 +217,8 @@ impl Settings {
             without_effect,
             file,
             root_dir: args.root_dir,
-            node_ip: crate::node_ip::node_ip(&args.node_ip, &node_name).map(|ip| ip.to_string()).unwrap_or_default(),
+            node_ip: crate::node_ip::node_ip(&node_ips, &node_name).map(|ip| ip.to_string()).unwrap_or_default(),
+            secondary_node_ip: node_ips.get(1).copied(),
             node_name,
             container_logs_dir: args.container_logs_dir,
         })
@@ -285,6 +286,10 @@ mod tests {
         let err = resolve(&["--node-ip", "not-an-ip"]).unwrap_err();
         assert_eq!(err.origin, "--node-ip");
         assert!(err.message.contains("\"not-an-ip\""), "{}", err.message);
+        let dual = resolve(&["--node-ip", "192.0.2.50,fd00::50"]).unwrap();
+        assert_eq!((dual.node_ip.as_str(), dual.secondary_node_ip), ("192.0.2.50", Some("fd00::50".parse().unwrap())));
+        let err = resolve(&["--node-ip", "192.0.2.50,192.0.2.51"]).unwrap_err();
+        assert!(err.message.contains("dual-stack pair"), "{}", err.message);
         // Without the flag: found as upstream finds it, when this host has a route out.
         if crate::node_ip::default_route_ip().is_some() {
             let found: std::net::IpAddr = resolve(&[]).unwrap().node_ip.parse().unwrap();

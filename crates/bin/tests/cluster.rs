@@ -2184,6 +2184,51 @@ async fn debug_a_running_pod(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster
     assert_eq!(pod["status"]["containerStatuses"].as_array().unwrap().len(), 1, "the debugger is not a container");
 }
 
+/// A node given a dual-stack `--node-ip` reports both addresses as `InternalIP`s, primary first,
+/// and gives both to a host-network pod as its `podIPs` (and `hostIPs`, where the API server
+/// keeps them), as upstream's kubelet does without a cloud provider.
+#[tokio::test]
+async fn real_a_dual_stack_node_reports_both_of_its_addresses_from_kube_apiserver() {
+    let test = "real_a_dual_stack_node_reports_both_of_its_addresses_from_kube_apiserver";
+    on_node(NODE_3, test, "dual-stack", None, |rt, dir, cluster, node| async move {
+        report_both_addresses(test, rt, dir, cluster, node).await;
+    })
+    .await;
+}
+
+/// The body of [`real_a_dual_stack_node_reports_both_of_its_addresses_from_kube_apiserver`].
+async fn report_both_addresses(test: &str, rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+        .unwrap();
+    let node_ips = ["192.0.2.10", "2001:db8::10"];
+    let flag = node_ips.join(",");
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &["--node-ip", &flag]);
+    let mut pod = writer_pod("on-host", &node, &rt.busybox_image, "true", None, json!({}));
+    pod["spec"]["hostNetwork"] = json!(true);
+    cluster.create_pod(pod).await;
+    let key = format!("{}/on-host", cluster.namespace());
+    let status = until(&cluster, &node, &dir, "the host-network pod to run", |v| {
+        v.pods.get(&key).filter(|p| phase(p) == "Running").map(|p| p["status"].clone())
+    })
+    .await;
+    let view = cluster.view(&node).await;
+    let addresses: Vec<(&str, &str)> = view.nodes[&node]["status"]["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["type"].as_str().unwrap(), a["address"].as_str().unwrap()))
+        .collect();
+    assert_eq!(addresses, [("InternalIP", node_ips[0]), ("InternalIP", node_ips[1]), ("Hostname", node.as_str())]);
+    let listed = |list: &Value| -> Vec<String> {
+        list.as_array().into_iter().flatten().map(|ip| ip["ip"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(listed(&status["podIPs"]), node_ips, "{status}");
+    assert_eq!(status["hostIP"], node_ips[0]);
+    if cluster.serves(test, "a pod's status.hostIPs", 28) {
+        assert_eq!(listed(&status["hostIPs"]), node_ips, "{status}");
+    }
+}
+
 #[tokio::test]
 async fn real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver() {
     let test = "real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver";

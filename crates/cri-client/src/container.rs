@@ -55,8 +55,8 @@ pub struct Downward<'a> {
     pub pod_ips: &'a [String],
     /// The node's name.
     pub node_name: &'a str,
-    /// The node's IP.
-    pub host_ip: &'a str,
+    /// The node's IPs, primary first.
+    pub host_ips: &'a [String],
     /// The node's allocatable resources, for `resourceFieldRef`s to limits the container does
     /// not set.
     pub allocatable: &'a std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
@@ -68,7 +68,7 @@ static NO_ALLOCATABLE: std::collections::BTreeMap<String, k8s_openapi::apimachin
 
 impl Default for Downward<'_> {
     fn default() -> Self {
-        Downward { pod_ips: &[], node_name: "", host_ip: "", allocatable: &NO_ALLOCATABLE }
+        Downward { pod_ips: &[], node_name: "", host_ips: &[], allocatable: &NO_ALLOCATABLE }
     }
 }
 

@@ -63,6 +63,8 @@ pub struct Config {
     pub node_name: String,
     /// The node's IP, for the downward API.
     pub node_ip: String,
+    /// The second address of a dual-stack node, for the downward API; empty when it has one.
+    pub secondary_node_ip: String,
     /// Where per-pod directories go (`<root-dir>/pods`, `/var/lib/kubelet/pods`); termination
     /// message files live under them.
     pub pods_dir: PathBuf,
@@ -97,6 +99,7 @@ impl Config {
             cluster_domain: String::new(),
             node_name: node_name.into(),
             node_ip: String::new(),
+            secondary_node_ip: String::new(),
             pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
             image_pull_limit: Some(1),
             allocatable: std::collections::BTreeMap::new(),
@@ -188,6 +191,18 @@ impl Config {
     pub fn node_ip(mut self, ip: impl Into<String>) -> Self {
         self.node_ip = ip.into();
         self
+    }
+
+    /// Sets the second address of a dual-stack node.
+    #[must_use]
+    pub fn secondary_node_ip(mut self, ip: impl Into<String>) -> Self {
+        self.secondary_node_ip = ip.into();
+        self
+    }
+
+    /// The node's IPs, primary first, none when it has no IP.
+    pub fn node_ips(&self) -> Vec<String> {
+        [&self.node_ip, &self.secondary_node_ip].into_iter().filter(|ip| !ip.is_empty()).cloned().collect()
     }
 }
 

@@ -278,7 +278,8 @@ impl<R: Runtime, W: PodWorkers> SyncHandler for Kubelet<R, W> {
                 // Its dead containers go at once.
                 self.cleanups.push(Job::RemoveDeadContainers(PodUid::of(&pod)));
             }
-            if crate::status::readiness_needs_reconcile(&pod) {
+            // A mirror pod's conditions are not its static pod's, whose status the kubelet makes.
+            if !is_mirror_pod(&pod) && crate::status::readiness_needs_reconcile(&pod) {
                 // A readiness gate's condition changed: Ready follows at once.
                 self.dispatch(pod, SyncPodType::Sync);
             }

@@ -44,6 +44,8 @@ pub struct Config {
     pub node_name: String,
     /// The node's IP (`status.hostIP`).
     pub node_ip: String,
+    /// The second address of a dual-stack node (`status.hostIPs[1]`); empty when it has one.
+    pub secondary_node_ip: String,
     /// `--root-dir` (`/var/lib/kubelet`); pod directories go under `pods/`.
     pub root_dir: PathBuf,
     /// What the node offers, for admission.
@@ -58,6 +60,7 @@ impl Config {
         Config {
             node_name: node_name.into(),
             node_ip: String::new(),
+            secondary_node_ip: String::new(),
             root_dir: PathBuf::from("/var/lib/kubelet"),
             node: NodeResources::of_this_node(),
             runtime_name: "containerd".to_owned(),
@@ -75,6 +78,13 @@ impl Config {
     #[must_use]
     pub fn node_ip(mut self, ip: impl Into<String>) -> Self {
         self.node_ip = ip.into();
+        self
+    }
+
+    /// Sets the second address of a dual-stack node.
+    #[must_use]
+    pub fn secondary_node_ip(mut self, ip: impl Into<String>) -> Self {
+        self.secondary_node_ip = ip.into();
         self
     }
 
@@ -352,6 +362,7 @@ impl<R: Runtime> PodSync<R> {
             .terminal(terminal)
             .runtime_name(&self.config.runtime_name)
             .host_ip(&self.config.node_ip)
+            .secondary_host_ip(&self.config.secondary_node_ip)
             .probe_results(&self.probe_results);
         status::api_pod_status(&input)
     }

@@ -274,12 +274,13 @@ pub const SHARED_CONDITION: &str = "DisruptionTarget";
 /// gate's, a scheduler's) as `config`, the pod's status from its source, has them: the base of
 /// its next status (upstream `generateAPIPodStatus` takes those from the API's pod).
 pub fn with_others_conditions(mut stored: ApiPodStatus, config: Option<&ApiPodStatus>) -> ApiPodStatus {
-    let kubelets = |c: &PodCondition| OWNED_CONDITIONS.contains(&c.type_.as_str()) || c.type_ == SHARED_CONDITION;
+    let owned = |c: &PodCondition| OWNED_CONDITIONS.contains(&c.type_.as_str());
     let mut conditions: Vec<PodCondition> = stored.conditions.take().unwrap_or_default();
-    conditions.retain(kubelets);
+    // The shared one stays when the kubelet set it; else it is the config's, as the others.
+    conditions.retain(|c| owned(c) || c.type_ == SHARED_CONDITION);
     let others = config.and_then(|s| s.conditions.as_ref()).into_iter().flatten();
     let others: Vec<PodCondition> =
-        others.filter(|c| !conditions.iter().any(|k| k.type_ == c.type_) && !kubelets(c)).cloned().collect();
+        others.filter(|c| !owned(c) && !conditions.iter().any(|k| k.type_ == c.type_)).cloned().collect();
     conditions.extend(others);
     stored.conditions = (!conditions.is_empty()).then_some(conditions);
     stored
@@ -595,6 +596,8 @@ pub struct StatusInput<'a> {
     pub runtime_name: &'a str,
     /// The node's IP.
     pub host_ip: &'a str,
+    /// The second address of a dual-stack node; empty when it has one.
+    pub secondary_host_ip: &'a str,
     /// Now, for transition times and the start time.
     pub now: Time,
     /// The probes' verdicts, when the agent probes.
@@ -625,6 +628,7 @@ impl<'a> StatusInput<'a> {
             failures,
             runtime_name: "containerd",
             host_ip: "",
+            secondary_host_ip: "",
             now,
             probes: None,
         }
@@ -648,6 +652,13 @@ impl<'a> StatusInput<'a> {
     #[must_use]
     pub fn host_ip(mut self, ip: &'a str) -> Self {
         self.host_ip = ip;
+        self
+    }
+
+    /// Sets the second address of a dual-stack node.
+    #[must_use]
+    pub fn secondary_host_ip(mut self, ip: &'a str) -> Self {
+        self.secondary_host_ip = ip;
         self
     }
 
@@ -686,7 +697,7 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
     // Ephemeral containers as the containers they run as (upstream's `convertStatusToAPIStatus`).
     let ephemeral: Vec<Container> =
         spec.ephemeral_containers.iter().flatten().map(kubelet_core::types::ephemeral_as_container).collect();
-    let ephemeral_statuses = container_statuses(
+    let mut ephemeral_statuses = container_statuses(
         pod,
         input.runtime,
         old.ephemeral_container_statuses.as_deref().unwrap_or_default(),
@@ -695,6 +706,12 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         input.failures,
         input.runtime_name,
     );
+    // Nothing probes them: never ready, and not said to have started (upstream's prober
+    // manager sets both for regular and init containers alone).
+    for status in &mut ephemeral_statuses {
+        status.ready = false;
+        status.started = None;
+    }
     let mut init_statuses = init_statuses;
     if let Some(results) = input.probes {
         apply_probes(&mut init_statuses, &init, input.runtime, results);
@@ -714,13 +731,16 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         containers_ready(pod, &all, &phase),
         scheduled(),
     ];
-    // Conditions the kubelet does not own are kept.
-    conditions.extend(old_conditions.iter().filter(|c| !OWNED_CONDITIONS.contains(&c.type_.as_str())).cloned());
     set_transition_times(&mut conditions, &old_conditions, &input.now);
+    // Conditions the kubelet does not own are kept as they are, their times too.
+    conditions.extend(old_conditions.iter().filter(|c| !OWNED_CONDITIONS.contains(&c.type_.as_str())).cloned());
     let mut ips = input.runtime.ips.clone();
+    // The node's IPs, primary first (upstream `getHostIPsAnyWay`).
+    let host_ips: Vec<String> =
+        [input.host_ip, input.secondary_host_ip].into_iter().filter(|ip| !ip.is_empty()).map(str::to_owned).collect();
     // A host-network pod's IPs are the node's (upstream `generateAPIPodStatus`).
     if ips.is_empty() && !input.host_ip.is_empty() && pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
-        ips.push(input.host_ip.to_owned());
+        ips.clone_from(&host_ips);
     }
     ApiPodStatus {
         phase: Some(phase.clone()),
@@ -729,7 +749,7 @@ pub fn api_pod_status(input: &StatusInput<'_>) -> ApiPodStatus {
         message: old.message.clone().filter(|_| old.phase.as_deref() == Some(phase.as_str())),
         conditions: Some(conditions),
         host_ip: (!input.host_ip.is_empty()).then(|| input.host_ip.to_owned()),
-        host_ips: (!input.host_ip.is_empty()).then(|| vec![HostIP { ip: input.host_ip.to_owned() }]),
+        host_ips: (!input.host_ip.is_empty()).then(|| host_ips.iter().map(|ip| HostIP { ip: ip.clone() }).collect()),
         pod_ip: ips.first().cloned(),
         pod_ips: (!ips.is_empty()).then(|| ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
         start_time: old.start_time.clone().or_else(|| Some(input.now.clone())),

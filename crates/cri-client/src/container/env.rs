@@ -272,7 +272,8 @@ fn field_ref(pod: &Pod, path: &str, downward: &Downward<'_>) -> Result<String, S
     let value = match path {
         "spec.nodeName" => downward.node_name.to_owned(),
         "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
-        "status.hostIP" | "status.hostIPs" => downward.host_ip.to_owned(),
+        "status.hostIP" => downward.host_ips.first().cloned().unwrap_or_default(),
+        "status.hostIPs" => downward.host_ips.join(","),
         "status.podIP" => downward.pod_ips.first().cloned().unwrap_or_default(),
         "status.podIPs" => downward.pod_ips.join(","),
         _ => kubelet_core::types::metadata_field(pod, path)

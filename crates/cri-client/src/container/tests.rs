@@ -71,6 +71,8 @@ fn environment_resolves_values_references_and_downward_fields() {
         field("NS", "metadata.namespace"),
         field("IP", "status.podIP"),
         field("NODE", "spec.nodeName"),
+        field("HOST_IP", "status.hostIP"),
+        field("HOST_IPS", "status.hostIPs"),
         field("APP", "metadata.labels['app']"),
         EnvVar {
             name: "CPU".into(),
@@ -104,7 +106,8 @@ fn environment_resolves_values_references_and_downward_fields() {
     let pod = pod_with(c.clone());
     let ips = ["10.85.0.7".to_owned()];
     let allocatable = BTreeMap::from([("cpu".to_owned(), Quantity("1900m".into()))]);
-    let downward = Downward { pod_ips: &ips, node_name: "node-1", host_ip: "192.0.2.2", allocatable: &allocatable };
+    let host_ips = ["192.0.2.2".to_owned(), "fd00::2".to_owned()];
+    let downward = Downward { pod_ips: &ips, node_name: "node-1", host_ips: &host_ips, allocatable: &allocatable };
     let got = environment(&pod, &c, &downward, &EnvObjects::default()).unwrap();
     let got: HashMap<_, _> = got.vars.into_iter().collect();
     assert_eq!(got["DATA"], "/srv/data");
@@ -113,6 +116,7 @@ fn environment_resolves_values_references_and_downward_fields() {
         ("web", "ns", "10.85.0.7", "node-1")
     );
     assert_eq!(got["APP"], "web");
+    assert_eq!((got["HOST_IP"].as_str(), got["HOST_IPS"].as_str()), ("192.0.2.2", "192.0.2.2,fd00::2"));
     assert_eq!(got["CPU"], "64");
     assert_eq!(got["CPU_LIMIT"], "1900", "an unset limit is the node's allocatable");
 }

@@ -94,13 +94,12 @@ impl CriRuntime {
         let env_objects = self.env_objects(pod, spec).await.map_err(config_error)?;
         // A host-network pod's IPs are the node's (upstream gives them to its downward API).
         let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
-        let node_ips = [self.config.node_ip.clone()];
-        let pod_ips =
-            if host_network && pod_ips.is_empty() && !self.config.node_ip.is_empty() { &node_ips[..] } else { pod_ips };
+        let node_ips = self.config.node_ips();
+        let pod_ips = if host_network && pod_ips.is_empty() { &node_ips[..] } else { pod_ips };
         let downward = container::Downward {
             pod_ips,
             node_name: &self.config.node_name,
-            host_ip: &self.config.node_ip,
+            host_ips: &node_ips,
             allocatable: &self.config.allocatable,
         };
         let env = container::environment(pod, spec, &downward, &env_objects).map_err(config_error)?;
@@ -600,9 +599,12 @@ pub(super) async fn sync_pod(
             );
             rt.event(pod, EventType::Warning, "MissingClusterDNS", message);
         }
+        // Counted as upstream counts them: a start whose request cannot be made failed too.
+        metrics::counter!("kubelet_started_pods_total").increment(1);
         let request = match rt.sandbox_request(pod, actions.attempt, &log_dir, &dns).await {
             Ok(request) => request,
             Err(message) => {
+                metrics::counter!("kubelet_started_pods_errors_total").increment(1);
                 // Upstream's words: the request could not be made, so the sandbox was not created.
                 rt.event(
                     pod,
@@ -615,7 +617,6 @@ pub(super) async fn sync_pod(
                 return result;
             }
         };
-        metrics::counter!("kubelet_started_pods_total").increment(1);
         let starting = rt.sandboxes_starting.start(PodUid::of(pod));
         match run_sandbox_to_completion(rt.client.runtime_service(), request, starting).await {
             Ok(response) => {

@@ -244,6 +244,10 @@ fn the_next_status_takes_others_conditions_from_the_config_and_the_kubelets_from
         condition("DisruptionTarget", true, Some("TerminationByKubelet"), None),
         condition("example.com/lb", false, None, None),
     ]);
+    // A disruption another controller marks, which the kubelet did not: kept from the config.
+    let marked = with(vec![condition("DisruptionTarget", true, Some("PreemptionByScheduler"), None)]);
+    let base = with_others_conditions(with(vec![]), Some(&marked));
+    assert_eq!(base.conditions.unwrap()[0].reason.as_deref(), Some("PreemptionByScheduler"));
     let config = with(vec![
         condition("Ready", true, None, None),
         condition("example.com/lb", true, None, None),
@@ -471,6 +475,18 @@ mod api {
     }
 
     #[test]
+    fn conditions_others_own_are_kept_as_they_are_and_the_kubelets_get_times() {
+        let mut p = pod("Always", vec![], &["a"]);
+        let gate = condition("example.com/lb", true, None, None);
+        p.status = Some(ApiPodStatus { conditions: Some(vec![gate.clone()]), ..ApiPodStatus::default() });
+        let status = rt_status(&[("a", Rt::Running, 0, 0)]);
+        let got = api_pod_status(&StatusInput::new(&p, &status, &no_failures, now())).conditions.unwrap();
+        assert_eq!(got.iter().find(|c| c.type_ == "example.com/lb"), Some(&gate), "untouched, its time too");
+        let ready = got.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.last_transition_time, Some(now()));
+    }
+
+    #[test]
     fn ephemeral_containers_have_statuses_of_their_own_and_no_say_in_the_phase() {
         let mut p = pod("Always", vec![], &["a"]);
         p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![
@@ -489,6 +505,7 @@ mod api {
             })
             .collect();
         assert_eq!(states, [("debug", true, false), ("later", false, true)]);
+        assert!(ephemeral.iter().all(|s| !s.ready && s.started.is_none()), "nothing probes them");
         assert_eq!(got.container_statuses.unwrap().len(), 1);
     }
 
@@ -501,6 +518,15 @@ mod api {
         let got = api_pod_status(&StatusInput::new(&p, &status, &no_failures, now()).host_ip("192.0.2.2"));
         assert_eq!(got.pod_ip.as_deref(), Some("192.0.2.2"));
         assert_eq!(got.pod_ips.unwrap()[0].ip, "192.0.2.2");
+        // A dual-stack node's two, primary first, for its IPs and the pod's.
+        let input =
+            StatusInput::new(&p, &status, &no_failures, now()).host_ip("192.0.2.2").secondary_host_ip("fd00::2");
+        let got = api_pod_status(&input);
+        let pod_ips: Vec<String> = got.pod_ips.unwrap().into_iter().map(|ip| ip.ip).collect();
+        let host_ips: Vec<String> = got.host_ips.unwrap().into_iter().map(|ip| ip.ip).collect();
+        assert_eq!(pod_ips, ["192.0.2.2", "fd00::2"]);
+        assert_eq!(host_ips, ["192.0.2.2", "fd00::2"]);
+        assert_eq!(got.host_ip.as_deref(), Some("192.0.2.2"));
     }
 }
 
