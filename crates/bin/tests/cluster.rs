@@ -1961,8 +1961,13 @@ fn running_pod_condition<'a>(view: &'a View, cluster: &Cluster, name: &str, kind
 
 /// The body of [`real_readiness_gates_hold_ready_until_their_conditions_are_true_from_kube_apiserver`].
 async fn hold_ready_behind_a_gate(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
-    std::fs::write(dir.join("config.yaml"), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
-        .unwrap();
+    // The periodic resync out of reach of every wait below: Ready can only follow the gate
+    // because the agent hears the pod's status change.
+    std::fs::write(
+        dir.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 10m\n",
+    )
+    .unwrap();
     let _agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &[]);
     let gate = "example.com/load-balancer";
     let mut pod = writer_pod("gated", &node, &rt.busybox_image, "true", None, json!({}));
