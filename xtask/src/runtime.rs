@@ -724,7 +724,7 @@ fn unmount_hugetlb_hierarchy() {
 }
 
 /// Whether `path` is a mount point (field 5 of `/proc/self/mountinfo`).
-fn is_mount_point(path: &Path) -> bool {
+pub(crate) fn is_mount_point(path: &Path) -> bool {
     let table = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     table.lines().any(|line| line.split(' ').nth(4) == Some(&*path.to_string_lossy()))
 }

@@ -4,7 +4,7 @@
 //! `nodeStatusUpdateFrequency` when it changed or `nodeStatusReportFrequency` has passed, and
 //! renew its lease every 10 s.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
@@ -241,26 +241,46 @@ pub async fn register(
         }
         Err(kube::Error::Api(status)) if status.is_already_exists() => {
             let existing = nodes.get(&facts.name).await.map_err(api("reading the existing node"))?;
-            let ours = wanted.metadata.labels.unwrap_or_default();
-            let theirs = existing.metadata.labels.clone().unwrap_or_default();
-            let stale: std::collections::BTreeMap<&String, &String> = ours
-                .iter()
-                .filter(|(k, v)| crate::labels::KUBELET.contains(&k.as_str()) && theirs.get(*k) != Some(*v))
-                .collect();
-            if stale.is_empty() {
+            let Some(patch) = adoption_patch(&wanted, &existing) else {
                 info!(node = %facts.name, "adopted the existing node");
                 return Ok(existing);
-            }
-            let patch = serde_json::json!({ "metadata": { "labels": stale } });
+            };
             let node = nodes
                 .patch(&facts.name, &PatchParams::default(), &Patch::Strategic(patch))
                 .await
-                .map_err(api("updating the existing node's labels"))?;
-            info!(node = %facts.name, "adopted the existing node and set the kubelet's labels");
+                .map_err(api("updating the existing node's labels and annotations"))?;
+            info!(node = %facts.name, "adopted the existing node and set the kubelet's labels and annotations");
             Ok(node)
         }
         Err(source) => Err(Error::Api { what: "registering the node".into(), source }),
     }
+}
+
+/// What the kubelet puts back on a Node it adopts (upstream's `updateDefaultLabels` and
+/// `reconcileCMADAnnotationWithExistingNode`): its own labels and its annotations where
+/// `existing` says otherwise; `None` when it says what `wanted` says.
+fn adoption_patch(wanted: &Node, existing: &Node) -> Option<serde_json::Value> {
+    let (ours, theirs) = (&wanted.metadata, &existing.metadata);
+    let labels = differing(ours.labels.as_ref(), theirs.labels.as_ref(), |key| crate::labels::KUBELET.contains(&key));
+    let annotations = differing(ours.annotations.as_ref(), theirs.annotations.as_ref(), |_| true);
+    if labels.is_empty() && annotations.is_empty() {
+        return None;
+    }
+    Some(serde_json::json!({ "metadata": { "labels": labels, "annotations": annotations } }))
+}
+
+/// The entries of `ours` that `owned` names and `theirs` does not hold as they are.
+fn differing(
+    ours: Option<&BTreeMap<String, String>>,
+    theirs: Option<&BTreeMap<String, String>>,
+    owned: impl Fn(&str) -> bool,
+) -> BTreeMap<String, String> {
+    let held = |key: &String| theirs.and_then(|theirs| theirs.get(key));
+    ours.into_iter()
+        .flatten()
+        .filter(|(key, value)| owned(key) && held(key) != Some(*value))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
 }
 
 /// The Node `name` someone else registered, for a kubelet that does not register its own
@@ -419,4 +439,38 @@ async fn update_lease(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn node(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Node {
+        let map = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        Node {
+            metadata: ObjectMeta {
+                labels: Some(map(labels)),
+                annotations: Some(map(annotations)),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn an_adopted_node_gets_back_the_kubelets_labels_and_annotations_and_keeps_the_rest() {
+        let cmad = crate::labels::CONTROLLER_MANAGED_ATTACH;
+        let wanted = node(&[("kubernetes.io/os", "linux"), ("role", "edge")], &[(cmad, "true")]);
+        let existing = node(&[("kubernetes.io/os", "windows"), ("role", "core")], &[]);
+        let patch = adoption_patch(&wanted, &existing).expect("a patch");
+        assert_eq!(
+            patch,
+            serde_json::json!({"metadata": {"labels": {"kubernetes.io/os": "linux"}, "annotations": {cmad: "true"}}}),
+            "an administrator's label is not the kubelet's to put back"
+        );
+        let adopted = node(&[("kubernetes.io/os", "linux"), ("role", "core")], &[(cmad, "true")]);
+        assert_eq!(adoption_patch(&wanted, &adopted), None);
+    }
 }

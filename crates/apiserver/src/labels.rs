@@ -13,8 +13,24 @@ pub const HOSTNAME: &str = "kubernetes.io/hostname";
 pub const OS: &str = "kubernetes.io/os";
 /// `kubernetes.io/arch`.
 pub const ARCH: &str = "kubernetes.io/arch";
-/// The labels the kubelet owns: set at registration and put back on a Node it adopts.
-pub const KUBELET: [&str; 3] = [HOSTNAME, OS, ARCH];
+/// `beta.kubernetes.io/os`, which upstream's kubelet still sets beside the stable label.
+pub const BETA_OS: &str = "beta.kubernetes.io/os";
+/// `beta.kubernetes.io/arch`, likewise.
+pub const BETA_ARCH: &str = "beta.kubernetes.io/arch";
+/// The labels the kubelet owns: set at registration and put back on a Node it adopts
+/// (upstream's `updateDefaultLabels`, of those it sets without a cloud provider).
+pub const KUBELET: [&str; 5] = [HOSTNAME, OS, ARCH, BETA_OS, BETA_ARCH];
+
+/// The annotation that leaves attaching volumes to the attach/detach controller (upstream's
+/// `enableControllerAttachDetach`, true by default and the only mode here).
+pub const CONTROLLER_MANAGED_ATTACH: &str = "volumes.kubernetes.io/controller-managed-attach-detach";
+
+/// The annotation that gives an external cloud provider the node IP `--node-ip` named.
+pub const PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node-ip";
+
+/// The taint a node registers with under `--cloud-provider=external`, until the cloud's
+/// controller has initialized it.
+pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
 /// The `kubernetes.io` labels `--node-labels` may set (upstream `kubeletLabels`), in upstream's
 /// sorted order.

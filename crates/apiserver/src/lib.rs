@@ -110,6 +110,12 @@ pub struct Facts {
     pub labels: BTreeMap<String, String>,
     /// Taints to register with (`--register-with-taints`).
     pub taints: Vec<Taint>,
+    /// `providerID`: the Node's `spec.providerID`.
+    pub provider_id: Option<String>,
+    /// `--cloud-provider=external`: the node registers with upstream's uninitialized taint,
+    /// names the IP `--node-ip` gave for the cloud's controller, and keeps the addresses that
+    /// controller set.
+    pub external_cloud_provider: bool,
     /// CPU capacity in millicores.
     pub cpu_milli: i64,
     /// Memory capacity in bytes.
@@ -158,6 +164,8 @@ impl Facts {
             secondary_ip: None,
             labels: BTreeMap::new(),
             taints: Vec::new(),
+            provider_id: None,
+            external_cloud_provider: false,
             cpu_milli: 0,
             memory_bytes: 0,
             ephemeral_storage_bytes: None,
@@ -292,10 +300,15 @@ pub mod labels;
 /// The labels a kubelet gives its Node: `extra` (`--node-labels`), then its own
 /// (`kubernetes.io/hostname` as `hostname`, `kubernetes.io/os`, `kubernetes.io/arch`), which win.
 pub fn node_labels(hostname: &str, extra: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    let mut labels = extra.clone();
-    labels.insert(labels::HOSTNAME.to_owned(), hostname.to_owned());
-    labels.insert(labels::OS.to_owned(), std::env::consts::OS.to_owned());
-    labels.insert(labels::ARCH.to_owned(), go_arch().to_owned());
+    let mut labels = BTreeMap::from([
+        (labels::HOSTNAME.to_owned(), hostname.to_owned()),
+        (labels::OS.to_owned(), std::env::consts::OS.to_owned()),
+        (labels::ARCH.to_owned(), go_arch().to_owned()),
+        (labels::BETA_OS.to_owned(), std::env::consts::OS.to_owned()),
+        (labels::BETA_ARCH.to_owned(), go_arch().to_owned()),
+    ]);
+    // `--node-labels` over the defaults, as upstream's `initialNode` (which logs each it replaces).
+    labels.extend(extra.iter().map(|(key, value)| (key.clone(), value.clone())));
     labels
 }
 
@@ -339,14 +352,40 @@ pub fn parse_taints(text: &str) -> Result<Vec<Taint>, TaintError> {
 /// the taints, and a first status.
 pub fn registration(facts: &Facts) -> Node {
     let labels = node_labels(&facts.hostname, &facts.labels);
+    let mut taints = facts.taints.clone();
+    if facts.external_cloud_provider {
+        taints.push(Taint {
+            key: labels::UNINITIALIZED_TAINT.to_owned(),
+            value: Some("true".to_owned()),
+            effect: "NoSchedule".to_owned(),
+            ..Taint::default()
+        });
+    }
     Node {
-        metadata: ObjectMeta { name: Some(facts.name.clone()), labels: Some(labels), ..ObjectMeta::default() },
+        metadata: ObjectMeta {
+            name: Some(facts.name.clone()),
+            labels: Some(labels),
+            annotations: Some(node_annotations(facts)),
+            ..ObjectMeta::default()
+        },
         spec: Some(NodeSpec {
-            taints: (!facts.taints.is_empty()).then(|| facts.taints.clone()),
+            taints: (!taints.is_empty()).then_some(taints),
+            provider_id: facts.provider_id.clone(),
             ..NodeSpec::default()
         }),
         status: Some(NodeStatus::default()),
     }
+}
+
+/// The annotations the kubelet keeps on its Node: volumes attached by the attach/detach
+/// controller, and for an external cloud provider the IP `--node-ip` named (upstream's
+/// `initialNode` and `NodeAddress` setter).
+pub fn node_annotations(facts: &Facts) -> BTreeMap<String, String> {
+    let mut annotations = BTreeMap::from([(labels::CONTROLLER_MANAGED_ATTACH.to_owned(), "true".to_owned())]);
+    if let Some(ip) = facts.ip.filter(|_| facts.external_cloud_provider) {
+        annotations.insert(labels::PROVIDED_NODE_IP.to_owned(), ip.to_string());
+    }
+    annotations
 }
 
 /// Upstream's setters, in upstream's order, on `node` at `now`; returns the events to record.
@@ -359,13 +398,17 @@ pub fn set_status(node: &mut Node, facts: &Facts, health: &Health, now: Timestam
         reason,
         message: format!("Node {name} status is now: {reason}"),
     };
-    // Addresses: the node IPs (a dual-stack pair in the order given), then the host name.
+    // Addresses: the node IPs (a dual-stack pair in the order given), then the host name; an
+    // external cloud provider's, once it has set them, stay.
+    let addresses_set = status.addresses.as_ref().is_some_and(|a| !a.is_empty());
     let mut addresses = Vec::new();
     for ip in facts.ip.iter().chain(&facts.secondary_ip) {
         addresses.push(NodeAddress { type_: "InternalIP".into(), address: ip.to_string() });
     }
     addresses.push(NodeAddress { type_: "Hostname".into(), address: facts.hostname.clone() });
-    status.addresses = Some(addresses);
+    if !(facts.external_cloud_provider && addresses_set) {
+        status.addresses = Some(addresses);
+    }
     // Capacity, and allocatable as capacity minus the reservations, never below zero.
     let mut capacity = BTreeMap::from([
         ("cpu".to_owned(), millis(facts.cpu_milli)),

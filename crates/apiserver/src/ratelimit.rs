@@ -11,7 +11,6 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
 };
 
 use http::Request;
@@ -20,35 +19,7 @@ use tower::ServiceExt;
 
 use crate::client_metrics::RequestLabels;
 
-/// The bucket's arithmetic, without IO: how long a request taken now must wait for its token.
-#[derive(Debug, Clone)]
-pub struct TokenBucket {
-    qps: f64,
-    burst: f64,
-    /// Tokens at `at`; negative when requests hold reservations for tokens still to come.
-    tokens: f64,
-    at: Instant,
-}
-
-impl TokenBucket {
-    /// A full bucket of `burst` tokens (at least one), refilled at `qps` a second (at least one
-    /// token every 1000 s).
-    pub fn new(qps: f64, burst: u32, now: Instant) -> TokenBucket {
-        let burst = f64::from(burst.max(1));
-        TokenBucket { qps: qps.max(0.001), burst, tokens: burst, at: now }
-    }
-
-    /// Takes one token and returns how long the request must wait before it is sent: zero while
-    /// the bucket holds a token, otherwise until the refill reaches this request's token (as
-    /// `golang.org/x/time/rate`'s `Reserve`).
-    pub fn take(&mut self, now: Instant) -> Duration {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
-        self.at = now;
-        self.tokens -= 1.0;
-        if self.tokens >= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(-self.tokens / self.qps) }
-    }
-}
+pub use kubelet_core::ratelimit::TokenBucket;
 
 /// A [`tower::Layer`] that sends requests through a [`TokenBucket`], recording each request's
 /// wait for its token (client-go's `rest_client_rate_limiter_duration_seconds`).
@@ -119,46 +90,11 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use tower::{Layer, Service, ServiceExt};
 
     use super::*;
-
-    #[test]
-    fn a_full_bucket_lets_a_burst_through_then_holds_to_qps() {
-        let start = Instant::now();
-        let mut bucket = TokenBucket::new(50.0, 100, start);
-        for _ in 0..100 {
-            assert_eq!(bucket.take(start), Duration::ZERO);
-        }
-        // The 101st waits for one refill (20 ms), the 102nd for two.
-        assert_eq!(bucket.take(start), Duration::from_millis(20));
-        assert_eq!(bucket.take(start), Duration::from_millis(40));
-    }
-
-    #[test]
-    fn a_quiet_client_earns_its_burst_back_and_no_more() {
-        let start = Instant::now();
-        let mut bucket = TokenBucket::new(10.0, 5, start);
-        for _ in 0..5 {
-            bucket.take(start);
-        }
-        // One second refills 10 tokens, but the bucket holds 5.
-        let later = start + Duration::from_secs(1);
-        for _ in 0..5 {
-            assert_eq!(bucket.take(later), Duration::ZERO);
-        }
-        assert_eq!(bucket.take(later), Duration::from_millis(100));
-    }
-
-    /// Unlike a fixed window, two bursts cannot go out together across a window's edge.
-    #[test]
-    fn no_window_edge_lets_two_bursts_through() {
-        let start = Instant::now();
-        let mut bucket = TokenBucket::new(1.0, 10, start);
-        let just_before_edge = start + Duration::from_millis(9_999);
-        let sent_at_once = (0..20).filter(|_| bucket.take(just_before_edge).is_zero()).count();
-        assert_eq!(sent_at_once, 10);
-    }
 
     fn echo_when_sent()
     -> impl tower::Service<Request<u32>, Response = (u32, Instant), Error = std::convert::Infallible, Future = impl Send>

@@ -30,20 +30,46 @@ fn reasons(events: &[NodeEvent]) -> Vec<&str> {
 }
 
 #[test]
-fn registration_carries_the_kubelets_labels_over_the_extra_ones_and_the_taints() {
+fn registration_carries_the_default_labels_the_extra_ones_over_them_the_taints_and_annotations() {
     let mut facts = facts();
-    facts.labels.insert(labels::HOSTNAME.to_owned(), "spoofed".to_owned());
+    facts.labels.insert(labels::HOSTNAME.to_owned(), "edge-1.example".to_owned());
+    facts.provider_id = Some("aws:///eu-west-1a/i-0abc".to_owned());
     let node = registration(&facts);
     let labels = node.metadata.labels.unwrap();
-    assert_eq!(labels[labels::HOSTNAME], "node-1", "the kubelet's own label wins");
-    assert_eq!(labels[labels::OS], "linux");
-    assert_eq!(labels[labels::ARCH], go_arch());
+    assert_eq!(labels[labels::HOSTNAME], "edge-1.example", "--node-labels over the defaults, as upstream");
+    assert_eq!((labels[labels::OS].as_str(), labels[labels::BETA_OS].as_str()), ("linux", "linux"));
+    assert_eq!((labels[labels::ARCH].as_str(), labels[labels::BETA_ARCH].as_str()), (go_arch(), go_arch()));
     assert_eq!(labels["role"], "edge");
-    let taints = node.spec.unwrap().taints.unwrap();
+    let annotations = node.metadata.annotations.unwrap();
+    assert_eq!(annotations[labels::CONTROLLER_MANAGED_ATTACH], "true");
+    assert!(!annotations.contains_key(labels::PROVIDED_NODE_IP), "no external cloud provider");
+    let spec = node.spec.unwrap();
+    assert_eq!(spec.provider_id.as_deref(), Some("aws:///eu-west-1a/i-0abc"));
+    let taints = spec.taints.unwrap();
+    assert_eq!(taints.len(), 1);
     assert_eq!(
         (taints[0].key.as_str(), taints[0].value.as_deref(), taints[0].effect.as_str()),
         ("dedicated", Some("edge"), "NoSchedule")
     );
+}
+
+#[test]
+fn an_external_cloud_provider_gets_the_uninitialized_taint_the_given_ip_and_its_own_addresses() {
+    let mut facts = facts();
+    facts.external_cloud_provider = true;
+    let mut node = registration(&facts);
+    let taint = node.spec.as_ref().unwrap().taints.as_ref().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        (taint.key.as_str(), taint.value.as_deref(), taint.effect.as_str()),
+        (labels::UNINITIALIZED_TAINT, Some("true"), "NoSchedule")
+    );
+    assert_eq!(node.metadata.annotations.as_ref().unwrap()[labels::PROVIDED_NODE_IP], "192.0.2.10");
+    // The first status names the node's addresses; those the cloud's controller set then stay.
+    set_status(&mut node, &facts, &Health::default(), at(0));
+    let cloud = vec![NodeAddress { type_: "InternalIP".into(), address: "10.1.2.3".into() }];
+    node.status.as_mut().unwrap().addresses = Some(cloud.clone());
+    set_status(&mut node, &facts, &Health::default(), at(10));
+    assert_eq!(node.status.unwrap().addresses, Some(cloud));
 }
 
 #[test]

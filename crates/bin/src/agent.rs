@@ -109,6 +109,7 @@ async fn run_with(
         .node_ip(&settings.node_ip)
         .secondary_node_ip(settings.secondary_node_ip.map(|ip| ip.to_string()).unwrap_or_default())
         .image_pull_limit(file.image_pull_limit())
+        .registry_pulls(file.registry_pull_qps, file.registry_burst)
         .allocatable(allocatable_quantities(&node))
         .hugepage_sizes(node.hugepages.keys().copied().collect())
         .dns(
@@ -572,7 +573,11 @@ async fn run_on<R: Runtime + RuntimeEvents + 'static>(
     // pods, configz) only with `enableDebuggingHandlers`; the local socket, root's alone, keeps
     // them.
     let api_routes = if settings.file.server.enable_debugging_handlers {
-        server::local_router(api_state.clone()).merge(crate::configz::router(&settings))
+        let file = &settings.file;
+        server::local_router(api_state.clone())
+            .merge(crate::configz::router(&settings))
+            .merge(crate::node_logs::router(file.enable_system_log_handler, crate::node_logs::NODE_LOG_DIR))
+            .merge(crate::debug_flags::router(file.enable_debug_flags_handler))
     } else {
         server::read_only_router(api_state.clone())
     };

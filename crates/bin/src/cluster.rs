@@ -117,6 +117,8 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     let mut facts = Facts::new(&settings.node_name, runtime).read_host(&settings.root_dir);
     facts.ip = settings.node_ip.parse().ok();
     facts.secondary_ip = settings.secondary_node_ip;
+    facts.provider_id.clone_from(&file.provider_id);
+    facts.external_cloud_provider = settings.external_cloud_provider;
     facts.labels.clone_from(&settings.node_labels);
     facts.taints.clone_from(&file.register_with_taints);
     let node = NodeResources::of_this_node();

@@ -57,7 +57,6 @@ const NO_EFFECT: &str = "This flag has no effect and will be removed in a future
 /// Upstream's flags that `RunArgs` does not declare, with their value kind and effect.
 pub(crate) const FLAGS: &[(&str, Kind, Effect)] = &[
     // KubeletFlags.
-    ("cloud-provider", Text, Missing),
     ("seccomp-default", Bool, Field("seccompDefault")),
     ("lock-file", Text, Missing),
     ("exit-on-lock-contention", Bool, Missing),

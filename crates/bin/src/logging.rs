@@ -25,19 +25,46 @@ const LIBRARIES_VERBOSE_FROM: u8 = 8;
 
 /// Sets up logging to stderr in `format` at `verbosity`.
 pub(crate) fn init(verbosity: u8, format: LogFormat) {
-    let _ = tracing::subscriber::set_global_default(subscriber(filter(verbosity), format, std::io::stderr));
+    let (subscriber, set_verbosity) = subscriber(filter(verbosity), format, std::io::stderr);
+    if tracing::subscriber::set_global_default(subscriber).is_ok() {
+        let _ = VERBOSITY.set(set_verbosity);
+    }
 }
 
-/// A subscriber writing `format`'s lines to `writer`.
-fn subscriber<W>(filter: EnvFilter, format: LogFormat, writer: W) -> Box<dyn Subscriber + Send + Sync>
+/// Changes the verbosity of the agent's own crates to klog's `-v` `verbosity` while it runs
+/// (upstream's `/debug/flags/v`); an error when logging was not set up.
+pub(crate) fn set_verbosity(verbosity: u8) -> Result<(), String> {
+    let set = VERBOSITY.get().ok_or("logging is not set up")?;
+    set(verbosity)
+}
+
+/// What changes the verbosity of the global subscriber [`init`] set.
+type SetVerbosity = Box<dyn Fn(u8) -> Result<(), String> + Send + Sync>;
+
+static VERBOSITY: std::sync::OnceLock<SetVerbosity> = std::sync::OnceLock::new();
+
+/// A subscriber writing `format`'s lines to `writer`, and what changes its filter to a verbosity.
+fn subscriber<W>(filter: EnvFilter, format: LogFormat, writer: W) -> (Box<dyn Subscriber + Send + Sync>, SetVerbosity)
 where
     W: for<'writer> MakeWriter<'writer> + Send + Sync + 'static,
 {
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     match format {
-        LogFormat::Text => Box::new(builder.fmt_fields(KeyValues::Klog).event_format(Klog).finish()),
-        LogFormat::Json => Box::new(builder.fmt_fields(KeyValues::Json).event_format(ComponentBaseJson).finish()),
+        LogFormat::Text => {
+            let builder = builder.fmt_fields(KeyValues::Klog).event_format(Klog).with_filter_reloading();
+            let handle = builder.reload_handle();
+            (Box::new(builder.finish()), Box::new(move |v| reload(&handle, v)))
+        }
+        LogFormat::Json => {
+            let builder = builder.fmt_fields(KeyValues::Json).event_format(ComponentBaseJson).with_filter_reloading();
+            let handle = builder.reload_handle();
+            (Box::new(builder.finish()), Box::new(move |v| reload(&handle, v)))
+        }
     }
+}
+
+fn reload<S>(handle: &tracing_subscriber::reload::Handle<EnvFilter, S>, verbosity: u8) -> Result<(), String> {
+    handle.reload(EnvFilter::new(directives(verbosity))).map_err(|err| err.to_string())
 }
 
 /// `RUST_LOG` when set; else the agent's crates (all named `kubelet…`) at `verbosity`'s level and
@@ -360,7 +387,7 @@ mod tests {
         let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
         let sink = buffer.clone();
         let writer = move || SharedBuffer(sink.clone());
-        let subscriber = subscriber(EnvFilter::new("debug"), format, writer);
+        let (subscriber, _) = subscriber(EnvFilter::new("debug"), format, writer);
         tracing::subscriber::with_default(subscriber, log);
         let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
         text.lines().map(str::to_owned).collect()

@@ -29,6 +29,11 @@ pub(crate) struct RunArgs {
     /// The node's IP.
     #[arg(long, default_value = "")]
     node_ip: String,
+    /// The cloud provider: none, or `external`, whose controller manager initializes the Node
+    /// (it registers tainted `node.cloudprovider.kubernetes.io/uninitialized`); upstream's
+    /// in-tree providers are not built in.
+    #[arg(long, default_value = "")]
+    cloud_provider: String,
     /// Where the kubelet API's self-signed certificate and key go (`kubelet.crt`, `kubelet.key`)
     /// when `tlsCertFile` and `tlsPrivateKeyFile` are not set.
     #[arg(long, default_value = "/var/lib/kubelet/pki")]
@@ -77,6 +82,8 @@ pub(crate) struct Settings {
     pub(crate) node_ip: String,
     /// The second address of a dual-stack `--node-ip`.
     pub(crate) secondary_node_ip: Option<std::net::IpAddr>,
+    /// `--cloud-provider=external`.
+    pub(crate) external_cloud_provider: bool,
     pub(crate) container_logs_dir: PathBuf,
     /// The cgroup parent of pod cgroups: `<cgroupRoot>/kubepods`.
     pub(crate) pods_cgroup: String,
@@ -195,6 +202,17 @@ impl Settings {
         let mut without_effect = std::mem::take(&mut file.without_effect);
         without_effect.extend(given.missing);
         let node_name = args.hostname_override.map(|h| h.to_lowercase()).unwrap_or_else(host_name);
+        let external_cloud_provider = match args.cloud_provider.as_str() {
+            "" => false,
+            "external" => true,
+            other => {
+                let message = format!(
+                    "cloud provider {other:?} is not built in: leave it unset, or run the cloud's controller manager \
+                     with --cloud-provider=external"
+                );
+                return Err(ConfigFileError { origin: "--cloud-provider".to_owned(), message });
+            }
+        };
         let node_ips = crate::node_ip::parse_node_ips(&args.node_ip).map_err(|reason| ConfigFileError {
             origin: "--node-ip".to_owned(),
             message: format!("bad --node-ip {:?}: {reason}", args.node_ip),
@@ -219,6 +237,7 @@ impl Settings {
             root_dir: args.root_dir,
             node_ip: crate::node_ip::node_ip(&node_ips, &node_name).map(|ip| ip.to_string()).unwrap_or_default(),
             secondary_node_ip: node_ips.get(1).copied(),
+            external_cloud_provider,
             node_name,
             container_logs_dir: args.container_logs_dir,
         })

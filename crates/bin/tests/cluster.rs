@@ -2234,6 +2234,64 @@ async fn report_both_addresses(test: &str, rt: RealRuntime, dir: PathBuf, cluste
     }
 }
 
+/// The Node a node registers, and puts back when it adopts one, as upstream's `initialNode`:
+/// the stable and beta OS and architecture labels, `--node-labels` over the defaults, the
+/// attach/detach annotation, `providerID`, and under `--cloud-provider=external` the
+/// uninitialized taint and the given IP for the cloud's controller.
+#[tokio::test]
+async fn real_a_node_registers_and_adopts_its_node_as_upstream_from_kube_apiserver() {
+    let test = "real_a_node_registers_and_adopts_its_node_as_upstream_from_kube_apiserver";
+    on_node(NODE_3, test, "registration", None, register_and_adopt).await;
+}
+
+/// The body of [`real_a_node_registers_and_adopts_its_node_as_upstream_from_kube_apiserver`].
+async fn register_and_adopt(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>, node: String) {
+    let Cluster::Remote { client, .. } = &*cluster else { panic!("kube-apiserver only") };
+    std::fs::write(
+        dir.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nproviderID: kubelet-rs://test/node-3\n",
+    )
+    .unwrap();
+    let flags = [
+        "--cloud-provider=external",
+        "--node-ip=192.0.2.10",
+        "--node-labels=kubernetes.io/hostname=edge-3.example,node.kubernetes.io/pool=edge",
+    ];
+    let agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &flags);
+    let registered = until(&cluster, &node, &dir, "the node to register", |v| v.nodes.get(&node).cloned()).await;
+    let (labels, annotations) = (&registered["metadata"]["labels"], &registered["metadata"]["annotations"]);
+    assert_eq!(labels["kubernetes.io/hostname"], "edge-3.example", "--node-labels over the default");
+    assert_eq!(labels["node.kubernetes.io/pool"], "edge");
+    assert_eq!((&labels["kubernetes.io/os"], &labels["beta.kubernetes.io/os"]), (&json!("linux"), &json!("linux")));
+    assert_eq!(labels["kubernetes.io/arch"], labels["beta.kubernetes.io/arch"]);
+    assert_eq!(annotations["volumes.kubernetes.io/controller-managed-attach-detach"], "true");
+    assert_eq!(annotations["alpha.kubernetes.io/provided-node-ip"], "192.0.2.10");
+    assert_eq!(registered["spec"]["providerID"], "kubelet-rs://test/node-3");
+    let taints = registered["spec"]["taints"].as_array().unwrap();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t["key"] == "node.cloudprovider.kubernetes.io/uninitialized" && t["effect"] == "NoSchedule"),
+        "{taints:?}"
+    );
+    drop(agent);
+
+    // An administrator takes the kubelet's beta label and annotation off; the node, started
+    // again, puts them back and leaves the administrator's own label.
+    let remove = json!({"metadata": {"labels": {"beta.kubernetes.io/os": null, "team": "ops"},
+        "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": null}}});
+    Api::<Node>::all(client.clone()).patch(&node, &PatchParams::default(), &Patch::Merge(remove)).await.unwrap();
+    let _agent = Agent::join(&rt.endpoint, &dir, &node, &cluster.kubeconfig(&dir), &flags);
+    let adopted = until(&cluster, &node, &dir, "the node to take its label and annotation back", |v| {
+        let node = v.nodes.get(&node)?;
+        let back = node["metadata"]["labels"]["beta.kubernetes.io/os"] == "linux"
+            && node["metadata"]["annotations"]["volumes.kubernetes.io/controller-managed-attach-detach"] == "true";
+        back.then(|| node.clone())
+    })
+    .await;
+    assert_eq!(adopted["metadata"]["labels"]["team"], "ops");
+}
+
 #[tokio::test]
 async fn real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver() {
     let test = "real_api_pods_deleted_in_rounds_leave_nothing_on_the_node_from_kube_apiserver";

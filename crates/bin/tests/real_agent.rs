@@ -1990,6 +1990,54 @@ async fn real_an_fs_group_owns_the_pods_volumes_and_joins_its_containers() {
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
 }
 
+/// Image pulls are held to `registryPullQPS` and `registryBurst` as upstream's throttled image
+/// service holds them: a pull that finds no token fails at once with `pull QPS exceeded`
+/// (`ErrImagePull`), and is tried again after the pull backoff, when the bucket has refilled.
+#[tokio::test]
+async fn real_image_pulls_beyond_registry_pull_qps_fail_and_are_retried() {
+    let Some(rt) = RealRuntime::from_env("real_image_pulls_beyond_registry_pull_qps_fail_and_are_retried") else {
+        return;
+    };
+    let (dir, node) = scratch(&rt, "agent-pull-qps", "pullqps");
+    let port = free_port();
+    // One pull, then one more every 5 s; both pods pull (`Always`) from the local registry.
+    let config = dir.join("kubelet.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nregistryPullQPS: 0.2\nregistryBurst: 1\n",
+    )
+    .unwrap();
+    for name in ["first", "second"] {
+        let pod = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n\
+             \x20 containers: [{{name: app, image: {}, imagePullPolicy: Always, command: [sleep, '3600']}}]\n",
+            rt.busybox_image
+        );
+        std::fs::write(dir.join(format!("manifests/{name}.yaml")), pod).unwrap();
+    }
+    let config_arg = config.display().to_string();
+    let agent = Agent::start_with(&rt, &dir, &node, &["--config", &config_arg, "--read-only-port", &port.to_string()]);
+    let runtime = test_runtime(&rt, &dir, &node);
+    let outcome = {
+        let (node, dir) = (node.clone(), dir.clone());
+        async move {
+            for name in ["first", "second"] {
+                let pod = format!("{name}-{node}");
+                pod_status(port, &pod, "both pods to run in the end", |s| s["phase"] == "Running").await;
+            }
+            let root = dir.join("root").display().to_string();
+            let described: String = ["first", "second"]
+                .iter()
+                .map(|name| kubelet_rs(&["describe", "pod", &format!("{name}-{node}"), "--root-dir", &root]).1)
+                .collect();
+            let refused = format!("Failed to pull image {:?}: pull QPS exceeded", rt.busybox_image);
+            assert!(described.contains(&refused), "one of the two pulls found no token: {described}");
+            agent
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 /// `setHostnameAsFQDN`: a pod with a subdomain takes its FQDN as its hostname, as upstream
 /// gives it; one whose FQDN does not fit the kernel's 64 characters gets no sandbox, with
 /// upstream's event, and stays pending.

@@ -93,6 +93,10 @@ pub struct KubeletConfiguration {
     pub serialize_image_pulls: bool,
     /// `maxParallelImagePulls`: the limit when pulls are not serialized (none: no limit).
     pub max_parallel_image_pulls: Option<u32>,
+    /// `registryPullQPS` (5): image pulls a second; 0: no limit.
+    pub registry_pull_qps: f64,
+    /// `registryBurst` (10): the pulls a quiet node may start at once.
+    pub registry_burst: u32,
     /// `clusterDNS`: the cluster's DNS servers, for `ClusterFirst` pods (none: the node's resolver).
     pub cluster_dns: Vec<IpAddr>,
     /// `clusterDomain`: the cluster's DNS domain, searched by `ClusterFirst` pods.
@@ -122,6 +126,15 @@ pub struct KubeletConfiguration {
     pub server_tls_bootstrap: bool,
     /// `registerWithTaints`: the taints the Node registers with.
     pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// `providerID`: the Node's `spec.providerID` (none: unset), which a cloud's controllers
+    /// match the node to its machine by.
+    pub provider_id: Option<String>,
+    /// `enableSystemLogHandler` (true): the kubelet API serves `/var/log` at `/logs/` (with
+    /// `enableDebuggingHandlers`).
+    pub enable_system_log_handler: bool,
+    /// `enableDebugFlagsHandler` (true): the kubelet API takes a new verbosity at
+    /// `/debug/flags/v` (with `enableDebuggingHandlers`).
+    pub enable_debug_flags_handler: bool,
     /// `nodeStatusUpdateFrequency` (10s): how often the Node's status is computed.
     pub node_status_update_frequency: Duration,
     /// `nodeStatusReportFrequency` (5m): how often an unchanged Node status is reported anyway.
@@ -217,6 +230,8 @@ impl Default for KubeletConfiguration {
             kube_reserved: BTreeMap::new(),
             serialize_image_pulls: true,
             max_parallel_image_pulls: None,
+            registry_pull_qps: 5.0,
+            registry_burst: 10,
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             allowed_unsafe_sysctls: Vec::new(),
@@ -235,6 +250,9 @@ impl Default for KubeletConfiguration {
             event_record_qps: 50.0,
             event_burst: 100,
             register_with_taints: Vec::new(),
+            provider_id: None,
+            enable_system_log_handler: true,
+            enable_debug_flags_handler: true,
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
             image_gc_high_threshold_percent: 85,
@@ -291,6 +309,9 @@ struct Raw {
     kube_reserved: Option<BTreeMap<String, String>>,
     serialize_image_pulls: Option<bool>,
     max_parallel_image_pulls: Option<u32>,
+    #[serde(rename = "registryPullQPS")]
+    registry_pull_qps: Option<f64>,
+    registry_burst: Option<i64>,
     #[serde(rename = "clusterDNS")]
     cluster_dns: Option<Vec<String>>,
     cluster_domain: Option<String>,
@@ -313,6 +334,10 @@ struct Raw {
     event_record_qps: Option<f64>,
     event_burst: Option<u32>,
     register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+    #[serde(rename = "providerID")]
+    provider_id: Option<String>,
+    enable_system_log_handler: Option<bool>,
+    enable_debug_flags_handler: Option<bool>,
     node_status_update_frequency: Option<String>,
     node_status_report_frequency: Option<String>,
     container_log_max_size: Option<String>,
@@ -471,6 +496,9 @@ impl KubeletConfiguration {
         }
         config.event_burst = raw.event_burst.filter(|b| *b > 0).unwrap_or(config.event_burst);
         config.register_with_taints = raw.register_with_taints.unwrap_or_default();
+        config.provider_id = raw.provider_id.filter(|id| !id.is_empty());
+        config.enable_system_log_handler = raw.enable_system_log_handler.unwrap_or(true);
+        config.enable_debug_flags_handler = raw.enable_debug_flags_handler.unwrap_or(true);
         for taint in &config.register_with_taints {
             if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") || taint.key.is_empty()
             {
@@ -590,6 +618,20 @@ impl KubeletConfiguration {
         config.without_effect = without_effect;
         config.serialize_image_pulls = raw.serialize_image_pulls.unwrap_or(true);
         config.max_parallel_image_pulls = raw.max_parallel_image_pulls;
+        match raw.registry_pull_qps {
+            Some(qps) if qps < 0.0 => {
+                return Err(at("registryPullQPS", format!("{qps} must not be a negative number")));
+            }
+            Some(qps) => config.registry_pull_qps = qps,
+            None => {}
+        }
+        match raw.registry_burst {
+            Some(burst) if burst < 0 => {
+                return Err(at("registryBurst", format!("{burst} must not be a negative number")));
+            }
+            Some(burst) => config.registry_burst = u32::try_from(burst).unwrap_or(u32::MAX),
+            None => {}
+        }
         if let Some(max) = config.max_parallel_image_pulls {
             if max == 0 {
                 return Err(at("maxParallelImagePulls", "must be at least 1".to_owned()));

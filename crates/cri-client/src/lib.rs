@@ -104,6 +104,10 @@ pub enum Error {
         /// The gRPC status.
         status: Box<tonic::Status>,
     },
+    /// An image pull found no token of `registryPullQPS` and `registryBurst` left (upstream's
+    /// throttled image service).
+    #[error("pull QPS exceeded")]
+    PullQpsExceeded,
     /// The pod whose content was to be removed still has a running container or a ready sandbox.
     #[error("pod {uid} still runs; stop it before removing it")]
     PodStillRuns {
@@ -156,6 +160,7 @@ impl Error {
         match self {
             Error::Status { status, .. } => Some(status.code()),
             Error::InvalidEndpoint { .. }
+            | Error::PullQpsExceeded
             | Error::PodStillRuns { .. }
             | Error::Leftover { .. }
             | Error::ImageFs { .. } => None,

@@ -71,6 +71,10 @@ pub struct Config {
     /// How many image pulls may run at once: `Some(1)` is upstream's `serializeImagePulls`
     /// (the default), `None` no limit (`maxParallelImagePulls` unset).
     pub image_pull_limit: Option<usize>,
+    /// Image pulls a second (`registryPullQPS`, 5; 0: no limit) and the burst of them a quiet
+    /// node may start at once (`registryBurst`, 10); a pull beyond them fails at once with
+    /// upstream's `pull QPS exceeded` and is retried after the pull backoff.
+    pub registry_pulls: (f64, u32),
     /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
     pub seccomp_dir: PathBuf,
     /// The node's allocatable resources, which a `resourceFieldRef` to a CPU or memory limit
@@ -102,6 +106,7 @@ impl Config {
             secondary_node_ip: String::new(),
             pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
             image_pull_limit: Some(1),
+            registry_pulls: (5.0, 10),
             allocatable: std::collections::BTreeMap::new(),
             hugepage_sizes: Vec::new(),
             seccomp_dir: PathBuf::from(crate::container::DEFAULT_SECCOMP_DIR),
@@ -144,6 +149,14 @@ impl Config {
     #[must_use]
     pub fn image_pull_limit(mut self, limit: Option<usize>) -> Self {
         self.image_pull_limit = limit.map(|l| l.max(1));
+        self
+    }
+
+    /// Sets the image pulls a second (`registryPullQPS`; 0: no limit) and their burst
+    /// (`registryBurst`).
+    #[must_use]
+    pub fn registry_pulls(mut self, qps: f64, burst: u32) -> Self {
+        self.registry_pulls = (qps, burst);
         self
     }
 
@@ -206,6 +219,12 @@ impl Config {
     }
 }
 
+/// The bucket of `registryPullQPS` and `registryBurst`; none when the QPS is 0 (no limit).
+fn pull_tokens((qps, burst): (f64, u32)) -> Option<std::sync::Mutex<kubelet_core::ratelimit::TokenBucket>> {
+    let bucket = kubelet_core::ratelimit::TokenBucket::new(qps, burst, Instant::now());
+    (qps > 0.0).then(|| std::sync::Mutex::new(bucket))
+}
+
 /// The minimum grace period of a container stop (upstream `minimumGracePeriodInSeconds`).
 pub const MIN_GRACE_PERIOD_SECONDS: i64 = 2;
 
@@ -217,6 +236,8 @@ pub struct CriRuntime {
     recorder: Arc<dyn EventRecorder>,
     memory_capacity: i64,
     image_pulls: Option<tokio::sync::Semaphore>,
+    /// The pulls a second and their burst, unless unlimited (`registryPullQPS: 0`).
+    pull_tokens: Option<std::sync::Mutex<kubelet_core::ratelimit::TokenBucket>>,
     startup: Option<Arc<kubelet_core::StartupTracker>>,
     hooks: Option<Arc<dyn HookRunner>>,
     /// Where pods' `imagePullSecrets` and the config maps and secrets of containers'
@@ -260,6 +281,7 @@ impl CriRuntime {
             recorder,
             memory_capacity: memory_capacity(),
             image_pulls: config.image_pull_limit.map(tokio::sync::Semaphore::new),
+            pull_tokens: pull_tokens(config.registry_pulls),
             startup: None,
             hooks: None,
             objects: None,

@@ -114,6 +114,7 @@ mod pleg;
 mod podmanager;
 pub mod probe;
 mod queue;
+pub mod ratelimit;
 pub mod resources;
 pub mod runtime;
 mod startup;

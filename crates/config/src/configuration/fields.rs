@@ -42,8 +42,8 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("serverTLSBootstrap", Honoured),
     ("authentication", Honoured),
     ("authorization", Honoured),
-    ("registryPullQPS", WithoutEffect),
-    ("registryBurst", WithoutEffect),
+    ("registryPullQPS", Honoured),
+    ("registryBurst", Honoured),
     ("imagePullCredentialsVerificationPolicy", WithoutEffect),
     ("preloadedImagesVerificationAllowlist", WithoutEffect),
     ("eventRecordQPS", Honoured),
@@ -103,7 +103,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("evictionMinimumReclaim", Honoured),
     ("mergeDefaultEvictionSettings", Honoured),
     ("podsPerCore", DefaultOnly),
-    ("enableControllerAttachDetach", WithoutEffect),
+    ("enableControllerAttachDetach", DefaultOnly),
     ("protectKernelDefaults", DefaultOnly),
     ("makeIPTablesUtilChains", WithoutEffect),
     ("iptablesMasqueradeBit", WithoutEffect),
@@ -125,10 +125,10 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("enforceNodeAllocatable", Honoured),
     ("allowedUnsafeSysctls", Honoured),
     ("volumePluginDir", WithoutEffect),
-    ("providerID", WithoutEffect),
+    ("providerID", Honoured),
     ("kernelMemcgNotification", WithoutEffect),
     ("logging", Honoured),
-    ("enableSystemLogHandler", WithoutEffect),
+    ("enableSystemLogHandler", Honoured),
     ("enableSystemLogQuery", WithoutEffect),
     ("shutdownGracePeriod", WithoutEffect),
     ("shutdownGracePeriodCriticalPods", WithoutEffect),
@@ -136,7 +136,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("crashLoopBackOff", DefaultOnly),
     ("reservedMemory", WithoutEffect),
     ("enableProfilingHandler", WithoutEffect),
-    ("enableDebugFlagsHandler", WithoutEffect),
+    ("enableDebugFlagsHandler", Honoured),
     ("seccompDefault", DefaultOnly),
     ("memoryThrottlingFactor", WithoutEffect),
     ("memoryReservationPolicy", WithoutEffect),
@@ -215,6 +215,11 @@ pub fn describe(field: &str) -> Option<&'static str> {
         "eventRecordQPS" => "The event client's average event creations per second, beside kubeAPIQPS (50).",
         "eventBurst" => "The event client's burst of event creations (100).",
         "serializeImagePulls" => "Pull one image at a time.",
+        "registryPullQPS" => "Image pulls a second; a pull beyond them fails with 'pull QPS exceeded' (5; 0: no limit).",
+        "registryBurst" => "Image pulls a quiet node may start at once, within registryPullQPS (10).",
+        "providerID" => "The Node's spec.providerID, by which a cloud's controllers know its machine.",
+        "enableSystemLogHandler" => "Serve /var/log at /logs/ on the kubelet API, with the debugging handlers (true).",
+        "enableDebugFlagsHandler" => "Take a new log verbosity at /debug/flags/v on the kubelet API (true).",
         "evictionHard" => "Thresholds that evict pods at once (memory.available<100Mi,...).",
         "evictionSoft" => "Thresholds that evict pods once crossed for their grace period.",
         "evictionSoftGracePeriod" => "Each soft threshold's grace period.",
@@ -247,7 +252,7 @@ pub(crate) fn closest(field: &str) -> Option<&'static str> {
 pub(crate) fn check_default(field: &str, value: &Value) -> Result<(), String> {
     let text = value.as_str().map(str::to_ascii_lowercase);
     let ok = match field {
-        "cgroupsPerQOS" => value.as_bool() == Some(true),
+        "cgroupsPerQOS" | "enableControllerAttachDetach" => value.as_bool() == Some(true),
         "cpuManagerPolicy" | "topologyManagerPolicy" | "memoryManagerPolicy" => {
             matches!(text.as_deref(), Some("" | "none"))
         }
@@ -275,6 +280,9 @@ pub(crate) fn check_default(field: &str, value: &Value) -> Result<(), String> {
 fn required(field: &str) -> &'static str {
     match field {
         "cgroupsPerQOS" => "cgroupsPerQOS: true (pods in QoS cgroups)",
+        "enableControllerAttachDetach" => {
+            "enableControllerAttachDetach: true (the attach/detach controller attaches volumes, not the node)"
+        }
         "cpuManagerPolicy" => "the none CPU manager policy (no exclusive CPUs)",
         "topologyManagerPolicy" => "the none topology manager policy (no NUMA alignment)",
         "memoryManagerPolicy" => "the None memory manager policy (no NUMA memory pinning)",

@@ -13,6 +13,7 @@ use super::{AuthorizationMode, KubeletConfiguration};
 fn default_only_fields() -> Value {
     json!({
         "cgroupsPerQOS": true,
+        "enableControllerAttachDetach": true,
         "cpuManagerPolicy": "none",
         "memoryManagerPolicy": "None",
         "topologyManagerPolicy": "none",
@@ -61,6 +62,7 @@ impl KubeletConfiguration {
             "httpCheckFrequency": duration(self.http_check_frequency),
             "registerNode": self.register_node,
             "registerWithTaints": self.register_with_taints,
+            "providerID": self.provider_id.clone().unwrap_or_default(),
         })
     }
 
@@ -75,6 +77,8 @@ impl KubeletConfiguration {
         json!({
             "enableServer": server.enable_server,
             "enableDebuggingHandlers": server.enable_debugging_handlers,
+            "enableSystemLogHandler": self.enable_system_log_handler,
+            "enableDebugFlagsHandler": self.enable_debug_flags_handler,
             "streamingConnectionIdleTimeout": duration(server.streaming_connection_idle_timeout),
             "address": self.address.to_string(),
             "port": server.port,
@@ -111,6 +115,8 @@ impl KubeletConfiguration {
             "imageServiceEndpoint": self.image_service_endpoint.clone().unwrap_or_default(),
             "runtimeRequestTimeout": duration(self.runtime_request_timeout),
             "serializeImagePulls": self.serialize_image_pulls,
+            "registryPullQPS": self.registry_pull_qps,
+            "registryBurst": self.registry_burst,
             "podLogsDir": self.pod_logs_dir.display().to_string(),
             "containerLogMaxSize": self.container_log_max_size.map_or_else(|| "-1".to_owned(), quantity_of_bytes),
             "containerLogMaxFiles": self.container_log_max_files,

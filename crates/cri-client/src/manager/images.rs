@@ -105,6 +105,13 @@ impl CriRuntime {
         credentials::for_image(image, &secrets)
     }
 
+    /// Whether a pull may start now: a token of `registryPullQPS` is taken, when limited.
+    fn may_pull_now(&self) -> bool {
+        let Some(tokens) = &self.pull_tokens else { return true };
+        // Each critical section takes a token whole: a poisoned bucket is whole.
+        tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner).try_take(Instant::now())
+    }
+
     pub(super) async fn image_user(&self, image_ref: &str) -> container::ImageUser {
         let request = pb::ImageStatusRequest {
             image: Some(pb::ImageSpec { image: image_ref.to_owned(), ..Default::default() }),
@@ -146,6 +153,9 @@ async fn pull_with(rt: &CriRuntime, image: &str, auths: &[pb::AuthConfig]) -> Re
         Some(pulls) => pulls.acquire().await.ok(),
         None => None,
     };
+    if !rt.may_pull_now() {
+        return Err(Error::PullQpsExceeded);
+    }
     let attempts: Vec<Option<pb::AuthConfig>> =
         if auths.is_empty() { vec![None] } else { auths.iter().cloned().map(Some).collect() };
     let mut last = None;
