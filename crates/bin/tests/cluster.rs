@@ -2785,7 +2785,8 @@ async fn exec_and_port_forward_over_spdy(namespace: &str) {
 
 /// `nodes/NODE/proxy/stats/summary` and `nodes/NODE/proxy/metrics/resource` through
 /// kube-apiserver, as metrics-server reads them: the node's and the running pod `talker`'s CPU
-/// and memory, in upstream's shapes.
+/// and memory, in upstream's shapes; then `configz`, the node's `/var/log` at `logs/`, a new
+/// verbosity put at `debug/flags/v`, and the agent's own metrics.
 async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespace: &str) {
     let get = |path: String| {
         let request = axum::http::Request::get(path).body(Vec::new()).unwrap();
@@ -2856,6 +2857,25 @@ async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespa
     assert_eq!(config["syncFrequency"], "1m0s", "{configz}");
     assert!(config["port"].as_u64().is_some_and(|p| p != 10250), "--port's: {configz}");
     assert_eq!(config["cgroupsPerQOS"], true, "{configz}");
+
+    // /logs/, as `kubectl get --raw .../proxy/logs/...` reads the node's /var/log.
+    let marker = format!("kubelet-rs-test-{}.log", std::process::id());
+    std::fs::write(Path::new("/var/log").join(&marker), "a line of the node's log\n").unwrap();
+    let listed = get(format!("/api/v1/nodes/{node}/proxy/logs/")).await;
+    let read = get(format!("/api/v1/nodes/{node}/proxy/logs/{marker}")).await;
+    let _ = std::fs::remove_file(Path::new("/var/log").join(&marker));
+    assert!(listed.contains(&format!("<a href=\"{marker}\">{marker}</a>")), "{listed}");
+    assert_eq!(read, "a line of the node's log\n");
+    // /debug/flags/v, as `kubectl` PUTs a verbosity through the proxy.
+    let put = |verbosity: &'static str| {
+        let request = axum::http::Request::put(format!("/api/v1/nodes/{node}/proxy/debug/flags/v"))
+            .body(verbosity.as_bytes().to_vec())
+            .unwrap();
+        let client = client.clone();
+        async move { client.request_text(request).await.unwrap() }
+    };
+    assert_eq!(put("4").await, "successfully set klog.logging.verbosity to 4\n");
+    assert_eq!(put("0").await, "successfully set klog.logging.verbosity to 0\n");
 
     // /metrics: the node's own requests to kube-apiserver, under client-go's names and labels.
     let metrics = get(format!("/api/v1/nodes/{node}/proxy/metrics")).await;

@@ -215,7 +215,9 @@ pub fn describe(field: &str) -> Option<&'static str> {
         "eventRecordQPS" => "The event client's average event creations per second, beside kubeAPIQPS (50).",
         "eventBurst" => "The event client's burst of event creations (100).",
         "serializeImagePulls" => "Pull one image at a time.",
-        "registryPullQPS" => "Image pulls a second; a pull beyond them fails with 'pull QPS exceeded' (5; 0: no limit).",
+        "registryPullQPS" => {
+            "Image pulls a second; a pull beyond them fails with 'pull QPS exceeded' (5; 0: no limit)."
+        }
         "registryBurst" => "Image pulls a quiet node may start at once, within registryPullQPS (10).",
         "providerID" => "The Node's spec.providerID, by which a cloud's controllers know its machine.",
         "enableSystemLogHandler" => "Serve /var/log at /logs/ on the kubelet API, with the debugging handlers (true).",
