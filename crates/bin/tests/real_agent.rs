@@ -2038,6 +2038,55 @@ async fn real_image_pulls_beyond_registry_pull_qps_fail_and_are_retried() {
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
 }
 
+/// AppArmor as upstream's admit handler takes it: a pod whose container asks for a profile (the
+/// deprecated annotation here, as v1.26 clusters write it) is refused with reason `AppArmor` on
+/// a host that does not enforce AppArmor, and runs on one that does; an `unconfined` one runs
+/// everywhere.
+#[tokio::test]
+async fn real_apparmor_profiles_run_only_where_the_host_enforces_them() {
+    let Some(rt) = RealRuntime::from_env("real_apparmor_profiles_run_only_where_the_host_enforces_them") else {
+        return;
+    };
+    let (dir, node) = scratch(&rt, "agent-apparmor", "apparmor");
+    let port = free_port();
+    for (name, profile) in [("confined", "runtime/default"), ("free", "unconfined")] {
+        let pod = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  annotations:\n\
+             \x20   container.apparmor.security.beta.kubernetes.io/app: {profile}\nspec:\n\
+             \x20 terminationGracePeriodSeconds: 1\n\
+             \x20 containers: [{{name: app, image: {}, command: [sleep, '3600']}}]\n",
+            rt.busybox_image
+        );
+        std::fs::write(dir.join(format!("manifests/{name}.yaml")), pod).unwrap();
+    }
+    let agent = Agent::start_with(&rt, &dir, &node, &["--read-only-port", &port.to_string()]);
+    let runtime = test_runtime(&rt, &dir, &node);
+    let outcome = {
+        let node = node.clone();
+        async move {
+            pod_status(port, &format!("free-{node}"), "the unconfined pod to run", |s| s["phase"] == "Running").await;
+            let confined = format!("confined-{node}");
+            match kubelet_core::apparmor::host_unavailable() {
+                Some(why) => {
+                    let status =
+                        pod_status(port, &confined, "the confined pod's refusal", |s| s["phase"] == "Failed").await;
+                    assert_eq!(status["reason"], "AppArmor", "{status}");
+                    assert_eq!(
+                        status["message"],
+                        format!("Pod was rejected: Cannot enforce AppArmor: {why}"),
+                        "{status}"
+                    );
+                }
+                None => {
+                    pod_status(port, &confined, "the confined pod to run", |s| s["phase"] == "Running").await;
+                }
+            }
+            agent
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 /// `setHostnameAsFQDN`: a pod with a subdomain takes its FQDN as its hostname, as upstream
 /// gives it; one whose FQDN does not fit the kernel's 64 characters gets no sandbox, with
 /// upstream's event, and stays pending.

@@ -247,7 +247,12 @@ pub fn security_context(
         drop_capabilities: c.drop.clone().unwrap_or_default(),
         ..pb::Capability::default()
     });
+    let apparmor = kubelet_core::apparmor::profile(pod, &container.name, sc);
+    // Reason: containerd 1.6 reads only the deprecated name; newer runtimes read `apparmor`.
+    #[allow(deprecated)]
     Ok(pb::LinuxContainerSecurityContext {
+        apparmor_profile: apparmor.as_ref().map(kubelet_core::apparmor::Profile::deprecated_name).unwrap_or_default(),
+        apparmor: apparmor.map(security_profile),
         capabilities,
         privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
         namespace_options: Some(crate::sandbox::namespace_options(spec)),
@@ -264,6 +269,18 @@ pub fn security_context(
         readonly_paths,
         ..pb::LinuxContainerSecurityContext::default()
     })
+}
+
+/// An AppArmor profile as the CRI names it (upstream `getAppArmorProfile`).
+fn security_profile(profile: kubelet_core::apparmor::Profile) -> pb::SecurityProfile {
+    use kubelet_core::apparmor::Profile;
+    use pb::security_profile::ProfileType;
+    let (profile_type, localhost_ref) = match profile {
+        Profile::RuntimeDefault => (ProfileType::RuntimeDefault, String::new()),
+        Profile::Localhost(name) => (ProfileType::Localhost, name),
+        Profile::Unconfined => (ProfileType::Unconfined, String::new()),
+    };
+    pb::SecurityProfile { profile_type: profile_type.into(), localhost_ref }
 }
 
 /// A container's supplemental groups as upstream's `determineEffectiveSecurityContext` lists

@@ -99,6 +99,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
 
+pub mod apparmor;
 mod backoff;
 mod cache;
 pub mod cgroups;

@@ -51,6 +51,9 @@ pub struct NodeResources {
     /// `nodefs.available` threshold. `None` when unknown, and then pods' requests for it are
     /// not checked.
     pub ephemeral_storage_bytes: Option<i64>,
+    /// Why this host cannot enforce AppArmor profiles (`None`: it can); pods that ask for one
+    /// are then refused, as upstream's AppArmor admit handler refuses them.
+    pub apparmor_unavailable: Option<&'static str>,
 }
 
 /// The node's labels and taints as the API server has its Node, once known: upstream admits pods
@@ -101,6 +104,7 @@ impl NodeResources {
             allowed_unsafe_sysctls: Vec::new(),
             hugepages: BTreeMap::new(),
             ephemeral_storage_bytes: None,
+            apparmor_unavailable: None,
         }
     }
 
@@ -115,6 +119,7 @@ impl NodeResources {
             .map_or(0, |kib| kib * 1024);
         let mut node = NodeResources::new(i64::try_from(cpus).unwrap_or(1) * 1000, memory);
         node.hugepages = hugepages_of(Path::new(HUGEPAGES_DIR));
+        node.apparmor_unavailable = kubelet_core::apparmor::host_unavailable();
         node
     }
 }
@@ -214,7 +219,31 @@ pub fn admit_to(pod: &Pod, usage: &NodeUsage, node: &NodeResources) -> Result<()
         return Err(Rejection::predicate("TaintToleration", "node(s) had taints that the pod didn't tolerate"));
     }
     sysctls::check(pod, &node.allowed_unsafe_sysctls)
-        .map_err(|error| Rejection::new("SysctlForbidden", format!("forbidden sysctl: {error}")))
+        .map_err(|error| Rejection::new("SysctlForbidden", format!("forbidden sysctl: {error}")))?;
+    apparmor(pod, node.apparmor_unavailable)
+        .map_err(|error| Rejection::new("AppArmor", format!("Cannot enforce AppArmor: {error}")))
+}
+
+/// Upstream's AppArmor validator: a pod that asks for confinement needs a host that enforces
+/// it, and a `Localhost` profile needs a name.
+fn apparmor(pod: &Pod, host_unavailable: Option<&'static str>) -> Result<(), String> {
+    use kubelet_core::apparmor::{Profile, is_required, profile};
+    if !is_required(pod) {
+        return Ok(());
+    }
+    if let Some(why) = host_unavailable {
+        return Err(why.to_owned());
+    }
+    let spec = pod.spec.as_ref();
+    let containers = spec.into_iter().flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers));
+    for container in containers {
+        if let Some(Profile::Localhost(name)) = profile(pod, &container.name, container.security_context.as_ref())
+            && name.trim().is_empty()
+        {
+            return Err(format!("invalid empty AppArmor profile name: {name:?}"));
+        }
+    }
+    Ok(())
 }
 
 /// The resource name of local ephemeral storage.

@@ -412,6 +412,27 @@ fn admission_counts_ephemeral_storage_requests_when_the_node_knows_its_storage()
     assert!(admit(&(*pod("y", "Always", &["c"])).clone(), &[&running, &with("4Gi")], &node).is_ok(), "no request");
 }
 
+#[test]
+fn a_pod_confined_by_apparmor_is_refused_where_the_host_cannot_enforce_it() {
+    let confined = |annotation: &str| {
+        let mut p = (*pod("x", "Always", &["c"])).clone();
+        let key = "container.apparmor.security.beta.kubernetes.io/c".to_owned();
+        p.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(key, annotation.to_owned());
+        p
+    };
+    let mut node = NodeResources::new(1000, 1 << 30);
+    assert!(admit(&confined("runtime/default"), &[], &node).is_ok(), "a host that enforces it");
+    let rejection = admit(&confined("localhost/"), &[], &node).unwrap_err();
+    assert_eq!(rejection.message, "Cannot enforce AppArmor: invalid empty AppArmor profile name: \"\"");
+    node.apparmor_unavailable = Some("AppArmor is not enabled on the host");
+    let rejection = admit(&confined("runtime/default"), &[], &node).unwrap_err();
+    assert_eq!(
+        (rejection.reason.as_str(), rejection.message.as_str()),
+        ("AppArmor", "Cannot enforce AppArmor: AppArmor is not enabled on the host")
+    );
+    assert!(admit(&confined("unconfined"), &[], &node).is_ok(), "unconfined asks nothing of the host");
+}
+
 #[tokio::test(start_paused = true)]
 async fn admission_checks_cpu_memory_selector_and_host_ports() {
     let node = NodeResources::new(1000, 1 << 30);

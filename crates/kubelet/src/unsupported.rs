@@ -17,7 +17,6 @@ pub const FIELDS: &[&str] = &[
     "spec.hostUsers",
     "spec.resourceClaims",
     "spec.securityContext.seLinuxOptions",
-    "spec.securityContext.appArmorProfile",
     "spec.securityContext.supplementalGroupsPolicy",
     "spec.containers[*].volumeMounts[*].recursiveReadOnly",
     "spec.containers[*].volumeDevices",
@@ -26,7 +25,6 @@ pub const FIELDS: &[&str] = &[
     "spec.containers[*].lifecycle.stopSignal",
     "spec.containers[*].resources.claims",
     "spec.containers[*].securityContext.seLinuxOptions",
-    "spec.containers[*].securityContext.appArmorProfile",
     "spec.containers[*].securityContext.procMount",
     "spec.containers[*].restartPolicy",
     "spec.containers[*].restartPolicyRules",
@@ -131,7 +129,6 @@ fn pod_fields(spec: &PodSpec, abilities: Abilities<'_>) -> Vec<String> {
     check(spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()), "spec.resourceClaims");
     if let Some(sc) = &spec.security_context {
         check(sc.se_linux_options.is_some(), "spec.securityContext.seLinuxOptions");
-        check(sc.app_armor_profile.is_some(), "spec.securityContext.appArmorProfile");
         check(
             sc.supplemental_groups_policy.as_deref().is_some_and(|p| p != "Merge"),
             "spec.securityContext.supplementalGroupsPolicy",
@@ -206,7 +203,6 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: 
     check(c.resources.as_ref().and_then(|r| r.claims.as_ref()).is_some_and(|c| !c.is_empty()), "resources.claims");
     let sc: Option<&SecurityContext> = c.security_context.as_ref();
     check(sc.is_some_and(|s| s.se_linux_options.is_some()), "securityContext.seLinuxOptions");
-    check(sc.is_some_and(|s| s.app_armor_profile.is_some()), "securityContext.appArmorProfile");
     check(sc.and_then(|s| s.proc_mount.as_deref()).is_some_and(|m| m != "Default"), "securityContext.procMount");
     check(c.restart_policy.is_some() && !sidecar, "restartPolicy");
     check(c.restart_policy_rules.as_ref().is_some_and(|r| !r.is_empty()), "restartPolicyRules");
@@ -215,7 +211,7 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: 
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{
-        AppArmorProfile, ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
+        ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
         EphemeralContainer, Lifecycle, LifecycleHandler, PodResourceClaim, PodSecurityContext, Probe, ResourceClaim,
         ResourceRequirements, SELinuxOptions, TCPSocketAction, Volume, VolumeDevice, VolumeMount,
     };
@@ -242,7 +238,6 @@ mod tests {
         let spec = pod.spec.as_mut().unwrap();
         let c = &mut spec.containers[0];
         let selinux = || Some(SELinuxOptions { level: Some("s0:c1".into()), ..SELinuxOptions::default() });
-        let apparmor = || Some(AppArmorProfile { type_: "RuntimeDefault".into(), ..AppArmorProfile::default() });
         match field {
             "spec.volumes[*]" => {
                 spec.volumes = Some(vec![Volume {
@@ -268,10 +263,6 @@ mod tests {
             "spec.securityContext.seLinuxOptions" => {
                 spec.security_context =
                     Some(PodSecurityContext { se_linux_options: selinux(), ..PodSecurityContext::default() });
-            }
-            "spec.securityContext.appArmorProfile" => {
-                spec.security_context =
-                    Some(PodSecurityContext { app_armor_profile: apparmor(), ..PodSecurityContext::default() });
             }
             "spec.securityContext.supplementalGroupsPolicy" => {
                 spec.security_context = Some(PodSecurityContext {
@@ -304,10 +295,6 @@ mod tests {
             "spec.containers[*].securityContext.seLinuxOptions" => {
                 c.security_context =
                     Some(SecurityContext { se_linux_options: selinux(), ..SecurityContext::default() });
-            }
-            "spec.containers[*].securityContext.appArmorProfile" => {
-                c.security_context =
-                    Some(SecurityContext { app_armor_profile: apparmor(), ..SecurityContext::default() });
             }
             "spec.containers[*].securityContext.procMount" => {
                 c.security_context =

@@ -596,3 +596,22 @@ fn an_ephemeral_container_joins_its_targets_process_namespace_unless_the_pod_sha
     pod.spec.as_mut().unwrap().share_process_namespace = Some(true);
     assert_eq!(pid_of(&pod), (pb::NamespaceMode::Pod, String::new()), "the pod's namespace holds the target already");
 }
+
+#[test]
+fn an_apparmor_profile_goes_to_the_runtime_in_both_of_the_cris_ways() {
+    let c = Container { name: "app".into(), ..Container::default() };
+    let mut pod = pod_with(c.clone());
+    let key = "container.apparmor.security.beta.kubernetes.io/app".to_owned();
+    pod.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(key, "localhost/k8s-nginx".to_owned());
+    let context = security_context(&pod, &c, &ImageUser::default(), std::path::Path::new("/p")).unwrap();
+    #[allow(deprecated)] // Reason: containerd 1.6 reads the deprecated name; it must be there.
+    let name = context.apparmor_profile.clone();
+    assert_eq!(name, "localhost/k8s-nginx");
+    let profile = context.apparmor.unwrap();
+    assert_eq!(
+        (profile.profile_type, profile.localhost_ref.as_str()),
+        (pb::security_profile::ProfileType::Localhost as i32, "k8s-nginx")
+    );
+    let plain = security_context(&pod_with(c.clone()), &c, &ImageUser::default(), std::path::Path::new("/p")).unwrap();
+    assert!(plain.apparmor.is_none(), "none asked for: the runtime's default");
+}
