@@ -344,7 +344,7 @@ async fn report_status(
             node = next;
             continue;
         }
-        let patch = Patch::Strategic(serde_json::json!({ "status": status }));
+        let patch = Patch::Strategic(serde_json::json!({ "status": status_to_send(&status, &facts) }));
         match nodes.patch_status(&facts.name, &PatchParams::default(), &patch).await {
             Ok(updated) => {
                 node = updated;
@@ -354,6 +354,20 @@ async fn report_status(
             Err(err) => warn!(node = %facts.name, error = %err, "cannot update the node's status; trying again"),
         }
     }
+}
+
+/// The status as patched: under an external cloud provider, without the addresses once there are
+/// any, which are its controller's to change (a merge by type would put back ours).
+fn status_to_send(status: &k8s_openapi::api::core::v1::NodeStatus, facts: &Facts) -> serde_json::Value {
+    let mut sent = serde_json::to_value(status).unwrap_or_default();
+    let has_addresses = status.addresses.as_ref().is_some_and(|a| !a.is_empty());
+    if facts.external_cloud_provider
+        && has_addresses
+        && let Some(fields) = sent.as_object_mut()
+    {
+        fields.remove("addresses");
+    }
+    sent
 }
 
 /// Records the events of the node `name`'s status changes.

@@ -113,8 +113,9 @@ pub struct Facts {
     /// `providerID`: the Node's `spec.providerID`.
     pub provider_id: Option<String>,
     /// `--cloud-provider=external`: the node registers with upstream's uninitialized taint,
-    /// names the IP `--node-ip` gave for the cloud's controller, and keeps the addresses that
-    /// controller set.
+    /// names its IPs ([`Facts::ip`] and the secondary one, which must then be the ones
+    /// `--node-ip` gave) for the cloud's controller, and leaves the addresses to that controller
+    /// once the Node has any.
     pub external_cloud_provider: bool,
     /// CPU capacity in millicores.
     pub cpu_milli: i64,
@@ -297,8 +298,9 @@ pub struct TaintError {
 /// The label keys a kubelet sets on its Node.
 pub mod labels;
 
-/// The labels a kubelet gives its Node: `extra` (`--node-labels`), then its own
-/// (`kubernetes.io/hostname` as `hostname`, `kubernetes.io/os`, `kubernetes.io/arch`), which win.
+/// The labels a kubelet gives its Node: its own (`kubernetes.io/hostname` as `hostname`, the OS
+/// and architecture, stable and beta), then `extra` (`--node-labels`), which win (upstream's
+/// `initialNode`).
 pub fn node_labels(hostname: &str, extra: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (labels::HOSTNAME.to_owned(), hostname.to_owned()),
@@ -382,8 +384,9 @@ pub fn registration(facts: &Facts) -> Node {
 /// `initialNode` and `NodeAddress` setter).
 pub fn node_annotations(facts: &Facts) -> BTreeMap<String, String> {
     let mut annotations = BTreeMap::from([(labels::CONTROLLER_MANAGED_ATTACH.to_owned(), "true".to_owned())]);
-    if let Some(ip) = facts.ip.filter(|_| facts.external_cloud_provider) {
-        annotations.insert(labels::PROVIDED_NODE_IP.to_owned(), ip.to_string());
+    let given: Vec<String> = facts.ip.iter().chain(&facts.secondary_ip).map(ToString::to_string).collect();
+    if facts.external_cloud_provider && !given.is_empty() {
+        annotations.insert(labels::PROVIDED_NODE_IP.to_owned(), given.join(","));
     }
     annotations
 }

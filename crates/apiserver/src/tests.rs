@@ -64,6 +64,11 @@ fn an_external_cloud_provider_gets_the_uninitialized_taint_the_given_ip_and_its_
         (labels::UNINITIALIZED_TAINT, Some("true"), "NoSchedule")
     );
     assert_eq!(node.metadata.annotations.as_ref().unwrap()[labels::PROVIDED_NODE_IP], "192.0.2.10");
+    let mut dual = facts.clone();
+    dual.secondary_ip = Some("2001:db8::10".parse().unwrap());
+    assert_eq!(node_annotations(&dual)[labels::PROVIDED_NODE_IP], "192.0.2.10,2001:db8::10");
+    let found_only = Facts { ip: None, ..facts.clone() };
+    assert!(!node_annotations(&found_only).contains_key(labels::PROVIDED_NODE_IP), "no --node-ip, none named");
     // The first status names the node's addresses; those the cloud's controller set then stay.
     set_status(&mut node, &facts, &Health::default(), at(0));
     let cloud = vec![NodeAddress { type_: "InternalIP".into(), address: "10.1.2.3".into() }];

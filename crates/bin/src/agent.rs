@@ -109,7 +109,7 @@ async fn run_with(
         .node_ip(&settings.node_ip)
         .secondary_node_ip(settings.secondary_node_ip.map(|ip| ip.to_string()).unwrap_or_default())
         .image_pull_limit(file.image_pull_limit())
-        .registry_pulls(file.registry_pull_qps, file.registry_burst)
+        .registry_pulls(f64::from(file.registry_pull_qps), file.registry_burst)
         .allocatable(allocatable_quantities(&node))
         .hugepage_sizes(node.hugepages.keys().copied().collect())
         .dns(

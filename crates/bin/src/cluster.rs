@@ -119,6 +119,10 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     facts.secondary_ip = settings.secondary_node_ip;
     facts.provider_id.clone_from(&file.provider_id);
     facts.external_cloud_provider = settings.external_cloud_provider;
+    if settings.external_cloud_provider && !settings.node_ip_given {
+        // The cloud's controller gives the addresses; a found IP is nobody's to announce.
+        facts.ip = None;
+    }
     facts.labels.clone_from(&settings.node_labels);
     facts.taints.clone_from(&file.register_with_taints);
     let node = NodeResources::of_this_node();

@@ -39,11 +39,13 @@ async fn put_verbosity(method: Method, body: Bytes) -> Response {
     }
 }
 
-/// Upstream's `GlogSetter`: the value is klog's `-v`, a number.
+/// Upstream's `GlogSetter`: the value is klog's `-v`, an unsigned 32-bit number as given (no
+/// space around it); it replaces the filter the agent started with, `RUST_LOG`'s too.
 fn set(value: &str) -> Result<String, String> {
-    let verbosity: u8 = value.trim().parse().map_err(|_| {
+    let verbosity: u32 = value.parse().map_err(|_| {
         format!("failed set klog.logging.verbosity {value}: strconv.ParseUint: parsing {value:?}: invalid syntax")
     })?;
+    let verbosity = u8::try_from(verbosity).unwrap_or(u8::MAX);
     crate::logging::set_verbosity(verbosity)
         .map_err(|err| format!("failed set klog.logging.verbosity {value}: {err}"))?;
     Ok(format!("successfully set klog.logging.verbosity to {value}"))
@@ -57,5 +59,6 @@ mod tests {
     fn a_verbosity_that_is_no_number_is_refused_in_upstreams_words() {
         let err = set("loud").unwrap_err();
         assert!(err.starts_with("failed set klog.logging.verbosity loud: "), "{err}");
+        assert!(set("4\n").is_err(), "taken as given, as upstream's");
     }
 }

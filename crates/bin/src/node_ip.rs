@@ -18,7 +18,7 @@ pub(crate) fn parse_node_ips(given: &str) -> Result<Vec<IpAddr>, String> {
         return Ok(Vec::new());
     }
     let mut ips = Vec::new();
-    for text in given.split(',').map(str::trim) {
+    for text in given.split(',').map(str::trim).filter(|text| !text.is_empty()) {
         ips.push(text.parse::<IpAddr>().map_err(|_| format!("could not parse {text:?}"))?);
     }
     match ips.as_slice() {
@@ -124,6 +124,7 @@ mod tests {
     fn node_ip_takes_one_address_or_a_dual_stack_pair_as_upstream() {
         assert_eq!(parse_node_ips(""), Ok(vec![]));
         assert_eq!(parse_node_ips("192.0.2.9"), Ok(vec![ip("192.0.2.9")]));
+        assert_eq!(parse_node_ips("192.0.2.9,"), Ok(vec![ip("192.0.2.9")]), "an empty entry is skipped");
         assert_eq!(parse_node_ips("192.0.2.9, fd00::9"), Ok(vec![ip("192.0.2.9"), ip("fd00::9")]));
         assert_eq!(parse_node_ips("fd00::9,192.0.2.9"), Ok(vec![ip("fd00::9"), ip("192.0.2.9")]));
         let pair = "must contain either a single IP or a dual-stack pair of IPs";

@@ -3,8 +3,11 @@
 //! a file as its bytes. Off, it answers 405 `logs endpoint is disabled.`, as upstream's.
 //!
 //! Containers can write below `/var/log` (a hostPath volume, a log shipper's), so a link there
-//! may lead anywhere: every path is resolved first, and served only if it stays below the
-//! directory. A file is streamed in chunks, whatever its size.
+//! may lead anywhere, and a directory may be swapped for a link between a check and an open:
+//! what is served is what an open file descriptor holds, and only when the kernel's own name for
+//! it (`/proc/self/fd/N`) is below the directory. Only regular files and directories are
+//! served (a FIFO would hold a thread until someone wrote to it). A file is streamed in chunks,
+//! whatever its size.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -56,30 +59,51 @@ async fn serve_path(State(base): State<Base>, UrlPath(path): UrlPath<String>) ->
     serve(&base.0, &path).await
 }
 
-/// The file or directory `relative` names below `base`, if it resolves to one there.
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "404 page not found\n").into_response()
+}
+
+/// The file or directory `relative` names below `base`, if it is one there.
 async fn serve(base: &Path, relative: &str) -> Response {
-    let Some(inside) = resolve_inside(base, relative).await else {
-        return (StatusCode::NOT_FOUND, "404 page not found\n").into_response();
-    };
-    let metadata = match tokio::fs::metadata(&inside).await {
-        Ok(metadata) => metadata,
-        Err(_) => return (StatusCode::NOT_FOUND, "404 page not found\n").into_response(),
-    };
+    let Some(opened) = open_inside(base, relative).await else { return not_found() };
+    let Ok(metadata) = opened.metadata() else { return not_found() };
     if metadata.is_dir() {
         if !relative.is_empty() && !relative.ends_with('/') {
             let name = relative.rsplit('/').next().unwrap_or_default();
             return (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, format!("{name}/"))]).into_response();
         }
-        return listing(&inside).await;
+        // Listed through the descriptor: the directory checked, whatever its name is now.
+        return listing(&held_path(&opened)).await;
     }
-    match tokio::fs::File::open(&inside).await {
-        Ok(file) => {
-            let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
-            let headers = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
-            (StatusCode::OK, headers, body).into_response()
-        }
-        Err(_) => (StatusCode::FORBIDDEN, "403 Forbidden\n").into_response(),
+    if !metadata.is_file() {
+        return not_found();
     }
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(opened)));
+    let headers = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    (StatusCode::OK, headers, body).into_response()
+}
+
+/// The kernel's name of what `file` holds open.
+fn held_path(file: &std::fs::File) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// `relative` below `base` opened, when what was opened is below `base`:
+/// a path of plain names (no `..`), opened without blocking (a FIFO opens at once) and checked
+/// through its descriptor, so no link swapped in after the check leads out.
+async fn open_inside(base: &Path, relative: &str) -> Option<std::fs::File> {
+    let inside = resolve_inside(base, relative).await?;
+    let base = tokio::fs::canonicalize(base).await.ok()?;
+    let opened = tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(inside)
+    })
+    .await
+    .ok()?
+    .ok()?;
+    let real = tokio::fs::read_link(held_path(&opened)).await.ok()?;
+    real.starts_with(&base).then_some(opened)
 }
 
 /// `base` joined with `relative`, every link resolved, when that stays below `base`: a path
@@ -94,13 +118,19 @@ async fn resolve_inside(base: &Path, relative: &str) -> Option<PathBuf> {
     real.starts_with(&base).then_some(real)
 }
 
-/// A directory as Go's file server lists it: its entries by name, directories with a `/`.
+/// The most entries a listing shows: a directory a container filled with names costs no more.
+const MOST_ENTRIES: usize = 10_000;
+
+/// A directory as Go's file server lists it: its entries by name, directories with a `/`, at
+/// most [`MOST_ENTRIES`] of them.
 async fn listing(dir: &Path) -> Response {
     let Ok(mut entries) = tokio::fs::read_dir(dir).await else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "Error reading directory\n").into_response();
     };
     let mut names = Vec::new();
-    while let Ok(Some(entry)) = entries.next_entry().await {
+    while names.len() < MOST_ENTRIES
+        && let Ok(Some(entry)) = entries.next_entry().await
+    {
         let is_dir = entry.file_type().await.is_ok_and(|kind| kind.is_dir());
         let name = entry.file_name().to_string_lossy().into_owned();
         names.push(if is_dir { format!("{name}/") } else { name });
@@ -158,6 +188,7 @@ mod tests {
         // A container with a hostPath volume on the log directory leaves links out of it.
         std::os::unix::fs::symlink(scratch.path().join("secret"), logs.join("escape")).unwrap();
         std::os::unix::fs::symlink(logs.join("pods/ns_web_u1/0.log"), logs.join("web.log")).unwrap();
+        nix::unistd::mkfifo(&logs.join("pipe"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         let router = router(true, &logs);
 
         assert_eq!(get_path(&router, "/logs/syslog").await, (StatusCode::OK, "boot\n".to_owned()));
@@ -165,6 +196,7 @@ mod tests {
         assert_eq!(get_path(&router, "/logs/escape").await.0, StatusCode::NOT_FOUND, "a link out");
         assert_eq!(get_path(&router, "/logs/../secret").await.0, StatusCode::NOT_FOUND);
         assert_eq!(get_path(&router, "/logs/%2e%2e/secret").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(get_path(&router, "/logs/pipe").await.0, StatusCode::NOT_FOUND, "a FIFO holds no thread");
         let (status, listed) = get_path(&router, "/logs/").await;
         assert_eq!(status, StatusCode::OK);
         assert!(listed.contains("<a href=\"pods/\">pods/</a>\n<a href=\"syslog\">syslog</a>"), "{listed}");

@@ -84,6 +84,9 @@ pub(crate) struct Settings {
     pub(crate) secondary_node_ip: Option<std::net::IpAddr>,
     /// `--cloud-provider=external`.
     pub(crate) external_cloud_provider: bool,
+    /// Whether `--node-ip` named the node's IP (not `0.0.0.0` or `::`, which ask for it to be
+    /// found).
+    pub(crate) node_ip_given: bool,
     pub(crate) container_logs_dir: PathBuf,
     /// The cgroup parent of pod cgroups: `<cgroupRoot>/kubepods`.
     pub(crate) pods_cgroup: String,
@@ -238,6 +241,7 @@ impl Settings {
             node_ip: crate::node_ip::node_ip(&node_ips, &node_name).map(|ip| ip.to_string()).unwrap_or_default(),
             secondary_node_ip: node_ips.get(1).copied(),
             external_cloud_provider,
+            node_ip_given: node_ips.first().is_some_and(|ip| !ip.is_unspecified()),
             node_name,
             container_logs_dir: args.container_logs_dir,
         })

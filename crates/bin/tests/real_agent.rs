@@ -2000,11 +2000,13 @@ async fn real_image_pulls_beyond_registry_pull_qps_fail_and_are_retried() {
     };
     let (dir, node) = scratch(&rt, "agent-pull-qps", "pullqps");
     let port = free_port();
-    // One pull, then one more every 5 s; both pods pull (`Always`) from the local registry.
+    // One pull, then one more a second; both pods pull (`Always`) from the local registry at
+    // once, so one of the two finds no token.
     let config = dir.join("kubelet.yaml");
     std::fs::write(
         &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nregistryPullQPS: 0.2\nregistryBurst: 1\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nregistryPullQPS: 1\nregistryBurst: 1\n\
+         serializeImagePulls: false\n",
     )
     .unwrap();
     for name in ["first", "second"] {

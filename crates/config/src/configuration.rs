@@ -93,8 +93,9 @@ pub struct KubeletConfiguration {
     pub serialize_image_pulls: bool,
     /// `maxParallelImagePulls`: the limit when pulls are not serialized (none: no limit).
     pub max_parallel_image_pulls: Option<u32>,
-    /// `registryPullQPS` (5): image pulls a second; 0: no limit.
-    pub registry_pull_qps: f64,
+    /// `registryPullQPS` (5, a whole number as upstream's int32): image pulls a second; 0: no
+    /// limit.
+    pub registry_pull_qps: i32,
     /// `registryBurst` (10): the pulls a quiet node may start at once.
     pub registry_burst: u32,
     /// `clusterDNS`: the cluster's DNS servers, for `ClusterFirst` pods (none: the node's resolver).
@@ -230,7 +231,7 @@ impl Default for KubeletConfiguration {
             kube_reserved: BTreeMap::new(),
             serialize_image_pulls: true,
             max_parallel_image_pulls: None,
-            registry_pull_qps: 5.0,
+            registry_pull_qps: 5,
             registry_burst: 10,
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
@@ -310,7 +311,7 @@ struct Raw {
     serialize_image_pulls: Option<bool>,
     max_parallel_image_pulls: Option<u32>,
     #[serde(rename = "registryPullQPS")]
-    registry_pull_qps: Option<f64>,
+    registry_pull_qps: Option<i32>,
     registry_burst: Option<i64>,
     #[serde(rename = "clusterDNS")]
     cluster_dns: Option<Vec<String>>,
@@ -619,7 +620,7 @@ impl KubeletConfiguration {
         config.serialize_image_pulls = raw.serialize_image_pulls.unwrap_or(true);
         config.max_parallel_image_pulls = raw.max_parallel_image_pulls;
         match raw.registry_pull_qps {
-            Some(qps) if qps < 0.0 => {
+            Some(qps) if qps < 0 => {
                 return Err(at("registryPullQPS", format!("{qps} must not be a negative number")));
             }
             Some(qps) => config.registry_pull_qps = qps,
@@ -1147,6 +1148,17 @@ volumeStatsAggPeriod: 0s
             ("imageMaximumGCAge: 1m\n", "imageMaximumGCAge"),
         ] {
             assert_eq!(parse(body).unwrap_err().field.as_deref(), Some(field), "{body}");
+        }
+    }
+
+    #[test]
+    fn registry_pulls_have_upstreams_defaults_and_checks() {
+        let defaults = parse("").unwrap();
+        assert_eq!((defaults.registry_pull_qps, defaults.registry_burst), (5, 10));
+        let set = parse("registryPullQPS: 0\nregistryBurst: 3\n").unwrap();
+        assert_eq!((set.registry_pull_qps, set.registry_burst), (0, 3));
+        for body in ["registryPullQPS: -1\n", "registryBurst: -1\n", "registryPullQPS: 0.5\n"] {
+            assert!(parse(body).is_err(), "{body}");
         }
     }
 
