@@ -2040,6 +2040,54 @@ async fn real_image_pulls_beyond_registry_pull_qps_fail_and_are_retried() {
     run_then_clean_up(outcome, &runtime, &dir, &node).await;
 }
 
+/// SELinux options as upstream passes them: the pod's to its sandbox and, unless a container
+/// has its own, to its containers, whose mounts of the pod's own volumes and hosts file the
+/// runtime relabels; upstream admits such a pod on any host (the runtime applies the labels
+/// where SELinux is on), and so does this agent: it runs here.
+#[tokio::test]
+async fn real_selinux_options_reach_the_runtime_and_the_pod_runs() {
+    let Some(rt) = RealRuntime::from_env("real_selinux_options_reach_the_runtime_and_the_pod_runs") else {
+        return;
+    };
+    let (dir, node) = scratch(&rt, "agent-selinux", "selinux");
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: labelled}}\nspec:\n\
+         \x20 terminationGracePeriodSeconds: 1\n\
+         \x20 securityContext: {{seLinuxOptions: {{level: 's0:c123,c456'}}}}\n\
+         \x20 volumes: [{{name: scratch, emptyDir: {{}}}}, {{name: host, hostPath: {{path: /tmp}}}}]\n\
+         \x20 containers:\n\
+         \x20 - {{name: app, image: {}, command: [sleep, '3600'],\n\
+         \x20    volumeMounts: [{{name: scratch, mountPath: /scratch}}, {{name: host, mountPath: /host}}]}}\n",
+        rt.busybox_image
+    );
+    std::fs::write(dir.join("manifests/labelled.yaml"), pod).unwrap();
+    let agent = Agent::start_with(&rt, &dir, &node, &[]);
+    let runtime = test_runtime(&rt, &dir, &node);
+    let outcome = {
+        let (rt, node, dir) = (rt.clone(), node.clone(), dir.clone());
+        async move {
+            let runtime = test_runtime(&rt, &dir, &node);
+            let status = wait_for(&runtime, &format!("labelled-{node}"), "app to run", running).await;
+            let id = status.container_status("app").unwrap().id.clone();
+            let client = Client::connect(&Config::new(&rt.endpoint)).unwrap();
+            let request = pb::ContainerStatusRequest { container_id: id, verbose: true };
+            let answer = client.runtime_service().container_status(request).await.unwrap().into_inner();
+            let info: serde_json::Value = serde_json::from_str(&answer.info["info"]).unwrap();
+            let config = &info["config"];
+            assert_eq!(config["linux"]["security_context"]["selinux_options"]["level"], "s0:c123,c456", "{config}");
+            let relabelled = |path: &str| {
+                let mounts = config["mounts"].as_array().unwrap();
+                let mount = mounts.iter().find(|m| m["container_path"] == path).unwrap();
+                mount["selinux_relabel"].as_bool().unwrap_or(false)
+            };
+            assert!(relabelled("/scratch") && relabelled("/etc/hosts"), "the pod's own: {config}");
+            assert!(!relabelled("/host"), "never the host's path: {config}");
+            agent
+        }
+    };
+    run_then_clean_up(outcome, &runtime, &dir, &node).await;
+}
+
 /// AppArmor as upstream's admit handler takes it: a pod whose container asks for a profile (the
 /// deprecated annotation here, as v1.26 clusters write it) is refused with reason `AppArmor` on
 /// a host that does not enforce AppArmor, and runs on one that does; an `unconfined` one runs

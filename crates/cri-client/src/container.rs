@@ -253,6 +253,11 @@ pub fn security_context(
     Ok(pb::LinuxContainerSecurityContext {
         apparmor_profile: apparmor.as_ref().map(kubelet_core::apparmor::Profile::deprecated_name).unwrap_or_default(),
         apparmor: apparmor.map(security_profile),
+        // The container's own, else the pod's (upstream `determineEffectiveSecurityContext`).
+        selinux_options: sc
+            .and_then(|s| s.se_linux_options.as_ref())
+            .or_else(|| pod_sc.and_then(|s| s.se_linux_options.as_ref()))
+            .map(selinux_option),
         capabilities,
         privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
         namespace_options: Some(crate::sandbox::namespace_options(spec)),
@@ -269,6 +274,16 @@ pub fn security_context(
         readonly_paths,
         ..pb::LinuxContainerSecurityContext::default()
     })
+}
+
+/// SELinux options as the CRI names them.
+pub(crate) fn selinux_option(options: &k8s_openapi::api::core::v1::SELinuxOptions) -> pb::SeLinuxOption {
+    pb::SeLinuxOption {
+        user: options.user.clone().unwrap_or_default(),
+        role: options.role.clone().unwrap_or_default(),
+        r#type: options.type_.clone().unwrap_or_default(),
+        level: options.level.clone().unwrap_or_default(),
+    }
 }
 
 /// An AppArmor profile as the CRI names it (upstream `getAppArmorProfile`).
@@ -365,6 +380,7 @@ pub fn mounts(
             container_path: mount.mount_path.clone(),
             host_path: host_path.display().to_string(),
             readonly: mount.read_only.unwrap_or(false) || volumes.is_read_only(&mount.name),
+            selinux_relabel: volumes.relabels(&mount.name),
             propagation: propagation as i32,
             ..pb::Mount::default()
         });

@@ -202,6 +202,7 @@ pub fn sandbox_config(
         // ones, and no volume here adds any.
         supplemental_groups: crate::container::supplemental_groups(pod_security),
         privileged: spec.is_some_and(has_privileged_container),
+        selinux_options: pod_security.and_then(|s| s.se_linux_options.as_ref()).map(crate::container::selinux_option),
         // Upstream runs every sandbox under the runtime's default seccomp profile, whatever its
         // containers run under.
         seccomp: Some(pb::SecurityProfile {

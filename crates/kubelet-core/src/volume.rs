@@ -106,11 +106,13 @@ pub struct PodVolumes {
     volumes: BTreeMap<String, HostVolume>,
 }
 
-/// Where one volume is on the host, and whether containers may only read it.
+/// Where one volume is on the host, whether containers may only read it, and whether the
+/// runtime relabels it for SELinux.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct HostVolume {
     path: PathBuf,
     read_only: bool,
+    relabel: bool,
 }
 
 impl PodVolumes {
@@ -121,18 +123,31 @@ impl PodVolumes {
 
     /// Records that volume `name` is at `path` on the host.
     pub fn insert(&mut self, name: impl Into<String>, path: impl Into<PathBuf>) {
-        self.volumes.insert(name.into(), HostVolume { path: path.into(), read_only: false });
+        self.volumes.insert(name.into(), HostVolume { path: path.into(), read_only: false, relabel: false });
     }
 
     /// Records that volume `name` is at `path` on the host and that every container mounts it
     /// read-only (upstream's volume attribute `ReadOnly`).
     pub fn insert_read_only(&mut self, name: impl Into<String>, path: impl Into<PathBuf>) {
-        self.volumes.insert(name.into(), HostVolume { path: path.into(), read_only: true });
+        self.volumes.insert(name.into(), HostVolume { path: path.into(), read_only: true, relabel: false });
     }
 
     /// The host path of volume `name`, when it is set up.
     pub fn get(&self, name: &str) -> Option<&Path> {
         self.volumes.get(name).map(|v| v.path.as_path())
+    }
+
+    /// Has the runtime relabel volume `name` with the pod's SELinux label where a container
+    /// mounts it ([`VolumePlugin::relabels`]).
+    pub fn relabel(&mut self, name: &str) {
+        if let Some(volume) = self.volumes.get_mut(name) {
+            volume.relabel = true;
+        }
+    }
+
+    /// Whether the runtime relabels volume `name` for SELinux.
+    pub fn relabels(&self, name: &str) -> bool {
+        self.volumes.get(name).is_some_and(|v| v.relabel)
     }
 
     /// Whether volume `name` is mounted read-only into every container.
@@ -198,6 +213,13 @@ pub trait VolumePlugin: Send + Sync {
     /// `volumeMounts` say (upstream's `GetAttributes().ReadOnly`): true for volumes whose content
     /// the agent writes, so that a container cannot plant links the agent would later follow.
     fn read_only(&self) -> bool {
+        false
+    }
+
+    /// Whether the runtime relabels this plugin's volumes with the pod's SELinux label when a
+    /// container mounts them (upstream's `Managed` and `SELinuxRelabel` attributes): true for
+    /// the volumes the agent makes, false for a host's own path.
+    fn relabels(&self) -> bool {
         false
     }
 }

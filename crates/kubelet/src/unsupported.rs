@@ -16,7 +16,6 @@ pub const FIELDS: &[&str] = &[
     "spec.volumes[*]",
     "spec.hostUsers",
     "spec.resourceClaims",
-    "spec.securityContext.seLinuxOptions",
     "spec.securityContext.supplementalGroupsPolicy",
     "spec.containers[*].volumeMounts[*].recursiveReadOnly",
     "spec.containers[*].volumeDevices",
@@ -24,7 +23,6 @@ pub const FIELDS: &[&str] = &[
     "spec.containers[*].lifecycle.preStop.tcpSocket",
     "spec.containers[*].lifecycle.stopSignal",
     "spec.containers[*].resources.claims",
-    "spec.containers[*].securityContext.seLinuxOptions",
     "spec.containers[*].securityContext.procMount",
     "spec.containers[*].restartPolicy",
     "spec.containers[*].restartPolicyRules",
@@ -128,7 +126,6 @@ fn pod_fields(spec: &PodSpec, abilities: Abilities<'_>) -> Vec<String> {
     check(spec.host_users == Some(false), "spec.hostUsers");
     check(spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()), "spec.resourceClaims");
     if let Some(sc) = &spec.security_context {
-        check(sc.se_linux_options.is_some(), "spec.securityContext.seLinuxOptions");
         check(
             sc.supplemental_groups_policy.as_deref().is_some_and(|p| p != "Merge"),
             "spec.securityContext.supplementalGroupsPolicy",
@@ -202,7 +199,6 @@ fn container_fields(path: &str, c: &Container, abilities: Abilities<'_>, found: 
     }
     check(c.resources.as_ref().and_then(|r| r.claims.as_ref()).is_some_and(|c| !c.is_empty()), "resources.claims");
     let sc: Option<&SecurityContext> = c.security_context.as_ref();
-    check(sc.is_some_and(|s| s.se_linux_options.is_some()), "securityContext.seLinuxOptions");
     check(sc.and_then(|s| s.proc_mount.as_deref()).is_some_and(|m| m != "Default"), "securityContext.procMount");
     check(c.restart_policy.is_some() && !sidecar, "restartPolicy");
     check(c.restart_policy_rules.as_ref().is_some_and(|r| !r.is_empty()), "restartPolicyRules");
@@ -213,7 +209,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         ConfigMapVolumeSource, Container as ApiContainer, ContainerRestartRule, EmptyDirVolumeSource,
         EphemeralContainer, Lifecycle, LifecycleHandler, PodResourceClaim, PodSecurityContext, Probe, ResourceClaim,
-        ResourceRequirements, SELinuxOptions, TCPSocketAction, Volume, VolumeDevice, VolumeMount,
+        ResourceRequirements, TCPSocketAction, Volume, VolumeDevice, VolumeMount,
     };
 
     use super::*;
@@ -237,7 +233,6 @@ mod tests {
         let mut pod = pod();
         let spec = pod.spec.as_mut().unwrap();
         let c = &mut spec.containers[0];
-        let selinux = || Some(SELinuxOptions { level: Some("s0:c1".into()), ..SELinuxOptions::default() });
         match field {
             "spec.volumes[*]" => {
                 spec.volumes = Some(vec![Volume {
@@ -259,10 +254,6 @@ mod tests {
             "spec.resourceClaims" => {
                 spec.resource_claims =
                     Some(vec![PodResourceClaim { name: "gpu".into(), ..PodResourceClaim::default() }]);
-            }
-            "spec.securityContext.seLinuxOptions" => {
-                spec.security_context =
-                    Some(PodSecurityContext { se_linux_options: selinux(), ..PodSecurityContext::default() });
             }
             "spec.securityContext.supplementalGroupsPolicy" => {
                 spec.security_context = Some(PodSecurityContext {
@@ -291,10 +282,6 @@ mod tests {
                     claims: Some(vec![ResourceClaim { name: "gpu".into(), ..ResourceClaim::default() }]),
                     ..ResourceRequirements::default()
                 });
-            }
-            "spec.containers[*].securityContext.seLinuxOptions" => {
-                c.security_context =
-                    Some(SecurityContext { se_linux_options: selinux(), ..SecurityContext::default() });
             }
             "spec.containers[*].securityContext.procMount" => {
                 c.security_context =

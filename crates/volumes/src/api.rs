@@ -143,6 +143,10 @@ impl VolumePlugin for ConfigMap {
     fn read_only(&self) -> bool {
         true
     }
+
+    fn relabels(&self) -> bool {
+        true
+    }
 }
 
 /// secret volumes, on a tmpfs.
@@ -175,6 +179,10 @@ impl VolumePlugin for Secret {
     }
 
     fn read_only(&self) -> bool {
+        true
+    }
+
+    fn relabels(&self) -> bool {
         true
     }
 }
@@ -256,6 +264,10 @@ impl VolumePlugin for Projected {
     }
 
     fn read_only(&self) -> bool {
+        true
+    }
+
+    fn relabels(&self) -> bool {
         true
     }
 }

@@ -69,6 +69,10 @@ impl VolumePlugin for DownwardApi {
     fn read_only(&self) -> bool {
         true
     }
+
+    fn relabels(&self) -> bool {
+        true
+    }
 }
 
 /// The files of `items` for `pod`, each with its own mode or `default_mode`.

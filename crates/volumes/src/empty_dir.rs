@@ -38,6 +38,10 @@ impl VolumePlugin for EmptyDir {
         EMPTY_DIR
     }
 
+    fn relabels(&self) -> bool {
+        true
+    }
+
     fn supports(&self, volume: &Volume) -> bool {
         volume.empty_dir.as_ref().is_some_and(|e| matches!(e.medium.as_deref().unwrap_or_default(), "" | "Memory"))
     }

@@ -152,6 +152,9 @@ impl Manager {
             } else {
                 volumes.insert(volume.name.clone(), path);
             }
+            if plugin.relabels() {
+                volumes.relabel(&volume.name);
+            }
         }
         Ok(volumes)
     }

@@ -615,3 +615,32 @@ fn an_apparmor_profile_goes_to_the_runtime_in_both_of_the_cris_ways() {
     let plain = security_context(&pod_with(c.clone()), &c, &ImageUser::default(), std::path::Path::new("/p")).unwrap();
     assert!(plain.apparmor.is_none(), "none asked for: the runtime's default");
 }
+
+#[test]
+fn selinux_options_come_from_the_container_else_the_pod_and_managed_volumes_are_relabelled() {
+    use k8s_openapi::api::core::v1::{PodSecurityContext, SELinuxOptions, SecurityContext, VolumeMount};
+    let level = |level: &str| Some(SELinuxOptions { level: Some(level.into()), ..SELinuxOptions::default() });
+    let mut c = Container { name: "app".into(), ..Container::default() };
+    c.volume_mounts = Some(vec![
+        VolumeMount { name: "cache".into(), mount_path: "/cache".into(), ..VolumeMount::default() },
+        VolumeMount { name: "host".into(), mount_path: "/host".into(), ..VolumeMount::default() },
+    ]);
+    let mut pod = pod_with(c.clone());
+    pod.spec.as_mut().unwrap().security_context =
+        Some(PodSecurityContext { se_linux_options: level("s0:c1,c2"), ..PodSecurityContext::default() });
+    let of = |pod: &Pod, c: &Container| {
+        let context = security_context(pod, c, &ImageUser::default(), std::path::Path::new("/p")).unwrap();
+        context.selinux_options.map(|o| o.level)
+    };
+    assert_eq!(of(&pod, &c).as_deref(), Some("s0:c1,c2"), "the pod's");
+    let mut own = c.clone();
+    own.security_context = Some(SecurityContext { se_linux_options: level("s0:c3"), ..SecurityContext::default() });
+    assert_eq!(of(&pod, &own).as_deref(), Some("s0:c3"), "the container's over the pod's");
+    let mut volumes = PodVolumes::new();
+    volumes.insert("cache", "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/cache");
+    volumes.relabel("cache");
+    volumes.insert("host", "/srv");
+    let relabelled: Vec<bool> =
+        mounts(&c, &volumes, &SubPathMounts::new()).unwrap().iter().map(|m| m.selinux_relabel).collect();
+    assert_eq!(relabelled, [true, false], "the agent's volume, not the host's path");
+}

@@ -287,6 +287,8 @@ impl CriRuntime {
         Ok(Some(pb::Mount {
             container_path: hosts::ETC_HOSTS.to_owned(),
             host_path: file.display().to_string(),
+            // The file is the pod's own: relabelled for its SELinux label, as upstream's.
+            selinux_relabel: true,
             ..pb::Mount::default()
         }))
     }
