@@ -2812,6 +2812,14 @@ async fn stats_through_the_api_server(client: &kube::Client, node: &str, namespa
     assert_eq!(network["name"], "eth0", "{talker}");
     assert!(network["rxBytes"].as_u64().is_some() && network["txErrors"].as_u64().is_some(), "{network}");
     assert!(summary["node"]["network"]["interfaces"].as_array().is_some_and(|i| !i.is_empty()), "{}", summary["node"]);
+    // A second read has the CPU rates since the first (cAdvisor's `usageNanoCores`), as
+    // metrics-server reads them at each scrape.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again: Value = serde_json::from_str(&get(format!("/api/v1/nodes/{node}/proxy/stats/summary")).await).unwrap();
+    let talker = again["pods"].as_array().unwrap().iter().find(|p| p["podRef"]["name"] == "talker").unwrap();
+    for cpu in [&again["node"]["cpu"], &talker["cpu"], &talker["containers"][0]["cpu"]] {
+        assert!(cpu["usageNanoCores"].as_u64().is_some(), "{cpu}");
+    }
 
     let metrics = get(format!("/api/v1/nodes/{node}/proxy/metrics/resource")).await;
     let labels = format!("{{container=\"app\",namespace=\"{namespace}\",pod=\"talker\"}}");

@@ -46,6 +46,9 @@ pub struct ContainerUsage {
     /// The CPU time it has used in nanoseconds, and when that was read (nanoseconds since the
     /// epoch), when measured.
     pub cpu: Option<(u64, Option<i64>)>,
+    /// Its CPU use between the summary's last reading and this one, in nanocores (cAdvisor's
+    /// `usageNanoCores`), once there are two readings.
+    pub cpu_usage_nano_cores: Option<u64>,
     /// Its writable layer, when measured.
     pub rootfs: Option<DiskUsage>,
     /// Its log files.

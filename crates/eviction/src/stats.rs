@@ -257,6 +257,7 @@ impl<R: Runtime> HostStats<R> {
                 name: container.name,
                 memory_working_set: container.memory_working_set_bytes,
                 cpu: container.cpu_usage_core_nanoseconds.map(|used| (used, container.cpu_timestamp_nanos)),
+                cpu_usage_nano_cores: None,
                 rootfs: container
                     .writable_layer_bytes
                     .map(|bytes| DiskUsage::new(bytes, container.writable_layer_inodes.unwrap_or(0))),

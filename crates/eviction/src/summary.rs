@@ -6,7 +6,11 @@
 //! Both are pure functions of a [`NodeSample`] and the pods' [`PodStats`]; [`SummaryProvider`]
 //! takes the samples when asked, never in the background.
 
-use std::{fmt::Write as _, sync::Mutex};
+use std::{
+    collections::{HashMap, HashSet},
+    fmt::Write as _,
+    sync::Mutex,
+};
 
 use k8s_openapi::{
     api::core::v1::{Pod, PodStatus},
@@ -96,6 +100,13 @@ impl<'a> PodSample<'a> {
     fn cpu(&self) -> Option<u64> {
         let used: Vec<u64> = self.stats.containers.iter().filter_map(|c| c.cpu.map(|(used, _)| used)).collect();
         (!used.is_empty()).then(|| used.iter().sum())
+    }
+
+    /// Its containers' `usageNanoCores` summed, when each measured container has one.
+    fn cpu_rate(&self) -> Option<u64> {
+        let measured = self.stats.containers.iter().filter(|c| c.cpu.is_some());
+        let rates: Option<Vec<u64>> = measured.map(|c| c.cpu_usage_nano_cores).collect();
+        rates.filter(|rates| !rates.is_empty()).map(|rates| rates.iter().sum())
     }
 
     fn memory(&self) -> Option<u64> {
@@ -197,6 +208,9 @@ fn container_json(sample: &PodSample<'_>, container: &ContainerUsage, time: Time
     }
     if let Some((used, at)) = container_cpu(container, time) {
         value["cpu"] = json!({ "time": at.to_string(), "usageCoreNanoSeconds": used });
+        if let Some(rate) = container.cpu_usage_nano_cores {
+            value["cpu"]["usageNanoCores"] = json!(rate);
+        }
     }
     if let Some(working_set) = container.memory_working_set {
         value["memory"] = json!({ "time": time.to_string(), "workingSetBytes": working_set });
@@ -222,6 +236,9 @@ fn pod_json(sample: &PodSample<'_>, time: Timestamp) -> Value {
     }
     if let Some(used) = sample.cpu() {
         value["cpu"] = json!({ "time": time.to_string(), "usageCoreNanoSeconds": used });
+        if let Some(rate) = sample.cpu_rate() {
+            value["cpu"]["usageNanoCores"] = json!(rate);
+        }
     }
     if let Some(working_set) = sample.memory() {
         value["memory"] = json!({ "time": time.to_string(), "workingSetBytes": working_set });
@@ -493,35 +510,70 @@ impl Subject<'_> {
     }
 }
 
+/// The last CPU reading of each thing measured (the node, each container by its runtime ID):
+/// what a rate is taken against. Only what the latest reading saw is kept.
+#[derive(Debug, Default)]
+struct CpuReadings(HashMap<String, (i128, u64)>);
+
+impl CpuReadings {
+    /// The rate, in nanocores, of `used` CPU nanoseconds read at `at` (nanoseconds since the
+    /// epoch) since the last reading of `key`, which this one replaces; none for a first reading,
+    /// a reading no later than the last, or a counter that went back (a restarted container).
+    fn rate(&mut self, key: &str, used: u64, at: i128) -> Option<u64> {
+        let last = self.0.insert(key.to_owned(), (at, used));
+        let (then, before) = last?;
+        let elapsed = u128::try_from(at - then).ok().filter(|elapsed| *elapsed > 0)?;
+        let spent = used.checked_sub(before)?;
+        u64::try_from(u128::from(spent) * 1_000_000_000 / elapsed).ok()
+    }
+
+    /// Forgets every key but `seen` and the node's.
+    fn keep_only(&mut self, seen: &HashSet<String>) {
+        self.0.retain(|key, _| key == NODE_KEY || seen.contains(key));
+    }
+}
+
+/// The node's key among the [`CpuReadings`] (no runtime ID is empty).
+const NODE_KEY: &str = "";
+
 /// Takes the samples for the summary and the resource metrics when asked: the node's from this
-/// host, the pods' from the runtime and the disk; it keeps the last node CPU sample for the
-/// node's `usageNanoCores`.
+/// host, the pods' from the runtime and the disk; it keeps the last CPU readings of the node and
+/// of each container for their `usageNanoCores`.
 pub struct SummaryProvider<R> {
     stats: HostStats<R>,
-    last_cpu: Mutex<Option<(Timestamp, u64)>>,
+    last_cpu: Mutex<CpuReadings>,
 }
 
 impl<R: Runtime> SummaryProvider<R> {
     /// Samples through `stats`.
     pub fn new(stats: HostStats<R>) -> Self {
-        SummaryProvider { stats, last_cpu: Mutex::new(None) }
+        SummaryProvider { stats, last_cpu: Mutex::default() }
+    }
+
+    fn readings(&self) -> std::sync::MutexGuard<'_, CpuReadings> {
+        // Each critical section replaces whole readings: a poisoned map is whole.
+        self.last_cpu.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The node now.
     pub async fn node(&self) -> NodeSample {
         let mut sample = self.stats.node_sample().await;
         if let Some(used) = sample.cpu_usage_core_nanoseconds {
-            let mut last = self.last_cpu.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some((then, before)) = *last {
-                let elapsed = sample.time.as_nanosecond() - then.as_nanosecond();
-                if elapsed > 0 && used >= before {
-                    let rate = u128::from(used - before) * 1_000_000_000 / elapsed.unsigned_abs();
-                    sample.cpu_usage_nano_cores = u64::try_from(rate).ok();
-                }
-            }
-            *last = Some((sample.time, used));
+            sample.cpu_usage_nano_cores = self.readings().rate(NODE_KEY, used, sample.time.as_nanosecond());
         }
         sample
+    }
+
+    /// Each measured container's `usageNanoCores` since the last summary.
+    fn container_rates(&self, measured: &mut crate::rank::PodStatsMap) {
+        let mut readings = self.readings();
+        let mut seen = HashSet::new();
+        for container in measured.values_mut().flat_map(|pod| pod.containers.iter_mut()) {
+            let (Some(id), Some((used, Some(at)))) = (&container.id, container.cpu) else { continue };
+            container.cpu_usage_nano_cores = readings.rate(id, used, i128::from(at));
+            seen.insert(id.clone());
+        }
+        readings.keep_only(&seen);
     }
 
     /// The pods' use (CPU, memory, disk and processes), and whether the runtime failed to say
@@ -537,6 +589,7 @@ impl<R: Runtime> SummaryProvider<R> {
             }
         };
         let mut measured = self.stats.measure(pods, need, containers).await;
+        self.container_rates(&mut measured);
         match networks {
             Ok(networks) => {
                 for network in networks {
@@ -634,6 +687,31 @@ mod tests {
         node.fs = Some(FsStats::new(100 << 30, 40 << 30).with_inodes(1000, 600));
         node.network = vec![interface("ens3", 5000, 6000), interface("eth0", 7000, 8000)];
         node
+    }
+
+    #[test]
+    fn usage_nano_cores_is_the_rate_since_the_last_reading() {
+        let mut readings = CpuReadings::default();
+        assert_eq!(readings.rate("c1", 1_000_000_000, 0), None, "a first reading");
+        assert_eq!(readings.rate("c1", 1_500_000_000, 1_000_000_000), Some(500_000_000), "half a core for a second");
+        assert_eq!(readings.rate("c1", 1_000, 2_000_000_000), None, "a counter that went back: a new instance");
+        assert_eq!(readings.rate("c1", 2_000, 2_000_000_000), None, "no time passed");
+        readings.rate(NODE_KEY, 1, 1);
+        readings.keep_only(&HashSet::new());
+        assert_eq!(readings.0.keys().collect::<Vec<_>>(), [NODE_KEY], "gone containers are forgotten");
+    }
+
+    #[test]
+    fn a_pods_usage_nano_cores_is_its_containers_once_each_has_one() {
+        let (pod, status, mut stats) = (pod(), status(), stats());
+        let rate = |stats: &PodStats| {
+            let summary = summary("node-1", &node(), &[PodSample::new(&pod, Some(&status), stats)]);
+            summary["pods"][0]["cpu"]["usageNanoCores"].as_u64()
+        };
+        stats.containers[0].cpu_usage_nano_cores = Some(300);
+        assert_eq!(rate(&stats), None, "the side container has no rate yet");
+        stats.containers[1].cpu_usage_nano_cores = Some(200);
+        assert_eq!(rate(&stats), Some(500));
     }
 
     #[test]
