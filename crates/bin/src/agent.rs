@@ -172,6 +172,7 @@ fn eviction_config(file: &config::KubeletConfiguration) -> Result<eviction::Conf
     let mut config = eviction::Config::new(thresholds.thresholds);
     config.pressure_transition_period = file.eviction_pressure_transition_period;
     config.max_pod_grace_period = file.eviction_max_pod_grace_period;
+    config.local_storage_limits = file.local_storage_capacity_isolation;
     Ok(config)
 }
 
@@ -256,7 +257,9 @@ fn node_allocatable(settings: &Settings) -> NodeResources {
     let hugepages: u64 = node.hugepages.values().sum();
     let held = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
     node.memory_bytes = (node.memory_bytes - held(memory_held) - held(hugepages)).max(0);
-    node.ephemeral_storage_bytes = storage.map(|bytes| (held(bytes) - held(storage_held)).max(0));
+    node.ephemeral_storage_bytes = storage
+        .filter(|_| settings.file.local_storage_capacity_isolation)
+        .map(|bytes| (held(bytes) - held(storage_held)).max(0));
     node
 }
 

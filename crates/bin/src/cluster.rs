@@ -118,6 +118,10 @@ pub(crate) fn facts(settings: &Settings, runtime: Version) -> Facts {
     facts.ip = settings.node_ip.parse().ok();
     facts.secondary_ip = settings.secondary_node_ip;
     facts.provider_id.clone_from(&file.provider_id);
+    if !file.local_storage_capacity_isolation {
+        // No ephemeral-storage capacity or allocatable, as upstream's without the isolation.
+        facts.ephemeral_storage_bytes = None;
+    }
     facts.external_cloud_provider = settings.external_cloud_provider;
     if settings.external_cloud_provider && !settings.node_ip_given {
         // The cloud's controller gives the addresses; a found IP is nobody's to announce.

@@ -2237,7 +2237,8 @@ async fn report_both_addresses(test: &str, rt: RealRuntime, dir: PathBuf, cluste
 /// The Node a node registers, and puts back when it adopts one, as upstream's `initialNode`:
 /// the stable and beta OS and architecture labels, `--node-labels` over the defaults, the
 /// attach/detach annotation, `providerID`, and under `--cloud-provider=external` the
-/// uninitialized taint and the given IP for the cloud's controller.
+/// uninitialized taint and the given IP for the cloud's controller; without
+/// `localStorageCapacityIsolation`, no `ephemeral-storage` in its capacity.
 #[tokio::test]
 async fn real_a_node_registers_and_adopts_its_node_as_upstream_from_kube_apiserver() {
     let test = "real_a_node_registers_and_adopts_its_node_as_upstream_from_kube_apiserver";
@@ -2249,7 +2250,8 @@ async fn register_and_adopt(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>
     let Cluster::Remote { client, .. } = &*cluster else { panic!("kube-apiserver only") };
     std::fs::write(
         dir.join("config.yaml"),
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nproviderID: kubelet-rs://test/node-3\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nproviderID: kubelet-rs://test/node-3\n\
+         localStorageCapacityIsolation: false\n",
     )
     .unwrap();
     let flags = [
@@ -2267,6 +2269,10 @@ async fn register_and_adopt(rt: RealRuntime, dir: PathBuf, cluster: Arc<Cluster>
     assert_eq!(annotations["volumes.kubernetes.io/controller-managed-attach-detach"], "true");
     assert_eq!(annotations["alpha.kubernetes.io/provided-node-ip"], "192.0.2.10");
     assert_eq!(registered["spec"]["providerID"], "kubelet-rs://test/node-3");
+    for list in ["capacity", "allocatable"] {
+        let resources = &registered["status"][list];
+        assert!(resources["cpu"].is_string() && resources["ephemeral-storage"].is_null(), "no isolation: {resources}");
+    }
     let taints = registered["spec"]["taints"].as_array().unwrap();
     assert!(
         taints

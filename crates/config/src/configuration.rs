@@ -136,6 +136,11 @@ pub struct KubeletConfiguration {
     /// `enableDebugFlagsHandler` (true): the kubelet API takes a new verbosity at
     /// `/debug/flags/v` (with `enableDebuggingHandlers`).
     pub enable_debug_flags_handler: bool,
+    /// `localStorageCapacityIsolation` (true): the node has `ephemeral-storage` capacity and
+    /// allocatable, pods' requests of it are admitted against them, and emptyDir `sizeLimit`s and
+    /// `ephemeral-storage` limits are policed by eviction; false turns all of it off, as
+    /// upstream's.
+    pub local_storage_capacity_isolation: bool,
     /// `nodeStatusUpdateFrequency` (10s): how often the Node's status is computed.
     pub node_status_update_frequency: Duration,
     /// `nodeStatusReportFrequency` (5m): how often an unchanged Node status is reported anyway.
@@ -254,6 +259,7 @@ impl Default for KubeletConfiguration {
             provider_id: None,
             enable_system_log_handler: true,
             enable_debug_flags_handler: true,
+            local_storage_capacity_isolation: true,
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
             image_gc_high_threshold_percent: 85,
@@ -339,6 +345,7 @@ struct Raw {
     provider_id: Option<String>,
     enable_system_log_handler: Option<bool>,
     enable_debug_flags_handler: Option<bool>,
+    local_storage_capacity_isolation: Option<bool>,
     node_status_update_frequency: Option<String>,
     node_status_report_frequency: Option<String>,
     container_log_max_size: Option<String>,
@@ -500,6 +507,7 @@ impl KubeletConfiguration {
         config.provider_id = raw.provider_id.filter(|id| !id.is_empty());
         config.enable_system_log_handler = raw.enable_system_log_handler.unwrap_or(true);
         config.enable_debug_flags_handler = raw.enable_debug_flags_handler.unwrap_or(true);
+        config.local_storage_capacity_isolation = raw.local_storage_capacity_isolation.unwrap_or(true);
         for taint in &config.register_with_taints {
             if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") || taint.key.is_empty()
             {
@@ -1155,6 +1163,8 @@ volumeStatsAggPeriod: 0s
     fn registry_pulls_have_upstreams_defaults_and_checks() {
         let defaults = parse("").unwrap();
         assert_eq!((defaults.registry_pull_qps, defaults.registry_burst), (5, 10));
+        assert!(defaults.local_storage_capacity_isolation);
+        assert!(!parse("localStorageCapacityIsolation: false\n").unwrap().local_storage_capacity_isolation);
         let set = parse("registryPullQPS: 0\nregistryBurst: 3\n").unwrap();
         assert_eq!((set.registry_pull_qps, set.registry_burst), (0, 3));
         for body in ["registryPullQPS: -1\n", "registryBurst: -1\n", "registryPullQPS: 0.5\n"] {

@@ -143,7 +143,7 @@ pub const FIELDS: &[(&str, Support)] = &[
     ("registerWithTaints", Honoured),
     ("registerNode", Honoured),
     ("tracing", WithoutEffect),
-    ("localStorageCapacityIsolation", WithoutEffect),
+    ("localStorageCapacityIsolation", Honoured),
     ("containerRuntimeEndpoint", Honoured),
     ("imageServiceEndpoint", Honoured),
     ("failCgroupV1", Honoured),
@@ -217,6 +217,9 @@ pub fn describe(field: &str) -> Option<&'static str> {
         "serializeImagePulls" => "Pull one image at a time.",
         "registryPullQPS" => {
             "Image pulls a second; a pull beyond them fails with 'pull QPS exceeded' (5; 0: no limit)."
+        }
+        "localStorageCapacityIsolation" => {
+            "Give the node ephemeral-storage capacity, admit pods against it and evict past emptyDir sizeLimits and ephemeral-storage limits (true)."
         }
         "registryBurst" => "Image pulls a quiet node may start at once, within registryPullQPS (10).",
         "providerID" => "The Node's spec.providerID, by which a cloud's controllers know its machine.",

@@ -116,6 +116,7 @@ impl KubeletConfiguration {
             "runtimeRequestTimeout": duration(self.runtime_request_timeout),
             "serializeImagePulls": self.serialize_image_pulls,
             "registryPullQPS": self.registry_pull_qps,
+            "localStorageCapacityIsolation": self.local_storage_capacity_isolation,
             "registryBurst": self.registry_burst,
             "podLogsDir": self.pod_logs_dir.display().to_string(),
             "containerLogMaxSize": self.container_log_max_size.map_or_else(|| "-1".to_owned(), quantity_of_bytes),
