@@ -338,13 +338,14 @@ async fn report_status(
             _ = tick.tick() => {}
         }
         let mut next = node.clone();
+        let had_addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref()).is_some_and(|a| !a.is_empty());
         record_node_events(recorder.as_ref(), &facts.name, set_status(&mut next, &facts, &health(), wall_now()));
         let status = next.status.clone().unwrap_or_default();
         if reported.as_ref().is_some_and(|r| !should_report(r, &status, last_report.elapsed(), config.status_report)) {
             node = next;
             continue;
         }
-        let patch = Patch::Strategic(serde_json::json!({ "status": status_to_send(&status, &facts) }));
+        let patch = Patch::Strategic(serde_json::json!({ "status": status_to_send(&status, &facts, had_addresses) }));
         match nodes.patch_status(&facts.name, &PatchParams::default(), &patch).await {
             Ok(updated) => {
                 node = updated;
@@ -356,13 +357,17 @@ async fn report_status(
     }
 }
 
-/// The status as patched: under an external cloud provider, without the addresses once there are
-/// any, which are its controller's to change (a merge by type would put back ours).
-fn status_to_send(status: &k8s_openapi::api::core::v1::NodeStatus, facts: &Facts) -> serde_json::Value {
+/// The status as patched: under an external cloud provider, without the addresses once the
+/// Node had any before this status (`had_addresses`), which are its controller's to change (a
+/// merge by type would put back ours).
+fn status_to_send(
+    status: &k8s_openapi::api::core::v1::NodeStatus,
+    facts: &Facts,
+    had_addresses: bool,
+) -> serde_json::Value {
     let mut sent = serde_json::to_value(status).unwrap_or_default();
-    let has_addresses = status.addresses.as_ref().is_some_and(|a| !a.is_empty());
     if facts.external_cloud_provider
-        && has_addresses
+        && had_addresses
         && let Some(fields) = sent.as_object_mut()
     {
         fields.remove("addresses");
@@ -471,6 +476,17 @@ mod tests {
             },
             ..Node::default()
         }
+    }
+
+    #[test]
+    fn an_external_cloud_providers_addresses_are_left_alone_once_the_node_has_some() {
+        let address = k8s_openapi::api::core::v1::NodeAddress { type_: "Hostname".into(), address: "node-1".into() };
+        let status = k8s_openapi::api::core::v1::NodeStatus { addresses: Some(vec![address]), ..Default::default() };
+        let mut facts = crate::Facts::new("node-1", kubelet_core::runtime::Version::new("containerd", "1.6", "v1"));
+        assert!(status_to_send(&status, &facts, true).get("addresses").is_some(), "no cloud provider");
+        facts.external_cloud_provider = true;
+        assert!(status_to_send(&status, &facts, false).get("addresses").is_some(), "the first addresses go");
+        assert!(status_to_send(&status, &facts, true).get("addresses").is_none(), "then the controller's stay");
     }
 
     #[test]

@@ -257,9 +257,11 @@ fn node_allocatable(settings: &Settings) -> NodeResources {
     let hugepages: u64 = node.hugepages.values().sum();
     let held = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
     node.memory_bytes = (node.memory_bytes - held(memory_held) - held(hugepages)).max(0);
-    node.ephemeral_storage_bytes = storage
-        .filter(|_| settings.file.local_storage_capacity_isolation)
-        .map(|bytes| (held(bytes) - held(storage_held)).max(0));
+    node.ephemeral_storage_bytes = storage.map(|bytes| (held(bytes) - held(storage_held)).max(0));
+    if !settings.file.local_storage_capacity_isolation {
+        // No allocatable ephemeral storage: a pod that asks for some does not fit, as upstream's.
+        node.ephemeral_storage_bytes = Some(0);
+    }
     node
 }
 

@@ -102,11 +102,11 @@ impl<'a> PodSample<'a> {
         (!used.is_empty()).then(|| used.iter().sum())
     }
 
-    /// Its containers' `usageNanoCores` summed, when each measured container has one.
+    /// Its containers' `usageNanoCores` summed, once one has a rate (a container without one
+    /// counts as none, as upstream's sum).
     fn cpu_rate(&self) -> Option<u64> {
-        let measured = self.stats.containers.iter().filter(|c| c.cpu.is_some());
-        let rates: Option<Vec<u64>> = measured.map(|c| c.cpu_usage_nano_cores).collect();
-        rates.filter(|rates| !rates.is_empty()).map(|rates| rates.iter().sum())
+        let rates: Vec<u64> = self.stats.containers.iter().filter_map(|c| c.cpu_usage_nano_cores).collect();
+        (!rates.is_empty()).then(|| rates.iter().sum())
     }
 
     fn memory(&self) -> Option<u64> {
@@ -517,14 +517,28 @@ struct CpuReadings(HashMap<String, (i128, u64)>);
 
 impl CpuReadings {
     /// The rate, in nanocores, of `used` CPU nanoseconds read at `at` (nanoseconds since the
-    /// epoch) since the last reading of `key`, which this one replaces; none for a first reading,
-    /// a reading no later than the last, or a counter that went back (a restarted container).
+    /// epoch) since the kept reading of `key`; none for a first reading, one no later than the
+    /// kept one, one more than [`STALE_AFTER`] later, or a counter that went back (a restarted
+    /// container). The kept reading is replaced once it is [`WINDOW`] old or no use any more, so
+    /// a rate spans at least a window however often the summary is asked for (upstream's cache,
+    /// which its eviction manager refreshes every 10 s).
     fn rate(&mut self, key: &str, used: u64, at: i128) -> Option<u64> {
-        let last = self.0.insert(key.to_owned(), (at, used));
-        let (then, before) = last?;
-        let elapsed = u128::try_from(at - then).ok().filter(|elapsed| *elapsed > 0)?;
-        let spent = used.checked_sub(before)?;
-        u64::try_from(u128::from(spent) * 1_000_000_000 / elapsed).ok()
+        let Some(&(then, before)) = self.0.get(key) else {
+            self.0.insert(key.to_owned(), (at, used));
+            return None;
+        };
+        let elapsed = at - then;
+        if elapsed <= 0 {
+            return None;
+        }
+        let rate = (elapsed <= STALE_AFTER)
+            .then(|| used.checked_sub(before))
+            .flatten()
+            .and_then(|spent| u64::try_from(i128::from(spent) * 1_000_000_000 / elapsed).ok());
+        if elapsed >= WINDOW || rate.is_none() {
+            self.0.insert(key.to_owned(), (at, used));
+        }
+        rate
     }
 
     /// Forgets every key but `seen` and the node's.
@@ -535,6 +549,13 @@ impl CpuReadings {
 
 /// The node's key among the [`CpuReadings`] (no runtime ID is empty).
 const NODE_KEY: &str = "";
+
+/// How old a kept CPU reading gets before a newer one replaces it: 10 s, in nanoseconds.
+const WINDOW: i128 = 10_000_000_000;
+
+/// How old a kept CPU reading may be and still give a rate: 10 minutes (upstream's cache
+/// period), in nanoseconds.
+const STALE_AFTER: i128 = 600_000_000_000;
 
 /// Takes the samples for the summary and the resource metrics when asked: the node's from this
 /// host, the pods' from the runtime and the disk; it keeps the last CPU readings of the node and
@@ -589,7 +610,10 @@ impl<R: Runtime> SummaryProvider<R> {
             }
         };
         let mut measured = self.stats.measure(pods, need, containers).await;
-        self.container_rates(&mut measured);
+        if !failed {
+            // A failed listing says nothing of the containers: their readings stay.
+            self.container_rates(&mut measured);
+        }
         match networks {
             Ok(networks) => {
                 for network in networks {
@@ -691,25 +715,31 @@ mod tests {
 
     #[test]
     fn usage_nano_cores_is_the_rate_since_the_last_reading() {
+        let second = 1_000_000_000;
         let mut readings = CpuReadings::default();
-        assert_eq!(readings.rate("c1", 1_000_000_000, 0), None, "a first reading");
-        assert_eq!(readings.rate("c1", 1_500_000_000, 1_000_000_000), Some(500_000_000), "half a core for a second");
-        assert_eq!(readings.rate("c1", 1_000, 2_000_000_000), None, "a counter that went back: a new instance");
-        assert_eq!(readings.rate("c1", 2_000, 2_000_000_000), None, "no time passed");
+        assert_eq!(readings.rate("c1", second as u64, 0), None, "a first reading");
+        assert_eq!(readings.rate("c1", 1_500_000_000, second), Some(500_000_000), "half a core for a second");
+        assert_eq!(readings.rate("c1", 3_000_000_000, 2 * second), Some(1_000_000_000), "still from the first reading");
+        assert_eq!(readings.rate("c1", 11_000_000_000, 10 * second), Some(1_000_000_000), "a window old: replaced");
+        assert_eq!(readings.rate("c1", 12_000_000_000, 11 * second), Some(1_000_000_000), "from the new one");
+        assert_eq!(readings.rate("c1", 1_000, 12 * second), None, "a counter that went back: a new instance");
+        assert_eq!(readings.rate("c1", 2_000, 12 * second), None, "no time passed");
+        assert_eq!(readings.rate("c1", 3_000, 700 * second), None, "a reading too old to say");
         readings.rate(NODE_KEY, 1, 1);
         readings.keep_only(&HashSet::new());
         assert_eq!(readings.0.keys().collect::<Vec<_>>(), [NODE_KEY], "gone containers are forgotten");
     }
 
     #[test]
-    fn a_pods_usage_nano_cores_is_its_containers_once_each_has_one() {
+    fn a_pods_usage_nano_cores_is_its_containers_sum() {
         let (pod, status, mut stats) = (pod(), status(), stats());
         let rate = |stats: &PodStats| {
             let summary = summary("node-1", &node(), &[PodSample::new(&pod, Some(&status), stats)]);
             summary["pods"][0]["cpu"]["usageNanoCores"].as_u64()
         };
+        assert_eq!(rate(&stats), None, "no container has a rate yet");
         stats.containers[0].cpu_usage_nano_cores = Some(300);
-        assert_eq!(rate(&stats), None, "the side container has no rate yet");
+        assert_eq!(rate(&stats), Some(300), "one without a rate counts as none");
         stats.containers[1].cpu_usage_nano_cores = Some(200);
         assert_eq!(rate(&stats), Some(500));
     }

@@ -1,7 +1,8 @@
 //! AppArmor as upstream's kubelet takes it (`pkg/security/apparmor`): a container's profile from
-//! its own `securityContext.appArmorProfile`, else the pod's, else the deprecated annotation
-//! `container.apparmor.security.beta.kubernetes.io/<container>`; whether a pod needs AppArmor
-//! at all; and whether this host enforces it.
+//! its own `securityContext.appArmorProfile`, else the deprecated annotation
+//! `container.apparmor.security.beta.kubernetes.io/<container>` (a static pod's fields may not
+//! have been synced to it), else the pod's; whether a pod needs AppArmor at all; and whether this
+//! host enforces it.
 
 use k8s_openapi::api::core::v1::{AppArmorProfile, Pod, SecurityContext};
 
@@ -49,18 +50,18 @@ impl Profile {
 }
 
 /// The profile of container `name` (with its `security_context`) of `pod`, if any is asked
-/// for (upstream `GetProfile`): the container's field, the pod's, then the annotation.
+/// for (upstream `GetProfile`): the container's field, the annotation, then the pod's field.
 pub fn profile(pod: &Pod, name: &str, security_context: Option<&SecurityContext>) -> Option<Profile> {
     if let Some(field) = security_context.and_then(|sc| sc.app_armor_profile.as_ref()) {
         return Profile::of_field(field);
     }
+    let annotation = pod.metadata.annotations.as_ref().and_then(|a| a.get(&format!("{ANNOTATION_PREFIX}{name}")));
+    if let Some(annotation) = annotation {
+        return Profile::of_annotation(annotation);
+    }
     let pod_field =
         pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|sc| sc.app_armor_profile.as_ref());
-    if let Some(field) = pod_field {
-        return Profile::of_field(field);
-    }
-    let annotation = pod.metadata.annotations.as_ref()?.get(&format!("{ANNOTATION_PREFIX}{name}"))?;
-    Profile::of_annotation(annotation)
+    pod_field.and_then(Profile::of_field)
 }
 
 /// Whether `pod` asks for AppArmor confinement anywhere (upstream `isRequired`): a profile
@@ -130,12 +131,18 @@ mod tests {
         assert_eq!(profile(&annotated, "app", None), Some(Profile::Localhost("k8s-nginx".into())));
         assert_eq!(profile(&annotated, "other", None), None);
         let both = pod(&[("container.apparmor.security.beta.kubernetes.io/app", "unconfined")], Some("RuntimeDefault"));
-        assert_eq!(profile(&both, "app", None), Some(Profile::RuntimeDefault), "the pod's field over the annotation");
+        assert_eq!(profile(&both, "app", None), Some(Profile::Unconfined), "the annotation over the pod's field");
+        assert_eq!(profile(&both, "other", None), Some(Profile::RuntimeDefault), "the pod's, without an annotation");
         let own = SecurityContext {
             app_armor_profile: Some(AppArmorProfile { type_: "Unconfined".into(), ..AppArmorProfile::default() }),
             ..SecurityContext::default()
         };
-        assert_eq!(profile(&both, "app", Some(&own)), Some(Profile::Unconfined), "the container's over the pod's");
+        let runtime_default = SecurityContext {
+            app_armor_profile: Some(AppArmorProfile { type_: "RuntimeDefault".into(), ..AppArmorProfile::default() }),
+            ..SecurityContext::default()
+        };
+        assert_eq!(profile(&both, "app", Some(&own)), Some(Profile::Unconfined), "the container's field first");
+        assert_eq!(profile(&both, "app", Some(&runtime_default)), Some(Profile::RuntimeDefault));
         assert_eq!(Profile::Localhost("p".into()).deprecated_name(), "localhost/p");
     }
 

@@ -228,7 +228,9 @@ pub fn admit_to(pod: &Pod, usage: &NodeUsage, node: &NodeResources) -> Result<()
 /// it, and a `Localhost` profile needs a name.
 fn apparmor(pod: &Pod, host_unavailable: Option<&'static str>) -> Result<(), String> {
     use kubelet_core::apparmor::{Profile, is_required, profile};
-    if !is_required(pod) {
+    // A pod already running or done is not checked again (an agent's restart admits it anew).
+    let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_none_or(|phase| phase == "Pending");
+    if !pending || !is_required(pod) {
         return Ok(());
     }
     if let Some(why) = host_unavailable {
@@ -236,11 +238,14 @@ fn apparmor(pod: &Pod, host_unavailable: Option<&'static str>) -> Result<(), Str
     }
     let spec = pod.spec.as_ref();
     let containers = spec.into_iter().flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers));
-    for container in containers {
-        if let Some(Profile::Localhost(name)) = profile(pod, &container.name, container.security_context.as_ref())
-            && name.trim().is_empty()
+    let contexts = containers.map(|c| (c.name.as_str(), c.security_context.as_ref()));
+    let ephemeral = spec.into_iter().flat_map(|s| s.ephemeral_containers.iter().flatten());
+    let contexts = contexts.chain(ephemeral.map(|c| (c.name.as_str(), c.security_context.as_ref())));
+    for (name, context) in contexts {
+        if let Some(Profile::Localhost(profile_name)) = profile(pod, name, context)
+            && profile_name.trim().is_empty()
         {
-            return Err(format!("invalid empty AppArmor profile name: {name:?}"));
+            return Err(format!("invalid empty AppArmor profile name: {profile_name:?}"));
         }
     }
     Ok(())

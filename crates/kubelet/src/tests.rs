@@ -431,6 +431,10 @@ fn a_pod_confined_by_apparmor_is_refused_where_the_host_cannot_enforce_it() {
         ("AppArmor", "Cannot enforce AppArmor: AppArmor is not enabled on the host")
     );
     assert!(admit(&confined("unconfined"), &[], &node).is_ok(), "unconfined asks nothing of the host");
+    let mut running = confined("runtime/default");
+    running.status =
+        Some(k8s_openapi::api::core::v1::PodStatus { phase: Some("Running".into()), ..Default::default() });
+    assert!(admit(&running, &[], &node).is_ok(), "a running pod, admitted again after a restart, is not checked");
 }
 
 #[tokio::test(start_paused = true)]

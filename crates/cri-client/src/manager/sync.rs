@@ -143,6 +143,8 @@ impl CriRuntime {
             config.mounts.push(pb::Mount {
                 container_path: path.to_owned(),
                 host_path: file.display().to_string(),
+                // Upstream's `selinux.GetEnabled()`: relabelled where SELinux is on.
+                selinux_relabel: std::path::Path::new("/sys/fs/selinux/enforce").exists(),
                 ..pb::Mount::default()
             });
         }
